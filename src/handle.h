@@ -1,0 +1,70 @@
+/* Layer 2: the three refcounted VMM handles.
+ *
+ * Each handle owns exactly one driver object and frees it with the exact undo call when its
+ * last reference goes:
+ *   allocation  (cuMemCreate chunk)          -> cuMemRelease(handle)
+ *   reservation (cuMemAddressReserve result) -> cuMemAddressFree(ptr, size), the pair returned
+ *   mapping     (ptr, size, alloc, resv)     -> cuMemUnmap(ptr, size), then drops its refs
+ * A mapping holds one reference on its allocation and one on its reservation, so unmap always
+ * precedes release and free. Nothing else records how to undo anything: a failed multi-step
+ * operation unwinds by dropping the references it took.
+ */
+#ifndef VMH_HANDLE_H
+#define VMH_HANDLE_H
+
+#include <cuda.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+/* Access descriptors an allocation carries with it (its device plus granted peers). */
+#define VMH_MAX_ACCESS 8
+
+typedef struct vmh_alloc {
+    atomic_int refs;
+    CUmemGenericAllocationHandle handle;
+    size_t size;
+    int device;          /* ordinal the chunk lives on */
+    int handle_type;     /* CUmemAllocationHandleType it was created with */
+    int naccess;
+    CUmemAccessDesc access[VMH_MAX_ACCESS];
+} vmh_alloc_t;
+
+typedef struct vmh_resv {
+    atomic_int refs;
+    CUdeviceptr ptr;
+    size_t size;
+} vmh_resv_t;
+
+typedef struct vmh_map {
+    atomic_int refs;
+    CUdeviceptr ptr;
+    size_t size;
+    vmh_alloc_t *alloc;
+    vmh_resv_t *resv;
+} vmh_map_t;
+
+/* cuMemCreate(size, prop); the descriptors are copied and applied wherever the chunk is
+ * mapped. naccess may be 0 (a mapping then gets no cuMemSetAccess call). */
+CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
+                          const CUmemAccessDesc *access, int naccess, vmh_alloc_t **out);
+vmh_alloc_t *vmh_alloc_ref(vmh_alloc_t *a);
+void vmh_alloc_unref(vmh_alloc_t *a);
+
+/* cuMemAddressReserve(size, align, hint). The driver may place it elsewhere than the hint;
+ * the caller compares (*out)->ptr with the hint when that matters. */
+CUresult vmh_resv_create(size_t size, size_t align, CUdeviceptr hint, vmh_resv_t **out);
+vmh_resv_t *vmh_resv_ref(vmh_resv_t *r);
+void vmh_resv_unref(vmh_resv_t *r);
+
+/* Maps the whole allocation at ptr, which must lie (with the allocation's size) inside the
+ * reservation, then applies the allocation's access descriptors. On an access failure the
+ * mapping is undone and nothing is held. */
+CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, vmh_map_t **out);
+vmh_map_t *vmh_map_ref(vmh_map_t *m);
+void vmh_map_unref(vmh_map_t *m);
+
+/* Driver-call counter used by the fault-injection tests and the stats (every call the handle
+ * layer makes goes through here). */
+void vmh_handle_report_failure(const char *call, CUresult rc);
+
+#endif

@@ -1,0 +1,62 @@
+/* Layers 4 and 5 seen from above: serving, freeing and finding device buffers.
+ *
+ * The interposed entry points (interpose.c) and the public API (api.c) call only this. A heap
+ * exists per device; every call works on the current context's device unless it takes a
+ * pointer, whose owner names its device. Buffers of at least VMMHOOK_PACK_BELOW bytes own a
+ * range of whole chunks (see range.h); smaller ones are packed into shared chunks (arena.h).
+ * Freed memory is not handed out again until work queued before the free has completed: frees
+ * are parked, and one context synchronize releases every parked free of a device at once.
+ */
+#ifndef VMH_HEAP_H
+#define VMH_HEAP_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Serves size bytes (size > 0) on the current context's device, 256-byte aligned.
+ * CUDA_ERROR_OUT_OF_MEMORY when the device (after trimming the cache) or the memory limit has
+ * no room; CUDA_ERROR_INVALID_CONTEXT without a current context. */
+CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out);
+
+/* Pitched allocation with cudaMallocPitch's rules (pitch a multiple of the texture pitch
+ * alignment the device reports). Returns CUDA_ERROR_INVALID_VALUE for bad element sizes. */
+CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, CUdeviceptr *out,
+                              size_t *pitch);
+
+/* Frees a served buffer. CUDA_ERROR_NOT_FOUND: p is not in any buffer the library serves
+ * (the caller passes it to the driver); CUDA_ERROR_INVALID_VALUE: p is inside a served buffer
+ * but not its start. stream is recorded for stream-ordered frees (async true); the memory is
+ * reused only after work queued before the call has completed either way. */
+CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async);
+
+/* The live served buffer that contains p: its base, the size asked for, the usable size and
+ * the device. false when p is not in a live served buffer. Lock-free on a miss. */
+typedef struct vmh_buffer_info {
+    CUdeviceptr base;
+    size_t size;    /* the size the program asked for (what native range queries answer) */
+    size_t usable;  /* bytes usable without moving */
+    int device;
+    bool packed;    /* lives in a shared chunk */
+} vmh_buffer_info_t;
+bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info);
+
+/* Realloc semantics of include/vmmhook.h on a served buffer (or NULL). stream NULL: the legacy
+ * default stream. */
+CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream stream, bool async);
+
+/* Releases idle cached memory of every device; returns the bytes given back. */
+size_t vmh_heap_trim(void);
+
+/* Idle bytes held for reuse on a device (reported as free by cuMemGetInfo). */
+size_t vmh_heap_idle_bytes(int device);
+
+/* Exit: reports leaks when asked, then forgets everything without calling the driver (the
+ * driver may already be gone). Entry points stay safe afterwards and pass through. */
+void vmh_heap_shutdown(void);
+
+/* Tests: destroys every buffer and cache of every device through the driver (so that the
+ * simulated driver's ledger can be checked empty). */
+void vmh_heap_reset(void);
+
+#endif

@@ -1,0 +1,17 @@
+/* Diagnostics: one line per message, prefixed "vmmhook: ", formatted into a stack buffer and
+ * written with write(2) to stderr. No allocation, no stdio: safe inside the driver, inside
+ * dlsym and during exit. */
+#ifndef VMH_LOG_H
+#define VMH_LOG_H
+
+#include <stddef.h>
+
+void vmh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The same, only when VMMHOOK_VERBOSE is on. */
+void vmh_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Formats n bytes as "12.5 MiB" into buf. */
+const char *vmh_fmt_bytes(char *buf, size_t len, unsigned long long n);
+
+#endif

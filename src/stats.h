@@ -1,0 +1,49 @@
+/* Layer 7: counters, the allocation trace and the leak report.
+ *
+ * Counters are relaxed atomics, cheap enough for the fast path. Gauges keep a peak. */
+#ifndef VMH_STATS_H
+#define VMH_STATS_H
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VMH_COUNTERS(X)                                                                            \
+    X(served_allocs, "allocations served")                                                         \
+    X(served_frees, "frees of served buffers")                                                     \
+    X(passthrough_calls, "calls passed to the driver")                                             \
+    X(driver_calls, "driver calls made by the library")                                            \
+    X(syncs, "context synchronizations")                                                           \
+    X(cache_hits, "allocations served from the cache")                                             \
+    X(grows_in_place, "grows that kept the pointer")                                               \
+    X(moves, "grows that moved the buffer")                                                        \
+    X(copies, "device copies made by realloc")                                                     \
+    X(trims, "cache trims")                                                                        \
+    X(oom_retries, "allocations retried after a trim")
+
+#define VMH_GAUGES(X)                                                                              \
+    X(bytes_requested, "bytes requested by live buffers")                                          \
+    X(bytes_mapped, "bytes of device memory mapped")                                               \
+    X(bytes_reserved, "bytes of address space reserved")                                           \
+    X(bytes_cached, "bytes held idle for reuse")
+
+#define VMH_ENUM_ITEM(name, help) VMH_STAT_##name,
+typedef enum vmh_counter { VMH_COUNTERS(VMH_ENUM_ITEM) VMH_COUNTER_COUNT } vmh_counter_t;
+typedef enum vmh_gauge { VMH_GAUGES(VMH_ENUM_ITEM) VMH_GAUGE_COUNT } vmh_gauge_t;
+#undef VMH_ENUM_ITEM
+
+void vmh_count(vmh_counter_t c, uint64_t n);
+void vmh_gauge_add(vmh_gauge_t g, int64_t delta); /* updates the peak */
+uint64_t vmh_counter_get(vmh_counter_t c);
+int64_t vmh_gauge_get(vmh_gauge_t g);
+int64_t vmh_gauge_peak(vmh_gauge_t g);
+void vmh_stats_reset(void);
+
+/* Trace, in the CSV of RMM's logging adaptor: Thread,Time,Action,Pointer,Size,Stream.
+ * action is "allocate", "free", "allocate failure". No-op unless VMMHOOK_TRACE is set. */
+void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream);
+
+/* Called at exit: the stats table / JSON when asked. */
+void vmh_stats_report(void);
+
+#endif
