@@ -1,1 +1,140 @@
-/* stub: being written */
+/* Layer 7: the public API of include/vmmhook.h, and the library's lifetime (the destructor
+ * that reports). Translates the heap's CUresult codes into vmm_status codes. */
+#include "vmmhook.h"
+
+#include "driver.h"
+#include "handle.h"
+#include "heap.h"
+#include "log.h"
+#include "options.h"
+#include "stats.h"
+
+#include <stdint.h>
+
+#define VMM_API __attribute__((visibility("default")))
+
+static _Thread_local int last_driver_error;
+
+static vmm_status to_status(CUresult rc)
+{
+    switch (rc) {
+    case CUDA_SUCCESS:
+        return VMM_OK;
+    case CUDA_ERROR_NOT_FOUND:
+        return VMM_ERR_FOREIGN;
+    case CUDA_ERROR_INVALID_VALUE:
+        return VMM_ERR_INTERIOR;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return vmh_handle_last_failure == VMH_FAILED_RESERVE ? VMM_ERR_NO_ADDRESS
+                                                             : VMM_ERR_NO_MEMORY;
+    case CUDA_ERROR_INVALID_CONTEXT:
+    case CUDA_ERROR_NOT_SUPPORTED:
+    case CUDA_ERROR_NOT_INITIALIZED:
+    case CUDA_ERROR_DEINITIALIZED:
+        return VMM_ERR_NO_DRIVER;
+    default:
+        last_driver_error = (int)rc;
+        return VMM_ERR_DRIVER;
+    }
+}
+
+static vmm_status do_realloc(void **ptr, size_t size, void *stream, bool async)
+{
+    if (!ptr)
+        return VMM_ERR_INVALID;
+    if (!vmh_heap_ready())
+        return VMM_ERR_NO_DRIVER;
+    /* The largest size the driver could ever map once rounded to a chunk. */
+    if (size > SIZE_MAX / 2)
+        return VMM_ERR_SIZE;
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)*ptr;
+    vmh_handle_last_failure = VMH_FAILED_NONE;
+    CUresult rc = vmh_heap_realloc(&p, size, (CUstream)stream, async);
+    if (rc == CUDA_SUCCESS)
+        *ptr = (void *)(uintptr_t)p;
+    return to_status(rc);
+}
+
+VMM_API vmm_status vmm_realloc(void **ptr, size_t size)
+{
+    return do_realloc(ptr, size, NULL, false);
+}
+
+VMM_API vmm_status vmm_realloc_async(void **ptr, size_t size, void *stream)
+{
+    return do_realloc(ptr, size, stream, true);
+}
+
+VMM_API size_t vmm_usable_size(const void *ptr)
+{
+    vmh_buffer_info_t info;
+    if (!ptr || !vmh_heap_find((CUdeviceptr)(uintptr_t)ptr, &info) ||
+        info.base != (CUdeviceptr)(uintptr_t)ptr)
+        return 0;
+    return info.usable;
+}
+
+VMM_API int vmm_owns(const void *ptr)
+{
+    vmh_buffer_info_t info;
+    return ptr && vmh_heap_find((CUdeviceptr)(uintptr_t)ptr, &info);
+}
+
+VMM_API size_t vmm_trim(void)
+{
+    return vmh_driver_loaded() ? vmh_heap_trim() : 0;
+}
+
+VMM_API int vmm_version(void)
+{
+    return VMM_VERSION;
+}
+
+VMM_API const char *vmm_status_string(vmm_status status)
+{
+    static const char *const text[VMM_STATUS_COUNT] = {
+        [VMM_OK] = "success",
+        [VMM_ERR_INVALID] = "invalid argument",
+        [VMM_ERR_FOREIGN] = "pointer not allocated by libvmmhook (or already freed)",
+        [VMM_ERR_INTERIOR] = "pointer inside a buffer, not its start",
+        [VMM_ERR_NO_MEMORY] = "out of device memory",
+        [VMM_ERR_NO_ADDRESS] = "out of virtual address space",
+        [VMM_ERR_SIZE] = "size too large",
+        [VMM_ERR_NO_DRIVER] = "no CUDA driver or context, or libvmmhook disabled",
+        [VMM_ERR_DRIVER] = "CUDA driver error (see vmm_last_driver_error)",
+    };
+    return (unsigned)status < VMM_STATUS_COUNT ? text[status] : "unknown status";
+}
+
+VMM_API int vmm_last_driver_error(void)
+{
+    return last_driver_error;
+}
+
+/* PyTorch's CUDAPluggableAllocator ABI. PyTorch makes `device` current before it calls. */
+VMM_API void *vmm_torch_alloc(size_t size, int device, void *stream)
+{
+    (void)device;
+    void *p = NULL;
+    if (size == 0)
+        return NULL;
+    return vmm_realloc_async(&p, size, stream) == VMM_OK ? p : NULL;
+}
+
+VMM_API void vmm_torch_free(void *ptr, size_t size, int device, void *stream)
+{
+    (void)size;
+    (void)device;
+    if (ptr && vmh_heap_ready())
+        vmh_heap_free((CUdeviceptr)(uintptr_t)ptr, (CUstream)stream, true);
+}
+
+/* Reports at exit; from here on every entry point passes through (late frees from other
+ * destructors are accepted quietly). Nothing runs in a process that never used the library. */
+__attribute__((destructor)) static void vmh_library_exit(void)
+{
+    if (!vmh_driver_loaded())
+        return;
+    vmh_heap_shutdown();
+    vmh_stats_report();
+}

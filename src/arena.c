@@ -1,1 +1,978 @@
-/* stub: being written */
+/* Layer 4: packing small device buffers into shared, already-mapped extents (see arena.h).
+ *
+ * Everything here is host memory: device memory cannot be read from the host, so there are no
+ * boundary tags in the extents. Each block (live, parked or free) has a record taken from a
+ * slab of host pages; records of one extent are chained in address order, which is all that
+ * coalescing needs. Free blocks sit in a two-level segregated fit index (TLSF, Masmano et al.):
+ * first level a power of two, second level 16 linear sub-classes, two bitmaps to find a
+ * non-empty list with a couple of bit scans, so alloc and free cost O(1).
+ *
+ * Finding the block behind an address (free and realloc give exact starts, range queries give
+ * interior pointers) uses two per-extent structures that hold live blocks only:
+ *   - a bitmap with one bit per 256-byte granule, set where a live block starts, and a summary
+ *     bitmap with one bit per non-zero word of it: an interior pointer is resolved by scanning
+ *     backwards for the nearest set bit, which skips 16 KiB per word and 1 MiB per summary word;
+ *   - an open-addressing hash table from a live block's start to its record (8 bytes per slot,
+ *     at most half full), for O(1) exact lookups and to turn the bit found above into a record.
+ * Free and parked blocks are in neither, so splitting and coalescing never touch them.
+ *
+ * Parked blocks (freed, but maybe still used by queued work) keep their records and stay in
+ * the address chain, never coalesced, in a FIFO by generation until unpark_upto() frees them.
+ *
+ * Host cost per block: a 56-byte record, plus 8-16 bytes of hash table per live block, plus
+ * 1/2048 of the extent size in bitmaps. Error paths: allocating calls reserve the host memory
+ * they need (record, hash slot) before changing anything, so a failure leaves no trace; freeing
+ * calls never allocate.
+ */
+#include "arena.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef VMH_TESTING
+#include <stdio.h>
+#endif
+
+#define ALIGN_SHIFT 8u
+_Static_assert((1u << ALIGN_SHIFT) == VMH_ARENA_ALIGN, "ALIGN_SHIFT must match VMH_ARENA_ALIGN");
+
+/* TLSF geometry. Sizes below 4 KiB (16 granules) are first level 0, one granule per sub-class;
+ * above, first level l covers [2^(l+11), 2^(l+12)) in 16 equal sub-classes. With 256-byte
+ * granules the classes up to 8 KiB are exact (width 256). 53 first levels cover size_t. */
+#define SL_SHIFT 4u
+#define SL_COUNT (1u << SL_SHIFT)
+#define FL_SHIFT (SL_SHIFT + ALIGN_SHIFT)
+#define FL_COUNT (64u - FL_SHIFT + 1u)
+
+/* Larger requests cannot be mapped anyway; refusing them keeps size arithmetic overflow-free. */
+#define MAX_BLOCK ((size_t)1 << 62)
+
+/* Best fit within the request's own class, where the class is wider than a granule and so holds
+ * blocks both too small and large enough: look at this many entries before taking the head of
+ * a larger class (cheap, keeps the fit tight), and at this many before answering ENOMEM (the
+ * caller would then map a new extent, which costs far more than walking a list). */
+#define SCAN_HOT 8u
+#define SCAN_LAST 1024u
+
+/* Records come from slabs of this many bytes; the hash table never gets smaller than this. */
+#define SLAB_BYTES 16384u
+#define TAB_MIN_SHIFT 4u
+
+enum { B_FREE = 0, B_LIVE = 1, B_PARKED = 2 };
+
+typedef struct blk blk_t;
+struct blk {
+    blk_t *phys_prev, *phys_next; /* address-order neighbours within the extent */
+    blk_t *next;                  /* free list, parked FIFO, or the slab's list of spares */
+    union {
+        blk_t *prev;  /* free: previous in its free list */
+        size_t req;   /* live: the size asked for */
+        uint64_t gen; /* parked: the generation that must complete before reuse */
+    } u;
+    vmh_extent_t *ext;
+    uintptr_t base;
+    size_t size_state; /* usable size (a multiple of 256) | state in the low byte */
+};
+
+struct vmh_extent {
+    vmh_arena_t *arena;
+    vmh_extent_t *prev, *next; /* in the arena's busy or idle list */
+    uintptr_t base;
+    size_t size;
+    void *owner;
+    blk_t *first;          /* the block at base: its record lives as long as the extent */
+    size_t nlive, nparked; /* the extent is idle (trimmable) when both are 0 */
+    blk_t **tab;           /* live blocks by start, open addressing, linear probing */
+    size_t tab_n;
+    unsigned tab_shift; /* capacity is 1 << tab_shift (0: no table yet) */
+    size_t nwords;      /* words in the start bitmap */
+    uint64_t *summary;  /* bit w set: starts word w is non-zero */
+    uint64_t starts[];  /* one bit per granule, then the summary words */
+};
+
+typedef struct slab {
+    struct slab *next;
+    blk_t recs[];
+} slab_t;
+
+struct vmh_arena {
+    uint64_t fl_map;            /* bit f: some sl list of first level f is non-empty */
+    uint32_t sl_map[FL_COUNT];  /* bit s: list [f][s] is non-empty */
+    blk_t *heads[FL_COUNT][SL_COUNT];
+    blk_t *park_head, *park_tail;
+    size_t nparked;
+    bool park_sorted; /* generations non-decreasing along the FIFO: unpark pops from the head */
+    vmh_extent_t *busy, *idle;
+    blk_t *spare; /* recycled records */
+    slab_t *slabs;
+    size_t nslabs;
+    size_t live, parked, free, extents_bytes, extents;
+};
+
+/* ---- Records ------------------------------------------------------------------------------ */
+
+static inline size_t blk_size(const blk_t *b)
+{
+    return b->size_state & ~(size_t)(VMH_ARENA_ALIGN - 1);
+}
+
+static inline unsigned blk_state(const blk_t *b)
+{
+    return (unsigned)(b->size_state & (VMH_ARENA_ALIGN - 1));
+}
+
+static inline void blk_set(blk_t *b, size_t size, unsigned state)
+{
+    b->size_state = size | state;
+}
+
+static inline unsigned fls64(uint64_t x)
+{
+    return 63u - (unsigned)__builtin_clzll(x);
+}
+
+/* Makes sure a spare record exists, so that the caller can go on without a failure path. */
+static bool rec_reserve(vmh_arena_t *a)
+{
+    if (a->spare)
+        return true;
+    slab_t *s = malloc(SLAB_BYTES);
+    if (!s)
+        return false;
+    s->next = a->slabs;
+    a->slabs = s;
+    a->nslabs++;
+    size_t n = (SLAB_BYTES - sizeof(slab_t)) / sizeof(blk_t);
+    for (size_t i = n; i-- > 0;) {
+        s->recs[i].next = a->spare;
+        a->spare = &s->recs[i];
+    }
+    return true;
+}
+
+/* Only after rec_reserve(). */
+static blk_t *rec_take(vmh_arena_t *a)
+{
+    blk_t *b = a->spare;
+    a->spare = b->next;
+    return b;
+}
+
+static void rec_put(vmh_arena_t *a, blk_t *b)
+{
+    b->next = a->spare;
+    a->spare = b;
+}
+
+/* ---- Segregated free lists ------------------------------------------------------------------ */
+
+static inline void mapping(size_t size, unsigned *fl, unsigned *sl)
+{
+    if (size < ((size_t)1 << FL_SHIFT)) {
+        *fl = 0;
+        *sl = (unsigned)(size >> ALIGN_SHIFT);
+    } else {
+        unsigned l = fls64(size);
+        *fl = l - FL_SHIFT + 1;
+        *sl = (unsigned)(size >> (l - SL_SHIFT)) & (SL_COUNT - 1);
+    }
+}
+
+/* The class from which every block is at least size bytes: size rounded up to the next
+ * sub-class boundary (TLSF's mapping_search). Equal to mapping() when size starts its class. */
+static inline void mapping_search(size_t size, unsigned *fl, unsigned *sl)
+{
+    unsigned l = fls64(size);
+    if (l > FL_SHIFT)
+        size += ((size_t)1 << (l - SL_SHIFT)) - 1;
+    mapping(size, fl, sl);
+}
+
+static void free_insert(vmh_arena_t *a, blk_t *b)
+{
+    unsigned fl, sl;
+    mapping(blk_size(b), &fl, &sl);
+    blk_t *h = a->heads[fl][sl];
+    b->next = h;
+    b->u.prev = NULL;
+    if (h)
+        h->u.prev = b;
+    a->heads[fl][sl] = b;
+    a->sl_map[fl] |= 1u << sl;
+    a->fl_map |= (uint64_t)1 << fl;
+}
+
+static void free_remove(vmh_arena_t *a, blk_t *b)
+{
+    unsigned fl, sl;
+    mapping(blk_size(b), &fl, &sl);
+    if (b->next)
+        b->next->u.prev = b->u.prev;
+    if (b->u.prev) {
+        b->u.prev->next = b->next;
+    } else {
+        a->heads[fl][sl] = b->next;
+        if (!b->next) {
+            a->sl_map[fl] &= ~(1u << sl);
+            if (!a->sl_map[fl])
+                a->fl_map &= ~((uint64_t)1 << fl);
+        }
+    }
+}
+
+/* The head of the first non-empty list at or above class [fl][sl]. */
+static blk_t *find_suitable(const vmh_arena_t *a, unsigned fl, unsigned sl)
+{
+    uint32_t m = a->sl_map[fl] & (~0u << sl);
+    if (!m) {
+        uint64_t f = fl + 1 < FL_COUNT ? a->fl_map & (~(uint64_t)0 << (fl + 1)) : 0;
+        if (!f)
+            return NULL;
+        fl = (unsigned)__builtin_ctzll(f);
+        m = a->sl_map[fl];
+    }
+    return a->heads[fl][__builtin_ctz(m)];
+}
+
+/* The smallest block of at least size bytes among the first limit entries of list [fl][sl]. */
+static blk_t *scan_class(const vmh_arena_t *a, unsigned fl, unsigned sl, size_t size,
+                         unsigned limit)
+{
+    blk_t *best = NULL;
+    for (blk_t *b = a->heads[fl][sl]; b && limit; b = b->next, limit--) {
+        size_t bs = blk_size(b);
+        if (bs >= size && (!best || bs < blk_size(best))) {
+            best = b;
+            if (bs == size)
+                break;
+        }
+    }
+    return best;
+}
+
+/* Picks the free block to carve size bytes from. TLSF alone takes the head of the class above
+ * the request's, which can split a larger block while one of nearly the right size sits in the
+ * request's own class; looking there first keeps device memory close to what is live. */
+static blk_t *pick(const vmh_arena_t *a, size_t size)
+{
+    unsigned fl, sl, rfl, rsl;
+    mapping(size, &fl, &sl);
+    mapping_search(size, &rfl, &rsl);
+    if (rfl == fl && rsl == sl)
+        return find_suitable(a, fl, sl); /* every block of the class fits */
+    if (!a->heads[fl][sl])
+        return find_suitable(a, rfl, rsl);
+    blk_t *b = scan_class(a, fl, sl, size, SCAN_HOT);
+    if (!b)
+        b = find_suitable(a, rfl, rsl);
+    if (!b)
+        b = scan_class(a, fl, sl, size, SCAN_LAST);
+    return b;
+}
+
+/* ---- Live-block index: start bitmap and hash table ------------------------------------------ */
+
+static inline size_t granule(const vmh_extent_t *e, uintptr_t p)
+{
+    return (size_t)((p - e->base) >> ALIGN_SHIFT);
+}
+
+static inline void start_set(vmh_extent_t *e, size_t g)
+{
+    size_t w = g >> 6;
+    if (!e->starts[w])
+        e->summary[w >> 6] |= (uint64_t)1 << (w & 63);
+    e->starts[w] |= (uint64_t)1 << (g & 63);
+}
+
+static inline void start_clear(vmh_extent_t *e, size_t g)
+{
+    size_t w = g >> 6;
+    e->starts[w] &= ~((uint64_t)1 << (g & 63));
+    if (!e->starts[w])
+        e->summary[w >> 6] &= ~((uint64_t)1 << (w & 63));
+}
+
+/* The highest live start at or below granule g, or SIZE_MAX. */
+static size_t start_at_or_below(const vmh_extent_t *e, size_t g)
+{
+    size_t w = g >> 6;
+    /* 2 << 63 is 0 in unsigned arithmetic, so the mask is all ones for bit 63. */
+    uint64_t m = e->starts[w] & (((uint64_t)2 << (g & 63)) - 1);
+    if (m)
+        return (w << 6) + fls64(m);
+    size_t sw = w >> 6;
+    uint64_t sm = e->summary[sw] & (((uint64_t)1 << (w & 63)) - 1);
+    while (!sm) {
+        if (sw == 0)
+            return SIZE_MAX;
+        sm = e->summary[--sw];
+    }
+    w = (sw << 6) + fls64(sm);
+    return (w << 6) + fls64(e->starts[w]);
+}
+
+/* Fibonacci hashing of the granule index: consecutive starts land far apart. */
+static inline size_t tab_home(const vmh_extent_t *e, uintptr_t base)
+{
+    return (size_t)(((uint64_t)granule(e, base) * UINT64_C(0x9E3779B97F4A7C15)) >>
+                    (64 - e->tab_shift));
+}
+
+static blk_t *tab_get(const vmh_extent_t *e, uintptr_t base)
+{
+    if (!e->tab_n)
+        return NULL;
+    size_t mask = ((size_t)1 << e->tab_shift) - 1;
+    for (size_t i = tab_home(e, base);; i = (i + 1) & mask) {
+        blk_t *b = e->tab[i];
+        if (!b || b->base == base)
+            return b;
+    }
+}
+
+/* Only with room (tab_reserve()). */
+static void tab_put(vmh_extent_t *e, blk_t *b)
+{
+    size_t mask = ((size_t)1 << e->tab_shift) - 1;
+    size_t i = tab_home(e, b->base);
+    while (e->tab[i])
+        i = (i + 1) & mask;
+    e->tab[i] = b;
+    e->tab_n++;
+}
+
+static bool tab_resize(vmh_extent_t *e, unsigned shift)
+{
+    blk_t **old = e->tab;
+    size_t oldcap = e->tab_shift ? (size_t)1 << e->tab_shift : 0;
+    blk_t **t = calloc((size_t)1 << shift, sizeof(*t));
+    if (!t)
+        return false;
+    e->tab = t;
+    e->tab_shift = shift;
+    e->tab_n = 0;
+    for (size_t i = 0; i < oldcap; i++)
+        if (old[i])
+            tab_put(e, old[i]);
+    free(old);
+    return true;
+}
+
+/* Room for one more entry, keeping the table at most half full (short probe sequences). */
+static bool tab_reserve(vmh_extent_t *e)
+{
+    if (!e->tab_shift)
+        return tab_resize(e, TAB_MIN_SHIFT);
+    if ((e->tab_n + 1) * 2 <= (size_t)1 << e->tab_shift)
+        return true;
+    return tab_resize(e, e->tab_shift + 1);
+}
+
+/* Removes b (present) with backward-shift deletion, so lookups never need tombstones. */
+static void tab_del(vmh_extent_t *e, const blk_t *b)
+{
+    size_t mask = ((size_t)1 << e->tab_shift) - 1;
+    size_t i = tab_home(e, b->base);
+    while (e->tab[i] != b)
+        i = (i + 1) & mask;
+    for (size_t j = (i + 1) & mask; e->tab[j]; j = (j + 1) & mask) {
+        size_t h = tab_home(e, e->tab[j]->base);
+        /* The entry at j may move back to the hole at i when i lies on its probe path. */
+        if (((j - h) & mask) >= ((j - i) & mask)) {
+            e->tab[i] = e->tab[j];
+            i = j;
+        }
+    }
+    e->tab[i] = NULL;
+    e->tab_n--;
+    /* Give memory back after a peak; the 1/8 threshold keeps grow/shrink from thrashing. A
+     * failed shrink just keeps the larger table. */
+    if (e->tab_shift > TAB_MIN_SHIFT && e->tab_n * 8 < (size_t)1 << e->tab_shift)
+        (void)tab_resize(e, e->tab_shift - 1);
+}
+
+/* ---- Extent bookkeeping --------------------------------------------------------------------- */
+
+static void ext_unlink(vmh_extent_t **list, vmh_extent_t *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        *list = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void ext_push(vmh_extent_t **list, vmh_extent_t *e)
+{
+    e->prev = NULL;
+    e->next = *list;
+    if (*list)
+        (*list)->prev = e;
+    *list = e;
+}
+
+/* Called after nlive/nparked changed from (or to) zero: keeps the idle list exact, so that
+ * take_empty_extent() is O(1). */
+static void ext_became_busy(vmh_arena_t *a, vmh_extent_t *e)
+{
+    ext_unlink(&a->idle, e);
+    ext_push(&a->busy, e);
+}
+
+static void ext_maybe_idle(vmh_arena_t *a, vmh_extent_t *e)
+{
+    if (e->nlive == 0 && e->nparked == 0) {
+        ext_unlink(&a->busy, e);
+        ext_push(&a->idle, e);
+    }
+}
+
+/* The live block starting exactly at p in e, or NULL. */
+static blk_t *live_at(const vmh_arena_t *a, const vmh_extent_t *e, uintptr_t p)
+{
+    if (!e || e->arena != a || p < e->base || p - e->base >= e->size ||
+        (p & (VMH_ARENA_ALIGN - 1)))
+        return NULL;
+    return tab_get(e, p);
+}
+
+static void fill_info(const blk_t *b, vmh_block_info_t *info)
+{
+    if (info) {
+        info->base = b->base;
+        info->size = b->u.req;
+        info->usable = blk_size(b);
+    }
+}
+
+/* Takes live block b out of the index (it is being parked or freed). */
+static void unindex(vmh_extent_t *e, blk_t *b)
+{
+    tab_del(e, b);
+    start_clear(e, granule(e, b->base));
+}
+
+/* b (not in any list) becomes free: merges with free neighbours, then joins a free list.
+ * The lower record survives a merge, so the extent's first record never changes. */
+static void make_free(vmh_arena_t *a, blk_t *b)
+{
+    size_t size = blk_size(b);
+    blk_t *p = b->phys_prev, *n = b->phys_next;
+    if (p && blk_state(p) == B_FREE) {
+        free_remove(a, p);
+        size += blk_size(p);
+        p->phys_next = n;
+        if (n)
+            n->phys_prev = p;
+        rec_put(a, b);
+        b = p;
+    }
+    if (n && blk_state(n) == B_FREE) {
+        free_remove(a, n);
+        size += blk_size(n);
+        b->phys_next = n->phys_next;
+        if (n->phys_next)
+            n->phys_next->phys_prev = b;
+        rec_put(a, n);
+    }
+    blk_set(b, size, B_FREE);
+    free_insert(a, b);
+}
+
+/* ---- Public entry points -------------------------------------------------------------------- */
+
+vmh_arena_t *vmh_arena_new(void)
+{
+    vmh_arena_t *a = calloc(1, sizeof(*a));
+    if (a)
+        a->park_sorted = true;
+    return a;
+}
+
+static void ext_destroy(vmh_extent_t *e)
+{
+    free(e->tab);
+    free(e);
+}
+
+void vmh_arena_delete(vmh_arena_t *a, void (*cb)(void *owner, void *arg), void *arg)
+{
+    if (!a)
+        return;
+    vmh_extent_t *lists[2] = {a->busy, a->idle};
+    for (int i = 0; i < 2; i++) {
+        for (vmh_extent_t *e = lists[i], *next; e; e = next) {
+            next = e->next;
+            if (cb)
+                cb(e->owner, arg);
+            ext_destroy(e);
+        }
+    }
+    for (slab_t *s = a->slabs, *next; s; s = next) {
+        next = s->next;
+        free(s);
+    }
+    free(a);
+}
+
+vmh_extent_t *vmh_arena_add_extent(vmh_arena_t *a, uintptr_t base, size_t size, void *owner)
+{
+    if (!a || !size || ((base | size) & (VMH_ARENA_ALIGN - 1)) || size > MAX_BLOCK ||
+        base + size < base) {
+        errno = EINVAL;
+        return NULL;
+    }
+    size_t granules = size >> ALIGN_SHIFT;
+    size_t nwords = (granules + 63) / 64;
+    size_t nsum = (nwords + 63) / 64;
+    if (!rec_reserve(a))
+        return NULL;
+    vmh_extent_t *e = calloc(1, sizeof(*e) + (nwords + nsum) * sizeof(uint64_t));
+    if (!e)
+        return NULL;
+    e->arena = a;
+    e->base = base;
+    e->size = size;
+    e->owner = owner;
+    e->nwords = nwords;
+    e->summary = e->starts + nwords;
+
+    blk_t *b = rec_take(a);
+    memset(b, 0, sizeof(*b));
+    b->ext = e;
+    b->base = base;
+    blk_set(b, size, B_FREE);
+    free_insert(a, b);
+    e->first = b;
+
+    ext_push(&a->idle, e);
+    a->free += size;
+    a->extents_bytes += size;
+    a->extents++;
+    return e;
+}
+
+int vmh_arena_alloc(vmh_arena_t *a, size_t size, uintptr_t *out)
+{
+    if (!a || !out || !size)
+        return EINVAL;
+    if (size > MAX_BLOCK)
+        return ENOMEM;
+    size_t need = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
+    blk_t *b = pick(a, need);
+    if (!b)
+        return ENOMEM;
+    vmh_extent_t *e = b->ext;
+    size_t have = blk_size(b);
+    /* Host memory first, so that running out of it changes nothing. */
+    if (!tab_reserve(e) || (have > need && !rec_reserve(a)))
+        return ENOMEM;
+
+    free_remove(a, b);
+    if (have > need) {
+        /* The tail stays free. Its upper neighbour is not free (free blocks never touch), so
+         * it needs no merging. */
+        blk_t *r = rec_take(a);
+        r->ext = e;
+        r->base = b->base + need;
+        blk_set(r, have - need, B_FREE);
+        r->phys_prev = b;
+        r->phys_next = b->phys_next;
+        if (r->phys_next)
+            r->phys_next->phys_prev = r;
+        b->phys_next = r;
+        free_insert(a, r);
+    }
+    blk_set(b, need, B_LIVE);
+    b->next = NULL;
+    b->u.req = size;
+    tab_put(e, b);
+    start_set(e, granule(e, b->base));
+    if (e->nlive++ == 0 && e->nparked == 0)
+        ext_became_busy(a, e);
+    a->free -= need;
+    a->live += need;
+    *out = b->base;
+    return 0;
+}
+
+bool vmh_arena_find(const vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info)
+{
+    if (!e || p < e->base || p - e->base >= e->size || !e->tab_n)
+        return false;
+    size_t g = start_at_or_below(e, granule(e, p));
+    if (g == SIZE_MAX)
+        return false;
+    const blk_t *b = tab_get(e, e->base + ((uintptr_t)g << ALIGN_SHIFT));
+    if (!b || p - b->base >= blk_size(b))
+        return false;
+    fill_info(b, info);
+    return true;
+}
+
+int vmh_arena_park(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, uint64_t gen,
+                   vmh_block_info_t *info)
+{
+    blk_t *b = live_at(a, e, p);
+    if (!b)
+        return EINVAL;
+    fill_info(b, info);
+    unindex(e, b);
+    size_t size = blk_size(b);
+    blk_set(b, size, B_PARKED);
+    b->u.gen = gen;
+    b->next = NULL;
+    if (a->park_tail) {
+        if (gen < a->park_tail->u.gen)
+            a->park_sorted = false;
+        a->park_tail->next = b;
+    } else {
+        a->park_head = b;
+    }
+    a->park_tail = b;
+    a->nparked++;
+    e->nlive--;
+    e->nparked++;
+    a->live -= size;
+    a->parked += size;
+    return 0;
+}
+
+int vmh_arena_release(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info)
+{
+    blk_t *b = live_at(a, e, p);
+    if (!b)
+        return EINVAL;
+    fill_info(b, info);
+    unindex(e, b);
+    size_t size = blk_size(b);
+    make_free(a, b);
+    e->nlive--;
+    ext_maybe_idle(a, e);
+    a->live -= size;
+    a->free += size;
+    return 0;
+}
+
+/* Parked block b, already out of the FIFO, becomes free. */
+static void unpark_one(vmh_arena_t *a, blk_t *b)
+{
+    vmh_extent_t *e = b->ext;
+    size_t size = blk_size(b);
+    make_free(a, b);
+    e->nparked--;
+    ext_maybe_idle(a, e);
+    a->nparked--;
+    a->parked -= size;
+    a->free += size;
+}
+
+size_t vmh_arena_unpark_upto(vmh_arena_t *a, uint64_t gen)
+{
+    if (!a)
+        return 0;
+    size_t n = 0;
+    blk_t *b;
+    if (a->park_sorted) {
+        /* The usual case: generations only grow, so the ones to free are a prefix. */
+        while ((b = a->park_head) && b->u.gen <= gen) {
+            a->park_head = b->next;
+            unpark_one(a, b);
+            n++;
+        }
+        if (!a->park_head)
+            a->park_tail = NULL;
+        return n;
+    }
+    /* Out-of-order generations were parked: walk the whole FIFO, and find out on the way
+     * whether what stays is in order again. */
+    blk_t **pp = &a->park_head, *last = NULL;
+    bool sorted = true;
+    while ((b = *pp)) {
+        if (b->u.gen <= gen) {
+            *pp = b->next; /* read before make_free() may recycle a record */
+            unpark_one(a, b);
+            n++;
+        } else {
+            if (last && b->u.gen < last->u.gen)
+                sorted = false;
+            last = b;
+            pp = &b->next;
+        }
+    }
+    a->park_tail = last;
+    a->park_sorted = sorted;
+    return n;
+}
+
+size_t vmh_arena_parked(const vmh_arena_t *a)
+{
+    return a ? a->nparked : 0;
+}
+
+int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
+{
+    blk_t *b = live_at(a, e, p);
+    if (!b || !size)
+        return EINVAL;
+    if (size > MAX_BLOCK)
+        return ENOMEM;
+    size_t need = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
+    size_t have = blk_size(b);
+    blk_t *n = b->phys_next;
+    if (need > have) {
+        size_t extra = need - have;
+        if (!n || blk_state(n) != B_FREE || blk_size(n) < extra)
+            return ENOMEM;
+        free_remove(a, n);
+        if (blk_size(n) == extra) {
+            b->phys_next = n->phys_next;
+            if (n->phys_next)
+                n->phys_next->phys_prev = b;
+            rec_put(a, n);
+        } else {
+            n->base += extra;
+            blk_set(n, blk_size(n) - extra, B_FREE);
+            free_insert(a, n);
+        }
+        blk_set(b, need, B_LIVE);
+        a->free -= extra;
+        a->live += extra;
+    } else if (need < have) {
+        size_t cut = have - need;
+        if (n && blk_state(n) == B_FREE) {
+            /* The free neighbour just starts earlier. */
+            free_remove(a, n);
+            n->base -= cut;
+            blk_set(n, blk_size(n) + cut, B_FREE);
+            free_insert(a, n);
+        } else if (rec_reserve(a)) {
+            blk_t *r = rec_take(a);
+            r->ext = e;
+            r->base = b->base + need;
+            blk_set(r, cut, B_FREE);
+            r->phys_prev = b;
+            r->phys_next = n;
+            if (n)
+                n->phys_prev = r;
+            b->phys_next = r;
+            free_insert(a, r);
+        } else {
+            /* No host memory for a record: the block keeps its tail (still a valid shrink). */
+            cut = 0;
+        }
+        blk_set(b, have - cut, B_LIVE);
+        a->free += cut;
+        a->live -= cut;
+    }
+    b->u.req = size;
+    return 0;
+}
+
+void *vmh_arena_take_empty_extent(vmh_arena_t *a, uintptr_t *base, size_t *size)
+{
+    if (!a || !a->idle)
+        return NULL;
+    vmh_extent_t *e = a->idle;
+    /* Idle means no live and no parked block; eager coalescing left one free block. */
+    blk_t *b = e->first;
+    free_remove(a, b);
+    rec_put(a, b);
+    ext_unlink(&a->idle, e);
+    a->free -= e->size;
+    a->extents_bytes -= e->size;
+    a->extents--;
+    if (base)
+        *base = e->base;
+    if (size)
+        *size = e->size;
+    void *owner = e->owner;
+    ext_destroy(e);
+    return owner;
+}
+
+void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
+{
+    if (!s)
+        return;
+    memset(s, 0, sizeof(*s));
+    if (!a)
+        return;
+    s->live = a->live;
+    s->parked = a->parked;
+    s->free = a->free;
+    s->extents_bytes = a->extents_bytes;
+    s->extents = a->extents;
+}
+
+void *vmh_extent_owner(const vmh_extent_t *e)
+{
+    return e->owner;
+}
+
+uintptr_t vmh_extent_base(const vmh_extent_t *e)
+{
+    return e->base;
+}
+
+size_t vmh_extent_size(const vmh_extent_t *e)
+{
+    return e->size;
+}
+
+void vmh_arena_for_each_live(const vmh_arena_t *a,
+                             void (*cb)(const vmh_block_info_t *b, void *arg), void *arg)
+{
+    if (!a || !cb)
+        return;
+    /* Idle extents hold no live block. */
+    for (const vmh_extent_t *e = a->busy; e; e = e->next) {
+        if (!e->nlive)
+            continue;
+        for (const blk_t *b = e->first; b; b = b->phys_next) {
+            if (blk_state(b) == B_LIVE) {
+                vmh_block_info_t info;
+                fill_info(b, &info);
+                cb(&info, arg);
+            }
+        }
+    }
+}
+
+#ifdef VMH_TESTING
+/* Test hooks (declared by the unit test). */
+int vmh_arena_check(const vmh_arena_t *a);
+size_t vmh_arena_free_blocks(const vmh_arena_t *a);
+size_t vmh_arena_host_bytes(const vmh_arena_t *a);
+
+#define CHECK(cond)                                                                            \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fprintf(stderr, "arena check failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);  \
+            return __LINE__;                                                                   \
+        }                                                                                      \
+    } while (0)
+
+/* Checks every invariant the fast paths rely on; 0 when all hold, else the failing line. */
+int vmh_arena_check(const vmh_arena_t *a)
+{
+    size_t live = 0, parked = 0, freeb = 0, ext_bytes = 0, exts = 0, nfree = 0, nparked = 0;
+    const vmh_extent_t *lists[2] = {a->busy, a->idle};
+    for (int li = 0; li < 2; li++) {
+        for (const vmh_extent_t *e = lists[li]; e; e = e->next) {
+            CHECK(e->arena == a);
+            CHECK(!e->next || e->next->prev == e);
+            exts++;
+            ext_bytes += e->size;
+            size_t elive = 0, eparked = 0, nstarts = 0;
+            uintptr_t at = e->base;
+            const blk_t *prev = NULL;
+            CHECK(e->first && !e->first->phys_prev && e->first->base == e->base);
+            for (const blk_t *b = e->first; b; prev = b, b = b->phys_next) {
+                CHECK(b->ext == e);
+                CHECK(b->phys_prev == prev);
+                CHECK(b->base == at);
+                size_t sz = blk_size(b);
+                CHECK(sz > 0);
+                at += sz;
+                CHECK(at <= e->base + e->size);
+                size_t g = granule(e, b->base);
+                bool started = (e->starts[g >> 6] >> (g & 63)) & 1;
+                switch (blk_state(b)) {
+                case B_LIVE:
+                    CHECK(started && tab_get(e, b->base) == b);
+                    CHECK(b->u.req > 0 && b->u.req <= sz);
+                    live += sz;
+                    elive++;
+                    nstarts++;
+                    break;
+                case B_PARKED:
+                    CHECK(!started && !tab_get(e, b->base));
+                    parked += sz;
+                    eparked++;
+                    break;
+                case B_FREE: {
+                    CHECK(!started && !tab_get(e, b->base));
+                    CHECK(!prev || blk_state(prev) != B_FREE);
+                    unsigned fl, sl;
+                    mapping(sz, &fl, &sl);
+                    const blk_t *f = a->heads[fl][sl];
+                    while (f && f != b)
+                        f = f->next;
+                    CHECK(f == b);
+                    freeb += sz;
+                    nfree++;
+                    break;
+                }
+                default:
+                    CHECK(!"bad state");
+                }
+            }
+            CHECK(at == e->base + e->size);
+            CHECK(elive == e->nlive && eparked == e->nparked);
+            CHECK((li == 1) == (elive == 0 && eparked == 0));
+            CHECK(e->tab_n == elive);
+            size_t bits = 0;
+            for (size_t w = 0; w < e->nwords; w++) {
+                bits += (size_t)__builtin_popcountll(e->starts[w]);
+                CHECK(((e->summary[w >> 6] >> (w & 63)) & 1) == (e->starts[w] != 0));
+            }
+            CHECK(bits == nstarts);
+        }
+    }
+    size_t listed = 0;
+    for (unsigned fl = 0; fl < FL_COUNT; fl++) {
+        CHECK(((a->fl_map >> fl) & 1) == (a->sl_map[fl] != 0));
+        for (unsigned sl = 0; sl < SL_COUNT; sl++) {
+            CHECK(((a->sl_map[fl] >> sl) & 1) == (a->heads[fl][sl] != NULL));
+            const blk_t *pv = NULL;
+            for (const blk_t *f = a->heads[fl][sl]; f; pv = f, f = f->next) {
+                unsigned ff, ss;
+                mapping(blk_size(f), &ff, &ss);
+                CHECK(ff == fl && ss == sl && blk_state(f) == B_FREE && f->u.prev == pv);
+                listed++;
+            }
+        }
+    }
+    CHECK(listed == nfree);
+    const blk_t *tail = NULL;
+    for (const blk_t *b = a->park_head; b; tail = b, b = b->next) {
+        CHECK(blk_state(b) == B_PARKED);
+        nparked++;
+    }
+    CHECK(tail == a->park_tail);
+    CHECK(nparked == a->nparked);
+    CHECK(live == a->live && parked == a->parked && freeb == a->free);
+    CHECK(ext_bytes == a->extents_bytes && exts == a->extents);
+    return 0;
+}
+
+size_t vmh_arena_free_blocks(const vmh_arena_t *a)
+{
+    size_t n = 0;
+    for (unsigned fl = 0; fl < FL_COUNT; fl++)
+        for (unsigned sl = 0; sl < SL_COUNT; sl++)
+            for (const blk_t *f = a->heads[fl][sl]; f; f = f->next)
+                n++;
+    return n;
+}
+
+/* Host memory held for bookkeeping (slabs, extents with their bitmaps, hash tables). */
+size_t vmh_arena_host_bytes(const vmh_arena_t *a)
+{
+    size_t n = sizeof(*a) + a->nslabs * SLAB_BYTES;
+    const vmh_extent_t *lists[2] = {a->busy, a->idle};
+    for (int li = 0; li < 2; li++) {
+        for (const vmh_extent_t *e = lists[li]; e; e = e->next) {
+            n += sizeof(*e) + (e->nwords + (e->nwords + 63) / 64) * sizeof(uint64_t);
+            if (e->tab_shift)
+                n += ((size_t)1 << e->tab_shift) * sizeof(blk_t *);
+        }
+    }
+    return n;
+}
+#endif

@@ -63,8 +63,18 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
 vmh_map_t *vmh_map_ref(vmh_map_t *m);
 void vmh_map_unref(vmh_map_t *m);
 
-/* Driver-call counter used by the fault-injection tests and the stats (every call the handle
- * layer makes goes through here). */
+/* Reports an undo call (release, free, unmap) that failed: the object stays alive. */
 void vmh_handle_report_failure(const char *call, CUresult rc);
+
+/* Which create call failed last on this thread, so that callers can tell address space
+ * exhaustion (a reservation) from device memory exhaustion (an allocation). */
+typedef enum vmh_failed_call {
+    VMH_FAILED_NONE,
+    VMH_FAILED_CREATE,  /* cuMemCreate */
+    VMH_FAILED_RESERVE, /* cuMemAddressReserve */
+    VMH_FAILED_MAP,     /* cuMemMap or cuMemSetAccess */
+    VMH_FAILED_CALL_COUNT
+} vmh_failed_call_t;
+extern _Thread_local vmh_failed_call_t vmh_handle_last_failure;
 
 #endif

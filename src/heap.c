@@ -1,1 +1,1093 @@
-/* stub: being written */
+/* Layers 4-5: per-device serving, reuse and parked frees (see heap.h).
+ *
+ * What owns what:
+ *   device state -> packing arena -> extents (each owns one range: one chunk, one reservation)
+ *               -> big buffers (each owns one range of its own chunks)
+ *               -> lists: live, parked (freed, work may still use them), cache (idle, reusable)
+ *               -> old ranges (left behind by a move or shrink, unmapped once work is done)
+ * Owners (big buffers, extents) are recycled per device and never freed while the process runs,
+ * which is what lets registry readers go without a lock (registry.h).
+ *
+ * Locking: one mutex per device guards its lists, arena and registry entries; no driver call
+ * is made while it is held, so a slow cuMemCreate or synchronize never blocks another thread's
+ * fast path.
+ *
+ * Parked frees and generations: a free tags its block with the device's current generation.
+ * A synchronize first advances the generation (taking the old value g), then waits for the
+ * context, then releases every block tagged <= g: all of them were freed before the wait began,
+ * so no work queued before their free can still be running.
+ */
+#include "heap.h"
+
+#include "arena.h"
+#include "driver.h"
+#include "handle.h"
+#include "log.h"
+#include "options.h"
+#include "range.h"
+#include "registry.h"
+#include "stats.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_DEVICES 64
+#define EXTENT_MAX ((size_t)64 << 20)
+#define PITCH_ALIGN 512 /* cudaMallocPitch(1000 x 77) gave pitch 1024 on the H200 */
+
+typedef enum owner_kind { OWN_BIG = 1, OWN_EXTENT } owner_kind_t;
+
+typedef struct vdev vdev_t;
+
+typedef struct owner {
+    owner_kind_t kind;
+    vdev_t *dev; /* never changes once set: owners are recycled within their device */
+} owner_t;
+
+typedef enum big_state { BIG_UNUSED, BIG_LIVE, BIG_RESIZING, BIG_PARKED, BIG_CACHED } big_state_t;
+
+typedef struct big {
+    owner_t o;
+    vmh_range_t *range;
+    size_t req;      /* the size asked for */
+    big_state_t state;
+    bool growable;   /* from vmm_realloc: reserve headroom when it grows */
+    uint64_t gen;    /* generation of its free, while parked */
+    struct big *prev, *next;
+} big_t;
+
+typedef struct biglist {
+    big_t *head, *tail;
+    size_t count, bytes;
+} biglist_t;
+
+typedef struct ext {
+    owner_t o;
+    vmh_range_t *range;
+    vmh_extent_t *extent;
+    struct ext *prev, *next;
+} ext_t;
+
+typedef struct old_range {
+    vmh_range_t *range;
+    uint64_t gen;
+    struct old_range *next;
+} old_range_t;
+
+struct vdev {
+    int ordinal;
+    CUcontext ctx; /* the context synchronized for parked frees */
+    CUmemAllocationProp prop;
+    CUmemAccessDesc access[VMH_MAX_ACCESS];
+    int naccess;
+    size_t gran;        /* chunk granularity */
+    size_t extent_next; /* size of the next packing extent (doubles up to EXTENT_MAX) */
+
+    pthread_mutex_t lock;
+    vmh_arena_t *arena;
+    ext_t *exts;
+    biglist_t live, parked, cache, unused;
+    old_range_t *old;
+    size_t live_usable; /* usable bytes of live buffers, for VMMHOOK_MEM_LIMIT */
+    _Atomic uint64_t gen;
+};
+
+static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(vdev_t *) devs[MAX_DEVICES];
+static atomic_bool shut_down;
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static bool round_up(size_t n, size_t to, size_t *out)
+{
+    if (n > SIZE_MAX - (to - 1))
+        return false;
+    *out = (n + to - 1) / to * to;
+    return true;
+}
+
+static void list_push(biglist_t *l, big_t *b)
+{
+    b->prev = NULL;
+    b->next = l->head;
+    if (l->head)
+        l->head->prev = b;
+    else
+        l->tail = b;
+    l->head = b;
+    l->count++;
+    l->bytes += b->range ? b->range->size : 0;
+}
+
+static void list_remove(biglist_t *l, big_t *b)
+{
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        l->head = b->next;
+    if (b->next)
+        b->next->prev = b->prev;
+    else
+        l->tail = b->prev;
+    b->prev = b->next = NULL;
+    l->count--;
+    l->bytes -= b->range ? b->range->size : 0;
+}
+
+static void idle_gauge(int64_t delta)
+{
+    vmh_gauge_add(VMH_STAT_bytes_cached, delta);
+}
+
+/* ---- devices ---------------------------------------------------------------------------- */
+
+/* Makes the device's allocation properties; checks the handle type once with a real chunk, so
+ * that a type the driver refuses is reported clearly at the start, not at some later grow. */
+static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
+{
+    d->ordinal = ordinal;
+    d->ctx = ctx;
+    memset(&d->prop, 0, sizeof d->prop);
+    d->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    d->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d->prop.location.id = ordinal;
+    static const CUmemAllocationHandleType types[VMH_HANDLE_KIND_COUNT] = {
+        [VMH_HANDLE_NONE] = CU_MEM_HANDLE_TYPE_NONE,
+        [VMH_HANDLE_POSIX_FD] = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        [VMH_HANDLE_FABRIC] = CU_MEM_HANDLE_TYPE_FABRIC,
+    };
+    d->prop.requestedHandleTypes = types[vmh_opt.handle];
+    if (vmh_opt.rdma) {
+        int rdma = 0;
+        vmh_drv.cuDeviceGetAttribute(
+            &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, ordinal);
+        if (rdma)
+            d->prop.allocFlags.gpuDirectRDMACapable = 1;
+        else
+            vmh_log("VMMHOOK_RDMA: device %d does not support GPUDirect RDMA with VMM memory; "
+                    "allocating without it", ordinal);
+    }
+
+    size_t min_gran = 0, rec_gran = 0;
+    CUresult rc = vmh_drv.cuMemGetAllocationGranularity(&min_gran, &d->prop,
+                                                         CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (rc == CUDA_SUCCESS)
+        rc = vmh_drv.cuMemGetAllocationGranularity(&rec_gran, &d->prop,
+                                                   CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (rc != CUDA_SUCCESS || min_gran == 0)
+        return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
+    /* The registry works in 2 MiB granules: never use a smaller chunk. */
+    size_t floor = (size_t)1 << VMH_REGISTRY_SHIFT;
+    if (min_gran < floor && floor % min_gran == 0)
+        min_gran = floor;
+    if (rec_gran < min_gran || rec_gran % min_gran)
+        rec_gran = min_gran;
+    switch (vmh_opt.gran_mode) {
+    case VMH_GRAN_MIN:
+        d->gran = min_gran;
+        break;
+    case VMH_GRAN_BYTES:
+        if (vmh_opt.gran_bytes && vmh_opt.gran_bytes % min_gran == 0) {
+            d->gran = vmh_opt.gran_bytes;
+        } else {
+            vmh_log("VMMHOOK_GRANULARITY=%zu is not a multiple of device %d's minimum "
+                    "granularity %zu; using the recommended %zu",
+                    vmh_opt.gran_bytes, ordinal, min_gran, rec_gran);
+            if (vmh_opt.strict)
+                _exit(2);
+            d->gran = rec_gran;
+        }
+        break;
+    default:
+        d->gran = rec_gran;
+    }
+    d->extent_next = d->gran;
+
+    d->access[0].location = d->prop.location;
+    d->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    d->naccess = 1;
+    for (int peer = 0; peer < MAX_DEVICES && d->naccess < VMH_MAX_ACCESS; peer++) {
+        int can = 0;
+        if (peer == ordinal || !(vmh_opt.peers & (1ull << peer)))
+            continue;
+        if (vmh_drv.cuDeviceCanAccessPeer(&can, ordinal, peer) != CUDA_SUCCESS || !can) {
+            vmh_debug("VMMHOOK_PEERS: device %d cannot reach device %d; not granted", peer,
+                      ordinal);
+            continue;
+        }
+        d->access[d->naccess].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        d->access[d->naccess].location.id = peer;
+        d->access[d->naccess].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        d->naccess++;
+    }
+
+    if (d->prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+        vmh_alloc_t *probe;
+        rc = vmh_alloc_create(d->gran, &d->prop, NULL, 0, &probe);
+        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_OUT_OF_MEMORY) {
+            vmh_log("VMMHOOK_HANDLE_TYPE: the driver refuses this handle type on device %d "
+                    "(CUDA error %d); using none", ordinal, (int)rc);
+            if (vmh_opt.strict)
+                _exit(2);
+            d->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        } else if (rc == CUDA_SUCCESS) {
+            vmh_alloc_unref(probe);
+        }
+    }
+
+    pthread_mutex_init(&d->lock, NULL);
+    d->arena = vmh_arena_new();
+    if (!d->arena)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vmh_debug("device %d: chunk granularity %zu (minimum %zu), handle type %d, %d access "
+              "descriptor(s)", ordinal, d->gran, min_gran, (int)d->prop.requestedHandleTypes,
+              d->naccess);
+    return CUDA_SUCCESS;
+}
+
+static CUresult dev_by_ordinal(int ordinal, CUcontext ctx, vdev_t **out)
+{
+    if (ordinal < 0 || ordinal >= MAX_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    vdev_t *d = atomic_load_explicit(&devs[ordinal], memory_order_acquire);
+    if (d) {
+        *out = d;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&devs_lock);
+    d = atomic_load_explicit(&devs[ordinal], memory_order_acquire);
+    CUresult rc = CUDA_SUCCESS;
+    if (!d) {
+        d = calloc(1, sizeof *d);
+        rc = d ? dev_setup(d, ordinal, ctx) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (rc == CUDA_SUCCESS) {
+            atomic_store_explicit(&devs[ordinal], d, memory_order_release);
+        } else {
+            free(d);
+            d = NULL;
+        }
+    }
+    pthread_mutex_unlock(&devs_lock);
+    *out = d;
+    return rc;
+}
+
+/* The current context's device. */
+static CUresult dev_current(vdev_t **out)
+{
+    CUcontext ctx = NULL;
+    CUdevice dev;
+    CUresult rc = vmh_drv.cuCtxGetCurrent(&ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    rc = vmh_drv.cuCtxGetDevice(&dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return dev_by_ordinal((int)dev, ctx, out);
+}
+
+static big_t *cache_evict_locked(vdev_t *d, size_t need);
+static size_t evicted_destroy(vdev_t *d, big_t *taken);
+
+/* ---- parked frees ----------------------------------------------------------------------- */
+
+static void destroy_ranges(old_range_t *o)
+{
+    while (o) {
+        old_range_t *next = o->next;
+        vmh_range_destroy(o->range);
+        free(o);
+        o = next;
+    }
+}
+
+/* Waits for all work queued on the device so far, then releases everything parked before the
+ * wait began: blocks become reusable, old ranges are unmapped. */
+static CUresult dev_sync(vdev_t *d)
+{
+    uint64_t g = atomic_fetch_add(&d->gen, 1);
+    CUcontext cur = NULL;
+    CUresult rc = vmh_drv.cuCtxGetCurrent(&cur);
+    if (rc == CUDA_SUCCESS) {
+        if (cur == d->ctx) {
+            rc = vmh_drv.cuCtxSynchronize();
+        } else {
+            rc = vmh_drv.cuCtxPushCurrent(d->ctx);
+            if (rc == CUDA_SUCCESS) {
+                rc = vmh_drv.cuCtxSynchronize();
+                vmh_drv.cuCtxPopCurrent(&cur);
+            }
+        }
+    }
+    vmh_count(VMH_STAT_syncs, 1);
+    if (rc != CUDA_SUCCESS)
+        return rc; /* a failed wait proves nothing: everything stays parked */
+
+    old_range_t *done = NULL;
+    pthread_mutex_lock(&d->lock);
+    vmh_arena_unpark_upto(d->arena, g);
+    for (big_t *b = d->parked.tail, *prev; b; b = prev) {
+        prev = b->prev;
+        if (b->gen > g)
+            continue;
+        list_remove(&d->parked, b);
+        b->state = BIG_CACHED;
+        list_push(&d->cache, b);
+    }
+    for (old_range_t **pp = &d->old; *pp;) {
+        old_range_t *o = *pp;
+        if (o->gen <= g) {
+            *pp = o->next;
+            o->next = done;
+            done = o;
+        } else {
+            pp = &o->next;
+        }
+    }
+    big_t *over = d->cache.bytes > vmh_opt.cache_limit
+                      ? cache_evict_locked(d, d->cache.bytes - vmh_opt.cache_limit)
+                      : NULL;
+    pthread_mutex_unlock(&d->lock);
+    destroy_ranges(done);
+    evicted_destroy(d, over);
+    return CUDA_SUCCESS;
+}
+
+static bool dev_has_parked(vdev_t *d)
+{
+    return d->parked.count || d->old || vmh_arena_parked(d->arena);
+}
+
+/* ---- owners ----------------------------------------------------------------------------- */
+
+static big_t *big_get(vdev_t *d)
+{
+    big_t *b = d->unused.head;
+    if (b) {
+        list_remove(&d->unused, b);
+        return b;
+    }
+    b = calloc(1, sizeof *b);
+    if (b) {
+        b->o.kind = OWN_BIG;
+        b->o.dev = d;
+    }
+    return b;
+}
+
+/* Takes up to `need` bytes of idle cached buffers (least recently freed first) off the cache
+ * and out of the registry; the caller destroys their ranges without the lock and then
+ * returns the owners with big_recycle(). */
+static big_t *cache_evict_locked(vdev_t *d, size_t need)
+{
+    big_t *taken = NULL;
+    size_t got = 0;
+    while (d->cache.tail && got < need) {
+        big_t *b = d->cache.tail;
+        list_remove(&d->cache, b);
+        vmh_registry_set(b->range->base, b->range->size, NULL);
+        got += b->range->size;
+        b->next = taken;
+        taken = b;
+    }
+    return taken;
+}
+
+static size_t evicted_destroy(vdev_t *d, big_t *taken)
+{
+    size_t bytes = 0;
+    for (big_t *b = taken, *next; b; b = next) {
+        next = b->next;
+        bytes += b->range->size;
+        idle_gauge(-(int64_t)b->range->size);
+        vmh_range_destroy(b->range);
+        b->range = NULL;
+        b->state = BIG_UNUSED;
+        pthread_mutex_lock(&d->lock);
+        list_push(&d->unused, b);
+        pthread_mutex_unlock(&d->lock);
+    }
+    return bytes;
+}
+
+/* Gives back every idle buffer and every empty extent of the device. */
+static size_t dev_trim(vdev_t *d)
+{
+    pthread_mutex_lock(&d->lock);
+    big_t *taken = cache_evict_locked(d, SIZE_MAX);
+    ext_t *empty = NULL;
+    uintptr_t base;
+    size_t size;
+    ext_t *e;
+    while ((e = vmh_arena_take_empty_extent(d->arena, &base, &size))) {
+        vmh_registry_set(e->range->base, e->range->size, NULL);
+        if (e->prev)
+            e->prev->next = e->next;
+        else
+            d->exts = e->next;
+        if (e->next)
+            e->next->prev = e->prev;
+        e->next = empty;
+        empty = e;
+    }
+    pthread_mutex_unlock(&d->lock);
+    size_t bytes = evicted_destroy(d, taken);
+    while (empty) {
+        ext_t *next = empty->next;
+        bytes += empty->range->size;
+        idle_gauge(-(int64_t)empty->range->size);
+        vmh_range_destroy(empty->range);
+        free(empty); /* extents are not looked up once out of the registry */
+        empty = next;
+    }
+    if (bytes)
+        vmh_count(VMH_STAT_trims, 1);
+    return bytes;
+}
+
+/* ---- creating memory ---------------------------------------------------------------------- */
+
+/* Address space for a buffer of `size` bytes that may grow: headroom, within the budget. */
+static size_t reserve_for(size_t size, bool growable)
+{
+    size_t reserve = size;
+    if (growable && vmh_opt.headroom) {
+        size_t extra = size < vmh_opt.headroom ? size : vmh_opt.headroom;
+        if (extra <= SIZE_MAX - size)
+            reserve = size + extra;
+    }
+    int64_t used = vmh_gauge_get(VMH_STAT_bytes_reserved);
+    if (vmh_opt.va_limit && (size_t)used + reserve > vmh_opt.va_limit)
+        reserve = size;
+    return reserve;
+}
+
+static bool va_exhausted(size_t reserve)
+{
+    int64_t used = vmh_gauge_get(VMH_STAT_bytes_reserved);
+    return vmh_opt.va_limit && (size_t)used + reserve > vmh_opt.va_limit;
+}
+
+/* One chunk of `size` bytes mapped in a range of its own. On out of memory the device is
+ * trimmed (and parked frees released) and the creation tried once more: memory held idle by
+ * the library must never make the program fail. */
+static CUresult range_new(vdev_t *d, size_t size, size_t reserve, vmh_range_t **out)
+{
+    for (int attempt = 0;; attempt++) {
+        if (va_exhausted(reserve)) {
+            vmh_handle_last_failure = VMH_FAILED_RESERVE;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        vmh_alloc_t *a;
+        CUresult rc = vmh_alloc_create(size, &d->prop, d->access, d->naccess, &a);
+        if (rc == CUDA_SUCCESS) {
+            rc = vmh_range_create(&a, 1, reserve, 0, 0, out);
+            vmh_alloc_unref(a);
+        }
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0)
+            return rc;
+        vmh_count(VMH_STAT_oom_retries, 1);
+        if (dev_has_parked(d))
+            dev_sync(d);
+        if (dev_trim(d) == 0 && !dev_has_parked(d) && attempt == 0) {
+            /* Nothing was idle: the device really is full. */
+            return rc;
+        }
+    }
+}
+
+static bool over_limit(vdev_t *d, size_t usable)
+{
+    return vmh_opt.mem_limit && (d->live_usable > vmh_opt.mem_limit ||
+                                 usable > vmh_opt.mem_limit - d->live_usable);
+}
+
+/* A cached buffer of at least `rounded` bytes and at most 1/8 more. */
+static big_t *cache_take_locked(vdev_t *d, size_t rounded)
+{
+    big_t *best = NULL;
+    for (big_t *b = d->cache.head; b; b = b->next) {
+        size_t s = b->range->size;
+        if (s >= rounded && s - rounded <= rounded / 8 && (!best || s < best->range->size)) {
+            best = b;
+            if (s == rounded)
+                break;
+        }
+    }
+    if (best)
+        list_remove(&d->cache, best);
+    return best;
+}
+
+static void make_live_locked(vdev_t *d, big_t *b, size_t size, bool growable)
+{
+    b->state = BIG_LIVE;
+    b->req = size;
+    b->growable = growable;
+    list_push(&d->live, b);
+    d->live_usable += b->range->size;
+}
+
+static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *out)
+{
+    size_t rounded;
+    if (!round_up(size, d->gran, &rounded))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int attempt = 0;; attempt++) {
+        pthread_mutex_lock(&d->lock);
+        if (over_limit(d, rounded)) {
+            pthread_mutex_unlock(&d->lock);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        big_t *b = cache_take_locked(d, rounded);
+        if (b) {
+            make_live_locked(d, b, size, growable);
+            pthread_mutex_unlock(&d->lock);
+            idle_gauge(-(int64_t)b->range->size);
+            vmh_count(VMH_STAT_cache_hits, 1);
+            *out = b->range->base;
+            return CUDA_SUCCESS;
+        }
+        bool parked = dev_has_parked(d);
+        pthread_mutex_unlock(&d->lock);
+        if (!parked || attempt > 0 || dev_sync(d) != CUDA_SUCCESS)
+            break;
+    }
+
+    /* A miss: recycle idle memory before asking for more, so that the cache never makes the
+     * footprint grow (the driver's calls cost the same either way). */
+    pthread_mutex_lock(&d->lock);
+    big_t *taken = d->cache.bytes ? cache_evict_locked(d, rounded) : NULL;
+    pthread_mutex_unlock(&d->lock);
+    evicted_destroy(d, taken);
+
+    vmh_range_t *r;
+    CUresult rc = range_new(d, rounded, reserve_for(rounded, growable), &r);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&d->lock);
+    big_t *b = big_get(d);
+    if (!b || !vmh_registry_set(r->base, r->size, b)) {
+        if (b)
+            list_push(&d->unused, b);
+        pthread_mutex_unlock(&d->lock);
+        vmh_range_destroy(r);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    b->range = r;
+    make_live_locked(d, b, size, growable);
+    pthread_mutex_unlock(&d->lock);
+    *out = r->base;
+    return CUDA_SUCCESS;
+}
+
+/* Adds a packing extent large enough for `size`. */
+static CUresult extent_add(vdev_t *d, size_t size)
+{
+    size_t want;
+    if (!round_up(size, d->gran, &want))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&d->lock);
+    if (want < d->extent_next)
+        want = d->extent_next;
+    if (d->extent_next < EXTENT_MAX)
+        d->extent_next *= 2;
+    pthread_mutex_unlock(&d->lock);
+
+    vmh_range_t *r;
+    CUresult rc = range_new(d, want, want, &r);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    ext_t *e = calloc(1, sizeof *e);
+    pthread_mutex_lock(&d->lock);
+    if (e) {
+        e->o.kind = OWN_EXTENT;
+        e->o.dev = d;
+        e->range = r;
+        e->extent = vmh_arena_add_extent(d->arena, r->base, r->size, e);
+    }
+    if (!e || !e->extent || !vmh_registry_set(r->base, r->size, e)) {
+        pthread_mutex_unlock(&d->lock);
+        /* An extent the arena knows but the registry does not cannot happen: the arena
+         * only learns of it above, and add_extent failing leaves nothing behind. */
+        free(e);
+        vmh_range_destroy(r);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    e->next = d->exts;
+    if (d->exts)
+        d->exts->prev = e;
+    d->exts = e;
+    pthread_mutex_unlock(&d->lock);
+    idle_gauge((int64_t)r->size);
+    return CUDA_SUCCESS;
+}
+
+static CUresult packed_alloc(vdev_t *d, size_t size, CUdeviceptr *out)
+{
+    bool synced = false, grown = false;
+    for (;;) {
+        uintptr_t p;
+        pthread_mutex_lock(&d->lock);
+        if (over_limit(d, size)) {
+            pthread_mutex_unlock(&d->lock);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (vmh_arena_alloc(d->arena, size, &p) == 0) {
+            vmh_extent_t *e = ((ext_t *)vmh_registry_get(p))->extent;
+            vmh_block_info_t info;
+            vmh_arena_find(e, p, &info);
+            d->live_usable += info.usable;
+            pthread_mutex_unlock(&d->lock);
+            idle_gauge(-(int64_t)info.usable);
+            *out = p;
+            return CUDA_SUCCESS;
+        }
+        bool parked = vmh_arena_parked(d->arena) > 0;
+        pthread_mutex_unlock(&d->lock);
+        if (parked && !synced) {
+            synced = true;
+            if (dev_sync(d) == CUDA_SUCCESS)
+                continue;
+        }
+        if (grown)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        CUresult rc = extent_add(d, size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        grown = true;
+    }
+}
+
+static CUresult alloc_on(vdev_t *d, size_t size, bool growable, CUdeviceptr *out)
+{
+    /* growable only matters for buffers of their own: packed ones move by copy anyway. */
+    CUresult rc = size < vmh_opt.pack_below ? packed_alloc(d, size, out)
+                                            : big_alloc(d, size, growable, out);
+    if (rc == CUDA_SUCCESS) {
+        vmh_count(VMH_STAT_served_allocs, 1);
+        vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size);
+    }
+    return rc;
+}
+
+/* ---- the interface ------------------------------------------------------------------------ */
+
+static void heap_load(void)
+{
+    vmh_options_load();
+}
+
+bool vmh_heap_ready(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, heap_load);
+    return !vmh_opt.disable && !atomic_load_explicit(&shut_down, memory_order_relaxed) &&
+           vmh_driver_ready();
+}
+
+CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out)
+{
+    if (atomic_load_explicit(&shut_down, memory_order_relaxed))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!out || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    vdev_t *d;
+    CUresult rc = dev_current(&d);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = alloc_on(d, size, false, out);
+    vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
+              rc == CUDA_SUCCESS ? *out : 0, size, NULL);
+    return rc;
+}
+
+CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, CUdeviceptr *out,
+                              size_t *pitch)
+{
+    if (!out || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p;
+    if (!round_up(width, PITCH_ALIGN, &p) || height > SIZE_MAX / p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = vmh_heap_alloc(p * height, out);
+    if (rc == CUDA_SUCCESS)
+        *pitch = p;
+    return rc;
+}
+
+/* Finds the owner of p and locks its device; NULL (nothing locked) when p is not ours. */
+static owner_t *owner_lock(CUdeviceptr p)
+{
+    owner_t *o = vmh_registry_get(p);
+    if (!o)
+        return NULL;
+    vdev_t *d = o->dev;
+    pthread_mutex_lock(&d->lock);
+    if (vmh_registry_get(p) != o) { /* released meanwhile */
+        pthread_mutex_unlock(&d->lock);
+        return NULL;
+    }
+    return o;
+}
+
+/* Parks a live buffer; the device is locked. */
+static CUresult park_locked(vdev_t *d, owner_t *o, CUdeviceptr p, size_t *req)
+{
+    uint64_t gen = atomic_load(&d->gen);
+    if (o->kind == OWN_EXTENT) {
+        vmh_block_info_t info;
+        if (vmh_arena_park(d->arena, ((ext_t *)o)->extent, p, gen, &info) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        d->live_usable -= info.usable;
+        idle_gauge((int64_t)info.usable);
+        *req = info.size;
+        return CUDA_SUCCESS;
+    }
+    big_t *b = (big_t *)o;
+    if (b->state != BIG_LIVE || p != b->range->base)
+        return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
+    list_remove(&d->live, b);
+    d->live_usable -= b->range->size;
+    b->state = BIG_PARKED;
+    b->gen = gen;
+    list_push(&d->parked, b);
+    idle_gauge((int64_t)b->range->size);
+    *req = b->req;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
+{
+    owner_t *o = owner_lock(p);
+    if (!o)
+        return CUDA_ERROR_NOT_FOUND;
+    vdev_t *d = o->dev;
+    if (atomic_load_explicit(&shut_down, memory_order_relaxed)) {
+        /* Late frees from other destructors: the driver may be gone; forget quietly. */
+        pthread_mutex_unlock(&d->lock);
+        return CUDA_SUCCESS;
+    }
+    size_t req = 0;
+    CUresult rc = park_locked(d, o, p, &req);
+    pthread_mutex_unlock(&d->lock);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    vmh_count(VMH_STAT_served_frees, 1);
+    vmh_gauge_add(VMH_STAT_bytes_requested, -(int64_t)req);
+    vmh_trace("free", p, req, stream);
+    if (vmh_opt.free_sync && !async)
+        dev_sync(d);
+    return CUDA_SUCCESS;
+}
+
+bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)
+{
+    owner_t *o = owner_lock(p);
+    if (!o)
+        return false;
+    vdev_t *d = o->dev;
+    bool found = false;
+    if (o->kind == OWN_EXTENT) {
+        vmh_block_info_t bi;
+        if (vmh_arena_find(((ext_t *)o)->extent, p, &bi) && p < bi.base + bi.size) {
+            *info = (vmh_buffer_info_t){bi.base, bi.size, bi.usable, d->ordinal, true};
+            found = true;
+        }
+    } else {
+        big_t *b = (big_t *)o;
+        if ((b->state == BIG_LIVE || b->state == BIG_RESIZING) && p < b->range->base + b->req) {
+            *info = (vmh_buffer_info_t){b->range->base, b->req, b->range->size, d->ordinal,
+                                        false};
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return found;
+}
+
+/* ---- realloc -------------------------------------------------------------------------- */
+
+/* Leaves a range to be destroyed once work queued so far is done; locked. */
+static CUresult park_range_locked(vdev_t *d, vmh_range_t *r)
+{
+    old_range_t *o = malloc(sizeof *o);
+    if (!o)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->range = r;
+    o->gen = atomic_load(&d->gen);
+    o->next = d->old;
+    d->old = o;
+    return CUDA_SUCCESS;
+}
+
+/* Packed buffer that outgrows its block, or a size change across the packing threshold:
+ * a new buffer and one device copy. */
+static CUresult realloc_by_copy(vdev_t *d, CUdeviceptr *p, size_t old_size, size_t size,
+                                CUstream stream, bool async)
+{
+    CUdeviceptr np;
+    CUresult rc = alloc_on(d, size, true, &np);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    size_t n = old_size < size ? old_size : size;
+    if (async) {
+        rc = vmh_drv.cuMemcpyDtoDAsync(np, *p, n, stream);
+    } else {
+        /* Work on any stream may still write the old buffer: wait for it, as cudaFree
+         * would, then copy. */
+        rc = dev_sync(d);
+        if (rc == CUDA_SUCCESS)
+            rc = vmh_drv.cuMemcpyDtoD(np, *p, n);
+    }
+    if (rc != CUDA_SUCCESS) {
+        vmh_heap_free(np, stream, async);
+        return rc;
+    }
+    vmh_count(VMH_STAT_copies, 1);
+    vmh_heap_free(*p, stream, async);
+    *p = np;
+    return CUDA_SUCCESS;
+}
+
+static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CUstream stream,
+                            bool async)
+{
+    /* Locked on entry; unlocked on return. */
+    size_t rounded;
+    if (!round_up(size, d->gran, &rounded)) {
+        pthread_mutex_unlock(&d->lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    vmh_range_t *r = b->range;
+    if (rounded <= r->size) {
+        vmh_range_t *nr = NULL;
+        CUresult rc = vmh_range_shrink(r, rounded, &nr);
+        if (rc == CUDA_SUCCESS && nr->size < r->size) {
+            rc = park_range_locked(d, r);
+            if (rc == CUDA_SUCCESS) {
+                vmh_registry_set(r->base + nr->size, r->size - nr->size, NULL);
+                d->live_usable -= r->size - nr->size;
+                b->range = nr;
+                nr = NULL;
+            }
+        }
+        vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)b->req);
+        if (rc == CUDA_SUCCESS)
+            b->req = size;
+        pthread_mutex_unlock(&d->lock);
+        vmh_range_destroy(nr); /* only references: r keeps every mapping alive */
+        if (rc == CUDA_SUCCESS && !async)
+            dev_sync(d);
+        return rc;
+    }
+    if (over_limit(d, rounded - r->size)) {
+        pthread_mutex_unlock(&d->lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    /* The driver calls run without the lock; RESIZING keeps frees and other resizes off. */
+    b->state = BIG_RESIZING;
+    pthread_mutex_unlock(&d->lock);
+
+    vmh_alloc_t *a;
+    CUresult rc = vmh_alloc_create(rounded - r->size, &d->prop, d->access, d->naccess, &a);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        dev_trim(d);
+        rc = vmh_alloc_create(rounded - r->size, &d->prop, d->access, d->naccess, &a);
+    }
+    vmh_range_t *nr = NULL;
+    vmh_grow_kind_t kind = VMH_GROW_MOVED;
+    if (rc == CUDA_SUCCESS) {
+        size_t reserve = reserve_for(rounded, true);
+        if (va_exhausted(reserve - r->size)) {
+            vmh_handle_last_failure = VMH_FAILED_RESERVE;
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            rc = vmh_range_grow(r, &a, 1, reserve, 0, true, &nr, &kind);
+        }
+        vmh_alloc_unref(a);
+    }
+
+    pthread_mutex_lock(&d->lock);
+    if (rc == CUDA_SUCCESS) {
+        bool moved = kind == VMH_GROW_MOVED;
+        CUdeviceptr from = moved ? nr->base : r->base + r->size;
+        size_t len = moved ? nr->size : nr->size - r->size;
+        if (!vmh_registry_set(from, len, b) || (moved && park_range_locked(d, r) != 0)) {
+            if (moved)
+                vmh_registry_set(from, len, NULL);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        b->state = BIG_LIVE;
+        pthread_mutex_unlock(&d->lock);
+        vmh_range_destroy(nr);
+        return rc;
+    }
+    bool moved = kind == VMH_GROW_MOVED;
+    if (moved)
+        vmh_registry_set(r->base, r->size, NULL);
+    d->live_usable += nr->size - r->size;
+    vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)b->req);
+    b->range = nr;
+    b->req = size;
+    b->state = BIG_LIVE;
+    pthread_mutex_unlock(&d->lock);
+    vmh_count(moved ? VMH_STAT_moves : VMH_STAT_grows_in_place, 1);
+    if (!moved)
+        vmh_range_destroy(r); /* references only: nr holds every mapping */
+    *p = nr->base;
+    if (moved && !async)
+        dev_sync(d); /* the old address goes once work queued before the call is done */
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream stream, bool async)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (atomic_load_explicit(&shut_down, memory_order_relaxed))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (*p == 0) {
+        if (size == 0)
+            return CUDA_SUCCESS;
+        vdev_t *d;
+        CUresult rc = dev_current(&d);
+        if (rc == CUDA_SUCCESS)
+            rc = alloc_on(d, size, true, p);
+        return rc;
+    }
+    if (size == 0) {
+        CUresult rc = vmh_heap_free(*p, stream, async);
+        if (rc == CUDA_SUCCESS)
+            *p = 0;
+        return rc;
+    }
+    owner_t *o = owner_lock(*p);
+    if (!o)
+        return CUDA_ERROR_NOT_FOUND;
+    vdev_t *d = o->dev;
+    if (o->kind == OWN_BIG) {
+        big_t *b = (big_t *)o;
+        if (b->state != BIG_LIVE || *p != b->range->base) {
+            pthread_mutex_unlock(&d->lock);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        return realloc_big(d, b, p, size, stream, async);
+    }
+    ext_t *e = (ext_t *)o;
+    vmh_block_info_t info;
+    if (!vmh_arena_find(e->extent, *p, &info) || info.base != *p) {
+        pthread_mutex_unlock(&d->lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (size < vmh_opt.pack_below && vmh_arena_resize(d->arena, e->extent, *p, size) == 0) {
+        vmh_block_info_t now;
+        vmh_arena_find(e->extent, *p, &now);
+        d->live_usable += now.usable - info.usable;
+        pthread_mutex_unlock(&d->lock);
+        vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)info.size);
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return realloc_by_copy(d, p, info.size, size, stream, async);
+}
+
+/* ---- maintenance ------------------------------------------------------------------------ */
+
+size_t vmh_heap_trim(void)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        vdev_t *d = atomic_load_explicit(&devs[i], memory_order_acquire);
+        if (!d)
+            continue;
+        if (dev_has_parked(d))
+            dev_sync(d);
+        bytes += dev_trim(d);
+    }
+    return bytes;
+}
+
+size_t vmh_heap_idle_bytes(int device)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return 0;
+    vdev_t *d = atomic_load_explicit(&devs[device], memory_order_acquire);
+    if (!d)
+        return 0;
+    vmh_arena_stats_t s;
+    pthread_mutex_lock(&d->lock);
+    vmh_arena_stats(d->arena, &s);
+    size_t idle = d->cache.bytes + d->parked.bytes + s.free + s.parked;
+    pthread_mutex_unlock(&d->lock);
+    return idle;
+}
+
+static void report_packed_leak(const vmh_block_info_t *b, void *arg)
+{
+    vmh_leak_report_one(b->base, b->size, *(int *)arg, NULL);
+}
+
+void vmh_heap_shutdown(void)
+{
+    if (atomic_exchange(&shut_down, true))
+        return;
+    if (!vmh_opt.leaks)
+        return;
+    vmh_leak_report_begin();
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        vdev_t *d = atomic_load_explicit(&devs[i], memory_order_acquire);
+        if (!d)
+            continue;
+        pthread_mutex_lock(&d->lock);
+        for (big_t *b = d->live.head; b; b = b->next)
+            vmh_leak_report_one(b->range->base, b->req, i, NULL);
+        vmh_arena_for_each_live(d->arena, report_packed_leak, &i);
+        pthread_mutex_unlock(&d->lock);
+    }
+    vmh_leak_report_end();
+}
+
+static void free_bigs(biglist_t *l)
+{
+    for (big_t *b = l->head, *next; b; b = next) {
+        next = b->next;
+        if (b->range) {
+            vmh_registry_set(b->range->base, b->range->size, NULL);
+            vmh_range_destroy(b->range);
+        }
+        free(b);
+    }
+}
+
+void vmh_heap_reset(void)
+{
+    for (int i = 0; i < MAX_DEVICES; i++) {
+        vdev_t *d = atomic_exchange(&devs[i], NULL);
+        if (!d)
+            continue;
+        free_bigs(&d->live);
+        free_bigs(&d->parked);
+        free_bigs(&d->cache);
+        free_bigs(&d->unused);
+        destroy_ranges(d->old);
+        for (ext_t *e = d->exts, *next; e; e = next) {
+            next = e->next;
+            vmh_registry_set(e->range->base, e->range->size, NULL);
+            vmh_range_destroy(e->range);
+            free(e);
+        }
+        vmh_arena_delete(d->arena, NULL, NULL);
+        pthread_mutex_destroy(&d->lock);
+        free(d);
+    }
+    atomic_store(&shut_down, false);
+}

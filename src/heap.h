@@ -14,9 +14,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Loads the options (once) and the driver; false when the library is disabled, shut down, or
+ * no driver can be loaded: every entry point then passes through. Call before anything else. */
+bool vmh_heap_ready(void);
+
 /* Serves size bytes (size > 0) on the current context's device, 256-byte aligned.
  * CUDA_ERROR_OUT_OF_MEMORY when the device (after trimming the cache) or the memory limit has
- * no room; CUDA_ERROR_INVALID_CONTEXT without a current context. */
+ * no room; CUDA_ERROR_INVALID_CONTEXT without a current context; CUDA_ERROR_NOT_SUPPORTED after shutdown
+ * (the caller passes the request to the driver). */
 CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out);
 
 /* Pitched allocation with cudaMallocPitch's rules (pitch a multiple of the texture pitch

@@ -1,1 +1,108 @@
-/* stub: being written */
+/* Diagnostics: every message is one line "vmmhook: ...\n", formatted into a stack buffer and
+ * handed to the sink (write(2) to fd 2) in one call.
+ *
+ * Why no stdio and no malloc: these functions run inside the driver's calls, inside dlsym while
+ * the loader holds its lock, in fork children and in destructors after libc's own exit handlers.
+ * glibc's vsnprintf does not allocate for the integer, pointer and %s conversions used here,
+ * and one write(2) per line keeps lines of different threads from interleaving. errno is
+ * preserved, since the interposed entry points must not change what the program sees. */
+#include "log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "options.h"
+#include "testable.h"
+
+#define PREFIX "vmmhook: "
+#define PREFIX_LEN (sizeof(PREFIX) - 1)
+
+VMH_TESTABLE void vmh_log_write_stderr(const char *line, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(STDERR_FILENO, line, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return; /* stderr closed or full: nothing better to do with a diagnostic */
+        }
+        line += n;
+        len -= (size_t)n;
+    }
+}
+
+VMH_TESTABLE void (*vmh_log_sink)(const char *line, size_t len) = vmh_log_write_stderr;
+
+static void vlog(const char *fmt, va_list ap)
+{
+    int saved = errno;
+    char buf[VMH_LOG_LINE_MAX];
+    const size_t room = sizeof(buf) - PREFIX_LEN - 1; /* 1 for the newline */
+
+    memcpy(buf, PREFIX, PREFIX_LEN);
+    int n = vsnprintf(buf + PREFIX_LEN, room + 1, fmt, ap);
+    size_t len;
+    if (n < 0) {
+        static const char bad[] = "(message could not be formatted)";
+        memcpy(buf + PREFIX_LEN, bad, sizeof(bad) - 1);
+        len = PREFIX_LEN + sizeof(bad) - 1;
+    } else if ((size_t)n > room) {
+        /* Truncated: say so rather than cut a value silently. */
+        len = PREFIX_LEN + room;
+        memcpy(buf + len - 3, "...", 3);
+    } else {
+        len = PREFIX_LEN + (size_t)n;
+    }
+    buf[len++] = '\n';
+    vmh_log_sink(buf, len);
+    errno = saved;
+}
+
+void vmh_log(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(fmt, ap);
+    va_end(ap);
+}
+
+void vmh_debug(const char *fmt, ...)
+{
+    if (!vmh_opt.verbose)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(fmt, ap);
+    va_end(ap);
+}
+
+const char *vmh_fmt_bytes(char *buf, size_t len, unsigned long long n)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (len == 0)
+        return buf;
+    unsigned u = 0;
+    while (u + 1 < sizeof(units) / sizeof(units[0]) && n >> (10 * (u + 1)) != 0)
+        u++;
+    if (u == 0) {
+        snprintf(buf, len, "%llu B", n);
+        return buf;
+    }
+    /* Integer arithmetic (no floating point in a library that runs inside the driver): tenths
+     * of the unit, rounded to nearest. (n % unit) * 10 < 10 * 2^60 fits in 64 bits. */
+    unsigned long long unit = 1ULL << (10 * u);
+    unsigned long long whole = n / unit;
+    unsigned long long tenths = ((n % unit) * 10 + unit / 2) / unit;
+    if (tenths == 10) {
+        whole++;
+        tenths = 0;
+    }
+    if (n % unit == 0)
+        snprintf(buf, len, "%llu %s", whole, units[u]);
+    else
+        snprintf(buf, len, "%llu.%llu %s", whole, tenths, units[u]);
+    return buf;
+}

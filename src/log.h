@@ -11,7 +11,17 @@ void vmh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The same, only when VMMHOOK_VERBOSE is on. */
 void vmh_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Formats n bytes as "12.5 MiB" into buf. */
+/* Formats n bytes as "12.5 MiB" into buf (one decimal, rounded; "512 B" below 1 KiB; "64 MiB"
+ * when exact). Returns buf. */
 const char *vmh_fmt_bytes(char *buf, size_t len, unsigned long long n);
+
+/* The longest line vmh_log writes, prefix and newline included; longer ones end in "...". */
+#define VMH_LOG_LINE_MAX 1024
+
+#ifdef VMH_TESTING
+/* Where finished lines ("vmmhook: ...\n") go: write(2) to fd 2 in the library; tests capture. */
+extern void (*vmh_log_sink)(const char *line, size_t len);
+void vmh_log_write_stderr(const char *line, size_t len);
+#endif
 
 #endif

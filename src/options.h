@@ -49,7 +49,74 @@ extern vmh_options_t vmh_opt;
 void vmh_options_defaults(vmh_options_t *o);
 
 /* Reads the environment once (thread-safe); prints warnings, and with VMMHOOK_STRICT exits on a
- * bad value; with VMMHOOK_VERBOSE prints every resolved option. */
+ * bad value; with VMMHOOK_VERBOSE prints every resolved option. vmh_opt holds zeros, not the
+ * defaults, until this has run: every reader calls it first (after the first call it costs one
+ * pthread_once check). */
 void vmh_options_load(void);
+
+/* Where the parser reads a variable: secure_getenv in the library, a fake environment in the
+ * tests and the fuzzer. Returns NULL when the variable is unset. */
+typedef const char *(*vmh_getenv_fn)(const char *name, void *arg);
+
+/* For heap.c: the chunk granularity to use for one set of allocation properties, given the
+ * driver's minimum and recommended granularity queried for exactly those properties (handle
+ * type, RDMA flag). An explicit VMMHOOK_GRANULARITY that is not a multiple of min_gran is a bad
+ * value: one warning naming the variable, its value and the minimum, and the recommended
+ * granularity is used instead; with VMMHOOK_STRICT the program stops (exit status 2). */
+size_t vmh_options_granularity(size_t min_gran, size_t rec_gran);
+
+/* The check behind vmh_options_granularity, without the warning: true and *out, or false, *out
+ * the fallback (recommended) and why a short reason. */
+bool vmh_options_check_granularity(const vmh_options_t *o, size_t min_gran, size_t rec_gran,
+                                   size_t *out, char *why, size_t whylen);
+
+/* A value the parser accepted but that the machine refuses later, e.g. VMMHOOK_HANDLE_TYPE=fabric
+ * when cuMemCreate answers CUDA_ERROR_NOT_PERMITTED: prints one warning (once per variable)
+ * "VMMHOOK_X=value is refused: <why>; accepted: <forms>; using <instead>", or with
+ * VMMHOOK_STRICT stops the program (exit status 2). The caller then applies `instead` itself. */
+void vmh_options_refuse(const char *name, const char *why, const char *instead);
+
+/* "none", "posix_fd", "fabric". */
+const char *vmh_handle_kind_name(vmh_handle_kind_t k);
+
+#ifdef VMH_TESTING
+/* Internal to options.c (static in the shipped library, see testable.h). */
+
+/* Parses every row of the table from get() into *o (which holds defaults or earlier values); a
+ * bad value gets one warning and leaves its field untouched. Returns the number of bad values,
+ * also stored in *nbad when non-NULL. Never exits. */
+int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *arg, unsigned *nbad);
+
+/* What vmh_options_load does once: defaults, parse, strict stop (through vmh_options_exit),
+ * verbose listing. Returns 0 when every value was good, else -1. */
+int vmh_options_apply(vmh_options_t *o, vmh_getenv_fn get, void *arg);
+
+/* Prints every resolved option with vmh_log, marking those equal to the default. */
+void vmh_options_print(const vmh_options_t *o);
+
+/* Warns about VMMHOOK_* names in envp that are not in the table; returns how many. */
+int vmh_options_check_unknown(char *const *envp);
+
+/* The value parsers. Exact text: no surrounding blanks (the row setter trims them). 0, EINVAL
+ * (syntax) or ERANGE (overflow / out of range). */
+int vmh_parse_size(const char *s, size_t len, size_t *out);
+int vmh_parse_bool(const char *s, size_t len, bool *out);
+int vmh_parse_devices(const char *s, size_t len, uint64_t *out);
+
+/* The table, row by row: count, name, default text; set a row from text as the environment
+ * would (0, or an errno and the field untouched); format a row's value in a form the setter
+ * accepts again. */
+size_t vmh_options_count(void);
+const char *vmh_options_name(size_t row);
+const char *vmh_options_default_text(size_t row);
+int vmh_options_set(vmh_options_t *o, size_t row, const char *value);
+size_t vmh_options_format(const vmh_options_t *o, size_t row, char *buf, size_t len);
+
+/* How strict mode stops the program: _exit in the library; tests replace it (it may return). */
+extern void (*vmh_options_exit)(int status);
+
+/* Forgets which variables vmh_options_refuse already warned about. */
+void vmh_options_refuse_reset(void);
+#endif
 
 #endif

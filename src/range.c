@@ -1,1 +1,201 @@
-/* stub: being written */
+/* Layer 3: ranges (see range.h). A range never changes after it is built; every operation
+ * builds a new one from references to the mappings it keeps plus mappings it creates, so a
+ * failure only has to drop what it created: destroying the partial new range does exactly that. */
+#include "range.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+static vmh_range_t *range_alloc(size_t nmaps)
+{
+    if (nmaps > (SIZE_MAX - sizeof(vmh_range_t)) / sizeof(vmh_map_t *))
+        return NULL;
+    return calloc(1, sizeof(vmh_range_t) + nmaps * sizeof(vmh_map_t *));
+}
+
+void vmh_range_destroy(vmh_range_t *r)
+{
+    if (!r)
+        return;
+    while (r->nmaps)
+        vmh_map_unref(r->maps[--r->nmaps]);
+    free(r);
+}
+
+size_t vmh_range_headroom(const vmh_range_t *r)
+{
+    if (!r || !r->nmaps)
+        return 0;
+    const vmh_resv_t *last = r->maps[r->nmaps - 1]->resv;
+    return (size_t)(last->ptr + last->size - (r->base + r->size));
+}
+
+static CUresult sum_sizes(vmh_alloc_t *const *allocs, size_t n, size_t *total)
+{
+    size_t t = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!allocs[i] || allocs[i]->size > SIZE_MAX - t)
+            return CUDA_ERROR_INVALID_VALUE;
+        t += allocs[i]->size;
+    }
+    *total = t;
+    return CUDA_SUCCESS;
+}
+
+/* Appends mappings of allocs[0..n) at at, at + size0, ... inside resv to r (which has room).
+ * On failure r keeps what was appended; the caller destroys r. */
+static CUresult map_all(vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n, CUdeviceptr at,
+                        vmh_resv_t *resv)
+{
+    for (size_t i = 0; i < n; i++) {
+        CUresult rc = vmh_map_create(at, allocs[i], resv, &r->maps[r->nmaps]);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        r->nmaps++;
+        at += allocs[i]->size;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Maps the allocations of old (if any) then allocs[0..n) from the start of a new reservation
+ * of max(reserve, total) bytes. */
+static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const *allocs,
+                                     size_t n, size_t total, size_t reserve, size_t align,
+                                     CUdeviceptr hint, vmh_range_t **out)
+{
+    size_t nold = old ? old->nmaps : 0;
+    vmh_range_t *r = range_alloc(nold + n);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vmh_resv_t *resv;
+    CUresult rc = vmh_resv_create(reserve > total ? reserve : total, align, hint, &resv);
+    if (rc != CUDA_SUCCESS) {
+        free(r);
+        return rc;
+    }
+    r->base = resv->ptr;
+    CUdeviceptr at = resv->ptr;
+    for (size_t i = 0; i < nold && rc == CUDA_SUCCESS; i++) {
+        /* The same physical chunk at a new address: no copy; it keeps its own access. */
+        vmh_alloc_t *a = old->maps[i]->alloc;
+        rc = map_all(r, &a, 1, at, resv);
+        at += a->size;
+    }
+    if (rc == CUDA_SUCCESS)
+        rc = map_all(r, allocs, n, at, resv);
+    /* From here the mappings hold the reservation; drop the creation reference. */
+    vmh_resv_unref(resv);
+    if (rc != CUDA_SUCCESS) {
+        vmh_range_destroy(r);
+        return rc;
+    }
+    r->size = total;
+    *out = r;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, size_t align,
+                          CUdeviceptr hint, vmh_range_t **out)
+{
+    size_t total;
+    if (!out || !allocs || n == 0 || sum_sizes(allocs, n, &total) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_VALUE;
+    return build_at_new_address(NULL, allocs, n, total, reserve, align, hint, out);
+}
+
+CUresult vmh_range_move(const vmh_range_t *r, size_t reserve, size_t align, CUdeviceptr hint,
+                        vmh_range_t **out)
+{
+    if (!r || !out || !r->nmaps)
+        return CUDA_ERROR_INVALID_VALUE;
+    return build_at_new_address(r, NULL, 0, r->size, reserve, align, hint, out);
+}
+
+/* A new range holding references to r's mappings, with room for n more. */
+static vmh_range_t *copy_prefix(const vmh_range_t *r, size_t keep_maps, size_t n)
+{
+    vmh_range_t *c = range_alloc(keep_maps + n);
+    if (!c)
+        return NULL;
+    c->base = r->base;
+    for (size_t i = 0; i < keep_maps; i++) {
+        c->maps[i] = vmh_map_ref(r->maps[i]);
+        c->size += r->maps[i]->size;
+    }
+    c->nmaps = keep_maps;
+    return c;
+}
+
+/* Maps allocs[0..n) at r's end inside resv, into a copy of r. */
+static CUresult extend_into(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n,
+                            size_t add, vmh_resv_t *resv, vmh_range_t **out)
+{
+    vmh_range_t *c = copy_prefix(r, r->nmaps, n);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = map_all(c, allocs, n, r->base + r->size, resv);
+    if (rc != CUDA_SUCCESS) {
+        vmh_range_destroy(c);
+        return rc;
+    }
+    c->size += add;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n,
+                        size_t reserve, size_t align, bool allow_move, vmh_range_t **out,
+                        vmh_grow_kind_t *kind)
+{
+    size_t add;
+    if (!r || !out || !kind || !allocs || n == 0 || !r->nmaps ||
+        sum_sizes(allocs, n, &add) != CUDA_SUCCESS || add > SIZE_MAX - r->size)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t total = r->size + add;
+
+    /* 1. Headroom: the last reservation extends past the end. */
+    if (vmh_range_headroom(r) >= add) {
+        *kind = VMH_GROW_HEADROOM;
+        return extend_into(r, allocs, n, add, r->maps[r->nmaps - 1]->resv, out);
+    }
+
+    /* 2. An adjacent reservation, kept only at exactly the hinted address; it takes the
+     * headroom asked for too. The hint is a probe: the driver may refuse or place it
+     * elsewhere (measured: refused at the end of a fresh 8 GiB reservation), and any failure
+     * falls through to the move. */
+    CUdeviceptr end = r->base + r->size;
+    size_t want = reserve > total ? reserve - r->size : add;
+    vmh_resv_t *adj = NULL;
+    if (vmh_resv_create(want, 0, end, &adj) == CUDA_SUCCESS) {
+        if (adj->ptr == end) {
+            CUresult rc = extend_into(r, allocs, n, add, adj, out);
+            vmh_resv_unref(adj);
+            if (rc == CUDA_SUCCESS)
+                *kind = VMH_GROW_ADJACENT;
+            return rc;
+        }
+        vmh_resv_unref(adj);
+    }
+
+    /* 3. Move: the same chunks at a new address, then the new ones. */
+    if (!allow_move)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = build_at_new_address(r, allocs, n, total, reserve, align, 0, out);
+    if (rc == CUDA_SUCCESS)
+        *kind = VMH_GROW_MOVED;
+    return rc;
+}
+
+CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out)
+{
+    if (!r || !out || keep == 0 || keep > r->size)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t k = 0, covered = 0;
+    while (covered < keep)
+        covered += r->maps[k++]->size;
+    vmh_range_t *c = copy_prefix(r, k, 0);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = c;
+    return CUDA_SUCCESS;
+}

@@ -1,1 +1,430 @@
-/* stub: being written */
+/* Layer 7: counters and gauges, the allocation trace, the exit reports (table, JSON, leaks).
+ *
+ * Counters and gauges are relaxed atomics, each on its own cache line: they are bumped on every
+ * served call from every thread, and a shared line would make them the contention point. Only
+ * totals matter, never the order between two counters, hence relaxed.
+ *
+ * Files (trace, JSON) are created owner-only (0600): a trace holds addresses and sizes of the
+ * program's memory. Nothing here allocates or uses stdio; lines are formatted on the stack and
+ * written with one write(2) each, and errno is preserved for the interposed callers. */
+#include "stats.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "options.h"
+#include "vmmhook.h"
+
+/* ---- counters and gauges ---------------------------------------------------------------- */
+
+typedef struct counter_slot {
+    _Alignas(64) _Atomic uint64_t v;
+} counter_slot_t;
+
+typedef struct gauge_slot {
+    _Alignas(64) _Atomic int64_t cur;
+    _Atomic int64_t peak;
+} gauge_slot_t;
+
+static counter_slot_t counters[VMH_COUNTER_COUNT];
+static gauge_slot_t gauges[VMH_GAUGE_COUNT];
+
+#define VMH_NAME_ITEM(name, help) #name,
+#define VMH_HELP_ITEM(name, help) help,
+static const char *const counter_names[] = {VMH_COUNTERS(VMH_NAME_ITEM)};
+static const char *const counter_help[] = {VMH_COUNTERS(VMH_HELP_ITEM)};
+static const char *const gauge_names[] = {VMH_GAUGES(VMH_NAME_ITEM)};
+static const char *const gauge_help[] = {VMH_GAUGES(VMH_HELP_ITEM)};
+#undef VMH_NAME_ITEM
+#undef VMH_HELP_ITEM
+
+void vmh_count(vmh_counter_t c, uint64_t n)
+{
+    if ((unsigned)c < VMH_COUNTER_COUNT)
+        atomic_fetch_add_explicit(&counters[c].v, n, memory_order_relaxed);
+}
+
+void vmh_gauge_add(vmh_gauge_t g, int64_t delta)
+{
+    if ((unsigned)g >= VMH_GAUGE_COUNT)
+        return;
+    gauge_slot_t *s = &gauges[g];
+    /* The value right after this add, in the modification order of cur: the largest of these
+     * over all adds is exactly the peak, however the adds of different threads interleave. */
+    int64_t now = atomic_fetch_add_explicit(&s->cur, delta, memory_order_relaxed) + delta;
+    if (delta <= 0)
+        return;
+    int64_t peak = atomic_load_explicit(&s->peak, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak_explicit(&s->peak, &peak, now,
+                                                                memory_order_relaxed,
+                                                                memory_order_relaxed))
+        ;
+}
+
+uint64_t vmh_counter_get(vmh_counter_t c)
+{
+    return (unsigned)c < VMH_COUNTER_COUNT
+               ? atomic_load_explicit(&counters[c].v, memory_order_relaxed)
+               : 0;
+}
+
+int64_t vmh_gauge_get(vmh_gauge_t g)
+{
+    return (unsigned)g < VMH_GAUGE_COUNT
+               ? atomic_load_explicit(&gauges[g].cur, memory_order_relaxed)
+               : 0;
+}
+
+int64_t vmh_gauge_peak(vmh_gauge_t g)
+{
+    return (unsigned)g < VMH_GAUGE_COUNT
+               ? atomic_load_explicit(&gauges[g].peak, memory_order_relaxed)
+               : 0;
+}
+
+/* ---- private files ---------------------------------------------------------------------- */
+
+/* Opens path for writing, owner-only. An existing regular file is made 0600 before it is
+ * truncated (so a file that is not ours is refused before we clobber it); a device or FIFO
+ * (VMMHOOK_TRACE=/dev/stderr) is used as it is. The last component must not be a symbolic link
+ * (O_NOFOLLOW: a link planted in a shared /tmp cannot redirect the write). */
+static int open_private(const char *path, int flags, char *why, size_t whylen)
+{
+    char err[128];
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | flags, 0600);
+    if (fd < 0) {
+        snprintf(why, whylen, "cannot create it: %s", strerror_r(errno, err, sizeof(err)));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (fchmod(fd, 0600) != 0 || ftruncate(fd, 0) != 0) {
+            snprintf(why, whylen, "cannot make it owner-only and empty: %s",
+                     strerror_r(errno, err, sizeof(err)));
+            close(fd);
+            return -1;
+        }
+    }
+    return fd;
+}
+
+static bool write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return false;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+/* ---- trace -------------------------------------------------------------------------------- */
+
+enum { TRACE_UNOPENED, TRACE_OPEN, TRACE_OFF };
+
+static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int trace_state = TRACE_UNOPENED;
+static int trace_fd = -1;          /* published by trace_state = TRACE_OPEN (release) */
+static struct timespec trace_t0;   /* likewise */
+
+static const char trace_header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
+
+static void trace_open_locked(void)
+{
+    char why[200];
+    /* O_APPEND: each line's single write lands whole at the end, whatever other threads (or a
+     * forked child sharing the descriptor) write meanwhile. */
+    int fd = open_private(vmh_opt.trace, O_APPEND, why, sizeof(why));
+    if (fd >= 0 && !write_all(fd, trace_header, sizeof(trace_header) - 1)) {
+        char err[128];
+        snprintf(why, sizeof(why), "cannot write to it: %s", strerror_r(errno, err, sizeof(err)));
+        close(fd);
+        fd = -1;
+    }
+    if (fd < 0) {
+        atomic_store_explicit(&trace_state, TRACE_OFF, memory_order_release);
+        vmh_options_refuse("VMMHOOK_TRACE", why, "no trace");
+        return;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &trace_t0);
+    trace_fd = fd;
+    atomic_store_explicit(&trace_state, TRACE_OPEN, memory_order_release);
+}
+
+/* The trace descriptor, opening the file on first use; -1 when tracing is off. */
+static int trace_get(void)
+{
+    int st = atomic_load_explicit(&trace_state, memory_order_acquire);
+    if (st == TRACE_UNOPENED) {
+        pthread_mutex_lock(&trace_lock);
+        if (atomic_load_explicit(&trace_state, memory_order_relaxed) == TRACE_UNOPENED)
+            trace_open_locked();
+        pthread_mutex_unlock(&trace_lock);
+        st = atomic_load_explicit(&trace_state, memory_order_acquire);
+    }
+    return st == TRACE_OPEN ? trace_fd : -1;
+}
+
+void vmh_stats_init(void)
+{
+    if (vmh_opt.trace[0] != '\0') {
+        int saved = errno;
+        (void)trace_get();
+        errno = saved;
+    }
+}
+
+void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream)
+{
+    if (vmh_opt.trace[0] == '\0')
+        return;
+    int saved = errno;
+    int fd = trace_get();
+    if (fd < 0) {
+        errno = saved;
+        return;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long ns = (long long)(now.tv_sec - trace_t0.tv_sec) * 1000000000LL +
+                   (now.tv_nsec - trace_t0.tv_nsec);
+    unsigned long long us = ns > 0 ? (unsigned long long)ns / 1000 : 0;
+    unsigned long long s = us / 1000000;
+
+    /* Stream as RMM writes it (an ostream of the pointer in hex): "0" for NULL, else "0x...".
+     * RMM's replay parser reads this column as decimal and so sees 0 for every stream, which
+     * is the only stream it accepts. */
+    char stream_text[24];
+    if (stream == NULL)
+        memcpy(stream_text, "0", 2);
+    else
+        snprintf(stream_text, sizeof(stream_text), "0x%llx",
+                 (unsigned long long)(uintptr_t)stream);
+
+    /* Time as RMM's pattern "%H:%M:%S.%f" (microseconds), counted from the trace's start on
+     * the monotonic clock: no time zone lookup (which could allocate or take locks inside the
+     * driver) and no jump at midnight. Hours keep counting past 24. */
+    char line[256];
+    int n = snprintf(line, sizeof(line), "%ld,%02llu:%02llu:%02llu.%06llu,%s,0x%llx,%zu,%s\n",
+                     (long)syscall(SYS_gettid), s / 3600, (s / 60) % 60, s % 60, us % 1000000,
+                     action, (unsigned long long)ptr, size, stream_text);
+    if (n > 0 && (size_t)n < sizeof(line))
+        (void)write_all(fd, line, (size_t)n);
+    errno = saved;
+}
+
+#ifdef VMH_TESTING
+void vmh_trace_close(void)
+{
+    pthread_mutex_lock(&trace_lock);
+    if (atomic_load(&trace_state) == TRACE_OPEN)
+        close(trace_fd);
+    trace_fd = -1;
+    atomic_store(&trace_state, TRACE_UNOPENED);
+    pthread_mutex_unlock(&trace_lock);
+}
+#endif
+
+/* ---- leak report -------------------------------------------------------------------------- */
+
+#define LEAKS_LISTED 256
+
+static _Atomic uint64_t leak_count, leak_bytes;
+static atomic_bool leak_ran;
+
+void vmh_leak_report_begin(void)
+{
+    atomic_store(&leak_count, 0);
+    atomic_store(&leak_bytes, 0);
+    atomic_store(&leak_ran, true);
+}
+
+/* "sym+0x12 (libfoo.so)", "libfoo.so+0x1234" or the bare address. */
+static void describe_site(void *site, char *buf, size_t len)
+{
+    Dl_info info;
+    if (site == NULL) {
+        snprintf(buf, len, "unknown");
+        return;
+    }
+    if (dladdr(site, &info) == 0 || info.dli_fname == NULL) {
+        snprintf(buf, len, "%p", site);
+        return;
+    }
+    const char *file = strrchr(info.dli_fname, '/');
+    file = file ? file + 1 : info.dli_fname;
+    if (file[0] == '\0')
+        file = "the program";
+    if (info.dli_sname && info.dli_saddr)
+        snprintf(buf, len, "%s+0x%lx (%s)", info.dli_sname,
+                 (unsigned long)((char *)site - (char *)info.dli_saddr), file);
+    else
+        snprintf(buf, len, "%s+0x%lx", file,
+                 (unsigned long)((char *)site - (char *)info.dli_fbase));
+}
+
+void vmh_leak_report_one(CUdeviceptr p, size_t size, int device, void *call_site)
+{
+    uint64_t n = atomic_fetch_add(&leak_count, 1) + 1;
+    atomic_fetch_add(&leak_bytes, size);
+    if (!vmh_opt.leaks)
+        return;
+    if (n == 1)
+        vmh_log("leak report: buffers still allocated at exit:");
+    if (n > LEAKS_LISTED)
+        return;
+    char site[256], b[32];
+    describe_site(call_site, site, sizeof(site));
+    vmh_log("  0x%llx  %zu bytes (%s)  device %d  allocated from %s", (unsigned long long)p,
+            size, vmh_fmt_bytes(b, sizeof(b), size), device, site);
+}
+
+void vmh_leak_report_end(void)
+{
+    if (!vmh_opt.leaks)
+        return;
+    uint64_t n = atomic_load(&leak_count), bytes = atomic_load(&leak_bytes);
+    char b[32];
+    if (n == 0) {
+        vmh_log("leak report: no buffer left allocated");
+        return;
+    }
+    vmh_log("leak report: %llu buffer%s, %s (%llu bytes) still allocated at exit%s",
+            (unsigned long long)n, n == 1 ? "" : "s", vmh_fmt_bytes(b, sizeof(b), bytes),
+            (unsigned long long)bytes, n > LEAKS_LISTED ? " (the first 256 listed)" : "");
+}
+
+/* ---- exit reports ------------------------------------------------------------------------- */
+
+static atomic_bool reported;
+
+void vmh_stats_reset(void)
+{
+    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
+        atomic_store_explicit(&counters[i].v, 0, memory_order_relaxed);
+    for (unsigned i = 0; i < VMH_GAUGE_COUNT; i++) {
+        atomic_store_explicit(&gauges[i].cur, 0, memory_order_relaxed);
+        atomic_store_explicit(&gauges[i].peak, 0, memory_order_relaxed);
+    }
+    atomic_store(&leak_count, 0);
+    atomic_store(&leak_bytes, 0);
+    atomic_store(&leak_ran, false);
+    atomic_store(&reported, false);
+}
+
+static void report_table(void)
+{
+    char now[32], peak[32];
+    vmh_log("statistics (pid %d):", (int)getpid());
+    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
+        vmh_log("  %-36s %20llu", counter_help[i],
+                (unsigned long long)vmh_counter_get((vmh_counter_t)i));
+    for (unsigned i = 0; i < VMH_GAUGE_COUNT; i++) {
+        int64_t c = vmh_gauge_get((vmh_gauge_t)i), p = vmh_gauge_peak((vmh_gauge_t)i);
+        /* A negative gauge is a bookkeeping bug upstream; show it rather than wrap it. */
+        if (c < 0)
+            snprintf(now, sizeof(now), "%lld B", (long long)c);
+        else
+            vmh_fmt_bytes(now, sizeof(now), (unsigned long long)c);
+        vmh_fmt_bytes(peak, sizeof(peak), p > 0 ? (unsigned long long)p : 0);
+        vmh_log("  %-36s now %12s  peak %12s (%lld bytes)", gauge_help[i], now, peak,
+                (long long)p);
+    }
+    if (atomic_load(&leak_ran)) {
+        char b[32];
+        vmh_log("  %-36s %20llu (%s)", "buffers leaked", (unsigned long long)atomic_load(&leak_count),
+                vmh_fmt_bytes(b, sizeof(b), atomic_load(&leak_bytes)));
+    }
+}
+
+/* A bounded string builder on the caller's stack. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool overflow;
+} sbuf_t;
+
+static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= b->cap - b->len)
+        b->overflow = true;
+    else
+        b->len += (size_t)n;
+}
+
+static void report_json(void)
+{
+    char text[8192];
+    sbuf_t b = {text, 0, sizeof(text), false};
+    sb_printf(&b, "{\n  \"library\": \"libvmmhook\",\n  \"version\": \"%d.%d.%d\",\n",
+              VMM_VERSION_MAJOR, VMM_VERSION_MINOR, VMM_VERSION_PATCH);
+    sb_printf(&b, "  \"pid\": %d,\n  \"counters\": {\n", (int)getpid());
+    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
+        sb_printf(&b, "    \"%s\": %llu%s\n", counter_names[i],
+                  (unsigned long long)vmh_counter_get((vmh_counter_t)i),
+                  i + 1 < VMH_COUNTER_COUNT ? "," : "");
+    sb_printf(&b, "  },\n  \"gauges\": {\n");
+    for (unsigned i = 0; i < VMH_GAUGE_COUNT; i++)
+        sb_printf(&b, "    \"%s\": {\"current\": %lld, \"peak\": %lld}%s\n", gauge_names[i],
+                  (long long)vmh_gauge_get((vmh_gauge_t)i),
+                  (long long)vmh_gauge_peak((vmh_gauge_t)i), i + 1 < VMH_GAUGE_COUNT ? "," : "");
+    sb_printf(&b, "  },\n");
+    if (atomic_load(&leak_ran))
+        sb_printf(&b, "  \"leaks\": {\"count\": %llu, \"bytes\": %llu}\n}\n",
+                  (unsigned long long)atomic_load(&leak_count),
+                  (unsigned long long)atomic_load(&leak_bytes));
+    else
+        sb_printf(&b, "  \"leaks\": null\n}\n");
+    if (b.overflow) {
+        vmh_log("VMMHOOK_STATS_JSON: the report does not fit its buffer; not written");
+        return;
+    }
+
+    char why[200];
+    int fd = open_private(vmh_opt.stats_json, 0, why, sizeof(why));
+    if (fd < 0) {
+        /* At exit there is nothing left to stop, even under VMMHOOK_STRICT: just say it. */
+        vmh_log("VMMHOOK_STATS_JSON=%s: %s; no JSON report", vmh_opt.stats_json, why);
+        return;
+    }
+    if (!write_all(fd, text, b.len)) {
+        char err[128];
+        vmh_log("VMMHOOK_STATS_JSON=%s: write failed: %s", vmh_opt.stats_json,
+                strerror_r(errno, err, sizeof(err)));
+    }
+    close(fd);
+}
+
+void vmh_stats_report(void)
+{
+    if (atomic_exchange(&reported, true))
+        return;
+    int saved = errno;
+    if (vmh_opt.stats)
+        report_table();
+    if (vmh_opt.stats_json[0] != '\0')
+        report_json();
+    errno = saved;
+}

@@ -40,10 +40,36 @@ int64_t vmh_gauge_peak(vmh_gauge_t g);
 void vmh_stats_reset(void);
 
 /* Trace, in the CSV of RMM's logging adaptor: Thread,Time,Action,Pointer,Size,Stream.
- * action is "allocate", "free", "allocate failure". No-op unless VMMHOOK_TRACE is set. */
+ * action is "allocate", "free", "allocate failure". No-op unless VMMHOOK_TRACE is set.
+ * One line per call, written with one write(2) to a file opened O_APPEND, so lines of different
+ * threads never interleave. Thread is the kernel thread id, Time "HH:MM:SS.uuuuuu" since the
+ * trace was opened, Pointer "0x..." hex, Size decimal, Stream "0" for NULL else "0x..." hex
+ * (the forms RMM writes and its replay benchmark parses). A failed allocation is traced with
+ * pointer 0 and the size asked for; a free with the size the buffer was allocated with. */
 void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream);
 
-/* Called at exit: the stats table / JSON when asked. */
+/* Opens the trace now when VMMHOOK_TRACE is set, so that its clock starts with the program and
+ * the file exists even if nothing is allocated; call after vmh_options_load. Optional: the first
+ * vmh_trace opens it otherwise. A path that cannot be created gets one warning (with
+ * VMMHOOK_STRICT, the program stops) and tracing is off. */
+void vmh_stats_init(void);
+
+/* Called at exit: the stats table / JSON when asked. Once per process (later calls do
+ * nothing); call it after the leak report so that the JSON includes the leak totals. */
 void vmh_stats_report(void);
+
+/* Leak report at exit: the heap walks its live buffers and calls begin, one per live buffer,
+ * then end. With VMMHOOK_LEAKS each leak is listed (pointer, size, device, call site resolved
+ * with dladdr; the first 256), then a total; without it nothing is printed, but the totals still
+ * go into the JSON. Not thread-safe against itself: one walk at a time. */
+void vmh_leak_report_begin(void);
+void vmh_leak_report_one(CUdeviceptr p, size_t size, int device, void *call_site);
+void vmh_leak_report_end(void);
+
+#ifdef VMH_TESTING
+/* Closes the trace and forgets it, so that a test can open another (the library never closes
+ * it: frees from other libraries' destructors still trace after ours). */
+void vmh_trace_close(void);
+#endif
 
 #endif

@@ -1,0 +1,27 @@
+/* Layer 5: the address registry. Maps every 2 MiB granule of address space the library
+ * serves from to its owner (a buffer with its own range, or a packing extent), for exact
+ * pointers (free, realloc) and interior pointers (address-range queries).
+ *
+ * Reads are lock-free (two atomic loads), so a pointer the library does not own costs next
+ * to nothing on the pass-through path. Writers are serialized by the owner's device lock.
+ * Owners are type-stable (heap.c recycles them and never frees them while the process runs),
+ * so a reader may look at an owner it found even if it was released meanwhile, take the
+ * owner's device lock, and check again. */
+#ifndef VMH_REGISTRY_H
+#define VMH_REGISTRY_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#define VMH_REGISTRY_SHIFT 21 /* 2 MiB: the minimum granularity of current NVIDIA GPUs */
+
+/* Sets [base, base + size) (granule-aligned) to owner (NULL clears). false when the range
+ * lies outside the 48-bit address space the registry covers or host memory ran out; then
+ * nothing was changed. */
+bool vmh_registry_set(CUdeviceptr base, size_t size, void *owner);
+
+/* The owner of the granule holding p, or NULL. */
+void *vmh_registry_get(CUdeviceptr p);
+
+#endif

@@ -1,0 +1,172 @@
+/* simdrv: a strict simulated CUDA driver for the unit and interposition tests.
+ *
+ * Two forms, one source:
+ *   - static library (sim_dep): sim_table() gives a vmh_driver_t for vmh_driver_install();
+ *   - fake libcuda.so.1 (fake_libcuda, in fake_libcuda_dir): exports the real driver's symbol
+ *     names (cuInit, cuGetProcAddress, cuGetProcAddress_v2, cuMemAlloc_v2, the _ptds/_ptsz
+ *     variants ...) and every sim_* function below (dlsym them). It initialises itself on the
+ *     first cuInit, tuned by SIM_DEVICES, SIM_MEMORY, SIM_GRANULARITY, SIM_VA_SIZE (sizes take
+ *     K/M/G/T suffixes); SIM_VERBOSE=1 logs every rejection to stderr.
+ *
+ * WHAT IS SIMULATED (codes as the H200 / CUDA 13 driver answers, see driver-facts.md):
+ *   - init: every entry point but cuInit, cuDriverGetVersion and cuGetProcAddress* answers
+ *     CUDA_ERROR_NOT_INITIALIZED before sim_reset() / cuInit (the real driver's answer before
+ *     cuInit). sim_reset() initialises and makes device 0's primary context current on the
+ *     calling thread only (config.no_current_context skips that); other threads start with no
+ *     context. Calls that need a context (cuMemAlloc*, cuMemFree*, cuMemGetInfo,
+ *     cuMemGetAddressRange, cuMemcpy*, cuCtxSynchronize, cuStreamSynchronize, cuCtxGetDevice,
+ *     cuIpc*, cuCtxEnable/DisablePeerAccess, sim_read/write/memset) answer
+ *     CUDA_ERROR_INVALID_CONTEXT without one. The VMM calls do not need a context (as real).
+ *   - contexts: one primary context per device, a per-thread context stack
+ *     (Push/Pop/GetCurrent/SetCurrent), peer access recorded per device pair.
+ *   - VMM: allocations (granularity multiple, PINNED, DEVICE / HOST / HOST_NUMA, handle types
+ *     NONE|POSIX_FD; FABRIC -> 800, WIN32 -> 801), charged to the device; handles are never
+ *     reused (a double release is CUDA_ERROR_INVALID_VALUE); an allocation's memory goes when
+ *     no handle and no mapping is left. Reservations in a fake VA region (default 64 TiB from
+ *     0x100000000000; hint granted when free and inside the region, sim_refuse_hints() turns
+ *     that off; reservations without hint are placed next-fit with a 1 GiB gap after the last
+ *     one, so that an adjacent hint is usually granted, then first-fit when the region is
+ *     full; CUDA_ERROR_OUT_OF_MEMORY when nothing fits). Mappings: whole allocation only
+ *     (partial -> 801), inside one reservation, no overlap. Unmap: whole adjacent mappings, no
+ *     holes. Access: per granule and per device; a new mapping has none.
+ *     Export/import: POSIX_FD gives a real memfd; importing it in this process gives a new
+ *     handle (a new reference) to the same allocation. The fd does NOT keep the allocation
+ *     alive (the real one does): importing after the allocation went answers
+ *     CUDA_ERROR_INVALID_VALUE.
+ *   - native allocator: cuMemAlloc (512-byte aligned, 2 MiB aligned from 2 MiB; charged
+ *     rounded up to 512), cuMemAllocPitch (elementSize 4/8/16; pitch = width rounded up to 512:
+ *     width 1000 -> 1024 as measured; range = pitch * height), cuMemAllocAsync (extra export),
+ *     cuMemFree (0 -> success; unknown, interior, freed or VMM pointer -> INVALID_VALUE;
+ *     synchronizes), cuMemFreeAsync. Native memory lives in its own fake VA region
+ *     (0x500000000000) and shares the device capacity with VMM memory.
+ *   - queries: cuMemGetAddressRange answers a native block exactly (base, requested size) and
+ *     for VMM the one mapping holding the pointer; an unknown pointer is CUDA_ERROR_NOT_FOUND
+ *     (500, as the real driver answers; cuda.h lists it). cuPointerGetAttribute: RANGE_* answer
+ *     the reservation for VMM and the block for native; MAPPING_* the mapping; unknown pointer
+ *     -> CUDA_ERROR_INVALID_VALUE (documented); a reserved unmapped address answers MAPPED = 0
+ *     and INVALID_VALUE for the rest. cuPointerGetAttributes never fails on a pointer: unknown
+ *     ones get zeroes (documented). Boolean, MEMORY_TYPE, DEVICE_ORDINAL, ACCESS_FLAGS and
+ *     ALLOWED_HANDLE_TYPES results are written as 4 bytes, ids as 8, pointers and sizes as 8.
+ *     cuIpcGetMemHandle: native -> handle; VMM or unknown -> INVALID_VALUE. Opening a handle of
+ *     this same process -> CUDA_ERROR_INVALID_CONTEXT (as the real driver).
+ *   - contents: every allocation keeps its bytes (host memory mapped lazily on first write;
+ *     never-written memory reads as zeroes). sim_read/sim_write/sim_memset and the copies go
+ *     through the mappings: CUDA_ERROR_ILLEGAL_ADDRESS when a byte is unmapped or the current
+ *     device lacks the access (native blocks are reachable from every device, as through UVA).
+ *   - asynchrony: cuMemcpyDtoDAsync is queued and runs at the next synchronizing call
+ *     (cuCtxSynchronize, cuStreamSynchronize, cuMemcpyDtoD/HtoD/DtoH, cuMemFree, sim_read/
+ *     sim_write/sim_memset, sim_flush). Unmapping, freeing or releasing memory that a queued
+ *     copy touches is counted as a hazard (sim_hazards()); the real driver does not fail then,
+ *     the program is just wrong.
+ *   - bookkeeping for tests: call counts, fault injection, trace, ledger, hazards.
+ * NOT SIMULATED: kernels, events, graphs, memory pools (cuMemAllocAsync is a plain native
+ *   allocation), managed/host-registered memory, the v1 (32-bit) entry points (cuGetProcAddress
+ *   for a version below a symbol's _v2 answers NOT_FOUND with VERSION_NOT_SUFFICIENT; dlsym of
+ *   the plain legacy names such as "cuMemAlloc" finds nothing), sticky errors after
+ *   ILLEGAL_ADDRESS, IPC across processes, multicast and fabric handles.
+ *
+ * Thread-safe throughout (one mutex). Every function of VMH_DRIVER_FUNCS counts as an entry
+ * point, and so do the extra exports and cuGetProcAddress*; a call that fails by injection
+ * changes nothing and writes no output.
+ */
+#ifndef SIMDRV_H
+#define SIMDRV_H
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "driver.h"
+
+#define SIM_MAX_DEVICES 16
+#define SIM_VA_GAP_NONE ((size_t)-1)
+
+/* Zero fields mean the default. */
+typedef struct sim_config {
+    int devices;          /* default 1 (at most SIM_MAX_DEVICES) */
+    size_t memory;        /* bytes per device, default 80 GiB */
+    size_t granularity;   /* minimum granularity (power of two), default 2 MiB */
+    size_t recommended;   /* recommended granularity, default = granularity */
+    size_t va_size;       /* bytes of address space for reservations, default 64 TiB */
+    size_t va_gap;        /* gap left after an unhinted reservation, default 1 GiB;
+                             SIM_VA_GAP_NONE for none */
+    bool no_peer_access;  /* cuDeviceCanAccessPeer answers 0; access across devices refused */
+    bool no_current_context; /* sim_reset leaves the calling thread without a context */
+} sim_config_t;
+
+/* The driver table (every entry counted and fault-injectable). */
+const vmh_driver_t *sim_table(void);
+
+/* Wipes everything (ledger, faults, counters, trace, hazards, contexts) and initialises with
+ * cfg (NULL: defaults). Memory mapped for contents is returned to the system. */
+void sim_reset(const sim_config_t *cfg);
+sim_config_t sim_get_config(void);
+
+/* Contexts. dev < 0 leaves this thread with no context; an invalid dev aborts. */
+void sim_set_current_device(int dev);
+int sim_current_device(void); /* -1 when none */
+
+/* Switches. */
+void sim_refuse_hints(bool refuse);
+void sim_set_verbose(bool verbose);      /* log every rejection to stderr */
+const char *sim_last_reason(void);       /* this thread's last rejection, "" if none */
+
+/* Contents through the mappings, with the current device's access. */
+CUresult sim_write(CUdeviceptr dst, const void *src, size_t n);
+CUresult sim_read(void *dst, CUdeviceptr src, size_t n);
+CUresult sim_memset(CUdeviceptr dst, int value, size_t n);
+void sim_flush(void);                    /* runs queued async copies */
+size_t sim_pending_ops(void);
+unsigned long sim_hazards(void);         /* unmap/free/release under a queued copy */
+
+/* Ledger. */
+size_t sim_live_allocations(void);       /* cuMemCreate chunks not yet gone */
+size_t sim_live_handles(void);           /* handles not yet released */
+size_t sim_live_reservations(void);
+size_t sim_live_mappings(void);
+size_t sim_live_native(void);            /* cuMemAlloc* blocks not yet freed */
+size_t sim_live_streams(void);           /* cuStreamCreate streams (not in the ledger check) */
+bool sim_ledger_empty(void);             /* no allocation, reservation, mapping, native */
+void sim_ledger_dump(void);              /* prints what is left to stderr */
+void sim_ledger_fdump(FILE *out);
+bool sim_is_mapped(CUdeviceptr p);
+bool sim_is_reserved(CUdeviceptr p);
+unsigned sim_access_flags(CUdeviceptr p, int device); /* CU_MEM_ACCESS_FLAGS_PROT_* */
+size_t sim_device_used(int device);      /* bytes charged on the device */
+size_t sim_device_capacity(int device);
+size_t sim_reserved_bytes(void);         /* address space held by reservations */
+
+/* Counting (since sim_reset or sim_reset_counters). */
+unsigned long sim_call_count(void);
+unsigned long sim_calls(const char *name); /* plain cuda.h name, e.g. "cuMemMap"; aborts on an
+                                              unknown name */
+void sim_reset_counters(void);
+
+/* Fault injection. nth counts from 1 (0 is taken as 1): the nth call from now fails with code
+ * and does nothing. sim_fail_call counts every entry point; sim_fail_function only calls of
+ * name (aborts on an unknown name); the _repeat form fails `times` consecutive calls of name
+ * from the nth on (times 0: every one from then on). */
+void sim_fail_call(unsigned long nth, CUresult code);
+void sim_fail_function(const char *name, unsigned long nth, CUresult code);
+void sim_fail_function_repeat(const char *name, unsigned long nth, unsigned long times,
+                              CUresult code);
+void sim_clear_faults(void);
+unsigned long sim_faults_fired(void);
+
+/* Trace: names of the entry points called since sim_trace_begin (up to 1M are kept).
+ * sim_trace_get copies up to max name pointers (static strings) into names and returns how many
+ * calls were made since the mark (may be more than max). */
+void sim_trace_begin(void);
+size_t sim_trace_get(const char **names, size_t max);
+void sim_trace_end(void);
+
+/* Name of an entry point's enum index, and the number of them (for sweeps). */
+size_t sim_entry_count(void);
+const char *sim_entry_name(size_t i);
+
+/* The simulated cuGetProcAddress_v2 (also exported as such by the fake libcuda). */
+CUresult sim_get_proc_address(const char *symbol, void **pfn, int cudaVersion,
+                              cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+
+#endif
