@@ -20,9 +20,13 @@
  * the address chain, never coalesced, in a FIFO by generation until unpark_upto() frees them.
  *
  * Host cost per block: a 56-byte record, plus 8-16 bytes of hash table per live block, plus
- * 1/2048 of the extent size in bitmaps. Error paths: allocating calls reserve the host memory
- * they need (record, hash slot) before changing anything, so a failure leaves no trace; freeing
- * calls never allocate.
+ * 1/2048 of the extent size in bitmaps: under 1% of device memory for blocks of 16 KiB and up,
+ * about 28% for 256-byte blocks (measured by the unit test). Slabs are kept until the arena is
+ * deleted; hash tables shrink after a peak.
+ *
+ * Failure: allocating calls reserve the host memory they need (a record, a hash slot) before
+ * changing anything, so running out of host memory leaves no trace. Freeing calls need no
+ * memory (a hash table may try to shrink, and simply stays larger if that fails).
  */
 #include "arena.h"
 
@@ -48,14 +52,13 @@ _Static_assert((1u << ALIGN_SHIFT) == VMH_ARENA_ALIGN, "ALIGN_SHIFT must match V
 /* Larger requests cannot be mapped anyway; refusing them keeps size arithmetic overflow-free. */
 #define MAX_BLOCK ((size_t)1 << 62)
 
-/* Best fit within the request's own class, where the class is wider than a granule and so holds
- * blocks both too small and large enough: look at this many entries before taking the head of
- * a larger class (cheap, keeps the fit tight), and at this many before answering ENOMEM (the
- * caller would then map a new extent, which costs far more than walking a list). */
+/* How many entries of a free list alloc looks at: the first SCAN_HOT for the best fit (tight
+ * sizes, low addresses), and up to SCAN_LAST in the request's own class before answering ENOMEM
+ * (the caller would then map a new extent, which costs far more than walking a list). */
 #define SCAN_HOT 8u
 #define SCAN_LAST 1024u
 
-/* Records come from slabs of this many bytes; the hash table never gets smaller than this. */
+/* Records come from slabs of SLAB_BYTES; a hash table has at least 1 << TAB_MIN_SHIFT slots. */
 #define SLAB_BYTES 16384u
 #define TAB_MIN_SHIFT 4u
 
@@ -74,6 +77,8 @@ struct blk {
     uintptr_t base;
     size_t size_state; /* usable size (a multiple of 256) | state in the low byte */
 };
+
+_Static_assert(sizeof(void *) != 8 || sizeof(blk_t) == 56, "a block record should stay 56 bytes");
 
 struct vmh_extent {
     vmh_arena_t *arena;
@@ -97,8 +102,8 @@ typedef struct slab {
 } slab_t;
 
 struct vmh_arena {
-    uint64_t fl_map;            /* bit f: some sl list of first level f is non-empty */
-    uint32_t sl_map[FL_COUNT];  /* bit s: list [f][s] is non-empty */
+    uint64_t fl_map;           /* bit f: some sl list of first level f is non-empty */
+    uint32_t sl_map[FL_COUNT]; /* bit s: list [f][s] is non-empty */
     blk_t *heads[FL_COUNT][SL_COUNT];
     blk_t *park_head, *park_tail;
     size_t nparked;
@@ -235,40 +240,48 @@ static blk_t *find_suitable(const vmh_arena_t *a, unsigned fl, unsigned sl)
     return a->heads[fl][__builtin_ctz(m)];
 }
 
-/* The smallest block of at least size bytes among the first limit entries of list [fl][sl]. */
+/* Among the first limit entries of list [fl][sl], the smallest block of at least size bytes,
+ * and of those the lowest in address. Preferring low addresses packs live blocks towards the
+ * bottom of the extents and leaves the holes above them to grow (and whole extents to trim):
+ * on a random churn of mixed sizes it costs 1-2.5% less device memory than taking list heads
+ * (LIFO), within 0.3% of an exhaustive address-ordered best fit. */
 static blk_t *scan_class(const vmh_arena_t *a, unsigned fl, unsigned sl, size_t size,
                          unsigned limit)
 {
     blk_t *best = NULL;
+    size_t best_size = SIZE_MAX;
     for (blk_t *b = a->heads[fl][sl]; b && limit; b = b->next, limit--) {
         size_t bs = blk_size(b);
-        if (bs >= size && (!best || bs < blk_size(best))) {
+        if (bs >= size && (bs < best_size || (bs == best_size && b->base < best->base))) {
             best = b;
-            if (bs == size)
-                break;
+            best_size = bs;
         }
     }
     return best;
 }
 
-/* Picks the free block to carve size bytes from. TLSF alone takes the head of the class above
- * the request's, which can split a larger block while one of nearly the right size sits in the
- * request's own class; looking there first keeps device memory close to what is live. */
+/* Picks the free block to carve size bytes from. Plain TLSF takes the head of the first
+ * non-empty class above the request's (every block there fits, O(1)), which can split a large
+ * block while one of nearly the right size sits in the request's own class. So: the request's
+ * class first, then the first non-empty class above it, each with a bounded best-fit scan;
+ * and before giving up (which makes the caller map memory), a longer look at the request's
+ * class, where a block may fit that the short scan did not reach. */
 static blk_t *pick(const vmh_arena_t *a, size_t size)
 {
     unsigned fl, sl, rfl, rsl;
     mapping(size, &fl, &sl);
-    mapping_search(size, &rfl, &rsl);
-    if (rfl == fl && rsl == sl)
-        return find_suitable(a, fl, sl); /* every block of the class fits */
-    if (!a->heads[fl][sl])
-        return find_suitable(a, rfl, rsl);
     blk_t *b = scan_class(a, fl, sl, size, SCAN_HOT);
-    if (!b)
-        b = find_suitable(a, rfl, rsl);
-    if (!b)
-        b = scan_class(a, fl, sl, size, SCAN_LAST);
-    return b;
+    if (b)
+        return b;
+    mapping_search(size, &rfl, &rsl);
+    b = find_suitable(a, rfl, rsl);
+    if (b) {
+        mapping(blk_size(b), &rfl, &rsl);
+        return scan_class(a, rfl, rsl, size, SCAN_HOT);
+    }
+    if (a->heads[fl][sl] && (fl != rfl || sl != rsl))
+        return scan_class(a, fl, sl, size, SCAN_LAST);
+    return NULL;
 }
 
 /* ---- Live-block index: start bitmap and hash table ------------------------------------------ */
@@ -434,8 +447,7 @@ static void ext_maybe_idle(vmh_arena_t *a, vmh_extent_t *e)
 /* The live block starting exactly at p in e, or NULL. */
 static blk_t *live_at(const vmh_arena_t *a, const vmh_extent_t *e, uintptr_t p)
 {
-    if (!e || e->arena != a || p < e->base || p - e->base >= e->size ||
-        (p & (VMH_ARENA_ALIGN - 1)))
+    if (!e || e->arena != a || p < e->base || p - e->base >= e->size || (p & (VMH_ARENA_ALIGN - 1)))
         return NULL;
     return tab_get(e, p);
 }
@@ -824,8 +836,8 @@ size_t vmh_extent_size(const vmh_extent_t *e)
     return e->size;
 }
 
-void vmh_arena_for_each_live(const vmh_arena_t *a,
-                             void (*cb)(const vmh_block_info_t *b, void *arg), void *arg)
+void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
+                             void *arg)
 {
     if (!a || !cb)
         return;
@@ -844,17 +856,14 @@ void vmh_arena_for_each_live(const vmh_arena_t *a,
 }
 
 #ifdef VMH_TESTING
-/* Test hooks (declared by the unit test). */
-int vmh_arena_check(const vmh_arena_t *a);
-size_t vmh_arena_free_blocks(const vmh_arena_t *a);
-size_t vmh_arena_host_bytes(const vmh_arena_t *a);
+/* ---- Test hooks (declared in arena.h under VMH_TESTING) ------------------------------------ */
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "arena check failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);  \
-            return __LINE__;                                                                   \
-        }                                                                                      \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "arena check failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);       \
+            return __LINE__;                                                                       \
+        }                                                                                          \
     } while (0)
 
 /* Checks every invariant the fast paths rely on; 0 when all hold, else the failing line. */

@@ -4,7 +4,9 @@
  * caller (heap.c) maps and hands over; it never calls the driver and never touches device
  * memory (device memory is not readable from the host, so no block header lives in it).
  * Best fit over segregated free lists (two-level: power-of-two classes, 16 sub-classes each),
- * VMH_ARENA_ALIGN alignment (cudaMalloc's), neighbours coalesced on release. O(1) alloc/free.
+ * VMH_ARENA_ALIGN alignment (cudaMalloc's), neighbours coalesced on release. O(1) alloc/free
+ * (bounded list scans for a tight fit, lowest address among equals). Blocks never span
+ * extents. Host cost: about 72 bytes per block plus 1/2048 of each extent (see arena.c).
  * Not thread-safe: the owner serializes calls.
  *
  * A freed block is first parked with a generation number: it is no longer live (find() and
@@ -35,39 +37,53 @@ vmh_arena_t *vmh_arena_new(void);
 void vmh_arena_delete(vmh_arena_t *a, void (*cb)(void *owner, void *arg), void *arg);
 
 /* Adds [base, base + size) (base and size multiples of VMH_ARENA_ALIGN) as free space; owner
- * is the caller's object for it (heap.c: the range). NULL when out of host memory. */
+ * is the caller's object for it (heap.c: the range). NULL when out of host memory, or with
+ * errno EINVAL when size is 0 or base/size are not multiples of VMH_ARENA_ALIGN. */
 vmh_extent_t *vmh_arena_add_extent(vmh_arena_t *a, uintptr_t base, size_t size, void *owner);
 
-/* Best fit for size bytes (1 <= size). Returns 0 and *out, or ENOMEM when no extent has room
- * (the caller adds an extent and retries). */
+/* Best fit for size bytes (1 <= size; EINVAL for 0). Returns 0 and *out, or ENOMEM when no
+ * extent has room (the caller adds an extent and retries) or, with nothing changed, when host
+ * memory for the bookkeeping runs out. The block's usable size is size rounded up to
+ * VMH_ARENA_ALIGN. */
 int vmh_arena_alloc(vmh_arena_t *a, size_t size, uintptr_t *out);
 
-/* The live block that contains p in extent e (interior pointers too). */
+/* The live block that contains p in extent e (interior pointers too): base <= p < base +
+ * usable. Parked and free blocks are not found. Exact starts cost a hash lookup; interior
+ * pointers add a backward scan of a start bitmap (64 granules per word, 4096 per summary
+ * word), bounded by the distance to the nearest live start below p. */
 bool vmh_arena_find(const vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info);
 
 /* Parks the live block starting exactly at p, tagged with gen. Returns 0, or EINVAL when p is
- * not the start of a live block of e (interior pointer, double free). *info gets the block. */
+ * not the start of a live block of e (interior pointer, double free, parked block, e of
+ * another arena). *info (may be NULL) gets the block. Parked blocks are not merged with free
+ * neighbours until unparked. */
 int vmh_arena_park(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, uint64_t gen,
                    vmh_block_info_t *info);
 
-/* Frees the live block at p at once (the caller knows no work can touch it). */
+/* Frees the live block at p at once (the caller knows no work can touch it), merging it with
+ * free neighbours. Errors and *info as for park. */
 int vmh_arena_release(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info);
 
-/* Makes every block parked with a generation <= gen free again. Returns how many. */
+/* Makes every block parked with a generation <= gen free again, whatever order they were
+ * parked in. Returns how many. Costs O(blocks freed) while generations are parked in
+ * non-decreasing order (heap.c's case), a walk of every parked block otherwise. */
 size_t vmh_arena_unpark_upto(vmh_arena_t *a, uint64_t gen);
 
 /* Number of parked blocks (any generation). */
 size_t vmh_arena_parked(const vmh_arena_t *a);
 
 /* Grows the live block at p (of extent e) in place to size bytes when the following space is
- * free; shrinking always succeeds. 0, or ENOMEM when the neighbour has no room. */
+ * free (not parked, same extent); shrinking always succeeds (the tail is freed and merged; if
+ * host memory for the split runs out the block keeps its usable size). 0, ENOMEM when the
+ * neighbour has no room, EINVAL when p is not the start of a live block of e or size is 0. */
 int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size);
 
 /* Removes one extent that holds no live and no parked block, returning its owner and range
- * (NULL when there is none). Used by trimming. */
+ * (NULL when there is none). Used by trimming. O(1): the arena keeps a list of such extents. */
 void *vmh_arena_take_empty_extent(vmh_arena_t *a, uintptr_t *base, size_t *size);
 
-/* Bytes in live blocks (usable sizes), bytes free (not parked), bytes in extents. */
+/* Bytes in live blocks (usable sizes), bytes parked, bytes free (not parked), bytes in extents
+ * and their number. live + parked + free == extents_bytes. */
 typedef struct vmh_arena_stats {
     size_t live, parked, free, extents_bytes, extents;
 } vmh_arena_stats_t;
@@ -78,8 +94,19 @@ void *vmh_extent_owner(const vmh_extent_t *e);
 uintptr_t vmh_extent_base(const vmh_extent_t *e);
 size_t vmh_extent_size(const vmh_extent_t *e);
 
-/* Walks every live block (leak report). */
+/* Walks every live block (leak report). cb must not change the arena. */
 void vmh_arena_for_each_live(const vmh_arena_t *a,
                              void (*cb)(const vmh_block_info_t *b, void *arg), void *arg);
+
+#ifdef VMH_TESTING
+/* Test hooks (src/testable.h's convention), compiled only into the test build. */
+/* 0 when every internal invariant holds (address chains, free lists and bitmaps, live index,
+ * parked FIFO, counters); otherwise prints the failed condition and returns its line. */
+int vmh_arena_check(const vmh_arena_t *a);
+/* Free blocks in the arena (one per extent once everything is freed: coalescing). */
+size_t vmh_arena_free_blocks(const vmh_arena_t *a);
+/* Host bytes held for bookkeeping: records' slabs, extents and their bitmaps, hash tables. */
+size_t vmh_arena_host_bytes(const vmh_arena_t *a);
+#endif
 
 #endif

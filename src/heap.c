@@ -868,10 +868,12 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
     vmh_range_t *r = b->range;
     if (rounded <= r->size) {
         vmh_range_t *nr = NULL;
+        bool shrunk = false;
         CUresult rc = vmh_range_shrink(r, rounded, &nr);
         if (rc == CUDA_SUCCESS && nr->size < r->size) {
             rc = park_range_locked(d, r);
             if (rc == CUDA_SUCCESS) {
+                shrunk = true;
                 vmh_registry_set(r->base + nr->size, r->size - nr->size, NULL);
                 d->live_usable -= r->size - nr->size;
                 b->range = nr;
@@ -883,8 +885,8 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
             b->req = size;
         pthread_mutex_unlock(&d->lock);
         vmh_range_destroy(nr); /* only references: r keeps every mapping alive */
-        if (rc == CUDA_SUCCESS && !async)
-            dev_sync(d);
+        if (shrunk && !async)
+            dev_sync(d); /* the chunks past the new size go once queued work is done */
         return rc;
     }
     if (over_limit(d, rounded - r->size)) {

@@ -106,3 +106,34 @@ const char *vmh_fmt_bytes(char *buf, size_t len, unsigned long long n)
         snprintf(buf, len, "%llu.%llu %s", whole, tenths, units[u]);
     return buf;
 }
+
+const char *vmh_fmt_quoted(char *buf, size_t len, const char *s, size_t max)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0, i = 0;
+    if (len < 8) {
+        if (len)
+            buf[0] = '\0';
+        return buf;
+    }
+    buf[n++] = '"';
+    /* n + 6 < len: room for one escape (4), the closing quote and the NUL. */
+    for (; s[i] != '\0' && i < max && n + 6 < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+            buf[n++] = (char)c;
+        } else {
+            buf[n++] = '\\';
+            buf[n++] = 'x';
+            buf[n++] = hex[c >> 4];
+            buf[n++] = hex[c & 15];
+        }
+    }
+    buf[n++] = '"';
+    if (s[i] != '\0' && n + 4 <= len) {
+        memcpy(buf + n, "...", 3);
+        n += 3;
+    }
+    buf[n] = '\0';
+    return buf;
+}

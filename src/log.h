@@ -15,6 +15,11 @@ void vmh_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * when exact). Returns buf. */
 const char *vmh_fmt_bytes(char *buf, size_t len, unsigned long long n);
 
+/* s as a quoted, printable string for a log line: bytes outside printable ASCII, '"' and '\\'
+ * as \xNN; at most max bytes of s, then "..." when cut. A value from the environment or a path
+ * could hold a newline that would forge a log line. Returns buf. */
+const char *vmh_fmt_quoted(char *buf, size_t len, const char *s, size_t max);
+
 /* The longest line vmh_log writes, prefix and newline included; longer ones end in "...". */
 #define VMH_LOG_LINE_MAX 1024
 

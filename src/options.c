@@ -433,36 +433,6 @@ static const opt_row_t *find_row(const char *name)
     return NULL;
 }
 
-/* The value as the warning shows it: quoted, non-printable bytes as \xNN, at most 64 bytes of
- * it (an environment value can be anything, including a newline that would forge a log line). */
-static void quote(char *buf, size_t len, const char *v)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t n = 0, i = 0;
-    if (len < 8) {
-        buf[0] = '\0';
-        return;
-    }
-    buf[n++] = '"';
-    for (; v[i] != '\0' && i < 64 && n + 6 < len; i++) {
-        unsigned char c = (unsigned char)v[i];
-        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-            buf[n++] = (char)c;
-        } else {
-            buf[n++] = '\\';
-            buf[n++] = 'x';
-            buf[n++] = hex[c >> 4];
-            buf[n++] = hex[c & 15];
-        }
-    }
-    buf[n++] = '"';
-    if (v[i] != '\0' && n + 4 < len) {
-        memcpy(buf + n, "...", 3);
-        n += 3;
-    }
-    buf[n] = '\0';
-}
-
 /* ---- the table, as a whole ---------------------------------------------------------------- */
 
 VMH_TESTABLE void (*vmh_options_exit)(int status) = _exit;
@@ -480,7 +450,7 @@ void vmh_options_defaults(vmh_options_t *o)
 static void warn_bad(const opt_row_t *r, const char *value, const char *reason, bool strict)
 {
     char q[80], def[64];
-    quote(q, sizeof(q), value);
+    vmh_fmt_quoted(q, sizeof(q), value, 64);
     if (strict) {
         vmh_log("%s=%s is not valid (%s); accepted: %s; stopping because VMMHOOK_STRICT is set",
                 r->name, q, reason, forms(r));
@@ -525,10 +495,14 @@ VMH_TESTABLE void vmh_options_print(const vmh_options_t *o)
     vmh_log("libvmmhook %d.%d.%d, options:", VMM_VERSION_MAJOR, VMM_VERSION_MINOR,
             VMM_VERSION_PATCH);
     for (size_t i = 0; i < NROWS; i++) {
-        char v[300];
+        char v[300], q[1100];
         fmt_row(o, &rows[i], v, sizeof(v));
-        vmh_log("  %-20s = %s%s", rows[i].name, v[0] ? v : "(none)",
-                row_equal(o, &d, &rows[i]) ? " (default)" : "");
+        /* Paths are quoted and escaped: one could hold a newline and forge a log line. */
+        if (rows[i].kind == K_STRING && v[0] != '\0')
+            vmh_fmt_quoted(q, sizeof(q), v, sizeof(v));
+        else
+            snprintf(q, sizeof(q), "%s", v[0] ? v : "(none)");
+        vmh_log("  %-20s = %s%s", rows[i].name, q, row_equal(o, &d, &rows[i]) ? " (default)" : "");
     }
 }
 
@@ -554,7 +528,7 @@ VMH_TESTABLE int vmh_options_check_unknown(char *const *envp)
         size_t m = n < sizeof(name) - 1 ? n : sizeof(name) - 1;
         memcpy(name, e, m);
         name[m] = '\0';
-        quote(q, sizeof(q), name);
+        vmh_fmt_quoted(q, sizeof(q), name, 64);
         vmh_log("unknown variable %s ignored (VMMHOOK_VERBOSE=1 lists the known ones)", q);
         unknown++;
     }
@@ -663,7 +637,7 @@ void vmh_options_refuse(const char *name, const char *why, const char *instead)
         if (!vmh_opt.strict && (atomic_fetch_or(&refused_mask, bit) & bit))
             return; /* one warning per variable, however many devices ask */
         fmt_row(&vmh_opt, r, v, sizeof(v));
-        quote(q, sizeof(q), v);
+        vmh_fmt_quoted(q, sizeof(q), v, 64);
     } else {
         snprintf(q, sizeof(q), "(unknown)");
     }

@@ -406,12 +406,15 @@ static void report_json(void)
     int fd = open_private(vmh_opt.stats_json, 0, why, sizeof(why));
     if (fd < 0) {
         /* At exit there is nothing left to stop, even under VMMHOOK_STRICT: just say it. */
-        vmh_log("VMMHOOK_STATS_JSON=%s: %s; no JSON report", vmh_opt.stats_json, why);
+        char q[1100];
+        vmh_log("VMMHOOK_STATS_JSON=%s: %s; no JSON report",
+                vmh_fmt_quoted(q, sizeof(q), vmh_opt.stats_json, sizeof(vmh_opt.stats_json)), why);
         return;
     }
     if (!write_all(fd, text, b.len)) {
-        char err[128];
-        vmh_log("VMMHOOK_STATS_JSON=%s: write failed: %s", vmh_opt.stats_json,
+        char err[128], q[1100];
+        vmh_log("VMMHOOK_STATS_JSON=%s: write failed: %s",
+                vmh_fmt_quoted(q, sizeof(q), vmh_opt.stats_json, sizeof(vmh_opt.stats_json)),
                 strerror_r(errno, err, sizeof(err)));
     }
     close(fd);

@@ -50,7 +50,7 @@ static const char *g_prog = "gpu-test";
 /* CKD(call): a driver API call that must succeed. */
 #define CKD(call) gt_ckd((int)(call), #call, __FILE__, __LINE__)
 
-static void gt_fail_line(const char *file, int line, const char *fmt, ...)
+static inline void gt_fail_line(const char *file, int line, const char *fmt, ...)
 {
     char buf[512];
     va_list ap;
@@ -62,7 +62,7 @@ static void gt_fail_line(const char *file, int line, const char *fmt, ...)
     fflush(stdout);
 }
 
-static int gt_ck(int code, const char *what, const char *file, int line)
+static inline int gt_ck(int code, const char *what, const char *file, int line)
 {
     __atomic_add_fetch(&g_checks, 1, __ATOMIC_RELAXED);
     if (code != 0) {
@@ -73,7 +73,7 @@ static int gt_ck(int code, const char *what, const char *file, int line)
     return code;
 }
 
-static int gt_ckd(int code, const char *what, const char *file, int line)
+static inline int gt_ckd(int code, const char *what, const char *file, int line)
 {
     __atomic_add_fetch(&g_checks, 1, __ATOMIC_RELAXED);
     if (code != 0) {
@@ -84,10 +84,11 @@ static int gt_ckd(int code, const char *what, const char *file, int line)
 }
 
 /* The final line and the exit status. A sticky device error (a fault) fails the program. */
-static int gt_finish(void)
+static inline int gt_finish(void)
 {
     cudaError_t e = cudaDeviceSynchronize();
-    CHECK(e == cudaSuccess, "final cudaDeviceSynchronize -> %d (%s)", (int)e, cudaGetErrorString(e));
+    CHECK(e == cudaSuccess, "final cudaDeviceSynchronize -> %d (%s)", (int)e,
+          cudaGetErrorString(e));
     e = cudaGetLastError();
     (void)e; /* a non-sticky leftover from a deliberate bad call is fine */
     if (g_failed) {
@@ -100,7 +101,7 @@ static int gt_finish(void)
     return 0;
 }
 
-static void gt_skip(const char *fmt, ...)
+static inline void gt_skip(const char *fmt, ...)
 {
     char buf[512];
     va_list ap;
@@ -125,13 +126,19 @@ static gt_usable_fn g_vmm_usable;
 static int g_expect_hook;
 
 /* 1 when the hook answers (vmm_owns found), 0 otherwise. */
-static int gt_hooked(void) { return g_vmm_owns != NULL; }
+static inline int gt_hooked(void)
+{
+    return g_vmm_owns != NULL;
+}
 
 /* vmm_owns(p), or -1 when the hook is not loaded. */
-static int gt_owns(const void *p) { return g_vmm_owns ? g_vmm_owns(p) : -1; }
+static inline int gt_owns(const void *p)
+{
+    return g_vmm_owns ? g_vmm_owns(p) : -1;
+}
 
 /* Calls vmm_trim() when the hook is loaded; returns the bytes it released (0 without hook). */
-static size_t gt_trim(void)
+static inline size_t gt_trim(void)
 {
     if (!g_vmm_trim)
         return 0;
@@ -142,7 +149,7 @@ static size_t gt_trim(void)
 
 /* Skips (77) without a usable device; initialises the primary context on device 0; reports
  * whether the hook is loaded. */
-static void gt_init(const char *prog)
+static inline void gt_init(const char *prog)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     g_prog = prog;
@@ -225,7 +232,8 @@ typedef decltype(&cuPointerGetAttributes) gt_attrs_fn;
 
 /* How many of the addresses answer "mapped" to cuMemGetAddressRange (a freed buffer must not:
  * natively the driver answers an error for a freed cudaMalloc block). */
-static size_t gt_count_mapped(gt_range_fn range, const uintptr_t *addrs, size_t n, int *first_code)
+static inline size_t gt_count_mapped(gt_range_fn range, const uintptr_t *addrs, size_t n,
+                                     int *first_code)
 {
     size_t mapped = 0;
     if (first_code)
@@ -248,7 +256,7 @@ static size_t gt_count_mapped(gt_range_fn range, const uintptr_t *addrs, size_t 
 
 /* The leftover check (g): freed addresses answer "not mapped" before and after vmm_trim().
  * R lines are compared with the native run; with the hook loaded, any mapped address fails. */
-static void gt_leftover_check(const char *tag, const uintptr_t *addrs, size_t n)
+static inline void gt_leftover_check(const char *tag, const uintptr_t *addrs, size_t n)
 {
     gt_range_fn range = gt_entry<gt_range_fn>("cuMemGetAddressRange");
     if (!range)
@@ -256,10 +264,11 @@ static void gt_leftover_check(const char *tag, const uintptr_t *addrs, size_t n)
     CK(cudaDeviceSynchronize());
     int code_before = -1, code_after = -1;
     size_t before = gt_count_mapped(range, addrs, n, &code_before);
-    R("leftover %s addresses=%zu mapped_before_trim=%zu", tag, n, before);
+    INFO("leftover %s: probing %zu freed addresses", tag, n);
+    R("leftover %s mapped_before_trim=%zu", tag, before);
     gt_trim();
     size_t after = gt_count_mapped(range, addrs, n, &code_after);
-    R("leftover %s addresses=%zu mapped_after_trim=%zu", tag, n, after);
+    R("leftover %s mapped_after_trim=%zu", tag, after);
     INFO("leftover %s first codes: before trim %d, after trim %d (500 = NOT_FOUND, 1 = "
          "INVALID_VALUE)",
          tag, code_before, code_after);
@@ -310,7 +319,10 @@ __device__ static void gt_fill_body(uint8_t *p, size_t n, uint64_t seed)
         p[j] = (uint8_t)gt_hash(seed, ~(uint64_t)j);
 }
 
-__global__ static void gt_fill_k(uint8_t *p, size_t n, uint64_t seed) { gt_fill_body(p, n, seed); }
+__global__ static void gt_fill_k(uint8_t *p, size_t n, uint64_t seed)
+{
+    gt_fill_body(p, n, seed);
+}
 
 __global__ static void gt_verify_k(const uint8_t *p, size_t n, uint64_t seed, int slot)
 {
@@ -386,7 +398,7 @@ static inline unsigned gt_blocks(size_t n)
 }
 
 /* Fills p[0..n) with the pattern of seed on stream. p must be 4-byte aligned. */
-static int gt_fill(void *p, size_t n, uint64_t seed, cudaStream_t s = 0)
+static inline int gt_fill(void *p, size_t n, uint64_t seed, cudaStream_t s = 0)
 {
     if (n == 0)
         return 0;
@@ -394,13 +406,14 @@ static int gt_fill(void *p, size_t n, uint64_t seed, cudaStream_t s = 0)
     return CK(cudaGetLastError());
 }
 
-static int gt_slow_fill(void *p, size_t n, uint64_t seed, unsigned long long ns, cudaStream_t s)
+static inline int gt_slow_fill(void *p, size_t n, uint64_t seed, unsigned long long ns,
+                               cudaStream_t s)
 {
     gt_slow_fill_k<<<gt_blocks(n), 256, 0, s>>>((uint8_t *)p, n, seed, ns);
     return CK(cudaGetLastError());
 }
 
-static unsigned long long gt_collect(int slot, cudaStream_t s, const char *what, size_t n)
+static inline unsigned long long gt_collect(int slot, cudaStream_t s, const char *what, size_t n)
 {
     unsigned long long bad = ~0ull, first = ~0ull;
     CK(cudaMemcpyFromSymbolAsync(&bad, gt_bad, sizeof bad, slot * sizeof bad,
@@ -414,7 +427,7 @@ static unsigned long long gt_collect(int slot, cudaStream_t s, const char *what,
     return bad;
 }
 
-static void gt_reset(int slot, cudaStream_t s)
+static inline void gt_reset(int slot, cudaStream_t s)
 {
     static const unsigned long long zero = 0, ones = ~0ull;
     CK(cudaMemcpyToSymbolAsync(gt_bad, &zero, sizeof zero, slot * sizeof zero,
@@ -425,8 +438,9 @@ static void gt_reset(int slot, cudaStream_t s)
 
 /* Mismatches of p[0..n) against the pattern of seed (0 = intact). slot: a counter slot that no
  * other thread uses at the same time (0 for single-threaded programs). */
-static unsigned long long gt_verify(const void *p, size_t n, uint64_t seed, cudaStream_t s = 0,
-                                    int slot = 0, const char *what = "verify")
+static inline unsigned long long gt_verify(const void *p, size_t n, uint64_t seed,
+                                           cudaStream_t s = 0, int slot = 0,
+                                           const char *what = "verify")
 {
     if (n == 0)
         return 0;
@@ -437,8 +451,9 @@ static unsigned long long gt_verify(const void *p, size_t n, uint64_t seed, cuda
     return gt_collect(slot, s, what, n);
 }
 
-static unsigned long long gt_verify_const(const void *p, size_t n, uint8_t v, cudaStream_t s = 0,
-                                          int slot = 0, const char *what = "verify_const")
+static inline unsigned long long gt_verify_const(const void *p, size_t n, uint8_t v,
+                                                 cudaStream_t s = 0, int slot = 0,
+                                                 const char *what = "verify_const")
 {
     if (n == 0)
         return 0;
@@ -450,7 +465,7 @@ static unsigned long long gt_verify_const(const void *p, size_t n, uint8_t v, cu
 }
 
 /* Host copy of the pattern, for H2D/D2H comparisons. */
-static void gt_host_pattern(uint8_t *h, size_t n, uint64_t seed)
+static inline void gt_host_pattern(uint8_t *h, size_t n, uint64_t seed)
 {
     size_t words = n / 4;
     for (size_t i = 0; i < words; i++) {

@@ -1,0 +1,415 @@
+/* Layers 4-5 on the simulated driver: serving, packing, reuse, parked frees, out of memory,
+ * limits, realloc, several devices and threads. Each test ends with everything freed, the
+ * cache trimmed and the driver's ledger empty. */
+#include "testutil.h"
+
+#include <pthread.h>
+
+#include "vmmhook.h"
+
+static unsigned seed_of(int k)
+{
+    return (unsigned)k * 7919u + 13u;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    tu_reset(NULL);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    vmh_heap_trim();
+    tu_assert_ledger_empty();
+    return 0;
+}
+
+static void serves_and_frees(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(3 * MiB + 5, &p), CUDA_SUCCESS);
+    assert_int_equal(p % GRAN, 0);
+    assert_int_equal(sim_live_native(), 0); /* served from VMM, not cuMemAlloc */
+    vmh_buffer_info_t info;
+    assert_true(vmh_heap_find(p + 3 * MiB, &info));
+    assert_int_equal(info.base, p);
+    assert_int_equal(info.size, 3 * MiB + 5);
+    assert_int_equal(info.usable, 4 * MiB);
+    assert_false(vmh_heap_find(p + 3 * MiB + 5, &info)); /* past the size asked for */
+    tu_fill(p, 3 * MiB + 5, 1);
+    assert_true(tu_check(p, 3 * MiB + 5, 1));
+    assert_int_equal(vmh_heap_free(p + 256, NULL, false), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_false(vmh_heap_find(p, &info));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_ERROR_INVALID_VALUE); /* double */
+    assert_int_equal(vmh_heap_free(0x1234, NULL, false), CUDA_ERROR_NOT_FOUND);
+}
+
+static void packs_small_requests(void **state)
+{
+    (void)state;
+    CUdeviceptr p[100];
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(vmh_heap_alloc((size_t)1 + (size_t)i * 97, &p[i]), CUDA_SUCCESS);
+        assert_int_equal(p[i] % 256, 0);
+        tu_fill(p[i], (size_t)1 + (size_t)i * 97, (unsigned)i);
+    }
+    assert_int_equal(sim_live_allocations(), 1); /* one chunk holds them all */
+    for (int i = 0; i < 100; i++) {
+        assert_true(tu_check(p[i], (size_t)1 + (size_t)i * 97, (unsigned)i));
+        vmh_buffer_info_t info;
+        assert_true(vmh_heap_find(p[i] + (size_t)i * 97, &info));
+        assert_int_equal(info.base, p[i]);
+        assert_int_equal(info.size, (size_t)1 + (size_t)i * 97);
+        assert_true(info.packed);
+    }
+    assert_int_equal(vmh_heap_free(p[5] + 1, NULL, false), CUDA_ERROR_INVALID_VALUE);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p[7], NULL, false), CUDA_ERROR_INVALID_VALUE);
+}
+
+static void reuses_after_one_sync(void **state)
+{
+    (void)state;
+    CUdeviceptr p, q;
+    assert_int_equal(vmh_heap_alloc(64 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_alloc(64 * MiB, &q), CUDA_SUCCESS);
+    assert_int_equal(q, p);
+    assert_int_equal(sim_calls("cuMemCreate"), 0);
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 1); /* the parked free is released once */
+    /* Many frees, one synchronize. */
+    CUdeviceptr s[20];
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(vmh_heap_alloc(10000, &s[i]), CUDA_SUCCESS);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(vmh_heap_free(s[i], NULL, false), CUDA_SUCCESS);
+    sim_reset_counters();
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(vmh_heap_alloc(10000, &s[i]), CUDA_SUCCESS);
+    assert_true(sim_calls("cuCtxSynchronize") <= 1);
+    assert_int_equal(sim_calls("cuMemCreate"), 0);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(vmh_heap_free(s[i], NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+    assert_true(vmh_heap_idle_bytes(0) >= 64 * MiB);
+    assert_true(vmh_heap_trim() >= 64 * MiB);
+    assert_int_equal(vmh_heap_idle_bytes(0), 0);
+}
+
+static void never_reused_before_the_sync(void **state)
+{
+    (void)state;
+    CUdeviceptr p, q;
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    /* The synchronize fails: nothing is proven, so the parked block must not come back. */
+    sim_fail_function("cuCtxSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &q), CUDA_SUCCESS);
+    sim_clear_faults();
+    assert_int_not_equal(q, p);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+}
+
+static void out_of_memory_trims_then_fails_natively(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = 64 * MiB};
+    tu_reset(&cfg);
+    CUdeviceptr p, q;
+    assert_int_equal(vmh_heap_alloc(40 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    /* 40 MiB idle in the cache; 50 MiB only fits once it is given back. */
+    assert_int_equal(vmh_heap_alloc(50 * MiB, &q), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(50 * MiB, &p), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_heap_alloc(SIZE_MAX, &p), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_heap_alloc(SIZE_MAX / 2, &p), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_heap_alloc(0, &p), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+}
+
+static void memory_limit(void **state)
+{
+    (void)state;
+    vmh_opt.mem_limit = 8 * MiB;
+    CUdeviceptr p, q;
+    assert_int_equal(vmh_heap_alloc(6 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &q), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_heap_alloc(1 * MiB, &q), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &q), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+}
+
+static void no_context(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    sim_set_current_device(-1);
+    assert_int_equal(vmh_heap_alloc(1000, &p), CUDA_ERROR_INVALID_CONTEXT);
+    sim_set_current_device(0);
+}
+
+static void pitch_follows_native_rules(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    size_t pitch;
+    assert_int_equal(vmh_heap_alloc_pitch(1000, 77, 4, &p, &pitch), CUDA_SUCCESS);
+    assert_int_equal(pitch, 1024);
+    vmh_buffer_info_t info;
+    assert_true(vmh_heap_find(p + 5000, &info));
+    assert_int_equal(info.size, 1024 * 77);
+    assert_int_equal(vmh_heap_alloc_pitch(1000, 77, 3, &p, &pitch), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_heap_free(info.base, NULL, false), CUDA_SUCCESS);
+}
+
+/* ---- realloc ---- */
+
+static void realloc_null_zero_and_foreign(void **state)
+{
+    (void)state;
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 5 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_int_not_equal(p, 0);
+    CUdeviceptr foreign = 0x1000;
+    assert_int_equal(vmh_heap_realloc(&foreign, 10, NULL, false), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(foreign, 0x1000);
+    CUdeviceptr interior = p + 4096;
+    assert_int_equal(vmh_heap_realloc(&interior, 10 * MiB, NULL, false), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(interior, p + 4096);
+    assert_int_equal(vmh_heap_realloc(&p, 0, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(p, 0);
+}
+
+static void realloc_grows_in_place_with_headroom(void **state)
+{
+    (void)state;
+    vmh_opt.headroom = 64 * MiB;
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
+    tu_fill(p, 4 * MiB, 3);
+    CUdeviceptr before = p;
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_realloc(&p, 4 * MiB - 100, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_call_count(), 0); /* within the usable size: nothing to do */
+    assert_int_equal(vmh_heap_realloc(&p, 7 * MiB + 1, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(p, before);
+    assert_int_equal(vmh_counter_get(VMH_STAT_grows_in_place), 1);
+    assert_true(tu_check(p, 4 * MiB - 100, 3));
+    tu_fill(p, 7 * MiB + 1, 4);
+    assert_true(tu_check(p, 7 * MiB + 1, 4));
+    vmh_buffer_info_t info;
+    assert_true(vmh_heap_find(p + 7 * MiB, &info));
+    assert_int_equal(info.size, 7 * MiB + 1);
+    assert_int_equal(vmh_heap_realloc(&p, 0, NULL, false), CUDA_SUCCESS);
+}
+
+static void realloc_moves_without_copy_and_frees_the_old_address(void **state)
+{
+    (void)state;
+    vmh_opt.headroom = 0;
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 6 * MiB, NULL, false), CUDA_SUCCESS);
+    tu_fill(p, 6 * MiB, 5);
+    sim_refuse_hints(true);
+    CUdeviceptr old = p;
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_realloc(&p, 10 * MiB, NULL, false), CUDA_SUCCESS);
+    sim_refuse_hints(false);
+    assert_int_not_equal(p, old);
+    assert_int_equal(sim_calls("cuMemcpyDtoD"), 0);
+    assert_int_equal(sim_calls("cuMemCreate"), 1); /* only the added chunk */
+    assert_int_equal(vmh_counter_get(VMH_STAT_moves), 1);
+    assert_true(tu_check(p, 6 * MiB, 5));
+    /* The old address: unmapped after the synchronize, and no longer ours. */
+    assert_false(sim_is_mapped(old));
+    assert_false(sim_is_reserved(old));
+    vmh_buffer_info_t info;
+    assert_false(vmh_heap_find(old, &info));
+    CUdeviceptr stale = old;
+    assert_int_equal(vmh_heap_realloc(&stale, 20 * MiB, NULL, false), CUDA_ERROR_NOT_FOUND);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+static void realloc_shrinks_whole_chunks(void **state)
+{
+    (void)state;
+    vmh_opt.headroom = 0;
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_realloc(&p, 8 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_realloc(&p, 12 * MiB, NULL, false), CUDA_SUCCESS);
+    tu_fill(p, 12 * MiB, 6);
+    assert_int_equal(sim_live_allocations(), 3);
+    CUdeviceptr before = p;
+    assert_int_equal(vmh_heap_realloc(&p, 3 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(p, before);
+    assert_int_equal(sim_live_allocations(), 1); /* the chunks past 4 MiB went back */
+    assert_int_equal(vmm_usable_size((void *)(uintptr_t)p), 4 * MiB);
+    assert_true(tu_check(p, 3 * MiB, 6));
+    /* Grow again after the shrink. */
+    assert_int_equal(vmh_heap_realloc(&p, 9 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_true(tu_check(p, 3 * MiB, 6));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+static void realloc_packed_moves_with_one_copy(void **state)
+{
+    (void)state;
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 3000, NULL, false), CUDA_SUCCESS);
+    vmh_buffer_info_t info;
+    assert_true(vmh_heap_find(p, &info));
+    assert_true(info.packed);
+    tu_fill(p, 3000, 8);
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_realloc(&p, 5 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuMemcpyDtoD"), 1);
+    assert_true(tu_check(p, 3000, 8));
+    assert_true(vmh_heap_find(p, &info));
+    assert_false(info.packed);
+    assert_int_equal(vmh_heap_realloc(&p, 0, NULL, false), CUDA_SUCCESS);
+}
+
+static void realloc_failure_leaves_buffer_untouched(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = 32 * MiB};
+    tu_reset(&cfg);
+    vmh_opt.headroom = 0;
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 8 * MiB, NULL, false), CUDA_SUCCESS);
+    tu_fill(p, 8 * MiB, 9);
+    CUdeviceptr before = p;
+    assert_int_equal(vmh_heap_realloc(&p, 64 * MiB, NULL, false), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(p, before);
+    assert_true(tu_check(p, 8 * MiB, 9));
+    /* Address space exhausted: the move path cannot reserve. */
+    vmh_opt.va_limit = 10 * MiB;
+    sim_refuse_hints(true);
+    assert_int_equal(vmh_heap_realloc(&p, 12 * MiB, NULL, false), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_handle_last_failure, VMH_FAILED_RESERVE);
+    sim_refuse_hints(false);
+    assert_true(tu_check(p, 8 * MiB, 9));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+/* ---- devices and threads ---- */
+
+static void allocations_land_on_the_current_device(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    tu_reset(&cfg);
+    CUdeviceptr p0, p1, s1;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &p0), CUDA_SUCCESS);
+    sim_set_current_device(1);
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &p1), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(500, &s1), CUDA_SUCCESS);
+    vmh_buffer_info_t info;
+    assert_true(vmh_heap_find(p1, &info));
+    assert_int_equal(info.device, 1);
+    assert_true(vmh_heap_find(s1, &info));
+    assert_int_equal(info.device, 1);
+    assert_true(sim_device_used(1) >= 6 * MiB);
+    assert_int_equal(sim_access_flags(p1, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    tu_fill(p1, 4 * MiB, 10);
+    assert_true(tu_check(p1, 4 * MiB, 10));
+    /* Freed from the other device's context. */
+    sim_set_current_device(0);
+    assert_int_equal(vmh_heap_free(p1, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(s1, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p0, NULL, false), CUDA_SUCCESS);
+    assert_true(vmh_heap_trim() >= 8 * MiB);
+}
+
+static void peers_granted_up_front(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    tu_reset(&cfg);
+    vmh_opt.peers = 0x3;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(sim_access_flags(p, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+#define THREADS 8
+#define ROUNDS 400
+
+static void *churn(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    sim_set_current_device(0);
+    CUdeviceptr live[16] = {0};
+    size_t size[16] = {0};
+    for (int i = 0; i < ROUNDS; i++) {
+        int k = (int)(rand_r(&seed) % 16);
+        if (live[k]) {
+            if (!tu_check(live[k], size[k], seed_of(k)))
+                return (void *)1;
+            if (vmh_heap_free(live[k], NULL, false) != CUDA_SUCCESS)
+                return (void *)1;
+            live[k] = 0;
+        } else {
+            unsigned r = rand_r(&seed);
+            size[k] = r % 4 == 0 ? (size_t)(r % (6 * MiB)) + 1 : (size_t)(r % 70000) + 1;
+            if (vmh_heap_alloc(size[k], &live[k]) != CUDA_SUCCESS)
+                return (void *)1;
+            if (!tu_fill_try(live[k], size[k], seed_of(k)))
+                return (void *)1;
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        if (live[k] && vmh_heap_free(live[k], NULL, false) != CUDA_SUCCESS)
+            return (void *)1;
+    return NULL;
+}
+
+static void threads_churn_with_data_checks(void **state)
+{
+    (void)state;
+    pthread_t t[THREADS];
+    for (uintptr_t i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, churn, (void *)(i + 1)), 0);
+    for (int i = 0; i < THREADS; i++) {
+        void *bad;
+        pthread_join(t[i], &bad);
+        assert_null(bad);
+    }
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_requested), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(serves_and_frees, setup, teardown),
+        cmocka_unit_test_setup_teardown(packs_small_requests, setup, teardown),
+        cmocka_unit_test_setup_teardown(reuses_after_one_sync, setup, teardown),
+        cmocka_unit_test_setup_teardown(never_reused_before_the_sync, setup, teardown),
+        cmocka_unit_test_setup_teardown(out_of_memory_trims_then_fails_natively, setup, teardown),
+        cmocka_unit_test_setup_teardown(memory_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(no_context, setup, teardown),
+        cmocka_unit_test_setup_teardown(pitch_follows_native_rules, setup, teardown),
+        cmocka_unit_test_setup_teardown(realloc_null_zero_and_foreign, setup, teardown),
+        cmocka_unit_test_setup_teardown(realloc_grows_in_place_with_headroom, setup, teardown),
+        cmocka_unit_test_setup_teardown(realloc_moves_without_copy_and_frees_the_old_address,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(realloc_shrinks_whole_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(realloc_packed_moves_with_one_copy, setup, teardown),
+        cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, setup, teardown),
+        cmocka_unit_test_setup_teardown(allocations_land_on_the_current_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(peers_granted_up_front, setup, teardown),
+        cmocka_unit_test_setup_teardown(threads_churn_with_data_checks, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("heap", tests, NULL, NULL);
+}

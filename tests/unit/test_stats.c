@@ -1,0 +1,742 @@
+/* Unit tests of src/stats.c: counters and peaks under threads, the RMM-format trace (format,
+ * permissions, whole lines under threads, refusal), the JSON report (checked by a small JSON
+ * validator written here), the stats table and the leak report. */
+#ifndef VMH_TESTING
+#define VMH_TESTING 1 /* the internal prototypes of the headers */
+#endif
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "log.h"
+#include "options.h"
+#include "stats.h"
+
+/* ---- fixtures ----------------------------------------------------------------------------- */
+
+static char logbuf[1 << 17];
+static size_t loglen;
+static int loglines;
+static pthread_mutex_t loglock = PTHREAD_MUTEX_INITIALIZER;
+
+static void capture(const char *line, size_t len)
+{
+    pthread_mutex_lock(&loglock);
+    if (loglen + len < sizeof(logbuf)) {
+        memcpy(logbuf + loglen, line, len);
+        loglen += len;
+        logbuf[loglen] = '\0';
+    }
+    loglines++;
+    pthread_mutex_unlock(&loglock);
+}
+
+static int exit_calls;
+static void fake_exit(int status)
+{
+    (void)status;
+    exit_calls++;
+}
+
+static char tmpdir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    vmh_log_sink = capture;
+    vmh_options_exit = fake_exit;
+    exit_calls = 0;
+    loglen = 0;
+    logbuf[0] = '\0';
+    loglines = 0;
+    vmh_options_defaults(&vmh_opt);
+    vmh_options_refuse_reset();
+    vmh_trace_close();
+    vmh_stats_reset();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    vmh_trace_close();
+    vmh_opt.trace[0] = '\0';
+    return 0;
+}
+
+static void path_in_tmp(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+}
+
+/* The whole file into a static buffer. */
+static char *slurp(const char *path, size_t *len)
+{
+    static char buf[1 << 20];
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    size_t n = 0;
+    ssize_t r;
+    while ((r = read(fd, buf + n, sizeof(buf) - 1 - n)) > 0)
+        n += (size_t)r;
+    close(fd);
+    buf[n] = '\0';
+    if (len)
+        *len = n;
+    return buf;
+}
+
+static mode_t mode_of(const char *path)
+{
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return st.st_mode & 07777;
+}
+
+/* ---- counters and gauges -------------------------------------------------------------------- */
+
+static void test_counters(void **state)
+{
+    (void)state;
+    vmh_count(VMH_STAT_served_allocs, 1);
+    vmh_count(VMH_STAT_served_allocs, 41);
+    vmh_count(VMH_STAT_moves, 3);
+    assert_int_equal(vmh_counter_get(VMH_STAT_served_allocs), 42);
+    assert_int_equal(vmh_counter_get(VMH_STAT_moves), 3);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs), 0);
+    /* Out-of-range ids are ignored, not written out of bounds. */
+    vmh_count(VMH_COUNTER_COUNT, 1);
+    vmh_gauge_add(VMH_GAUGE_COUNT, 1);
+    assert_int_equal(vmh_counter_get(VMH_COUNTER_COUNT), 0);
+    vmh_stats_reset();
+    assert_int_equal(vmh_counter_get(VMH_STAT_served_allocs), 0);
+}
+
+static void test_gauge_peak(void **state)
+{
+    (void)state;
+    vmh_gauge_add(VMH_STAT_bytes_mapped, 10);
+    vmh_gauge_add(VMH_STAT_bytes_mapped, 5);
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_mapped), 15);
+    assert_int_equal(vmh_gauge_peak(VMH_STAT_bytes_mapped), 15);
+    vmh_gauge_add(VMH_STAT_bytes_mapped, -12);
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_mapped), 3);
+    assert_int_equal(vmh_gauge_peak(VMH_STAT_bytes_mapped), 15);
+    vmh_gauge_add(VMH_STAT_bytes_mapped, 1);
+    assert_int_equal(vmh_gauge_peak(VMH_STAT_bytes_mapped), 15);
+    vmh_gauge_add(VMH_STAT_bytes_mapped, 20);
+    assert_int_equal(vmh_gauge_peak(VMH_STAT_bytes_mapped), 24);
+    assert_int_equal(vmh_gauge_peak(VMH_STAT_bytes_reserved), 0);
+}
+
+#define NTHREADS 8
+#define NITER 200000
+
+static pthread_barrier_t barrier;
+
+static void *hammer(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < NITER; i++) {
+        vmh_count(VMH_STAT_served_allocs, 1);
+        vmh_gauge_add(VMH_STAT_bytes_requested, 256);
+        vmh_gauge_add(VMH_STAT_bytes_requested, -256);
+    }
+    /* Everyone holds 1000 bytes at once, then lets go: the peak must see all of them. */
+    vmh_gauge_add(VMH_STAT_bytes_cached, 1000);
+    pthread_barrier_wait(&barrier);
+    vmh_gauge_add(VMH_STAT_bytes_cached, -1000);
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    pthread_t t[NTHREADS];
+    pthread_barrier_init(&barrier, NULL, NTHREADS);
+    for (int i = 0; i < NTHREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, hammer, NULL), 0);
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&barrier);
+    assert_int_equal(vmh_counter_get(VMH_STAT_served_allocs), (uint64_t)NTHREADS * NITER);
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_requested), 0);
+    int64_t p = vmh_gauge_peak(VMH_STAT_bytes_requested);
+    assert_true(p >= 256 && p <= 256 * NTHREADS && p % 256 == 0);
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_cached), 0);
+    assert_int_equal(vmh_gauge_peak(VMH_STAT_bytes_cached), 1000 * NTHREADS);
+}
+
+/* ---- trace ------------------------------------------------------------------------------------ */
+
+/* One trace line as RMM's logging adaptor writes it:
+ * Thread,HH:MM:SS.uuuuuu,Action,0xPointer,Size,Stream. */
+static bool check_line(const char *line, long *tid, char *action, unsigned long long *ptr,
+                       unsigned long long *size, char *stream)
+{
+    char f[6][64];
+    int nf = 0;
+    const char *p = line;
+    for (;;) {
+        const char *c = strchr(p, ',');
+        size_t n = c ? (size_t)(c - p) : strlen(p);
+        if (nf == 6 || n >= sizeof(f[0]))
+            return false;
+        memcpy(f[nf], p, n);
+        f[nf++][n] = '\0';
+        if (!c)
+            break;
+        p = c + 1;
+    }
+    if (nf != 6)
+        return false;
+    char *end;
+    *tid = strtol(f[0], &end, 10);
+    if (*end || *tid <= 0)
+        return false;
+    /* HH:MM:SS.uuuuuu */
+    const char *t = f[1];
+    if (strlen(t) != 15)
+        return false;
+    for (int i = 0; i < 15; i++) {
+        bool want_digit = !(i == 2 || i == 5 || i == 8);
+        if (want_digit ? !isdigit((unsigned char)t[i])
+                       : t[i] != (i == 8 ? '.' : ':'))
+            return false;
+    }
+    if (atoi(t + 3) > 59 || atoi(t + 6) > 59)
+        return false;
+    strcpy(action, f[2]);
+    if (strncmp(f[3], "0x", 2) != 0)
+        return false;
+    *ptr = strtoull(f[3] + 2, &end, 16);
+    if (*end || f[3][2] == '\0')
+        return false;
+    *size = strtoull(f[4], &end, 10);
+    if (*end || f[4][0] == '\0')
+        return false;
+    strcpy(stream, f[5]);
+    /* What RMM's replay parser makes of the stream column (std::stoul, base 10): must be 0. */
+    if (strtoul(stream, NULL, 10) != 0 || !isdigit((unsigned char)stream[0]))
+        return false;
+    return true;
+}
+
+static void test_trace_format(void **state)
+{
+    (void)state;
+    char path[128];
+    path_in_tmp(path, sizeof(path), "trace.csv");
+    /* An existing world-readable file with content: made 0600 and truncated. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "old content\n", 12), 12);
+    fchmod(fd, 0644);
+    close(fd);
+
+    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
+    vmh_stats_init();
+    errno = 777;
+    vmh_trace("allocate", (CUdeviceptr)0x7f3a40000000ULL, 1048576, NULL);
+    assert_int_equal(errno, 777);
+    vmh_trace("free", (CUdeviceptr)0x7f3a40000000ULL, 1048576, (CUstream)(uintptr_t)0x5581c2d0);
+    vmh_trace("allocate failure", 0, (size_t)64 << 30, (CUstream)(uintptr_t)0x2);
+    assert_int_equal(loglines, 0);
+    assert_int_equal(mode_of(path), 0600);
+
+    char *text = slurp(path, NULL);
+    const char *header = "Thread,Time,Action,Pointer,Size,Stream\n";
+    assert_memory_equal(text, header, strlen(header));
+    char *lines[3];
+    char *save;
+    strtok_r(text, "\n", &save);
+    for (int i = 0; i < 3; i++)
+        assert_non_null(lines[i] = strtok_r(NULL, "\n", &save));
+    assert_null(strtok_r(NULL, "\n", &save));
+
+    long tid;
+    char action[64], stream[64];
+    unsigned long long ptr, size;
+    assert_true(check_line(lines[0], &tid, action, &ptr, &size, stream));
+    assert_int_equal(tid, (long)syscall(SYS_gettid));
+    assert_string_equal(action, "allocate");
+    assert_true(ptr == 0x7f3a40000000ULL);
+    assert_int_equal(size, 1048576);
+    assert_string_equal(stream, "0");
+    assert_memory_equal(lines[0] + strlen(lines[0]) - 25, ",0x7f3a40000000,1048576,0", 25);
+    assert_true(strncmp(strchr(lines[0], ',') + 1, "00:00:0", 7) == 0);
+
+    assert_true(check_line(lines[1], &tid, action, &ptr, &size, stream));
+    assert_string_equal(action, "free");
+    assert_string_equal(stream, "0x5581c2d0");
+
+    assert_true(check_line(lines[2], &tid, action, &ptr, &size, stream));
+    assert_string_equal(action, "allocate failure");
+    assert_true(ptr == 0);
+    assert_true(size == 64ull << 30);
+    assert_string_equal(stream, "0x2");
+    assert_non_null(strstr(lines[2], ",allocate failure,0x0,68719476736,0x2"));
+}
+
+static void test_trace_new_file_private(void **state)
+{
+    (void)state;
+    char path[128];
+    path_in_tmp(path, sizeof(path), "fresh.csv");
+    unlink(path);
+    mode_t old = umask(0); /* even with a permissive umask */
+    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
+    vmh_trace("allocate", 0x1000, 1, NULL); /* opens on first use */
+    umask(old);
+    assert_int_equal(mode_of(path), 0600);
+    size_t n;
+    char *text = slurp(path, &n);
+    assert_non_null(strstr(text, "Thread,Time,Action,Pointer,Size,Stream\n"));
+    assert_non_null(strstr(text, ",allocate,0x1000,1,0\n"));
+}
+
+#define TTHREADS 8
+#define TLINES 2000
+
+static void *tracer(void *arg)
+{
+    uintptr_t id = (uintptr_t)arg;
+    for (int i = 0; i < TLINES; i++)
+        vmh_trace(i % 2 ? "free" : "allocate", (CUdeviceptr)(0x7f0000000000ULL + id * 0x100000000ULL + (uint64_t)i * 512),
+                  (size_t)i * 1000 + id, NULL);
+    return NULL;
+}
+
+static void test_trace_threads(void **state)
+{
+    (void)state;
+    char path[128];
+    path_in_tmp(path, sizeof(path), "threads.csv");
+    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
+    vmh_stats_init();
+    pthread_t t[TTHREADS];
+    for (uintptr_t i = 0; i < TTHREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, tracer, (void *)i), 0);
+    for (int i = 0; i < TTHREADS; i++)
+        pthread_join(t[i], NULL);
+
+    char *text = slurp(path, NULL);
+    char *save;
+    char *line = strtok_r(text, "\n", &save);
+    assert_string_equal(line, "Thread,Time,Action,Pointer,Size,Stream");
+    int count = 0;
+    long tids[TTHREADS] = {0};
+    int per[TTHREADS] = {0};
+    while ((line = strtok_r(NULL, "\n", &save)) != NULL) {
+        long tid;
+        char action[64], stream[64];
+        unsigned long long ptr, size;
+        if (!check_line(line, &tid, action, &ptr, &size, stream))
+            fail_msg("malformed (interleaved?) line %d: \"%s\"", count, line);
+        /* The line is internally consistent: its pointer and size name the same thread. */
+        unsigned id = (unsigned)((ptr - 0x7f0000000000ULL) >> 32);
+        assert_true(id < TTHREADS);
+        assert_int_equal(size % 1000, id);
+        if (tids[id] == 0)
+            tids[id] = tid;
+        assert_int_equal(tids[id], tid);
+        per[id]++;
+        count++;
+    }
+    assert_int_equal(count, TTHREADS * TLINES);
+    for (int i = 0; i < TTHREADS; i++)
+        assert_int_equal(per[i], TLINES);
+}
+
+static void test_trace_unwritable(void **state)
+{
+    (void)state;
+    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s/no/such/dir/t.csv", tmpdir);
+    vmh_trace("allocate", 0x1000, 1, NULL);
+    vmh_trace("allocate", 0x2000, 1, NULL);
+    assert_int_equal(loglines, 1);
+    assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_TRACE=\""));
+    assert_non_null(strstr(logbuf, "\" is refused: cannot create it: No such file or directory"));
+    assert_non_null(strstr(logbuf, "; using no trace\n"));
+    assert_int_equal(exit_calls, 0);
+}
+
+static void test_trace_unwritable_strict(void **state)
+{
+    (void)state;
+    vmh_opt.strict = true;
+    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s/no/such/dir/t.csv", tmpdir);
+    vmh_stats_init();
+    assert_int_equal(exit_calls, 1);
+    assert_non_null(strstr(logbuf, "stopping because VMMHOOK_STRICT is set"));
+}
+
+/* A symbolic link planted at the trace path is not followed. */
+static void test_trace_symlink_refused(void **state)
+{
+    (void)state;
+    char target[128], link[128];
+    path_in_tmp(target, sizeof(target), "victim");
+    path_in_tmp(link, sizeof(link), "link.csv");
+    int fd = open(target, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "precious\n", 9), 9);
+    close(fd);
+    unlink(link);
+    assert_int_equal(symlink(target, link), 0);
+    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", link);
+    vmh_trace("allocate", 0x1000, 1, NULL);
+    assert_int_equal(loglines, 1);
+    assert_non_null(strstr(logbuf, "is refused: cannot create it"));
+    assert_string_equal(slurp(target, NULL), "precious\n");
+    assert_int_equal(mode_of(target), 0644);
+}
+
+static void test_trace_off(void **state)
+{
+    (void)state;
+    vmh_trace("allocate", 0x1000, 1, NULL);
+    vmh_stats_init();
+    assert_int_equal(loglines, 0);
+}
+
+/* ---- JSON ------------------------------------------------------------------------------------- */
+
+/* A strict little JSON validator (RFC 8259 structure; enough to prove the report parses). */
+typedef struct jp {
+    const char *p;
+} jp_t;
+
+static void ws(jp_t *j)
+{
+    while (*j->p == ' ' || *j->p == '\n' || *j->p == '\t' || *j->p == '\r')
+        j->p++;
+}
+
+static bool jvalue(jp_t *j, int depth);
+
+static bool jstring(jp_t *j)
+{
+    if (*j->p != '"')
+        return false;
+    j->p++;
+    while (*j->p && *j->p != '"') {
+        if ((unsigned char)*j->p < 0x20)
+            return false;
+        if (*j->p == '\\') {
+            j->p++;
+            if (!strchr("\"\\/bfnrtu", *j->p) || !*j->p)
+                return false;
+        }
+        j->p++;
+    }
+    if (*j->p != '"')
+        return false;
+    j->p++;
+    return true;
+}
+
+static bool jnumber(jp_t *j)
+{
+    const char *s = j->p;
+    if (*j->p == '-')
+        j->p++;
+    if (!isdigit((unsigned char)*j->p))
+        return false;
+    if (*j->p == '0' && isdigit((unsigned char)j->p[1]))
+        return false;
+    while (isdigit((unsigned char)*j->p))
+        j->p++;
+    if (*j->p == '.' || *j->p == 'e' || *j->p == 'E')
+        return false; /* the report has integers only */
+    return j->p > s;
+}
+
+static bool jvalue(jp_t *j, int depth)
+{
+    if (depth > 16)
+        return false;
+    ws(j);
+    if (*j->p == '{' || *j->p == '[') {
+        char close = *j->p == '{' ? '}' : ']';
+        bool obj = close == '}';
+        j->p++;
+        ws(j);
+        if (*j->p == close) {
+            j->p++;
+            return true;
+        }
+        for (;;) {
+            ws(j);
+            if (obj) {
+                if (!jstring(j))
+                    return false;
+                ws(j);
+                if (*j->p++ != ':')
+                    return false;
+            }
+            if (!jvalue(j, depth + 1))
+                return false;
+            ws(j);
+            if (*j->p == ',') {
+                j->p++;
+                continue;
+            }
+            if (*j->p == close) {
+                j->p++;
+                return true;
+            }
+            return false;
+        }
+    }
+    if (*j->p == '"')
+        return jstring(j);
+    if (strncmp(j->p, "null", 4) == 0 || strncmp(j->p, "true", 4) == 0) {
+        j->p += 4;
+        return true;
+    }
+    if (strncmp(j->p, "false", 5) == 0) {
+        j->p += 5;
+        return true;
+    }
+    return jnumber(j);
+}
+
+static bool json_valid(const char *text)
+{
+    jp_t j = {text};
+    if (!jvalue(&j, 0))
+        return false;
+    ws(&j);
+    return *j.p == '\0';
+}
+
+static void test_json_validator(void **state)
+{
+    (void)state;
+    assert_true(json_valid("{\"a\": [1, -2, {\"b\": null}], \"c\": \"x\\\"y\"}"));
+    assert_false(json_valid("{\"a\": 1,}"));
+    assert_false(json_valid("{\"a\" 1}"));
+    assert_false(json_valid("{\"a\": 01}"));
+    assert_false(json_valid("{\"a\": 1} x"));
+    assert_false(json_valid("{\"a\": [1, 2}"));
+}
+
+static void test_json_report(void **state)
+{
+    (void)state;
+    char path[128];
+    path_in_tmp(path, sizeof(path), "stats.json");
+    unlink(path);
+    snprintf(vmh_opt.stats_json, sizeof(vmh_opt.stats_json), "%s", path);
+    vmh_count(VMH_STAT_served_allocs, 120);
+    vmh_count(VMH_STAT_passthrough_calls, 4);
+    vmh_count(VMH_STAT_grows_in_place, 7);
+    vmh_gauge_add(VMH_STAT_bytes_mapped, (int64_t)3 << 30);
+    vmh_gauge_add(VMH_STAT_bytes_mapped, -((int64_t)1 << 30));
+    vmh_leak_report_begin();
+    vmh_leak_report_one(0x7f0000000000ULL, 4096, 0, NULL);
+    vmh_leak_report_end();
+    vmh_stats_report();
+    assert_int_equal(loglines, 0); /* VMMHOOK_STATS and VMMHOOK_LEAKS are off */
+    assert_int_equal(mode_of(path), 0600);
+    char *text = slurp(path, NULL);
+    if (!json_valid(text))
+        fail_msg("invalid JSON:\n%s", text);
+    assert_non_null(strstr(text, "\"served_allocs\": 120,"));
+    assert_non_null(strstr(text, "\"passthrough_calls\": 4,"));
+    assert_non_null(strstr(text, "\"grows_in_place\": 7,"));
+    assert_non_null(strstr(text, "\"oom_retries\": 0\n"));
+    assert_non_null(strstr(text, "\"bytes_mapped\": {\"current\": 2147483648, \"peak\": 3221225472}"));
+    assert_non_null(strstr(text, "\"leaks\": {\"count\": 1, \"bytes\": 4096}"));
+    assert_non_null(strstr(text, "\"version\": \""));
+
+    /* Once per process: a second call writes nothing. */
+    unlink(path);
+    vmh_stats_report();
+    assert_int_equal(access(path, F_OK), -1);
+}
+
+static void test_json_no_leak_report(void **state)
+{
+    (void)state;
+    char path[128];
+    path_in_tmp(path, sizeof(path), "stats2.json");
+    /* An existing, longer, world-readable file: replaced whole and made private. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    assert_true(fd >= 0);
+    static char junk[20000];
+    memset(junk, '#', sizeof(junk));
+    assert_int_equal(write(fd, junk, sizeof(junk)), (ssize_t)sizeof(junk));
+    fchmod(fd, 0666);
+    close(fd);
+    snprintf(vmh_opt.stats_json, sizeof(vmh_opt.stats_json), "%s", path);
+    vmh_stats_report();
+    assert_int_equal(mode_of(path), 0600);
+    char *text = slurp(path, NULL);
+    if (!json_valid(text))
+        fail_msg("invalid JSON:\n%s", text);
+    assert_non_null(strstr(text, "\"leaks\": null"));
+}
+
+static void test_json_unwritable(void **state)
+{
+    (void)state;
+    snprintf(vmh_opt.stats_json, sizeof(vmh_opt.stats_json), "%s/no/dir/s.json", tmpdir);
+    vmh_stats_report();
+    assert_int_equal(loglines, 1);
+    assert_non_null(strstr(logbuf, "cannot create it"));
+}
+
+/* ---- the table at exit ------------------------------------------------------------------------ */
+
+static void test_stats_table(void **state)
+{
+    (void)state;
+    vmh_opt.stats = true;
+    vmh_count(VMH_STAT_served_allocs, 12345);
+    vmh_count(VMH_STAT_syncs, 3);
+    vmh_gauge_add(VMH_STAT_bytes_reserved, (int64_t)3 << 29);
+    vmh_stats_report();
+    /* A header, one line per counter and per gauge. */
+    assert_int_equal(loglines, 1 + VMH_COUNTER_COUNT + VMH_GAUGE_COUNT);
+    assert_non_null(strstr(logbuf, "vmmhook: statistics (pid "));
+    static const char *const labels[] = {
+        "allocations served",       "calls passed to the driver", "driver calls made by the library",
+        "context synchronizations", "grows that kept the pointer", "grows that moved the buffer",
+        "bytes requested by live buffers", "bytes of device memory mapped",
+        "bytes of address space reserved", "bytes held idle for reuse",
+    };
+    for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++)
+        if (!strstr(logbuf, labels[i]))
+            fail_msg("table lacks \"%s\":\n%s", labels[i], logbuf);
+    const char *l = strstr(logbuf, "allocations served");
+    assert_non_null(l);
+    assert_true(strstr(l, "12345\n") < strchr(l, '\n') + 1);
+    l = strstr(logbuf, "bytes of address space reserved");
+    assert_non_null(strstr(l, "now      1.5 GiB  peak      1.5 GiB (1610612736 bytes)"));
+}
+
+/* ---- leak report ------------------------------------------------------------------------------ */
+
+static void leaky_call_site(void)
+{
+}
+
+static void test_leak_report(void **state)
+{
+    (void)state;
+    vmh_opt.leaks = true;
+    vmh_leak_report_begin();
+    vmh_leak_report_one(0x7f0000001000ULL, 4096, 1, (void *)((uintptr_t)&leaky_call_site + 4));
+    vmh_leak_report_one(0x7f0000200000ULL, (size_t)3 << 20, 0, (void *)(uintptr_t)&_assert_true);
+    vmh_leak_report_one(0x7f0000400000ULL, 256, 0, NULL);
+    vmh_leak_report_end();
+    assert_int_equal(loglines, 5);
+    assert_non_null(strstr(logbuf, "vmmhook: leak report: buffers still allocated at exit:\n"));
+    assert_non_null(strstr(logbuf, "vmmhook:   0x7f0000001000  4096 bytes (4 KiB)  device 1  "
+                                   "allocated from "));
+    /* A shared library's symbol: "name+0x0 (libfoo.so.N)"; cmocka's, which no sanitizer
+     * intercepts. */
+    const char *l = strstr(logbuf, "0x7f0000200000  3145728 bytes (3 MiB)  device 0  allocated "
+                                   "from ");
+    assert_non_null(l);
+    const char *eol = strchr(l, '\n');
+    const char *sym = strstr(l, "_assert_true+0x0 (libcmocka.so");
+    assert_true(sym != NULL && sym < eol && eol[-1] == ')');
+    assert_non_null(strstr(logbuf, "0x7f0000400000  256 bytes (256 B)  device 0  allocated from "
+                                   "unknown\n"));
+    assert_non_null(strstr(logbuf, "vmmhook: leak report: 3 buffers, 3.0 MiB (3150080 bytes) "
+                                   "still allocated at exit\n"));
+}
+
+static void test_leak_report_none(void **state)
+{
+    (void)state;
+    vmh_opt.leaks = true;
+    vmh_leak_report_begin();
+    vmh_leak_report_end();
+    assert_int_equal(loglines, 1);
+    assert_string_equal(logbuf, "vmmhook: leak report: no buffer left allocated\n");
+}
+
+static void test_leak_report_off(void **state)
+{
+    (void)state;
+    vmh_leak_report_begin();
+    vmh_leak_report_one(0x1000, 1, 0, NULL);
+    vmh_leak_report_end();
+    assert_int_equal(loglines, 0);
+}
+
+static void test_leak_report_capped(void **state)
+{
+    (void)state;
+    vmh_opt.leaks = true;
+    vmh_leak_report_begin();
+    for (int i = 0; i < 1000; i++)
+        vmh_leak_report_one(0x100000ULL * (uint64_t)(i + 1), 512, 0, NULL);
+    vmh_leak_report_end();
+    assert_int_equal(loglines, 1 + 256 + 1);
+    assert_non_null(strstr(logbuf, "leak report: 1000 buffers, 500 KiB (512000 bytes) still "
+                                   "allocated at exit (the first 256 listed)\n"));
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/vmh_test_stats.XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_counters),
+        T(test_gauge_peak),
+        T(test_threads),
+        T(test_trace_format),
+        T(test_trace_new_file_private),
+        T(test_trace_threads),
+        T(test_trace_unwritable),
+        T(test_trace_unwritable_strict),
+        T(test_trace_symlink_refused),
+        T(test_trace_off),
+        T(test_json_validator),
+        T(test_json_report),
+        T(test_json_no_leak_report),
+        T(test_json_unwritable),
+        T(test_stats_table),
+        T(test_leak_report),
+        T(test_leak_report_none),
+        T(test_leak_report_off),
+        T(test_leak_report_capped),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,112 @@
+/* Shared set-up for the unit suites: the simulated driver installed in the driver table,
+ * default options, and helpers to make chunks and check buffers. Header-only (static inline)
+ * so each suite stays one file. */
+#ifndef VMH_TESTUTIL_H
+#define VMH_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "driver.h"
+#include "handle.h"
+#include "heap.h"
+#include "options.h"
+#include "range.h"
+#include "simdrv.h"
+#include "stats.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+#define GRAN (2 * MiB)
+
+/* A fresh simulated driver (cfg NULL: one 80 GiB device, 2 MiB granularity) and defaults. */
+static inline void tu_reset(const sim_config_t *cfg)
+{
+    vmh_heap_reset();
+    sim_reset(cfg);
+    vmh_driver_install(sim_table());
+    vmh_options_defaults(&vmh_opt);
+    vmh_stats_reset();
+}
+
+/* Every test ends here: nothing may be left in the driver. */
+static inline void tu_assert_ledger_empty(void)
+{
+    if (!sim_ledger_empty())
+        sim_ledger_dump();
+    assert_true(sim_ledger_empty());
+}
+
+static inline CUmemAllocationProp tu_prop(int device)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = device;
+    return p;
+}
+
+static inline CUmemAccessDesc tu_rw(int device)
+{
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = device;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return d;
+}
+
+/* A chunk of size bytes on device 0 with read-write access for it. */
+static inline vmh_alloc_t *tu_chunk(size_t size)
+{
+    CUmemAllocationProp p = tu_prop(0);
+    CUmemAccessDesc d = tu_rw(0);
+    vmh_alloc_t *a = NULL;
+    assert_int_equal(vmh_alloc_create(size, &p, &d, 1, &a), CUDA_SUCCESS);
+    return a;
+}
+
+/* Writes a pattern derived from seed over [p, p + n) through the simulated mappings; safe
+ * in threads (no cmocka assertion). */
+static inline bool tu_fill_try(CUdeviceptr p, size_t n, unsigned seed)
+{
+    unsigned char buf[4096];
+    for (size_t off = 0; off < n; off += sizeof buf) {
+        size_t len = n - off < sizeof buf ? n - off : sizeof buf;
+        for (size_t i = 0; i < len; i++)
+            buf[i] = (unsigned char)((off + i) * 131u + seed);
+        if (sim_write(p + off, buf, len) != CUDA_SUCCESS)
+            return false;
+    }
+    return true;
+}
+
+static inline void tu_fill(CUdeviceptr p, size_t n, unsigned seed)
+{
+    assert_true(tu_fill_try(p, n, seed));
+}
+
+/* True when [p, p + n) holds tu_fill's pattern for seed. */
+static inline bool tu_check(CUdeviceptr p, size_t n, unsigned seed)
+{
+    unsigned char buf[4096];
+    for (size_t off = 0; off < n; off += sizeof buf) {
+        size_t len = n - off < sizeof buf ? n - off : sizeof buf;
+        if (sim_read(buf, p + off, len) != CUDA_SUCCESS)
+            return false;
+        for (size_t i = 0; i < len; i++)
+            if (buf[i] != (unsigned char)((off + i) * 131u + seed))
+                return false;
+    }
+    return true;
+}
+
+#endif
