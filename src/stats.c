@@ -256,14 +256,11 @@ void vmh_leak_report_begin(void)
     atomic_store(&leak_ran, true);
 }
 
-/* "sym+0x12 (libfoo.so)", "libfoo.so+0x1234" or the bare address. */
+/* "sym+0x12 (libfoo.so)", "libfoo.so+0x1234" or the bare address. dladdr neither allocates
+ * nor calls the driver, so it is safe in the destructor. */
 static void describe_site(void *site, char *buf, size_t len)
 {
     Dl_info info;
-    if (site == NULL) {
-        snprintf(buf, len, "unknown");
-        return;
-    }
     if (dladdr(site, &info) == 0 || info.dli_fname == NULL) {
         snprintf(buf, len, "%p", site);
         return;
@@ -290,10 +287,13 @@ void vmh_leak_report_one(CUdeviceptr p, size_t size, int device, void *call_site
         vmh_log("leak report: buffers still allocated at exit:");
     if (n > LEAKS_LISTED)
         return;
-    char site[256], b[32];
-    describe_site(call_site, site, sizeof(site));
-    vmh_log("  0x%llx  %zu bytes (%s)  device %d  allocated from %s", (unsigned long long)p,
-            size, vmh_fmt_bytes(b, sizeof(b), size), device, site);
+    char site[280] = "", b[32];
+    if (call_site) {
+        memcpy(site, "  allocated from ", 17);
+        describe_site(call_site, site + 17, sizeof(site) - 17);
+    }
+    vmh_log("  0x%llx  %zu bytes (%s)  device %d%s", (unsigned long long)p, size,
+            vmh_fmt_bytes(b, sizeof(b), size), device, site);
 }
 
 void vmh_leak_report_end(void)

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -241,6 +242,13 @@ int main(void)
     INFO("device 0: %s, driver %d", name, drv);
     *(void **)&g_owns = dlsym(RTLD_DEFAULT, "vmm_owns");
     *(void **)&g_trim = dlsym(RTLD_DEFAULT, "vmm_trim");
+    const char *dis = getenv("VMMHOOK_DISABLE");
+    if (dis && dis[0] &&
+        (strchr("1tTyY", dis[0]) ||
+         !strcasecmp(dis, "on"))) { /* loaded but pass-through: owns nothing */
+        g_owns = NULL;
+        INFO("hook: VMMHOOK_DISABLE=%s: treated as absent", dis);
+    }
     const char *ex = getenv("GPUTEST_EXPECT_HOOK");
     INFO("hook: %s", g_owns ? "loaded" : "absent");
     if (ex && ex[0] == '1')

@@ -178,6 +178,15 @@ static inline void gt_init(const char *prog)
     g_vmm_owns = (gt_owns_fn)dlsym(RTLD_DEFAULT, "vmm_owns");
     g_vmm_trim = (gt_trim_fn)dlsym(RTLD_DEFAULT, "vmm_trim");
     g_vmm_usable = (gt_usable_fn)dlsym(RTLD_DEFAULT, "vmm_usable_size");
+    /* VMMHOOK_DISABLE: the library is loaded but passes everything through, so it owns
+     * nothing: the program runs as native (its R lines must still match the native run). */
+    const char *dis = getenv("VMMHOOK_DISABLE");
+    if (dis && (dis[0] == '1' || dis[0] == 't' || dis[0] == 'T' || dis[0] == 'y' || dis[0] == 'Y' ||
+                ((dis[0] == 'o' || dis[0] == 'O') && (dis[1] == 'n' || dis[1] == 'N')))) {
+        INFO("hook: VMMHOOK_DISABLE=%s: treated as absent", dis);
+        g_vmm_owns = NULL;
+        g_vmm_usable = NULL;
+    }
     const char *ex = getenv("GPUTEST_EXPECT_HOOK");
     g_expect_hook = ex && ex[0] == '1';
     INFO("hook: %s (vmm_owns %s, vmm_trim %s); expected: %s", g_vmm_owns ? "loaded" : "absent",

@@ -2328,14 +2328,13 @@ CUresult SIM_IMPL(cuGetErrorName)(CUresult error, const char **pStr)
 /* ---------------------------------------------------------------------------------------- */
 /* The table and cuGetProcAddress                                                            */
 
-const vmh_driver_t *sim_table(void)
-{
-    static vmh_driver_t t;
-#define SIM_FILL(name, params) t.name = SIM_IMPL(name);
+static const vmh_driver_t table = {
+#define SIM_FILL(name, params) .name = SIM_IMPL(name),
     VMH_DRIVER_FUNCS(SIM_FILL)
 #undef SIM_FILL
-    return &t;
-}
+};
+
+const vmh_driver_t *sim_table(void) { return &table; }
 
 static const struct {
     const char *name;
