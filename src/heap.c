@@ -31,9 +31,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define MAX_DEVICES 64
 #define EXTENT_MAX ((size_t)64 << 20)
@@ -186,25 +186,7 @@ static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
         min_gran = floor;
     if (rec_gran < min_gran || rec_gran % min_gran)
         rec_gran = min_gran;
-    switch (vmh_opt.gran_mode) {
-    case VMH_GRAN_MIN:
-        d->gran = min_gran;
-        break;
-    case VMH_GRAN_BYTES:
-        if (vmh_opt.gran_bytes && vmh_opt.gran_bytes % min_gran == 0) {
-            d->gran = vmh_opt.gran_bytes;
-        } else {
-            vmh_log("VMMHOOK_GRANULARITY=%zu is not a multiple of device %d's minimum "
-                    "granularity %zu; using the recommended %zu",
-                    vmh_opt.gran_bytes, ordinal, min_gran, rec_gran);
-            if (vmh_opt.strict)
-                _exit(2);
-            d->gran = rec_gran;
-        }
-        break;
-    default:
-        d->gran = rec_gran;
-    }
+    d->gran = vmh_options_granularity(min_gran, rec_gran);
     d->extent_next = d->gran;
 
     d->access[0].location = d->prop.location;
@@ -229,10 +211,10 @@ static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
         vmh_alloc_t *probe;
         rc = vmh_alloc_create(d->gran, &d->prop, NULL, 0, &probe);
         if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_OUT_OF_MEMORY) {
-            vmh_log("VMMHOOK_HANDLE_TYPE: the driver refuses this handle type on device %d "
-                    "(CUDA error %d); using none", ordinal, (int)rc);
-            if (vmh_opt.strict)
-                _exit(2);
+            char why[96];
+            snprintf(why, sizeof why, "cuMemCreate on device %d answers CUDA error %d",
+                     ordinal, (int)rc);
+            vmh_options_refuse("VMMHOOK_HANDLE_TYPE", why, "none");
             d->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
         } else if (rc == CUDA_SUCCESS) {
             vmh_alloc_unref(probe);

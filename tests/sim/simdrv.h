@@ -6,7 +6,11 @@
  *     names (cuInit, cuGetProcAddress, cuGetProcAddress_v2, cuMemAlloc_v2, the _ptds/_ptsz
  *     variants ...) and every sim_* function below (dlsym them). It initialises itself on the
  *     first cuInit, tuned by SIM_DEVICES, SIM_MEMORY, SIM_GRANULARITY, SIM_VA_SIZE (sizes take
- *     K/M/G/T suffixes); SIM_VERBOSE=1 logs every rejection to stderr.
+ *     K/M/G/T suffixes); SIM_VERBOSE=1 logs every rejection to stderr. There cuInit makes no
+ *     context current (cudart does that itself: cuDevicePrimaryCtxRetain + cuCtxSetCurrent).
+ *     It is linked -Bsymbolic: cuGetProcAddress answers and sim_table() stay the fake's own
+ *     functions even when a preloaded library defines the same names. fakecuda_smoke.c shows
+ *     the cudart-style loading (dlopen, dlsym cuGetProcAddress_v2, the rest through it).
  *
  * WHAT IS SIMULATED (codes as the H200 / CUDA 13 driver answers, see driver-facts.md):
  *   - init: every entry point but cuInit, cuDriverGetVersion and cuGetProcAddress* answers

@@ -343,6 +343,17 @@ static void peers_granted_up_front(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
+static void refused_handle_type_falls_back(void **state)
+{
+    (void)state;
+    vmh_opt.handle = VMH_HANDLE_FABRIC; /* the simulated driver answers 800, as the H200 did */
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);
+    tu_fill(p, 4 * MiB, 12);
+    assert_true(tu_check(p, 4 * MiB, 12));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
 #define THREADS 8
 #define ROUNDS 400
 
@@ -409,6 +420,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, setup, teardown),
         cmocka_unit_test_setup_teardown(allocations_land_on_the_current_device, setup, teardown),
         cmocka_unit_test_setup_teardown(peers_granted_up_front, setup, teardown),
+        cmocka_unit_test_setup_teardown(refused_handle_type_falls_back, setup, teardown),
         cmocka_unit_test_setup_teardown(threads_churn_with_data_checks, setup, teardown),
     };
     return cmocka_run_group_tests_name("heap", tests, NULL, NULL);
