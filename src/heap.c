@@ -664,6 +664,7 @@ static CUresult alloc_on(vdev_t *d, size_t size, bool growable, CUdeviceptr *out
 static void heap_load(void)
 {
     vmh_options_load();
+    vmh_stats_init(); /* the trace clock starts here, and the trace file exists from now */
 }
 
 bool vmh_heap_ready(void)

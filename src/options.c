@@ -41,11 +41,11 @@ typedef enum opt_kind {
 typedef struct opt_row {
     const char *name;
     opt_kind_t kind;
-    size_t off;                /* offsetof the field in vmh_options_t */
-    size_t size;               /* sizeof the field (the buffer size of strings) */
-    const char *def;           /* the default, in a form the row accepts */
-    size_t min;                /* K_SIZE: the smallest accepted value */
-    const char *const *words;  /* K_ENUM, K_GRAN: the word of each enum value, in order */
+    size_t off;               /* offsetof the field in vmh_options_t */
+    size_t size;              /* sizeof the field (the buffer size of strings) */
+    const char *def;          /* the default, in a form the row accepts */
+    size_t min;               /* K_SIZE: the smallest accepted value */
+    const char *const *words; /* K_ENUM, K_GRAN: the word of each enum value, in order */
     unsigned nwords;
     const char *help;
 } opt_row_t;
@@ -187,9 +187,8 @@ VMH_TESTABLE int vmh_parse_size(const char *s, size_t len, size_t *out)
         const char *word;
         unsigned shift;
     } suffixes[] = {
-        {"", 0},   {"b", 0},   {"k", 10},   {"kb", 10}, {"kib", 10}, {"m", 20},
-        {"mb", 20}, {"mib", 20}, {"g", 30},   {"gb", 30}, {"gib", 30}, {"t", 40},
-        {"tb", 40}, {"tib", 40},
+        {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
+        {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40},
     };
     unsigned long long v;
     size_t used;

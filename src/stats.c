@@ -67,9 +67,8 @@ void vmh_gauge_add(vmh_gauge_t g, int64_t delta)
     if (delta <= 0)
         return;
     int64_t peak = atomic_load_explicit(&s->peak, memory_order_relaxed);
-    while (now > peak && !atomic_compare_exchange_weak_explicit(&s->peak, &peak, now,
-                                                                memory_order_relaxed,
-                                                                memory_order_relaxed))
+    while (now > peak && !atomic_compare_exchange_weak_explicit(
+                             &s->peak, &peak, now, memory_order_relaxed, memory_order_relaxed))
         ;
 }
 
@@ -141,8 +140,8 @@ enum { TRACE_UNOPENED, TRACE_OPEN, TRACE_OFF };
 
 static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int trace_state = TRACE_UNOPENED;
-static int trace_fd = -1;          /* published by trace_state = TRACE_OPEN (release) */
-static struct timespec trace_t0;   /* likewise */
+static int trace_fd = -1;        /* published by trace_state = TRACE_OPEN (release) */
+static struct timespec trace_t0; /* likewise */
 
 static const char trace_header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
 
@@ -203,8 +202,8 @@ void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream
     }
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    long long ns = (long long)(now.tv_sec - trace_t0.tv_sec) * 1000000000LL +
-                   (now.tv_nsec - trace_t0.tv_nsec);
+    long long ns =
+        (long long)(now.tv_sec - trace_t0.tv_sec) * 1000000000LL + (now.tv_nsec - trace_t0.tv_nsec);
     unsigned long long us = ns > 0 ? (unsigned long long)ns / 1000 : 0;
     unsigned long long s = us / 1000000;
 
@@ -215,8 +214,7 @@ void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream
     if (stream == NULL)
         memcpy(stream_text, "0", 2);
     else
-        snprintf(stream_text, sizeof(stream_text), "0x%llx",
-                 (unsigned long long)(uintptr_t)stream);
+        snprintf(stream_text, sizeof(stream_text), "0x%llx", (unsigned long long)(uintptr_t)stream);
 
     /* Time as RMM's pattern "%H:%M:%S.%f" (microseconds), counted from the trace's start on
      * the monotonic clock: no time zone lookup (which could allocate or take locks inside the
@@ -344,12 +342,12 @@ static void report_table(void)
         else
             vmh_fmt_bytes(now, sizeof(now), (unsigned long long)c);
         vmh_fmt_bytes(peak, sizeof(peak), p > 0 ? (unsigned long long)p : 0);
-        vmh_log("  %-36s now %12s  peak %12s (%lld bytes)", gauge_help[i], now, peak,
-                (long long)p);
+        vmh_log("  %-36s now %12s  peak %12s (%lld bytes)", gauge_help[i], now, peak, (long long)p);
     }
     if (atomic_load(&leak_ran)) {
         char b[32];
-        vmh_log("  %-36s %20llu (%s)", "buffers leaked", (unsigned long long)atomic_load(&leak_count),
+        vmh_log("  %-36s %20llu (%s)", "buffers leaked",
+                (unsigned long long)atomic_load(&leak_count),
                 vmh_fmt_bytes(b, sizeof(b), atomic_load(&leak_bytes)));
     }
 }

@@ -79,8 +79,8 @@ static const char *get(const char *name, void *arg)
 /* The reference size parser: digits, then a suffix; overflow of the digits first. */
 static int ref_size(const char *s, size_t len, size_t *out)
 {
-    static const char *const sfx[] = {"",   "b",  "k",   "kb", "kib", "m",  "mb",
-                                      "mib", "g", "gb",  "gib", "t",  "tb", "tib"};
+    static const char *const sfx[] = {"",    "b", "k",  "kb",  "kib", "m",  "mb",
+                                      "mib", "g", "gb", "gib", "t",   "tb", "tib"};
     static const unsigned shift[] = {0, 0, 10, 10, 10, 20, 20, 20, 30, 30, 30, 40, 40, 40};
     unsigned __int128 v = 0;
     bool over = false;

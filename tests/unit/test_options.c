@@ -184,8 +184,8 @@ static void test_size_parser(void **state)
             fail_msg("\"%s\": rc %d value %zu, expected %zu", good[i].s, rc, v, good[i].v);
     }
     static const char *const syntax[] = {
-        "",    " 1",   "1 ",  "-1",  "+1",   "1.5G", "1 G", "0x10", "1KK", "K",
-        "1P",  "1e3",  "1i",  "1Ki", "1kibb", "M1",  "1,5", "1\n",  "\t", "1MiB ",
+        "",   " 1",  "1 ", "-1",  "+1",    "1.5G", "1 G", "0x10", "1KK", "K",
+        "1P", "1e3", "1i", "1Ki", "1kibb", "M1",   "1,5", "1\n",  "\t",  "1MiB ",
     };
     for (size_t i = 0; i < sizeof(syntax) / sizeof(syntax[0]); i++) {
         size_t v = 12345;
@@ -194,8 +194,8 @@ static void test_size_parser(void **state)
             fail_msg("\"%s\": rc %d, expected EINVAL and no write", syntax[i], rc);
     }
     static const char *const range[] = {
-        "18446744073709551616", "99999999999999999999999", "16777216T", "17179869184G",
-        "17592186044416M",      "18014398509481984K",
+        "18446744073709551616", "99999999999999999999999", "16777216T",
+        "17179869184G",         "17592186044416M",         "18014398509481984K",
     };
     for (size_t i = 0; i < sizeof(range) / sizeof(range[0]); i++) {
         size_t v = 12345;
@@ -214,8 +214,8 @@ static void test_bool_parser(void **state)
     (void)state;
     static const char *const yes[] = {"1", "true", "TRUE", "True", "yes", "YES", "on", "On"};
     static const char *const no[] = {"0", "false", "FALSE", "no", "No", "off", "OFF"};
-    static const char *const bad[] = {"",  "2",   "tru", "yes ", " no", "enable", "y",
-                                      "n", "01",  "-1",  "onn",  "of",  "truex"};
+    static const char *const bad[] = {"",  "2",  "tru", "yes ", " no", "enable", "y",
+                                      "n", "01", "-1",  "onn",  "of",  "truex"};
     bool b;
     for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
         b = false;
@@ -341,8 +341,8 @@ static void test_enum_words(void **state)
         if (strcmp(cases[i].var, "VMMHOOK_HANDLE_TYPE") == 0)
             o.handle = cases[i].mode == VMH_HANDLE_FABRIC ? VMH_HANDLE_NONE : VMH_HANDLE_FABRIC;
         assert_int_equal(vmh_options_parse(&o, fake_get, &e, NULL), 0);
-        int got = strcmp(cases[i].var, "VMMHOOK_HANDLE_TYPE") == 0 ? (int)o.handle
-                                                                   : (int)o.gran_mode;
+        int got =
+            strcmp(cases[i].var, "VMMHOOK_HANDLE_TYPE") == 0 ? (int)o.handle : (int)o.gran_mode;
         if (got != cases[i].mode)
             fail_msg("%s=%s gave %d", cases[i].var, cases[i].value, got);
     }
@@ -486,7 +486,8 @@ static void test_long_path(void **state)
     assert_string_equal(o.trace, path);
 }
 
-/* ---- strict and verbose ------------------------------------------------------------------------ */
+/* ---- strict and verbose ------------------------------------------------------------------------
+ */
 
 static void test_strict_stops(void **state)
 {
@@ -550,8 +551,8 @@ static void test_verbose_lists_all(void **state)
         if (line == NULL)
             fail_msg("verbose output lacks %s:\n%s", vmh_options_name(i), logbuf);
         char *end = strchr(line, '\n');
-        bool changed = strstr(want, "VERBOSE") || strstr(want, "PACK_BELOW") ||
-                       strstr(want, "PEERS");
+        bool changed =
+            strstr(want, "VERBOSE") || strstr(want, "PACK_BELOW") || strstr(want, "PEERS");
         bool marked = strstr(line, "(default)") != NULL && strstr(line, "(default)") < end;
         if (changed == marked)
             fail_msg("line %.*s: (default) marker wrong", (int)(end - line), line);
@@ -576,15 +577,21 @@ static void test_not_verbose_silent(void **state)
 static void test_unknown_variables(void **state)
 {
     (void)state;
-    char *envp[] = {"PATH=/bin", "VMMHOOK_GRANULARTY=64M", "VMMHOOK_STATS=1", "VMMHOOK_=x",
-                    "VMMHOOKX=1", "VMMHOOK_TRACE", NULL};
+    char *envp[] = {"PATH=/bin",
+                    "VMMHOOK_GRANULARTY=64M",
+                    "VMMHOOK_STATS=1",
+                    "VMMHOOK_=x",
+                    "VMMHOOKX=1",
+                    "VMMHOOK_TRACE",
+                    NULL};
     assert_int_equal(vmh_options_check_unknown(envp), 2);
     assert_int_equal(loglines, 2);
     assert_non_null(strstr(logbuf, "unknown variable \"VMMHOOK_GRANULARTY\" ignored"));
     assert_non_null(strstr(logbuf, "unknown variable \"VMMHOOK_\" ignored"));
 }
 
-/* ---- formatting round trip -------------------------------------------------------------------- */
+/* ---- formatting round trip --------------------------------------------------------------------
+ */
 
 static void test_format_round_trip(void **state)
 {
@@ -708,7 +715,8 @@ static void test_handle_type_refused(void **state)
                         "fabric; using none\n");
 }
 
-/* ---- docs/OPTIONS.md documents every row with its default ------------------------------------- */
+/* ---- docs/OPTIONS.md documents every row with its default -------------------------------------
+ */
 
 static void test_docs_table(void **state)
 {
@@ -740,7 +748,8 @@ static void test_docs_table(void **state)
     }
 }
 
-/* ---- log.c --------------------------------------------------------------------------------------- */
+/* ---- log.c
+ * --------------------------------------------------------------------------------------- */
 
 static void test_log_line(void **state)
 {

@@ -182,7 +182,8 @@ static void test_threads(void **state)
     assert_int_equal(vmh_gauge_peak(VMH_STAT_bytes_cached), 1000 * NTHREADS);
 }
 
-/* ---- trace ------------------------------------------------------------------------------------ */
+/* ---- trace ------------------------------------------------------------------------------------
+ */
 
 /* One trace line as RMM's logging adaptor writes it:
  * Thread,HH:MM:SS.uuuuuu,Action,0xPointer,Size,Stream. */
@@ -215,8 +216,7 @@ static bool check_line(const char *line, long *tid, char *action, unsigned long 
         return false;
     for (int i = 0; i < 15; i++) {
         bool want_digit = !(i == 2 || i == 5 || i == 8);
-        if (want_digit ? !isdigit((unsigned char)t[i])
-                       : t[i] != (i == 8 ? '.' : ':'))
+        if (want_digit ? !isdigit((unsigned char)t[i]) : t[i] != (i == 8 ? '.' : ':'))
             return false;
     }
     if (atoi(t + 3) > 59 || atoi(t + 6) > 59)
@@ -317,7 +317,8 @@ static void *tracer(void *arg)
 {
     uintptr_t id = (uintptr_t)arg;
     for (int i = 0; i < TLINES; i++)
-        vmh_trace(i % 2 ? "free" : "allocate", (CUdeviceptr)(0x7f0000000000ULL + id * 0x100000000ULL + (uint64_t)i * 512),
+        vmh_trace(i % 2 ? "free" : "allocate",
+                  (CUdeviceptr)(0x7f0000000000ULL + id * 0x100000000ULL + (uint64_t)i * 512),
                   (size_t)i * 1000 + id, NULL);
     return NULL;
 }
@@ -415,7 +416,8 @@ static void test_trace_off(void **state)
     assert_int_equal(loglines, 0);
 }
 
-/* ---- JSON ------------------------------------------------------------------------------------- */
+/* ---- JSON -------------------------------------------------------------------------------------
+ */
 
 /* A strict little JSON validator (RFC 8259 structure; enough to prove the report parses). */
 typedef struct jp {
@@ -562,7 +564,8 @@ static void test_json_report(void **state)
     assert_non_null(strstr(text, "\"passthrough_calls\": 4,"));
     assert_non_null(strstr(text, "\"grows_in_place\": 7,"));
     assert_non_null(strstr(text, "\"oom_retries\": 0\n"));
-    assert_non_null(strstr(text, "\"bytes_mapped\": {\"current\": 2147483648, \"peak\": 3221225472}"));
+    assert_non_null(
+        strstr(text, "\"bytes_mapped\": {\"current\": 2147483648, \"peak\": 3221225472}"));
     assert_non_null(strstr(text, "\"leaks\": {\"count\": 1, \"bytes\": 4096}"));
     assert_non_null(strstr(text, "\"version\": \""));
 
@@ -603,7 +606,8 @@ static void test_json_unwritable(void **state)
     assert_non_null(strstr(logbuf, "cannot create it"));
 }
 
-/* ---- the table at exit ------------------------------------------------------------------------ */
+/* ---- the table at exit ------------------------------------------------------------------------
+ */
 
 static void test_stats_table(void **state)
 {
@@ -617,10 +621,16 @@ static void test_stats_table(void **state)
     assert_int_equal(loglines, 1 + VMH_COUNTER_COUNT + VMH_GAUGE_COUNT);
     assert_non_null(strstr(logbuf, "vmmhook: statistics (pid "));
     static const char *const labels[] = {
-        "allocations served",       "calls passed to the driver", "driver calls made by the library",
-        "context synchronizations", "grows that kept the pointer", "grows that moved the buffer",
-        "bytes requested by live buffers", "bytes of device memory mapped",
-        "bytes of address space reserved", "bytes held idle for reuse",
+        "allocations served",
+        "calls passed to the driver",
+        "driver calls made by the library",
+        "context synchronizations",
+        "grows that kept the pointer",
+        "grows that moved the buffer",
+        "bytes requested by live buffers",
+        "bytes of device memory mapped",
+        "bytes of address space reserved",
+        "bytes held idle for reuse",
     };
     for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++)
         if (!strstr(logbuf, labels[i]))
@@ -632,11 +642,10 @@ static void test_stats_table(void **state)
     assert_non_null(strstr(l, "now      1.5 GiB  peak      1.5 GiB (1610612736 bytes)"));
 }
 
-/* ---- leak report ------------------------------------------------------------------------------ */
+/* ---- leak report ------------------------------------------------------------------------------
+ */
 
-static void leaky_call_site(void)
-{
-}
+static void leaky_call_site(void) {}
 
 static void test_leak_report(void **state)
 {

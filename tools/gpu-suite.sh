@@ -1,0 +1,704 @@
+#!/usr/bin/env bash
+# tools/gpu-suite.sh: the whole GPU suite in one command, for the GPU machine (run from anywhere;
+# it works in the repository root). Needs nvcc, gcc, python3; meson+ninja preferred (without
+# them, or when meson cannot configure, the library is built with gcc directly). No cmocka.
+#
+#   OUT=/some/dir tools/gpu-suite.sh          # results in $OUT/summary.md and $OUT/logs.tar.gz
+#
+# Steps, each under a time budget (whole script < 9 minutes; every program under `timeout`):
+#   1. build libvmmhook.so (meson setup + ninja in build-gpu; -Dwerror=false, fuzz and meson's
+#      own GPU targets off; a stand-in cmocka.pc if only cmocka is missing) and the tools'
+#      targets (tools/bench, tools/demo, ... when present);
+#   2. build every tests/gpu/*.cu and tests/gpu/*.c program with nvcc twice, static cudart
+#      (nvcc's default) and -cudart shared, for sm_90 (+ compute_75 PTX), falling back to nvcc's
+#      default arch if that fails;
+#   3. probe the GPU: without one, say so, write the summary and exit 77 at once;
+#   4. run each program WITHOUT the hook and WITH it (LD_PRELOAD, GPUTEST_EXPECT_HOOK=1,
+#      VMMHOOK_STATS=1, VMMHOOK_LEAKS=1, VMMHOOK_STATS_JSON), and the static build once more
+#      with VMMHOOK_DISABLE=1; compare the "R " lines (codes, sizes: no pointers) of the native
+#      and the hooked run, check the exit codes and the hook's stats JSON (no leaks, nothing
+#      requested at exit, nothing mapped or reserved after the program's own vmm_trim(), the
+#      hook served something; passthrough: served exactly what the program says it should);
+#   5. tests/gpu/torch_train.py (nocache, cache, expandable; pluggable under the hook only),
+#      native vs hooked losses, bit for bit;
+#   6. the demos (tools/demo binaries), replay (tools/replay), the benchmark
+#      (tools/bench/run-bench.sh), compute-sanitizer memcheck on a small churn: each when
+#      present and while time is left;
+#   7. $OUT/summary.md (header: commit, date, GPU, driver; one line per check) and
+#      $OUT/logs.tar.gz (every log); the summary is printed at the end.
+#
+# Exit: 0 every check passed; 1 a check failed (or was skipped for want of time); 2 the library
+# or nvcc could not build; 77 no GPU (after building what it can).
+# Knobs: GPU_SUITE_BUDGET_S (default 500), GPU_SUITE_BUILD (build-gpu), GPU_SUITE_SKIP (space-
+# separated: torch demos replay bench sanitizer disabled shared), GPU_SUITE_CHURN_ARGS
+# ("8 2000"), GPU_SUITE_SERIAL=1 (one program run at a time), GIT_COMMIT (recorded in the
+# header when the copy has no .git), CUDA_HOME.
+set -u
+
+T0=$(date +%s)
+BUDGET=${GPU_SUITE_BUDGET_S:-500}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 2
+OUT=${OUT:-$root/gpu-suite-out}
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+B=${GPU_SUITE_BUILD:-build-gpu}
+W=$root/$B/suite
+rm -rf "$W"
+mkdir -p "$W/bin" "$W/logs" || exit 2
+LOG=$W/logs
+ROWS=$W/rows.md
+NOTES=$W/notes.md
+: >"$ROWS"
+: >"$NOTES"
+SKIPS=" ${GPU_SUITE_SKIP:-} "
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC=$CUDA_HOME/bin/nvcc
+[ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
+# shellcheck disable=SC2054 # commas belong to the -gencode values
+ARCH=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75)
+npass=0 nfail=0 nskip=0
+exit_override=""
+
+say() { echo "gpu-suite: $*"; }
+elapsed() { echo $(($(date +%s) - T0)); }
+left() { echo $((BUDGET - $(elapsed))); }
+skipped() { [[ "$SKIPS" == *" $1 "* ]]; }
+# A timeout for the next step: min(cap, time left - reserve); 0 when not enough is left.
+tmo() {
+    local cap=$1 reserve=${2:-30} l
+    l=$(($(left) - reserve))
+    [ "$l" -lt 10 ] && { echo 0; return; }
+    [ "$l" -lt "$cap" ] && echo "$l" || echo "$cap"
+}
+
+# row CHECK BUILD NATIVE HOOKED RESULT NOTE
+row() {
+    local note=${6//|/\\|}
+    echo "| $1 | $2 | $3 | $4 | **$5** | $note |" >>"$ROWS"
+    case $5 in
+    PASS) npass=$((npass + 1)) ;;
+    FAIL) nfail=$((nfail + 1)) ;;
+    *) nskip=$((nskip + 1)) ;;
+    esac
+    printf 'gpu-suite: %-4s %-34s %-7s native=%-9s hooked=%-9s %s\n' "$5" "$1" "$2" "$3" "$4" "${6:0:160}"
+}
+# note TITLE < text: appended to the summary's details section.
+note() {
+    {
+        echo
+        echo "### $1"
+        echo '```'
+        head -c 6000
+        echo '```'
+    } >>"$NOTES"
+}
+rcname() {
+    case $1 in
+    '') echo "none" ;;
+    124) echo "124(timeout)" ;;
+    137) echo "137(killed)" ;;
+    *) if [ "$1" -gt 128 ] 2>/dev/null; then echo "$1(sig$(($1 - 128)))"; else echo "$1"; fi ;;
+    esac
+}
+rc_of() { cat "$LOG/$1.rc" 2>/dev/null || echo ""; }
+
+# ---------------------------------------------------------------- stats JSON helper
+cat >"$W/stats.py" <<'PY'
+# stats.py FILE MODE [EXPECT_SERVED]: checks the hook's VMMHOOK_STATS_JSON report.
+# MODE: trimmed (the program freed everything and called vmm_trim: nothing requested, mapped,
+# reserved or leaked at exit; something served), served (something served, no leak), light
+# (report only). Prints "OK|problems|stats line" or "FAIL|problems|stats line".
+import json, sys
+path, mode = sys.argv[1], sys.argv[2]
+expect = sys.argv[3] if len(sys.argv) > 3 else ""
+try:
+    j = json.load(open(path))
+except FileNotFoundError:
+    print("FAIL|no stats JSON written (VMMHOOK_STATS_JSON): did the process end before its exit "
+          "handlers ran?|no stats JSON" if mode != "light" else "OK||no stats JSON")
+    sys.exit(0)
+except Exception as e:
+    print(f"FAIL|stats JSON unreadable: {e}|")
+    sys.exit(0)
+c = j.get("counters") or {}
+g = j.get("gauges") or {}
+def cur(k):
+    v = g.get(k)
+    return v.get("current") if isinstance(v, dict) else v
+def peak(k):
+    v = g.get(k)
+    return v.get("peak") if isinstance(v, dict) else None
+leaks = j.get("leaks")
+lc = leaks.get("count") if isinstance(leaks, dict) else None
+MiB = 1 << 20
+pm = peak("bytes_mapped")
+line = (f"served {c.get('served_allocs')}/{c.get('served_frees')} frees, "
+        f"pass {c.get('passthrough_calls')}, syncs {c.get('syncs')}, hits {c.get('cache_hits')}, "
+        f"in-place {c.get('grows_in_place')}, moves {c.get('moves')}, trims {c.get('trims')}, "
+        f"oom-retries {c.get('oom_retries')}, peak mapped {pm // MiB if isinstance(pm, int) else pm} MiB; "
+        f"exit: req {cur('bytes_requested')} map {cur('bytes_mapped')} res {cur('bytes_reserved')} "
+        f"cache {cur('bytes_cached')} leaks {lc}")
+p = []
+if mode in ("trimmed", "served"):
+    if not c.get("served_allocs"):
+        p.append("the hook served no allocation")
+    if lc is None:
+        p.append("no leak report in the JSON (VMMHOOK_LEAKS=1 was set)")
+    elif lc:
+        p.append(f"{lc} buffers leaked")
+if mode == "trimmed":
+    for k in ("bytes_requested", "bytes_mapped", "bytes_reserved"):
+        v = cur(k)
+        if v is None:
+            p.append(f"{k} missing")
+        elif v != 0:
+            p.append(f"{k}={v} at exit (after the program's vmm_trim)")
+if expect != "":
+    if c.get("served_allocs") != int(expect):
+        p.append(f"served_allocs={c.get('served_allocs')}, the program made {expect} cudaMalloc calls "
+                 f"(pass-through memory counted as served?)")
+print(("FAIL|" if p else "OK|") + "; ".join(p) + "|" + line)
+PY
+
+# ---------------------------------------------------------------- header
+commit=${GIT_COMMIT:-}
+if [ -z "$commit" ] && git -C "$root" rev-parse HEAD >/dev/null 2>&1; then
+    commit=$(git -C "$root" rev-parse HEAD)
+    [ -n "$(git -C "$root" status --porcelain -- src include tests tools 2>/dev/null)" ] &&
+        commit="$commit (+ uncommitted changes)"
+fi
+[ -z "$commit" ] && commit="unknown (no .git in this copy; pass GIT_COMMIT=...)"
+digest=$(cat include/*.h src/*.c src/*.h src/*.map tests/gpu/* 2>/dev/null | sha256sum | cut -c1-16)
+if command -v nvidia-smi >/dev/null 2>&1; then
+    gpuinfo=$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4)
+    [ -n "$gpuinfo" ] || gpuinfo="nvidia-smi answered nothing"
+else
+    gpuinfo="nvidia-smi not found"
+fi
+nvccver=$([ -n "$NVCC" ] && "$NVCC" --version 2>/dev/null | tail -1 || echo "nvcc not found")
+{
+    echo "- commit: $commit"
+    echo "- source digest (include, src, tests/gpu): $digest"
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "- GPU (nvidia-smi: name, driver, memory): ${gpuinfo//$'\n'/; }"
+    echo "- host: $(uname -srm), $(nproc) CPUs, $(ldd --version 2>&1 | head -1 | sed 's/.* //') glibc"
+    echo "- nvcc: $nvccver; python3: $(python3 --version 2>&1)"
+} >"$W/header.md"
+cat "$W/header.md"
+
+# ---------------------------------------------------------------- summary writer
+finish() {
+    local code=$1 verdict=$2
+    {
+        echo "# libvmmhook GPU suite"
+        echo
+        cat "$W/header.md"
+        echo "- result: **$verdict**: $npass passed, $nfail failed, $nskip skipped; $(elapsed) s"
+        echo "- library: ${LIBDESC:-not built}"
+        echo
+        echo "Compared part: the \"R \" lines of each program (codes, sizes, offsets, counts; no pointers),"
+        echo "native vs hooked; torch: the loss lines. Hook stats from VMMHOOK_STATS_JSON of the hooked run."
+        echo
+        echo "| check | build | native | hooked | result | hook stats / notes |"
+        echo "| --- | --- | --- | --- | --- | --- |"
+        cat "$ROWS"
+        if [ -s "$NOTES" ]; then
+            echo
+            echo "## Details"
+            cat "$NOTES"
+        fi
+        if [ -s "$W/bench/summary.md" ]; then
+            echo
+            echo "## Benchmark (tools/bench/run-bench.sh)"
+            echo
+            cat "$W/bench/summary.md"
+        fi
+    } >"$OUT/summary.md"
+    if [ -d "$W/bench" ]; then
+        mkdir -p "$LOG/bench"
+        cp "$W/bench"/*.txt "$W/bench"/*.md "$LOG/bench/" 2>/dev/null
+    fi
+    cp "$OUT/summary.md" "$LOG/summary.md"
+    tar czf "$OUT/logs.tar.gz" -C "$W" logs 2>/dev/null
+    local sz
+    sz=$(stat -c %s "$OUT/logs.tar.gz" 2>/dev/null || echo 0)
+    if [ "$sz" -gt $((15 * 1024 * 1024)) ]; then
+        # Keep under the 16 MiB a returned file may have: the biggest logs cut to their ends.
+        find "$LOG" -type f -size +1M -exec sh -c 'tail -c 200000 "$1" >"$1.tail" && mv "$1.tail" "$1"' _ {} \;
+        tar czf "$OUT/logs.tar.gz" -C "$W" logs 2>/dev/null
+    fi
+    echo
+    echo "================================================================ summary.md"
+    cat "$OUT/summary.md"
+    echo "================================================================"
+    say "wrote $OUT/summary.md and $OUT/logs.tar.gz; exit $code"
+    exit "$code"
+}
+
+# ---------------------------------------------------------------- 1. library
+if [ -z "$NVCC" ]; then
+    row "nvcc" "-" "-" "-" FAIL "nvcc not found (CUDA_HOME=$CUDA_HOME)"
+    finish 2 "NO NVCC"
+fi
+LIB=$root/$B/src/libvmmhook.so
+build_lib() {
+    local mlog=$LOG/build-lib.log
+    : >"$mlog"
+    [ -f .gpu-deps/env.sh ] && . .gpu-deps/env.sh
+    local meson=(meson)
+    command -v meson >/dev/null 2>&1 || meson=(python3 -m mesonbuild.mesonmain)
+    local opts=(-Dwerror=false -Dfuzz=disabled -Dgpu_tests=disabled -Dbuildtype=debugoptimized)
+    if command -v ninja >/dev/null 2>&1 && "${meson[@]}" --version >/dev/null 2>&1; then
+        local setup=(setup)
+        [ -f "$B/build.ninja" ] && setup=(setup --reconfigure)
+        if ! "${meson[@]}" "${setup[@]}" "$B" "${opts[@]}" >>"$mlog" 2>&1; then
+            if grep -qi cmocka "$mlog"; then
+                # Only cmocka is missing (the unit suites need it, this run does not): a stand-in
+                # pkg-config file lets the project configure; the unit tests are not built.
+                mkdir -p "$W/pc"
+                printf 'Name: cmocka\nDescription: stand-in (GPU suite: unit tests not built)\nVersion: 1.1.7\nLibs:\nCflags:\n' >"$W/pc/cmocka.pc"
+                echo "gpu-suite: meson needs cmocka: retrying with a stand-in cmocka.pc" >>"$mlog"
+                rm -rf "$B/meson-private" "$B/build.ninja" 2>/dev/null
+                PKG_CONFIG_PATH="$W/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
+                    "${meson[@]}" setup --wipe "$B" "${opts[@]}" >>"$mlog" 2>&1 ||
+                    PKG_CONFIG_PATH="$W/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
+                        "${meson[@]}" setup "$B" "${opts[@]}" >>"$mlog" 2>&1
+                LIBDESC_NOTE=" (stand-in cmocka.pc: tests/unit/meson.build needs dependency('cmocka', required: false))"
+            fi
+        fi
+        if [ -f "$B/build.ninja" ] && ninja -C "$B" src/libvmmhook.so >>"$mlog" 2>&1; then
+            echo "$B/src/libvmmhook.so (meson + ninja)${LIBDESC_NOTE:-}" >"$W/libdesc"
+            # The tools' targets (bench, demos, replay): built when their meson.build defines them.
+            local tt
+            tt=$("${meson[@]}" introspect "$B" --targets 2>/dev/null | python3 -c '
+import json, os, sys
+root = sys.argv[1]
+for t in json.load(sys.stdin):
+    d = os.path.relpath(t.get("defined_in", ""), root)
+    if d.startswith("tools" + os.sep):
+        for f in t.get("filename", []):
+            print(os.path.relpath(f, os.path.join(root, sys.argv[2])))
+' "$root" "$B" 2>/dev/null)
+            if [ -n "$tt" ]; then
+                # shellcheck disable=SC2086
+                ninja -C "$B" -k 0 $tt >"$LOG/build-tools.log" 2>&1 ||
+                    echo "gpu-suite: some tool targets failed to build (see build-tools.log)" >>"$mlog"
+            fi
+            return 0
+        fi
+        echo "gpu-suite: meson/ninja build failed; building with gcc directly" >>"$mlog"
+    else
+        echo "gpu-suite: meson or ninja missing; building with gcc directly" >>"$mlog"
+    fi
+    mkdir -p "$B/src"
+    if gcc -shared -fPIC -O2 -g -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden -Iinclude -Isrc \
+        -I"$CUDA_HOME/include" src/*.c -Wl,--version-script=src/vmmhook.map -Wl,-z,nodelete \
+        -o "$LIB" -lpthread -ldl >>"$mlog" 2>&1; then
+        echo "$B/src/libvmmhook.so (gcc directly: meson failed, see build-lib.log)" >"$W/libdesc"
+        return 0
+    fi
+    return 1
+}
+
+# ---------------------------------------------------------------- 2. programs
+PROGS=()
+for f in tests/gpu/*.cu tests/gpu/*.c; do
+    [ -f "$f" ] && PROGS+=("$f")
+done
+build_prog() { # source variant
+    local src=$1 v=$2 name out log
+    name=$(basename "${src%.*}")
+    out=$W/bin/$name.$v
+    log=$LOG/build-$name.$v.log
+    local cudart=()
+    [ "$v" = shared ] && cudart=(-cudart shared)
+    local flags=(-O2 -lineinfo -Xcompiler -Wall -Iinclude -Itests/gpu)
+    local libs=(-Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -ldl -lpthread)
+    case $src in
+    *.c) libs+=(-L"$CUDA_HOME/lib64/stubs" -lcuda) ;;
+    *) flags+=(-std=c++17) ;;
+    esac
+    if "$NVCC" "${flags[@]}" "${ARCH[@]}" "${cudart[@]}" "$src" -o "$out" "${libs[@]}" >"$log" 2>&1; then
+        return 0
+    fi
+    echo "gpu-suite: retrying without -gencode (nvcc's default arch)" >>"$log"
+    "$NVCC" "${flags[@]}" "${cudart[@]}" "$src" -o "$out" "${libs[@]}" >>"$log" 2>&1 &&
+        echo "built with nvcc's default arch (fallback)" >"$out.fallback"
+}
+
+say "building the library and ${#PROGS[@]} programs x {static, shared} cudart ($(elapsed) s)"
+(build_lib && echo 0 >"$W/lib.rc" || echo 1 >"$W/lib.rc") &
+for src in "${PROGS[@]}"; do
+    for v in static shared; do
+        skipped shared && [ "$v" = shared ] && continue
+        build_prog "$src" "$v" &
+    done
+done
+wait
+LIBDESC=$(cat "$W/libdesc" 2>/dev/null)
+lib_ok=1
+if [ "$(cat "$W/lib.rc" 2>/dev/null)" != 0 ] || [ ! -f "$LIB" ]; then
+    lib_ok=0
+    row "build libvmmhook.so" "-" "-" "-" FAIL "see build-lib.log"
+    tail -40 "$LOG/build-lib.log" | note "build libvmmhook.so (end of build-lib.log)"
+else
+    row "build libvmmhook.so" "-" "-" "-" PASS "$LIBDESC"
+fi
+nbuilt=0 nwant=0 bad_builds=""
+for src in "${PROGS[@]}"; do
+    name=$(basename "${src%.*}")
+    for v in static shared; do
+        skipped shared && [ "$v" = shared ] && continue
+        nwant=$((nwant + 1))
+        if [ -x "$W/bin/$name.$v" ]; then
+            nbuilt=$((nbuilt + 1))
+        else
+            bad_builds="$bad_builds $name.$v"
+            tail -30 "$LOG/build-$name.$v.log" | note "build $name.$v (end of its log)"
+        fi
+    done
+done
+fallbacks=$(cd "$W/bin" && ls ./*.fallback 2>/dev/null | sed 's|^\./||; s|\.fallback$||' | tr '\n' ' ')
+if [ -z "$bad_builds" ]; then
+    row "build GPU programs (nvcc)" "both" "-" "-" PASS "$nbuilt of $nwant${fallbacks:+; default-arch fallback: $fallbacks}"
+else
+    row "build GPU programs (nvcc)" "both" "-" "-" FAIL "$nbuilt of $nwant; failed:$bad_builds"
+fi
+say "build done ($(elapsed) s)"
+
+# ---------------------------------------------------------------- 3. probe
+probe=$W/bin/gpu_probe.static
+if [ -x "$probe" ]; then
+    timeout -k 5 60 "$probe" >"$LOG/probe.out" 2>&1
+    prc=$?
+else
+    echo "gpu_probe was not built" >"$LOG/probe.out"
+    prc=2
+fi
+cat "$LOG/probe.out"
+if [ "$prc" -eq 77 ] || { [ "$prc" -ne 0 ] && ! timeout 20 nvidia-smi -L >/dev/null 2>&1; }; then
+    why=$(grep -m1 '^SKIP:' "$LOG/probe.out" || echo "probe exit $(rcname $prc)")
+    say "NO GPU: $why"
+    say "skipping every run: this suite needs a CUDA device (exit 77)"
+    row "gpu probe" "static" "$(rcname $prc)" "-" SKIP "NO GPU: ${why#SKIP: }"
+    finish 77 "NO GPU (skipped)"
+fi
+if [ "$prc" -ne 0 ]; then
+    row "gpu probe" "static" "$(rcname $prc)" "-" FAIL "the probe failed on a machine with a GPU"
+    note "gpu probe output" <"$LOG/probe.out"
+else
+    row "gpu probe" "static" "0" "-" PASS "$(grep -m1 '^I device 0' "$LOG/probe.out" | cut -c3-)"
+fi
+[ "$lib_ok" = 1 ] || exit_override=2
+
+# ---------------------------------------------------------------- 4. programs, native vs hooked
+# launch ID MODE TIMEOUT CMD...: runs in the background; ID.out/.err/.rc/.json under logs.
+launch() {
+    local id=$1 mode=$2 t=$3
+    shift 3
+    local envs=(PYTHONUNBUFFERED=1)
+    case $mode in
+    hooked) envs+=(LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" GPUTEST_EXPECT_HOOK=1 VMMHOOK_STATS=1
+        VMMHOOK_LEAKS=1 VMMHOOK_STATS_JSON="$LOG/$id.json" VMMHOOK_LIB="$LIB") ;;
+    disabled) envs+=(LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" VMMHOOK_DISABLE=1) ;;
+    esac
+    (
+        s=$(date +%s.%N)
+        timeout -k 5 "$t" env "${envs[@]}" "$@" >"$LOG/$id.out" 2>"$LOG/$id.err"
+        echo $? >"$LOG/$id.rc"
+        echo "$s $(date +%s.%N)" | awk '{printf "%.1f\n", $2 - $1}' >"$LOG/$id.secs"
+    ) &
+    [ "${GPU_SUITE_SERIAL:-0}" = 1 ] && wait
+}
+# Diff of the R lines of two runs into logs/A--B.diff; prints the number of differing lines.
+rdiff() {
+    grep '^R ' "$LOG/$1.out" >"$LOG/$1.R" 2>/dev/null
+    grep '^R ' "$LOG/$2.out" >"$LOG/$2.R" 2>/dev/null
+    diff -u "$LOG/$1.R" "$LOG/$2.R" >"$LOG/$1--$2.diff"
+    grep -c '^[-+][^-+]' "$LOG/$1--$2.diff"
+}
+first_fail() { # the first FAIL lines of a run, one line
+    { grep -m3 '^FAIL' "$LOG/$1.out"; grep -m2 -iE 'error|abort|segmentation' "$LOG/$1.err"; } 2>/dev/null |
+        head -3 | tr '\n' ' ' | cut -c1-300
+}
+stats_of() { # ID MODE [EXPECT] -> "OK|..|line"
+    python3 "$W/stats.py" "$LOG/$1.json" "$2" "${3:-}" 2>/dev/null || echo "OK||stats: python3 failed"
+}
+# judge NAME BUILD NID HID NATIVE_WANT JSON_MODE [RDIFF: 1|0]
+judge() {
+    local name=$1 b=$2 nid=$3 hid=$4 want=$5 jm=$6 cmp=${7:-1}
+    local nrc hrc res=PASS notes=() st expect=""
+    nrc=$(rc_of "$nid")
+    hrc=$(rc_of "$hid")
+    if [ "$nrc" = 77 ] && [ "$hrc" = 77 ] && [ "$want" = 0 ]; then
+        row "$name" "$b" 77 77 SKIP "both runs skipped: $(grep -m1 '^SKIP:' "$LOG/$hid.out" | cut -c7-)"
+        return
+    fi
+    if [ "$nrc" != "$want" ]; then
+        res=FAIL
+        notes+=("native exit $(rcname "$nrc") (want $want): $(first_fail "$nid")")
+    fi
+    if [ "$hrc" != 0 ]; then
+        res=FAIL
+        notes+=("hooked exit $(rcname "$hrc"): $(first_fail "$hid")")
+    fi
+    # Compare whenever both ran to the end (a failed hooked run's differences help too).
+    if [ "$cmp" = 1 ] && [ "$nrc" = 0 ] && { [ "$hrc" = 0 ] || [ "$hrc" = 1 ]; }; then
+        local nd
+        nd=$(rdiff "$nid" "$hid")
+        if [ "$nd" != 0 ]; then
+            res=FAIL
+            notes+=("R lines differ ($nd lines): $(grep -m2 '^[-+][^-+]' "$LOG/$nid--$hid.diff" | tr '\n' ' ' | cut -c1-240)")
+            note "$name $b: native vs hooked R lines (diff -u)" <"$LOG/$nid--$hid.diff"
+        else
+            notes+=("R lines identical ($(wc -l <"$LOG/$nid.R"))")
+        fi
+    fi
+    if [ "$jm" != none ]; then
+        expect=$(sed -n 's/^I expect_served_allocs=\([0-9]*\).*/\1/p' "$LOG/$hid.out" | head -1)
+        st=$(stats_of "$hid" "$jm" "$expect")
+        if [ "${st%%|*}" = FAIL ] && [ "$hrc" = 0 ]; then
+            res=FAIL
+            local p=${st#*|}
+            notes+=("stats: ${p%%|*}")
+        fi
+        notes+=("[${st##*|}]")
+    fi
+    if [ "$res" = FAIL ]; then
+        {
+            echo "--- native ($nid, exit $(rcname "$nrc")): FAIL/SKIP lines, last stdout line, end of stderr"
+            grep -E '^(FAIL|SKIP)' "$LOG/$nid.out" | head -20
+            tail -1 "$LOG/$nid.out"
+            tail -5 "$LOG/$nid.err"
+            echo "--- hooked ($hid, exit $(rcname "$hrc")): FAIL/SKIP lines, last 3 stdout lines, end of stderr"
+            grep -E '^(FAIL|SKIP)' "$LOG/$hid.out" | head -20
+            tail -3 "$LOG/$hid.out"
+            tail -15 "$LOG/$hid.err"
+        } |
+            note "$name $b: failure details"
+    fi
+    local IFS=' '
+    row "$name" "$b" "$(rcname "$nrc")" "$(rcname "$hrc")" "$res" "${notes[*]}"
+}
+
+CHURN_ARGS=${GPU_SUITE_CHURN_ARGS:-8 2000}
+args_of() {
+    case $1 in
+    churn_mt) echo "$CHURN_ARGS" ;;
+    *) echo "" ;;
+    esac
+}
+cap_of() {
+    case $1 in
+    churn_mt) echo 150 ;;
+    *) echo 120 ;;
+    esac
+}
+json_mode_of() {
+    case $1 in
+    alloc_sizes | churn_mt | driver_direct | passthrough | realloc_gpu) echo trimmed ;;
+    *) echo served ;;
+    esac
+}
+
+if [ "$lib_ok" = 1 ]; then
+    for src in "${PROGS[@]}"; do
+        name=$(basename "${src%.*}")
+        [ "$name" = gpu_probe ] && continue
+        cap=$(cap_of "$name")
+        t=$(tmo "$cap" 60)
+        if [ "$t" = 0 ]; then
+            row "$name" "both" "-" "-" SKIP "no time left in the budget (${BUDGET}s)"
+            continue
+        fi
+        read -r -a a <<<"$(args_of "$name")"
+        say "$name: native and hooked, static and shared cudart, timeout ${t}s ($(elapsed) s)"
+        for v in static shared; do
+            [ -x "$W/bin/$name.$v" ] || continue
+            launch "$name.$v.native" native "$t" "$W/bin/$name.$v" "${a[@]}"
+            launch "$name.$v.hooked" hooked "$t" "$W/bin/$name.$v" "${a[@]}"
+        done
+        if ! skipped disabled && [ "$name" != realloc_gpu ] && [ -x "$W/bin/$name.static" ]; then
+            launch "$name.static.disabled" disabled "$t" "$W/bin/$name.static" "${a[@]}"
+        fi
+        wait
+        want=0
+        [ "$name" = realloc_gpu ] && want=77
+        for v in static shared; do
+            if [ ! -x "$W/bin/$name.$v" ]; then
+                skipped shared && [ "$v" = shared ] && continue
+                row "$name" "$v" "-" "-" FAIL "not built"
+                continue
+            fi
+            judge "$name" "$v" "$name.$v.native" "$name.$v.hooked" "$want" "$(json_mode_of "$name")" \
+                "$([ "$want" = 0 ] && echo 1 || echo 0)"
+        done
+        if [ -f "$LOG/$name.static.disabled.rc" ]; then
+            judge "$name [VMMHOOK_DISABLE=1]" static "$name.static.native" "$name.static.disabled" 0 none 1
+        fi
+    done
+else
+    row "GPU programs" "both" "-" "-" SKIP "the library did not build"
+fi
+
+# ---------------------------------------------------------------- 5. PyTorch
+if ! skipped torch && [ "$lib_ok" = 1 ]; then
+    t=$(tmo 180 60)
+    if [ "$t" = 0 ]; then
+        row "torch_train" "-" "-" "-" SKIP "no time left in the budget"
+    else
+        say "torch_train: nocache, cache, expandable (native and hooked), pluggable (hooked), timeout ${t}s ($(elapsed) s)"
+        py=tests/gpu/torch_train.py
+        for v in nocache cache expandable; do
+            launch "torch.$v.native" native "$t" python3 "$py" "$v"
+            launch "torch.$v.hooked" hooked "$t" python3 "$py" "$v"
+        done
+        launch "torch.pluggable.hooked" hooked "$t" python3 "$py" pluggable
+        wait
+        for v in nocache cache expandable; do
+            jm=served
+            [ "$v" = expandable ] && jm=light
+            judge "torch_train $v" python "torch.$v.native" "torch.$v.hooked" 0 "$jm" 1
+        done
+        # pluggable: only under the hook; its losses against the native caching run.
+        prc=$(rc_of torch.pluggable.hooked)
+        res=PASS
+        pn=""
+        if [ "$prc" != 0 ]; then
+            res=FAIL
+            [ "$prc" = 77 ] && [ "$(rc_of torch.cache.native)" = 77 ] && res=SKIP
+            pn="hooked exit $(rcname "$prc"): $(first_fail torch.pluggable.hooked)"
+        elif [ "$(rc_of torch.cache.native)" = 0 ]; then
+            nd=$(rdiff torch.cache.native torch.pluggable.hooked)
+            if [ "$nd" != 0 ]; then
+                res=FAIL
+                pn="losses differ from the native caching run ($nd lines)"
+                note "torch_train pluggable vs native cache (diff -u)" <"$LOG/torch.cache.native--torch.pluggable.hooked.diff"
+            else
+                pn="losses identical to the native caching run"
+            fi
+        fi
+        st=$(stats_of torch.pluggable.hooked served)
+        row "torch_train pluggable" python "(cache) $(rcname "$(rc_of torch.cache.native)")" "$(rcname "$prc")" "$res" "$pn [${st##*|}]"
+    fi
+fi
+
+# ---------------------------------------------------------------- 6. demos, replay, bench, sanitizer
+if ! skipped demos && [ "$lib_ok" = 1 ]; then
+    for exe in "$B"/tools/demo/*; do
+        [ -f "$exe" ] && [ -x "$exe" ] || continue
+        case $exe in *.so | *.p | *.a | *.o) continue ;; esac
+        dn=$(basename "$exe")
+        t=$(tmo 120 60)
+        if [ "$t" = 0 ]; then
+            row "demo $dn" "static" "-" "-" SKIP "no time left in the budget"
+            continue
+        fi
+        say "demo $dn: native and hooked, timeout ${t}s ($(elapsed) s)"
+        launch "demo.$dn.native" native "$t" "$exe"
+        wait
+        launch "demo.$dn.hooked" hooked "$t" "$exe"
+        wait
+        nrc=$(rc_of "demo.$dn.native")
+        hrc=$(rc_of "demo.$dn.hooked")
+        res=PASS
+        dnote="native $(tail -1 "$LOG/demo.$dn.native.out" | cut -c1-100) / hooked $(tail -1 "$LOG/demo.$dn.hooked.out" | cut -c1-120)"
+        [ "$hrc" = 0 ] || res=FAIL
+        # Natively a demo runs (0) or says it needs the hook (77); hello must run.
+        case $nrc in 0) ;; 77) [ "$dn" = hello ] && res=FAIL ;; *) res=FAIL ;; esac
+        st=$(stats_of "demo.$dn.hooked" light)
+        row "demo $dn" "static" "$(rcname "$nrc")" "$(rcname "$hrc")" "$res" "$dnote [${st##*|}]"
+        [ "$res" = FAIL ] && { tail -20 "$LOG/demo.$dn.hooked.out"; tail -20 "$LOG/demo.$dn.hooked.err"; } | note "demo $dn (hooked, end)"
+    done
+    [ -d "$B/tools/demo" ] || row "demos" "-" "-" "-" SKIP "no tools/demo binaries built"
+fi
+
+if ! skipped replay && [ "$lib_ok" = 1 ]; then
+    rep=""
+    [ -x "$B/tools/replay/replay" ] && rep=$B/tools/replay/replay
+    if [ -z "$rep" ] && [ -f tools/replay/replay.cu ]; then
+        "$NVCC" -O2 -std=c++17 "${ARCH[@]}" -Iinclude tools/replay/replay.cu -o "$W/bin/replay" -ldl -lpthread \
+            >"$LOG/build-replay.log" 2>&1 && rep=$W/bin/replay
+    fi
+    trace=$(ls tools/replay/*.csv 2>/dev/null | head -1)
+    if [ -n "$rep" ] && [ -n "$trace" ]; then
+        t=$(tmo 90 60)
+        if [ "$t" = 0 ]; then
+            row "replay" "static" "-" "-" SKIP "no time left in the budget"
+        else
+            say "replay $trace: native and hooked ($(elapsed) s)"
+            launch replay.native native "$t" "$rep" --repeat 1 "$trace"
+            wait
+            launch replay.hooked hooked "$t" "$rep" --repeat 1 "$trace"
+            wait
+            nrc=$(rc_of replay.native)
+            hrc=$(rc_of replay.hooked)
+            res=PASS
+            [ "$nrc" = 0 ] && [ "$hrc" = 0 ] || res=FAIL
+            st=$(stats_of replay.hooked light)
+            row "replay $(basename "$trace")" "static" "$(rcname "$nrc")" "$(rcname "$hrc")" "$res" "$(grep -m1 '^RESULT' "$LOG/replay.hooked.out" | cut -c1-80) [${st##*|}]"
+        fi
+    elif [ -f tools/replay/replay.cu ]; then
+        row "replay" "-" "-" "-" SKIP "replay not built (see build-replay.log) or no trace"
+    fi
+fi
+
+if ! skipped bench && [ "$lib_ok" = 1 ] && [ -f tools/bench/run-bench.sh ]; then
+    t=$(tmo 240 60)
+    if [ "$t" -lt 60 ]; then
+        row "bench (run-bench.sh)" "static" "-" "-" SKIP "not enough time left in the budget ($(left) s)"
+    else
+        say "bench: tools/bench/run-bench.sh, timeout ${t}s ($(elapsed) s)"
+        benv=(BENCH_TIMEOUT_S=$(((t - 20) / 2)))
+        [ -x "$B/tools/bench/bench" ] && benv+=(BENCH_BIN="$root/$B/tools/bench/bench")
+        timeout -k 5 "$t" env "${benv[@]}" bash tools/bench/run-bench.sh "$LIB" "$W/bench" >"$LOG/bench.out" 2>&1
+        brc=$?
+        res=PASS
+        case $brc in 0) ;; 77) res=SKIP ;; *) res=FAIL ;; esac
+        misses=$(grep -c 'MISS' "$W/bench/summary.md" 2>/dev/null)
+        row "bench (run-bench.sh)" "static" "(both runs)" "$(rcname $brc)" "$res" \
+            "tables below; ${misses:-0} MISS marks in its summary"
+        [ "$res" = FAIL ] && tail -30 "$LOG/bench.out" | note "bench (end of its output)"
+    fi
+fi
+
+if ! skipped sanitizer && [ "$lib_ok" = 1 ] && command -v compute-sanitizer >/dev/null 2>&1 &&
+    [ -x "$W/bin/churn_mt.static" ]; then
+    t=$(tmo 120 25)
+    if [ "$t" -lt 40 ]; then
+        row "compute-sanitizer memcheck" "static" "-" "-" SKIP "not enough time left in the budget"
+    else
+        say "compute-sanitizer memcheck on a small churn and alloc_sizes --quick, timeout ${t}s ($(elapsed) s)"
+        cs=(compute-sanitizer --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20)
+        launch san.churn.native native "$t" "${cs[@]}" "$W/bin/churn_mt.static" 2 200 512 4
+        launch san.churn.hooked native "$t" "${cs[@]}" env LD_PRELOAD="$LIB" GPUTEST_EXPECT_HOOK=1 "$W/bin/churn_mt.static" 2 200 512 4
+        launch san.alloc.native native "$t" "${cs[@]}" "$W/bin/alloc_sizes.static" --quick
+        launch san.alloc.hooked native "$t" "${cs[@]}" env LD_PRELOAD="$LIB" GPUTEST_EXPECT_HOOK=1 "$W/bin/alloc_sizes.static" --quick
+        wait
+        for k in churn alloc; do
+            nrc=$(rc_of "san.$k.native")
+            hrc=$(rc_of "san.$k.hooked")
+            res=PASS
+            [ "$hrc" = 0 ] || res=FAIL
+            [ "$hrc" = 124 ] && [ "$nrc" = 124 ] && res=SKIP
+            es=$(grep -h 'ERROR SUMMARY' "$LOG/san.$k.hooked.out" "$LOG/san.$k.hooked.err" 2>/dev/null | head -1)
+            ns=$(grep -h 'ERROR SUMMARY' "$LOG/san.$k.native.out" "$LOG/san.$k.native.err" 2>/dev/null | head -1)
+            row "compute-sanitizer memcheck $k" "static" "$(rcname "$nrc")" "$(rcname "$hrc")" "$res" "native: ${ns:-no summary}; hooked: ${es:-no summary}"
+            [ "$res" = FAIL ] && grep -h -m30 -E '=========' "$LOG/san.$k.hooked.out" "$LOG/san.$k.hooked.err" | note "compute-sanitizer $k (hooked)"
+        done
+    fi
+fi
+
+# ---------------------------------------------------------------- 7. verdict
+code=0
+verdict="ALL PASS"
+if [ "$nfail" -gt 0 ]; then
+    code=1
+    verdict="FAIL"
+elif [ "$nskip" -gt 0 ]; then
+    code=1
+    verdict="INCOMPLETE (skips)"
+fi
+[ -n "$exit_override" ] && code=$exit_override
+finish "$code" "$verdict"
