@@ -21,13 +21,15 @@ static vmh_getproc_fn drv_getproc;
 typedef void *(*dlsym_fn)(void *, const char *);
 static _Atomic(dlsym_fn) real_dlsym_ptr;
 
-/* dlsym itself is interposed by the library, so the C library's own is fetched by version.
- * glibc >= 2.34 has dlsym@GLIBC_2.34 in libc; older ones have GLIBC_2.2.5 (x86-64) in libdl. */
+/* dlsym itself is interposed by the library, so the C library's own is fetched by version:
+ * GLIBC_2.2.5 on x86-64 and GLIBC_2.17 on aarch64 exist in every glibc (2.34 moved them into
+ * libc and added GLIBC_2.34 beside them). */
 void *vmh_real_dlsym(void *handle, const char *symbol)
 {
     dlsym_fn f = atomic_load_explicit(&real_dlsym_ptr, memory_order_acquire);
     if (!f) {
-        static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17",
+        /* The architecture's base version first: a miss goes through dlerror's malloc. */
+        static const char *const versions[] = {"GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.34",
                                                "GLIBC_2.0"};
         for (size_t i = 0; !f && i < sizeof versions / sizeof versions[0]; i++)
             f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);

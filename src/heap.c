@@ -80,6 +80,7 @@ typedef struct old_range {
 
 struct vdev {
     int ordinal;
+    bool unsupported; /* no VMM on this device: everything passes through */
     CUcontext ctx; /* the context synchronized for parked frees */
     CUmemAllocationProp prop;
     CUmemAccessDesc access[VMH_MAX_ACCESS];
@@ -151,6 +152,18 @@ static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
 {
     d->ordinal = ordinal;
     d->ctx = ctx;
+    pthread_mutex_init(&d->lock, NULL);
+    d->arena = vmh_arena_new();
+    if (!d->arena)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int vmm = 0;
+    vmh_drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                 ordinal);
+    if (!vmm) {
+        vmh_debug("device %d has no virtual memory management: passing it through", ordinal);
+        d->unsupported = true;
+        return CUDA_SUCCESS;
+    }
     memset(&d->prop, 0, sizeof d->prop);
     d->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     d->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -221,10 +234,6 @@ static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
         }
     }
 
-    pthread_mutex_init(&d->lock, NULL);
-    d->arena = vmh_arena_new();
-    if (!d->arena)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     vmh_debug("device %d: chunk granularity %zu (minimum %zu), handle type %d, %d access "
               "descriptor(s)", ordinal, d->gran, min_gran, (int)d->prop.requestedHandleTypes,
               d->naccess);
@@ -249,12 +258,16 @@ static CUresult dev_by_ordinal(int ordinal, CUcontext ctx, vdev_t **out)
         if (rc == CUDA_SUCCESS) {
             atomic_store_explicit(&devs[ordinal], d, memory_order_release);
         } else {
+            if (d && d->arena)
+                vmh_arena_delete(d->arena, NULL, NULL);
             free(d);
             d = NULL;
         }
     }
     pthread_mutex_unlock(&devs_lock);
     *out = d;
+    if (rc == CUDA_SUCCESS && d->unsupported)
+        return CUDA_ERROR_NOT_SUPPORTED;
     return rc;
 }
 
@@ -768,6 +781,11 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     if (vmh_opt.free_sync && !async)
         dev_sync(d);
     return CUDA_SUCCESS;
+}
+
+bool vmh_heap_holds(CUdeviceptr p)
+{
+    return vmh_registry_get(p) != NULL;
 }
 
 bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)

@@ -21,7 +21,8 @@ bool vmh_heap_ready(void);
 /* Serves size bytes (size > 0) on the current context's device, 256-byte aligned.
  * CUDA_ERROR_OUT_OF_MEMORY when the device (after trimming the cache) or the memory limit has
  * no room; CUDA_ERROR_INVALID_CONTEXT without a current context; CUDA_ERROR_NOT_SUPPORTED after shutdown
- * (the caller passes the request to the driver). */
+ * or on a device without virtual memory management (the caller passes the request to the
+ * driver). */
 CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out);
 
 /* Pitched allocation with cudaMallocPitch's rules (pitch a multiple of the texture pitch
@@ -45,6 +46,10 @@ typedef struct vmh_buffer_info {
     bool packed;    /* lives in a shared chunk */
 } vmh_buffer_info_t;
 bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info);
+
+/* True when p lies in address space the library holds, live or idle (a freed buffer kept for
+ * reuse is still mapped: the driver would answer for it, a native allocator would not). */
+bool vmh_heap_holds(CUdeviceptr p);
 
 /* Realloc semantics of include/vmmhook.h on a served buffer (or NULL). stream NULL: the legacy
  * default stream. */

@@ -12,9 +12,9 @@
  * Rules this file keeps (prior-art.md 1, HAMi-core's traps):
  *   - dlsym never initialises anything (HAMi-core#52: initialising inside a cuGetExportTable
  *     lookup hung CUDA 12.8) and never recurses: the real dlsym comes from dlvsym, resolved once
- *     into an atomic; no lock, no malloc, no stdio on that path. Options and the driver table are
- *     loaded at the first interposed *call*, never at a lookup, so a process that never calls
- *     CUDA sees nothing (no output, no driver load, no option parsing).
+ *     into an atomic; no lock of ours, no malloc, no stdio on that path. Options and the driver
+ *     table are loaded at the first interposed *call*, never at a lookup, so a process that never
+ *     calls CUDA sees nothing (no output, no driver load, no option parsing).
  *   - Every lookup first asks the real driver, so symbolStatus, version and per-thread-stream
  *     semantics stay the driver's; a result is replaced only when the driver resolved exactly
  *     the ABI our wrapper implements (HAMi-core#57: a newer ABI handed to an older caller).
@@ -35,7 +35,6 @@
 
 #include <dlfcn.h>
 #include <limits.h>
-#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -122,12 +121,14 @@ static __thread unsigned ip_depth __attribute__((tls_model("initial-exec")));
  * both for every program (a malloc interposer preloaded after us would find itself through
  * RTLD_NEXT and recurse). So dlsym is a trampoline that asks vmh_ip_dlsym_route() where to go
  * and then *jumps* there with the caller's arguments and return address untouched: to the real
- * dlsym, or, for a "cu" symbol on an explicit handle, to ip_dlsym_handle(), for which the
- * caller does not matter (an explicit handle searches that object and its dependencies).
+ * dlsym, or, for a driver-style name ("cu" and a capital) on an explicit handle, to
+ * ip_dlsym_handle(), for which the caller does not matter (an explicit handle searches that
+ * object and its dependencies).
  *
- * RTLD_DEFAULT and RTLD_NEXT lookups of our symbols need no help: the real dlsym already finds
- * our exported definitions first (we are preloaded), and a library loaded after us that asks
- * for RTLD_NEXT gets the next definition after itself, as an interposer chain expects.
+ * RTLD_DEFAULT and RTLD_NEXT lookups of our symbols are left to the real dlsym: it already
+ * finds our exported definitions first (we are preloaded). Replacing an RTLD_NEXT answer would
+ * be wrong: an interposer loaded after us that asks for the next cuMemAlloc_v2 must get the
+ * driver's, or its call would come back to us, and ours would go to it again (recursion).
  */
 typedef void *(*ip_dlsym_fn)(void *handle, const char *symbol);
 
@@ -174,19 +175,19 @@ static bool ip_is_wrapper(const void *p)
     return false;
 }
 
-/* Whether a dlopen handle is the driver. A glibc handle is the object's struct link_map (so is
- * musl's, by layout), whose l_name is the path it was loaded from: "libcuda.so", "libcuda.so.1"
- * or "libcuda.so.<driver version>" in the last component. Reading it takes no lock and loads
- * nothing; a dlopen(RTLD_NOLOAD) here would take the loader lock and may leave a dlerror. A
- * bad handle would crash the real dlsym just the same. */
-static bool ip_is_libcuda(void *handle)
+/* Whether a function is the driver's: the object that defines it was loaded as "libcuda.so",
+ * "libcuda.so.1" or "libcuda.so.<driver version>" (last path component). Asked of the answer,
+ * not of the handle, so that a lookup through the handle of a library that depends on the
+ * driver (dlsym(libtorch_cuda, "cuMemFree_v2") finds libcuda's) is hooked too: a served
+ * pointer must never reach the driver's own cuMemFree. dladdr takes the loader lock, as the
+ * real dlsym itself does; it runs only for the few names we interpose. */
+static bool ip_from_libcuda(const void *fn)
 {
-    const struct link_map *lm = handle;
-    const char *name = lm->l_name;
-    if (name == NULL)
+    Dl_info di;
+    if (!dladdr(fn, &di) || di.dli_fname == NULL)
         return false;
-    const char *base = strrchr(name, '/');
-    base = base ? base + 1 : name;
+    const char *base = strrchr(di.dli_fname, '/');
+    base = base ? base + 1 : di.dli_fname;
     return strncmp(base, "libcuda.so", 10) == 0 && (base[10] == '\0' || base[10] == '.');
 }
 
@@ -196,7 +197,8 @@ static void ip_remember(enum ip_variant v, void *real)
         atomic_store_explicit(&ip_real[v], real, memory_order_release);
 }
 
-/* dlsym(handle, "cu...") with an explicit handle. */
+/* dlsym(handle, "cu[A-Z]...") with an explicit handle: the real answer, or our wrapper when
+ * the name is one of our exact ABIs and the real answer is the driver's. */
 static void *ip_dlsym_handle(void *handle, const char *symbol)
 {
     void *real = ip_real_dlsym()(handle, symbol);
@@ -205,7 +207,7 @@ static void *ip_dlsym_handle(void *handle, const char *symbol)
     for (int v = 0; v < IP_VARIANT_COUNT; v++) {
         if (strcmp(symbol + 2, ip_names[v] + 2) != 0)
             continue;
-        if (!ip_is_libcuda(handle) || ip_is_wrapper(real))
+        if (ip_is_wrapper(real) || !ip_from_libcuda(real))
             return real;
         ip_remember((enum ip_variant)v, real);
         return ip_wrappers[v];
@@ -213,15 +215,16 @@ static void *ip_dlsym_handle(void *handle, const char *symbol)
     return real;
 }
 
-/* Where dlsym goes. Cheap: two byte compares and two pointer compares for every lookup that
- * is not ours. Hidden, called from the trampoline only. */
+/* Where dlsym goes. Cheap: three byte compares and two pointer compares for every lookup that
+ * is not ours ("cu" then a capital: the driver's naming, not curl_*). Hidden, called from the
+ * trampoline only. */
 __attribute__((visibility("hidden"), used)) ip_dlsym_fn vmh_ip_dlsym_route(void *handle,
                                                                           const char *symbol);
 __attribute__((visibility("hidden"), used)) ip_dlsym_fn vmh_ip_dlsym_route(void *handle,
                                                                           const char *symbol)
 {
-    if (symbol != NULL && symbol[0] == 'c' && symbol[1] == 'u' && handle != RTLD_DEFAULT &&
-        handle != RTLD_NEXT)
+    if (symbol != NULL && symbol[0] == 'c' && symbol[1] == 'u' && symbol[2] >= 'A' &&
+        symbol[2] <= 'Z' && handle != RTLD_DEFAULT && handle != RTLD_NEXT)
         return ip_dlsym_handle;
     return ip_real_dlsym();
 }
@@ -233,7 +236,7 @@ __attribute__((visibility("hidden"), used)) ip_dlsym_fn vmh_ip_dlsym_route(void 
 #define IP_ENDBR ""
 #endif
 /* Entry: %rsp = 8 mod 16. Two pushes and 8 bytes keep the call aligned. */
-__asm__(".text\n"
+__asm__(".pushsection .text\n"
         ".globl dlsym\n"
         ".type dlsym, @function\n"
         ".p2align 4\n"
@@ -253,7 +256,8 @@ __asm__(".text\n"
         ".cfi_adjust_cfa_offset -8\n"
         "jmp *%rax\n"
         ".cfi_endproc\n"
-        ".size dlsym, .-dlsym\n");
+        ".size dlsym, .-dlsym\n"
+        ".popsection\n");
 #elif defined(__aarch64__)
 #if defined(__ARM_FEATURE_BTI_DEFAULT) && __ARM_FEATURE_BTI_DEFAULT
 #define IP_BTI "hint 34\n" /* bti c */
@@ -261,7 +265,7 @@ __asm__(".text\n"
 #define IP_BTI ""
 #endif
 /* x16 is the intra-procedure-call register, allowed for the tail branch (also under BTI). */
-__asm__(".text\n"
+__asm__(".pushsection .text\n"
         ".globl dlsym\n"
         ".type dlsym, %function\n"
         ".p2align 2\n"
@@ -281,7 +285,8 @@ __asm__(".text\n"
         ".cfi_def_cfa_offset 0\n"
         "br x16\n"
         ".cfi_endproc\n"
-        ".size dlsym, .-dlsym\n");
+        ".size dlsym, .-dlsym\n"
+        ".popsection\n");
 #else
 /* Elsewhere the compiler's sibling call (-O1 and up) gives the jump; the interpose suite's
  * RTLD_NEXT / RTLD_DEFAULT tests catch a build where it does not. */
@@ -303,8 +308,9 @@ static void *ip_resolve_real(enum ip_variant v)
     void *p = vmh_real_dlsym(RTLD_NEXT, ip_names[v]);
     if (p == NULL || ip_is_wrapper(p)) {
         p = NULL;
-        /* NOLOAD takes a reference that is never dropped: the handle stays valid, and this
-         * runs at most once per variant. */
+        /* libcuda loaded RTLD_LOCAL by someone else. NOLOAD loads nothing; the reference it
+         * takes is never dropped, which keeps the function we store valid. Once found, a
+         * variant never comes here again. */
         void *h = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_LAZY);
         if (h != NULL)
             p = vmh_real_dlsym(h, ip_names[v]);
@@ -654,6 +660,10 @@ static CUresult ip_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CU
             *psize = bi.size;
         return CUDA_SUCCESS;
     }
+    /* Freed memory kept mapped for reuse: the driver would still answer; natively the address
+     * is unknown. */
+    if (ip_serving() && vmh_heap_holds(dptr))
+        return CUDA_ERROR_NOT_FOUND;
     IP_PASS(MEM_GET_ADDRESS_RANGE, PFN_cuMemGetAddressRange_v3020, pbase, psize, dptr);
 }
 
@@ -683,6 +693,8 @@ static CUresult ip_cuPointerGetAttribute(void *data, CUpointer_attribute attribu
         ip_write_range_attribute(attribute, data, &bi);
         return CUDA_SUCCESS;
     }
+    if (ip_serving() && vmh_heap_holds(ptr) && !ip_find(ptr, &bi))
+        return CUDA_ERROR_INVALID_VALUE; /* freed: unknown to a native allocator */
     IP_PASS(POINTER_GET_ATTRIBUTE, PFN_cuPointerGetAttribute_v4000, data, attribute, ptr);
 }
 
@@ -697,6 +709,9 @@ static CUresult ip_cuPointerGetAttributes(unsigned int numAttributes,
         return CUDA_ERROR_NOT_INITIALIZED;
     /* The driver answers everything first (its codes, its validation of the list); then the
      * range entries are corrected for a served buffer. */
+    vmh_buffer_info_t dead;
+    if (ip_serving() && vmh_heap_holds(ptr) && !ip_find(ptr, &dead))
+        ptr = 0; /* freed memory kept for reuse: answer as for an address nobody allocated */
     CUresult r = real(numAttributes, attributes, data, ptr);
     if (r != CUDA_SUCCESS || attributes == NULL || data == NULL)
         return r;

@@ -8,8 +8,12 @@
  * ends and on both sides of every 2 MiB boundary (full read-back up to 64 MiB), H2D/D2D/D2H of a
  * pattern, range answers at base/middle/last byte = (pointer, requested size); bad inputs with
  * their native codes (compared); freed addresses answer "not mapped".
- * Same output conventions as gpu_common.h (R/I lines, exit 0/1/77). Plain C. */
+ * Same output conventions as gpu_common.h (R/I lines, exit 0/1/77). Plain C.
+ * Usage: driver_direct [--quick]   (--quick leaves out the 513 MiB and 3 GiB buffers)
+ * It also runs on the simulated driver (tests/sim/fakecuda): meson's gpu-sim suite. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <cuda.h>
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -216,9 +220,13 @@ static void bad_inputs(void)
     free(host);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* --quick leaves out the 513 MiB and 3 GiB buffers (for the simulated driver, whose memory
+     * is host memory). */
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    const int nsizes = quick ? NSIZES - 2 : NSIZES;
     CUresult r = cuInit(0);
     if (r != CUDA_SUCCESS)
         skip("cuInit", r);
@@ -240,6 +248,7 @@ int main(void)
     int drv = 0;
     cuDriverGetVersion(&drv);
     INFO("device 0: %s, driver %d", name, drv);
+    R("driver_direct sizes=%d quick=%d", nsizes, quick);
     *(void **)&g_owns = dlsym(RTLD_DEFAULT, "vmm_owns");
     *(void **)&g_trim = dlsym(RTLD_DEFAULT, "vmm_trim");
     const char *dis = getenv("VMMHOOK_DISABLE");
@@ -259,7 +268,7 @@ int main(void)
     INFO("cuMemGetInfo: free %zu MiB of %zu MiB", free0 / MiB, total / MiB);
 
     CUdeviceptr p[NSIZES];
-    for (int i = 0; i < NSIZES; i++) {
+    for (int i = 0; i < nsizes; i++) {
         p[i] = 0;
         r = cuMemAlloc_v2(&p[i], kSizes[i]);
         R("cuMemAlloc size=%zu code=%d aligned256=%d", kSizes[i], (int)r, (int)((p[i] & 255) == 0));
@@ -276,7 +285,7 @@ int main(void)
     CKD(cuMemGetInfo_v2(&free1, &total));
     INFO("cuMemGetInfo with all live: free %zu MiB (%lld MiB less)", free1 / MiB,
          ((long long)free0 - (long long)free1) / (long long)MiB);
-    for (int i = 0; i < NSIZES; i++) {
+    for (int i = 0; i < nsizes; i++) {
         if (!p[i])
             continue;
         size_t bad = check_memset(p[i], kSizes[i], (unsigned char)(i + 1));
@@ -287,7 +296,7 @@ int main(void)
         range_checks(label, p[i], kSizes[i]);
     }
     /* H2D, D2D, D2H of a byte pattern, up to 64 MiB (16 MiB windows at the end above that). */
-    for (int i = 0; i < NSIZES; i++) {
+    for (int i = 0; i < nsizes; i++) {
         if (!p[i])
             continue;
         size_t s = kSizes[i], L = s < 16 * MiB ? s : 16 * MiB;
@@ -310,7 +319,7 @@ int main(void)
         free(h1);
         free(h2);
     }
-    for (int i = 0; i < NSIZES; i++) {
+    for (int i = 0; i < nsizes; i++) {
         if (!p[i])
             continue;
         r = cuMemFree_v2(p[i]);
@@ -324,11 +333,15 @@ int main(void)
     size_t pitch = 0;
     r = cuMemAllocPitch_v2(&pp, &pitch, 1000, 77, 16);
     R("cuMemAllocPitch w=1000 h=77 code=%d pitch=%zu", (int)r, pitch);
-    CHECK(r == CUDA_SUCCESS && pitch == 1024, "cuMemAllocPitch -> %d pitch %zu", (int)r, pitch);
+    /* The pitch itself is compared with native (cudaMallocPitch's 1024 is a measured fact,
+     * cuMemAllocPitch with element size 16 is not). */
+    CHECK(r == CUDA_SUCCESS && pitch >= 1000, "cuMemAllocPitch -> %d pitch %zu", (int)r, pitch);
     if (r == CUDA_SUCCESS) {
         CHECK_OWNS(pp, 1, "cuMemAllocPitch buffer");
         range_checks("pitch", pp, pitch * 77);
-        CKD(cuMemsetD2D8_v2(pp, pitch, 0x44, 1000, 77));
+        CKD(cuMemsetD8_v2(pp, 0x44, pitch * 77));
+        size_t bad = check_memset(pp, pitch * 77, 0x44);
+        CHECK(bad == 0, "memset of the pitched buffer: %zu bad", bad);
         CKD(cuMemFree_v2(pp));
         note_freed(pp, pitch * 77);
     }

@@ -280,6 +280,15 @@ static void queued_work(void)
         vmm_status st_ = c.async ? vra(&p, c.to, (void *)s) : vr(&p, c.to);
         double ms = now_ms() - t0;
         CHECK(st_ == VMM_OK, "%s -> %d (%s)", c.name, (int)st_, st(st_));
+        if (st_ != VMM_OK) { /* the old buffer must be intact; then on to the next case */
+            check_data(p, c.from, 400 + i, "buffer after a failed realloc", s);
+            CK(cudaStreamSynchronize(s));
+            vr(&p, 0);
+            note_freed(old);
+            CK(cudaFree(blocker));
+            note_freed(blocker);
+            continue;
+        }
         INFO("%s: %s, call took %.1f ms (kernel spins %llu ms)", c.name,
              p == old ? "in place" : "moved", ms, spin / 1000000);
         p == old ? g_in_place++ : g_moved++;

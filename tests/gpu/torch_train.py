@@ -147,10 +147,14 @@ def main():
     torch.cuda.synchronize()
     total = sum(p.detach().double().sum().item() for p in model.parameters())
     print(f"R params {total!r}")
-    print(f"I max_memory_allocated {torch.cuda.max_memory_allocated()} bytes, "
-          f"max_memory_reserved {torch.cuda.max_memory_reserved()} bytes")
+    if variant != "pluggable":  # a pluggable allocator keeps no statistics
+        print(f"I max_memory_allocated {torch.cuda.max_memory_allocated()} bytes, "
+              f"max_memory_reserved {torch.cuda.max_memory_reserved()} bytes")
     del model, opt
-    torch.cuda.empty_cache()
+    try:
+        torch.cuda.empty_cache()
+    except RuntimeError as e:  # not every allocator implements it
+        print(f"I empty_cache: {e}")
     torch.cuda.synchronize()
     if hook:
         hook.vmm_trim.restype = ctypes.c_size_t

@@ -20,7 +20,7 @@
 
 #define THREADS 8
 #define LIVE 24
-#define OPS 1500
+#define OPS 4000
 
 #define SIM_FNS(X)                                                                                 \
     X(sim_live_native) X(sim_ledger_empty) X(sim_ledger_dump) X(sim_write) X(sim_read)            \

@@ -29,6 +29,10 @@
 #include "ip_common.h"
 #include "simdrv.h"
 
+#ifndef IPT_CUDAUSER_PATH
+#error "IPT_CUDAUSER_PATH: the path of libipt_cudauser.so (set by meson.build)"
+#endif
+
 #define MiB ((size_t)1 << 20)
 #define PTDS CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 #define LEGACY CU_GET_PROC_ADDRESS_LEGACY_STREAM
@@ -153,7 +157,7 @@ static const struct {
 
 static void check_lookups(void)
 {
-    static const int versions[] = {2000, 3010, 3020, 11010, 11030, 12000, 13000};
+    static const int versions[] = {2000, 3010, 3020, 11010, 11030, 12000, 13000, 13010, 14000};
     static const cuuint64_t flagsets[] = {0, PTDS, LEGACY, PTDS | LEGACY};
     for (size_t i = 0; i < sizeof lookups / sizeof lookups[0]; i++) {
         int bad = 0, hooked = 0;
@@ -185,7 +189,7 @@ static void check_lookups(void)
                 hooked += ip_in_hook(got);
             }
         }
-        CHECK(bad == 0, "cuGetProcAddress_v2(%s) x 7 versions x 4 flag sets: driver's code and "
+        CHECK(bad == 0, "cuGetProcAddress_v2(%s) x 9 versions x 4 flag sets: driver's code and "
                         "status, %s (%d answers hooked) %s",
               lookups[i].name, lookups[i].ours ? "our wrapper for its ABI" : "driver's function",
               hooked, why);
@@ -226,6 +230,16 @@ static void check_lookups(void)
           "dlsym(libcuda, cuInit / cuMemCreate) are the driver's");
     CHECK(ip_in_hook(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")),
           "dlsym(RTLD_DEFAULT, cuMemAlloc_v2) finds the exported symbol");
+
+    /* Through the handle of a library that depends on the driver (libtorch_cuda, cuDNN). */
+    void *user = dlopen(IPT_CUDAUSER_PATH, RTLD_NOW | RTLD_LOCAL);
+    CHECK(user != NULL, "dlopen(libipt_cudauser.so), a library linked against the driver");
+    if (user) {
+        CHECK(dlsym(user, "cuMemFree_v2") == need_dlsym(libcuda, "cuMemFree_v2") &&
+                  dlsym(user, "cuGetProcAddress_v2") == (void *)getproc,
+              "dlsym(its handle, cuMemFree_v2 / cuGetProcAddress_v2) -> the library's");
+        CHECK(ip_in_libcuda(dlsym(user, "cuInit")), "dlsym(its handle, cuInit) -> the driver's");
+    }
 }
 
 /* ---- allocations ------------------------------------------------------------------------ */

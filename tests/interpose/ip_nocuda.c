@@ -84,10 +84,11 @@ static int child(bool control)
     bad |= !ip_maps_has("libvmmhook") << 5;
     if (control) {
         /* One interposed call: the library initialises, parses the options and speaks. */
-        int (*mem_free)(unsigned long long) =
-            (int (*)(unsigned long long))dlsym(RTLD_DEFAULT, "cuMemFree_v2");
-        if (mem_free)
-            mem_free(0);
+        int (*mem_alloc)(unsigned long long *, size_t) =
+            (int (*)(unsigned long long *, size_t))dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+        unsigned long long p = 0;
+        if (mem_alloc)
+            mem_alloc(&p, 4096);
     }
     return bad;
 }
