@@ -79,13 +79,11 @@ def main():
 
     hook = hook_lib()
     expect = os.environ.get("GPUTEST_EXPECT_HOOK") == "1"
-    print(f"I torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"device {torch.cuda.get_device_name(0)}, variant {variant}, "
-          f"hook {'loaded' if hook else 'absent'}, expected {'yes' if expect else 'no'}")
     failures = []
     if expect and not hook:
         failures.append("GPUTEST_EXPECT_HOOK=1 but vmm_owns is not visible in the process")
-
+    # The pluggable allocator must be installed before anything initialises PyTorch's CUDA
+    # state (get_device_name does): an initialised allocator cannot be swapped.
     if variant == "pluggable":
         path = hook_path()
         if not hook or not path:
@@ -98,6 +96,9 @@ def main():
                                                              "vmm_torch_free")
             torch.cuda.memory.change_current_allocator(alloc)
             print(f"I pluggable allocator: {path}")
+    print(f"I torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"device {torch.cuda.get_device_name(0)}, variant {variant}, "
+          f"hook {'loaded' if hook else 'absent'}, expected {'yes' if expect else 'no'}")
 
     torch.manual_seed(1234)
     torch.use_deterministic_algorithms(True)
