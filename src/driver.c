@@ -40,8 +40,29 @@ void *vmh_real_dlsym(void *handle, const char *symbol)
     return f(handle, symbol);
 }
 
-/* Every entry is fetched for the ABI of the headers we compile with (CUDA_VERSION) and the
- * legacy default stream, whatever the program asked for: these are the library's own calls. */
+/* cuGetProcAddress answers the newest ABI at the version asked for. For most entries that is
+ * the one cuda.h declares (through its _v2 macros), but CUDA 13 added cuCtxGetDevice_v2 and
+ * cuCtxSynchronize_v2, which take a context, while cuda.h still declares the plain names with
+ * the old ABI and no macro: asking for them at 13000 returns a function of another signature
+ * (the H200 run crashed in cuCtxGetDevice_v2). These are asked for at the version of the ABI
+ * declared. */
+static int abi_version(const char *name)
+{
+    static const struct {
+        const char *name;
+        int version;
+    } older[] = {
+        {"cuCtxGetDevice", 2000},
+        {"cuCtxSynchronize", 2000},
+    };
+    for (size_t i = 0; i < sizeof older / sizeof older[0]; i++)
+        if (!strcmp(name, older[i].name))
+            return older[i].version;
+    return CUDA_VERSION;
+}
+
+/* Every entry is fetched for the ABI the headers declare and the legacy default stream,
+ * whatever the program asked for: these are the library's own calls. */
 static void drv_load(void)
 {
     drv_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NODELETE);
@@ -63,7 +84,7 @@ static void drv_load(void)
     do {                                                                                           \
         CUdriverProcAddressQueryResult st;                                                         \
         void *fn = NULL;                                                                           \
-        if (drv_getproc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st) !=             \
+        if (drv_getproc(#name, &fn, abi_version(#name), CU_GET_PROC_ADDRESS_DEFAULT, &st) !=       \
                 CUDA_SUCCESS ||                                                                    \
             !fn) {                                                                                 \
             vmh_log("driver entry point %s not found", #name);                                     \
