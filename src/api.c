@@ -114,11 +114,13 @@ VMM_API int vmm_last_driver_error(void)
 /* PyTorch's CUDAPluggableAllocator ABI. PyTorch makes `device` current before it calls. */
 VMM_API void *vmm_torch_alloc(size_t size, int device, void *stream)
 {
-    (void)device;
-    void *p = NULL;
-    if (size == 0)
+    (void)stream; /* an allocation needs no ordering: nothing can use it yet */
+    CUdeviceptr p = 0;
+    /* PyTorch calls from threads with no current context (autograd's device threads), so the
+     * device comes from the argument; segments do not grow, so no headroom is reserved. */
+    if (size == 0 || !vmh_heap_ready() || vmh_heap_alloc_on(device, size, &p) != CUDA_SUCCESS)
         return NULL;
-    return vmm_realloc_async(&p, size, stream) == VMM_OK ? p : NULL;
+    return (void *)(uintptr_t)p;
 }
 
 VMM_API void vmm_torch_free(void *ptr, size_t size, int device, void *stream)

@@ -39,7 +39,11 @@
 #define EXTENT_MAX ((size_t)64 << 20)
 #define PITCH_ALIGN 512 /* cudaMallocPitch(1000 x 77) gave pitch 1024 on the H200 */
 
-typedef enum owner_kind { OWN_BIG = 1, OWN_EXTENT } owner_kind_t;
+/* OWN_DEAD marks address space that is still mapped but no longer anybody's buffer (the old
+ * address of a moved buffer, the tail of a shrunk one) until work queued before the change has
+ * finished and it is unmapped: queries must not pass it to the driver, which would answer for
+ * it as if it were allocated. */
+typedef enum owner_kind { OWN_BIG = 1, OWN_EXTENT, OWN_DEAD } owner_kind_t;
 
 typedef struct vdev vdev_t;
 
@@ -75,8 +79,12 @@ typedef struct ext {
 typedef struct old_range {
     vmh_range_t *range;
     uint64_t gen;
+    CUdeviceptr dead;  /* the part marked OWN_DEAD in the registry until it goes */
+    size_t dead_len;
     struct old_range *next;
 } old_range_t;
+
+static owner_t dead_owner = {OWN_DEAD, NULL};
 
 struct vdev {
     int ordinal;
@@ -339,6 +347,7 @@ static CUresult dev_sync(vdev_t *d)
         old_range_t *o = *pp;
         if (o->gen <= g) {
             *pp = o->next;
+            vmh_registry_set(o->dead, o->dead_len, NULL);
             o->next = done;
             done = o;
         } else {
@@ -704,6 +713,39 @@ CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out)
     return rc;
 }
 
+CUresult vmh_heap_alloc_on(int device, size_t size, CUdeviceptr *out)
+{
+    if (atomic_load_explicit(&shut_down, memory_order_relaxed))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!out || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (device < 0 || device >= MAX_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    vdev_t *d = atomic_load_explicit(&devs[device], memory_order_acquire);
+    CUresult rc = CUDA_SUCCESS;
+    if (!d) {
+        /* The device's state needs a context to synchronize later: the current one when it
+         * is this device's, else the device's primary context. */
+        CUcontext ctx = NULL;
+        CUdevice cur = -1, dev;
+        if (vmh_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+            vmh_drv.cuCtxGetDevice(&cur) != CUDA_SUCCESS || cur != device) {
+            rc = vmh_drv.cuDeviceGet(&dev, device);
+            if (rc == CUDA_SUCCESS)
+                rc = vmh_drv.cuDevicePrimaryCtxRetain(&ctx, dev);
+        }
+        if (rc == CUDA_SUCCESS)
+            rc = dev_by_ordinal(device, ctx, &d);
+    } else if (d->unsupported) {
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (rc == CUDA_SUCCESS)
+        rc = alloc_on(d, size, false, out);
+    vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
+              rc == CUDA_SUCCESS ? *out : 0, size, NULL);
+    return rc;
+}
+
 CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, CUdeviceptr *out,
                               size_t *pitch)
 {
@@ -722,7 +764,7 @@ CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, CU
 static owner_t *owner_lock(CUdeviceptr p)
 {
     owner_t *o = vmh_registry_get(p);
-    if (!o)
+    if (!o || o->kind == OWN_DEAD)
         return NULL;
     vdev_t *d = o->dev;
     pthread_mutex_lock(&d->lock);
@@ -816,12 +858,15 @@ bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)
 /* ---- realloc -------------------------------------------------------------------------- */
 
 /* Leaves a range to be destroyed once work queued so far is done; locked. */
-static CUresult park_range_locked(vdev_t *d, vmh_range_t *r)
+static CUresult park_range_locked(vdev_t *d, vmh_range_t *r, CUdeviceptr dead, size_t dead_len)
 {
     old_range_t *o = malloc(sizeof *o);
     if (!o)
         return CUDA_ERROR_OUT_OF_MEMORY;
     o->range = r;
+    o->dead = dead;
+    o->dead_len = dead_len;
+    vmh_registry_set(dead, dead_len, &dead_owner);
     o->gen = atomic_load(&d->gen);
     o->next = d->old;
     d->old = o;
@@ -872,10 +917,9 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
         bool shrunk = false;
         CUresult rc = vmh_range_shrink(r, rounded, &nr);
         if (rc == CUDA_SUCCESS && nr->size < r->size) {
-            rc = park_range_locked(d, r);
+            rc = park_range_locked(d, r, r->base + nr->size, r->size - nr->size);
             if (rc == CUDA_SUCCESS) {
                 shrunk = true;
-                vmh_registry_set(r->base + nr->size, r->size - nr->size, NULL);
                 d->live_usable -= r->size - nr->size;
                 b->range = nr;
                 nr = NULL;
@@ -893,6 +937,16 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
     if (over_limit(d, rounded - r->size)) {
         pthread_mutex_unlock(&d->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (d->old) {
+        /* The tail of an earlier shrink may still be mapped in this buffer's headroom. */
+        pthread_mutex_unlock(&d->lock);
+        dev_sync(d);
+        pthread_mutex_lock(&d->lock);
+        if (b->state != BIG_LIVE || b->range != r) {
+            pthread_mutex_unlock(&d->lock);
+            return CUDA_ERROR_INVALID_VALUE; /* freed or resized by another thread meanwhile */
+        }
     }
     /* The driver calls run without the lock; RESIZING keeps frees and other resizes off. */
     b->state = BIG_RESIZING;
@@ -922,7 +976,8 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
         bool moved = kind == VMH_GROW_MOVED;
         CUdeviceptr from = moved ? nr->base : r->base + r->size;
         size_t len = moved ? nr->size : nr->size - r->size;
-        if (!vmh_registry_set(from, len, b) || (moved && park_range_locked(d, r) != 0)) {
+        if (!vmh_registry_set(from, len, b) ||
+            (moved && park_range_locked(d, r, r->base, r->size) != 0)) {
             if (moved)
                 vmh_registry_set(from, len, NULL);
             rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -935,8 +990,6 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
         return rc;
     }
     bool moved = kind == VMH_GROW_MOVED;
-    if (moved)
-        vmh_registry_set(r->base, r->size, NULL);
     d->live_usable += nr->size - r->size;
     vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)b->req);
     b->range = nr;

@@ -25,6 +25,10 @@ bool vmh_heap_ready(void);
  * driver). */
 CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out);
 
+/* The same on a given device, whatever the calling thread's context (PyTorch's allocator
+ * threads may have none): the device's primary context is used when needed. */
+CUresult vmh_heap_alloc_on(int device, size_t size, CUdeviceptr *out);
+
 /* Pitched allocation with cudaMallocPitch's rules (pitch a multiple of the texture pitch
  * alignment the device reports). Returns CUDA_ERROR_INVALID_VALUE for bad element sizes. */
 CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, CUdeviceptr *out,

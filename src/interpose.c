@@ -567,8 +567,9 @@ static CUresult ip_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         ip_depth++;
         CUresult r = vmh_heap_alloc(bytesize, &p);
         ip_depth--;
-        if (r == CUDA_SUCCESS)
-            *dptr = p;
+        /* A failed native allocation writes 0 to *dptr (measured on the H200). */
+        if (r != CUDA_ERROR_NOT_SUPPORTED)
+            *dptr = r == CUDA_SUCCESS ? p : 0;
         /* CUDA_ERROR_NOT_SUPPORTED: the heap does not serve (shut down at exit, or a device
          * without VMM support); the driver's own allocator does. Anything else (out of memory
          * after a trim, no context) is the code the native call gives. The heap traces. */
@@ -591,10 +592,10 @@ static CUresult ip_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
         ip_depth++;
         CUresult r = vmh_heap_alloc_pitch(WidthInBytes, Height, ElementSizeBytes, &p, &pitch);
         ip_depth--;
-        if (r == CUDA_SUCCESS) {
-            *dptr = p;
+        if (r == CUDA_SUCCESS)
             *pPitch = pitch;
-        }
+        if (r != CUDA_ERROR_NOT_SUPPORTED)
+            *dptr = r == CUDA_SUCCESS ? p : 0; /* as cuMemAlloc: 0 on failure */
         if (r != CUDA_ERROR_NOT_SUPPORTED)
             return r;
     }

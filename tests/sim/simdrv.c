@@ -1268,6 +1268,50 @@ CUresult SIM_IMPL(cuCtxSynchronize)(void)
     return CUDA_SUCCESS;
 }
 
+/* CUDA 13's forms with a context argument (cuGetProcAddress answers them for the plain names
+ * from 13000 on). ctx NULL means the current context; anything else must be a context exactly:
+ * a caller that fetched these at 13000 but calls the plain ABI passes a stray register as ctx,
+ * which is rejected here instead of silently working. */
+static CUresult ctx_arg(CUcontext ctx, const char *what, int *dev)
+{
+    if (!ctx) {
+        *dev = cur_dev();
+        if (*dev < 0)
+            return reject(CUDA_ERROR_INVALID_CONTEXT, "%s(NULL): no current context", what);
+        return CUDA_SUCCESS;
+    }
+    if (!ctx_valid(ctx))
+        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s: %p is not a context", what, (void *)ctx);
+    *dev = ctx->device;
+    return CUDA_SUCCESS;
+}
+
+CUresult SIM_IMPL(cuCtxGetDevice_v2)(CUdevice *device, CUcontext ctx)
+{
+    SIM_ENTER(cuCtxGetDevice_v2);
+    NEED_INIT();
+    int dev;
+    CUresult rc = ctx_arg(ctx, "cuCtxGetDevice_v2", &dev);
+    if (rc)
+        return rc;
+    if (!device)
+        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuCtxGetDevice_v2: NULL");
+    *device = dev;
+    return CUDA_SUCCESS;
+}
+
+CUresult SIM_IMPL(cuCtxSynchronize_v2)(CUcontext ctx)
+{
+    SIM_ENTER(cuCtxSynchronize_v2);
+    NEED_INIT();
+    int dev;
+    CUresult rc = ctx_arg(ctx, "cuCtxSynchronize_v2", &dev);
+    if (rc)
+        return rc;
+    flush_ops();
+    return CUDA_SUCCESS;
+}
+
 CUresult SIM_IMPL(cuDevicePrimaryCtxRetain)(CUcontext *pctx, CUdevice dev)
 {
     SIM_ENTER(cuDevicePrimaryCtxRetain);
@@ -2377,6 +2421,39 @@ static int min_version(const char *name)
     return 2000;
 }
 
+/* Entry points whose newest ABI is not the one cuda.h declares under the plain name: cuda.h
+ * declares cuCtxGetDevice(CUdevice *) and cuCtxSynchronize(void) with no versioning macro, and
+ * also cuCtxGetDevice_v2(CUdevice *, CUcontext) and cuCtxSynchronize_v2(CUcontext)
+ * (PFN_..._v13000). Like the real driver, cuGetProcAddress answers the _v2 from `since` on and
+ * the plain function below. The _v2 names themselves are not cuGetProcAddress symbols (it takes
+ * base names); they are exported for dlsym and the linker. */
+static const struct {
+    const char *name;
+    int since;
+    void *fn;
+} sim_newer_abi[] = {
+    {"cuCtxGetDevice", 13000, (void *)SIM_IMPL(cuCtxGetDevice_v2)},
+    {"cuCtxSynchronize", 13000, (void *)SIM_IMPL(cuCtxSynchronize_v2)},
+};
+
+/* Whether fn is only reachable as a newer ABI of another name. */
+static bool newer_abi_only(const void *fn)
+{
+    for (size_t i = 0; i < sizeof sim_newer_abi / sizeof sim_newer_abi[0]; i++)
+        if (sim_newer_abi[i].fn == fn)
+            return true;
+    return false;
+}
+
+/* The function answered for symbol at cudaVersion (procs' one when no newer ABI applies). */
+static void *versioned_fn(const char *symbol, int cudaVersion, void *fn)
+{
+    for (size_t i = 0; i < sizeof sim_newer_abi / sizeof sim_newer_abi[0]; i++)
+        if (!strcmp(sim_newer_abi[i].name, symbol) && cudaVersion >= sim_newer_abi[i].since)
+            return sim_newer_abi[i].fn;
+    return fn;
+}
+
 #ifdef SIM_SHARED
 static CUresult getproc_v1(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 #endif
@@ -2394,7 +2471,7 @@ CUresult SIM_IMPL(cuGetProcAddress)(const char *symbol, void **pfn, int cudaVers
                       (unsigned long long)flags);
     }
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
-        if (strcmp(procs[i].name, symbol))
+        if (strcmp(procs[i].name, symbol) || newer_abi_only(procs[i].fn))
             continue;
         if (cudaVersion < min_version(symbol)) {
 #ifdef SIM_SHARED
@@ -2411,7 +2488,8 @@ CUresult SIM_IMPL(cuGetProcAddress)(const char *symbol, void **pfn, int cudaVers
             return reject(CUDA_ERROR_NOT_FOUND, "cuGetProcAddress(%s, %d): version too low",
                           symbol, cudaVersion);
         }
-        *pfn = procs[i].fn; /* the _ptds/_ptsz variants are the same functions here */
+        /* the _ptds/_ptsz variants are the same functions here */
+        *pfn = versioned_fn(symbol, cudaVersion, procs[i].fn);
         if (symbolStatus)
             *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;

@@ -4,9 +4,10 @@
  *   - static library (sim_dep): sim_table() gives a vmh_driver_t for vmh_driver_install();
  *   - fake libcuda.so.1 (fake_libcuda, in fake_libcuda_dir): exports the real driver's symbol
  *     names (cuInit, cuGetProcAddress, cuGetProcAddress_v2, cuMemAlloc_v2, the _ptds/_ptsz
- *     variants ...) and every sim_* function below (dlsym them). It initialises itself on the
- *     first cuInit, tuned by SIM_DEVICES, SIM_MEMORY, SIM_GRANULARITY, SIM_VA_SIZE (sizes take
- *     K/M/G/T suffixes); SIM_VERBOSE=1 logs every rejection to stderr. There cuInit makes no
+ *     variants, cuCtxGetDevice_v2, cuCtxSynchronize_v2 ...) and every sim_* function below
+ *     (dlsym them). It initialises itself on the first cuInit, tuned by SIM_DEVICES,
+ *     SIM_MEMORY, SIM_GRANULARITY, SIM_VA_SIZE (sizes take K/M/G/T suffixes); SIM_VERBOSE=1
+ *     logs every rejection to stderr. There cuInit makes no
  *     context current (cudart does that itself: cuDevicePrimaryCtxRetain + cuCtxSetCurrent).
  *     It is linked -Bsymbolic: cuGetProcAddress answers and sim_table() stay the fake's own
  *     functions even when a preloaded library defines the same names. fakecuda_smoke.c shows
@@ -19,10 +20,25 @@
  *     calling thread only (config.no_current_context skips that); other threads start with no
  *     context. Calls that need a context (cuMemAlloc*, cuMemFree*, cuMemGetInfo,
  *     cuMemGetAddressRange, cuMemcpy*, cuCtxSynchronize, cuStreamSynchronize, cuCtxGetDevice,
- *     cuIpc*, cuCtxEnable/DisablePeerAccess, sim_read/write/memset) answer
- *     CUDA_ERROR_INVALID_CONTEXT without one. The VMM calls do not need a context (as real).
+ *     the _v2 of these two given NULL, cuIpc*, cuCtxEnable/DisablePeerAccess, sim_read/write/
+ *     memset) answer CUDA_ERROR_INVALID_CONTEXT without one. The VMM calls do not need a
+ *     context (as real).
  *   - contexts: one primary context per device, a per-thread context stack
  *     (Push/Pop/GetCurrent/SetCurrent), peer access recorded per device pair.
+ *   - the CUDA 13 context-taking ABIs: cuda.h declares cuCtxGetDevice(CUdevice *) and
+ *     cuCtxSynchronize(void) with no versioning macro, and beside them cuCtxGetDevice_v2(CUdevice
+ *     *, CUcontext) and cuCtxSynchronize_v2(CUcontext) (PFN_..._v13000). As on the H200 (driver
+ *     580), cuGetProcAddress("cuCtxGetDevice" / "cuCtxSynchronize") answers the _v2 function for
+ *     cudaVersion >= 13000 and the plain one below (2000 .. 12090), for every flag set; the _v2
+ *     names are not cuGetProcAddress symbols (NOT_FOUND, it takes base names) but are exported
+ *     for dlsym. The _v2 take ctx NULL as the current context (INVALID_CONTEXT when none) and
+ *     otherwise only an exact context (any thread's, current or not); any other value, such as
+ *     the stray register a caller of the plain ABI passes, is CUDA_ERROR_INVALID_CONTEXT and
+ *     does nothing, so a wrong-ABI caller fails loudly. Counted and fault-injectable under
+ *     their own names ("cuCtxGetDevice_v2", "cuCtxSynchronize_v2"), apart from the plain ones.
+ *     No other entry point the simulation implements has this pattern in the CUDA 13.0 headers
+ *     (cuStreamGetCtx / _v2 at 12050 has it, and cuGraphInstantiate's PFN is not the ABI its
+ *     macro declares, but the simulation implements neither).
  *   - VMM: allocations (granularity multiple, PINNED, DEVICE / HOST / HOST_NUMA, handle types
  *     NONE|POSIX_FD; FABRIC -> 800, WIN32 -> 801), charged to the device; handles are never
  *     reused (a double release is CUDA_ERROR_INVALID_VALUE); an allocation's memory goes when
@@ -58,7 +74,7 @@
  *     through the mappings: CUDA_ERROR_ILLEGAL_ADDRESS when a byte is unmapped or the current
  *     device lacks the access (native blocks are reachable from every device, as through UVA).
  *   - asynchrony: cuMemcpyDtoDAsync is queued and runs at the next synchronizing call
- *     (cuCtxSynchronize, cuStreamSynchronize, cuMemcpyDtoD/HtoD/DtoH, cuMemFree, sim_read/
+ *     (cuCtxSynchronize[_v2], cuStreamSynchronize, cuMemcpyDtoD/HtoD/DtoH, cuMemFree, sim_read/
  *     sim_write/sim_memset, sim_flush). Unmapping, freeing or releasing memory that a queued
  *     copy touches is counted as a hazard (sim_hazards()); the real driver does not fail then,
  *     the program is just wrong.
@@ -66,8 +82,9 @@
  * NOT SIMULATED: kernels, events, graphs, memory pools (cuMemAllocAsync is a plain native
  *   allocation), managed/host-registered memory, the v1 (32-bit) entry points (cuGetProcAddress
  *   for a version below a symbol's _v2 answers NOT_FOUND with VERSION_NOT_SUFFICIENT; dlsym of
- *   the plain legacy names such as "cuMemAlloc" finds nothing), sticky errors after
- *   ILLEGAL_ADDRESS, IPC across processes, multicast and fabric handles.
+ *   the plain legacy names such as "cuMemAlloc" finds nothing; cuCtxGetDevice and
+ *   cuCtxSynchronize are no such case: their plain ABI is the current one below 13000), sticky
+ *   errors after ILLEGAL_ADDRESS, IPC across processes, multicast and fabric handles.
  *
  * Thread-safe throughout (one mutex). Every function of VMH_DRIVER_FUNCS counts as an entry
  * point, and so do the extra exports and cuGetProcAddress*; a call that fails by injection
@@ -143,8 +160,9 @@ size_t sim_reserved_bytes(void);         /* address space held by reservations *
 
 /* Counting (since sim_reset or sim_reset_counters). */
 unsigned long sim_call_count(void);
-unsigned long sim_calls(const char *name); /* plain cuda.h name, e.g. "cuMemMap"; aborts on an
-                                              unknown name */
+unsigned long sim_calls(const char *name); /* plain cuda.h name, e.g. "cuMemMap" (but
+                                              "cuCtxGetDevice_v2" / "cuCtxSynchronize_v2" for
+                                              those); aborts on an unknown name */
 void sim_reset_counters(void);
 
 /* Fault injection. nth counts from 1 (0 is taken as 1): the nth call from now fails with code

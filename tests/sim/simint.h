@@ -23,7 +23,11 @@
     X(cuStreamDestroy, (CUstream hStream))                                                         \
     X(cuStreamQuery, (CUstream hStream))                                                           \
     X(cuGetErrorString, (CUresult error, const char **pStr))                                       \
-    X(cuGetErrorName, (CUresult error, const char **pStr))
+    X(cuGetErrorName, (CUresult error, const char **pStr))                                         \
+    /* CUDA 13's context-taking ABIs, which cuGetProcAddress answers for the plain names from      \
+     * 13000 on (cuda.h has no macro for them; see sim_newer_abi in simdrv.c). */                  \
+    X(cuCtxGetDevice_v2, (CUdevice * device, CUcontext ctx))                                       \
+    X(cuCtxSynchronize_v2, (CUcontext ctx))
 
 /* Per-thread-default-stream variants the real driver exports: (plain name, exported name,
  * params). They are aliases of the plain entry (counted under the plain name). */

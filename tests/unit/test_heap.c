@@ -239,6 +239,51 @@ static void realloc_moves_without_copy_and_frees_the_old_address(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
+static void async_move_keeps_old_address_dead_until_sync(void **state)
+{
+    (void)state;
+    vmh_opt.headroom = 0;
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, true), CUDA_SUCCESS);
+    tu_fill(p, 4 * MiB, 13);
+    sim_refuse_hints(true);
+    CUdeviceptr old = p;
+    assert_int_equal(vmh_heap_realloc(&p, 8 * MiB, NULL, true), CUDA_SUCCESS);
+    sim_refuse_hints(false);
+    assert_int_not_equal(p, old);
+    /* Still mapped (queued work may use it), but nobody's buffer: held, not found. */
+    assert_true(sim_is_mapped(old));
+    vmh_buffer_info_t info;
+    assert_false(vmh_heap_find(old, &info));
+    assert_true(vmh_heap_holds(old));
+    assert_int_equal(vmh_heap_free(old, NULL, false), CUDA_ERROR_NOT_FOUND);
+    /* An async shrink then a grow: the grow must not map over the still-mapped tail. */
+    assert_int_equal(vmh_heap_realloc(&p, 2 * MiB, NULL, true), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_realloc(&p, 8 * MiB, NULL, true), CUDA_SUCCESS);
+    assert_true(tu_check(p, 2 * MiB, 13));
+    assert_false(sim_is_mapped(old)); /* the grow synchronized first */
+    assert_false(vmh_heap_holds(old));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+static void alloc_on_a_device_without_a_context(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    tu_reset(&cfg);
+    sim_set_current_device(-1); /* like PyTorch's autograd threads */
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc_on(1, 3 * MiB, &p), CUDA_SUCCESS);
+    vmh_buffer_info_t info;
+    assert_true(vmh_heap_find(p, &info));
+    assert_int_equal(info.device, 1);
+    assert_int_equal(vmh_heap_free(p, NULL, true), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc_on(1, 3 * MiB, &p), CUDA_SUCCESS); /* syncs device 1 */
+    assert_int_equal(vmh_heap_free(p, NULL, true), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc_on(99, 10, &p), CUDA_ERROR_INVALID_DEVICE);
+    sim_set_current_device(0);
+}
+
 static void realloc_shrinks_whole_chunks(void **state)
 {
     (void)state;
@@ -416,6 +461,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(realloc_moves_without_copy_and_frees_the_old_address,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(realloc_shrinks_whole_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(async_move_keeps_old_address_dead_until_sync, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(alloc_on_a_device_without_a_context, setup, teardown),
         cmocka_unit_test_setup_teardown(realloc_packed_moves_with_one_copy, setup, teardown),
         cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, setup, teardown),
         cmocka_unit_test_setup_teardown(allocations_land_on_the_current_device, setup, teardown),

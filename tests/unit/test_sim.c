@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cudaTypedefs.h>
+
 #include "simdrv.h"
 
 #define MB (1024ULL * 1024)
@@ -127,6 +129,15 @@ static void test_not_initialized(void **state)
     int v = 0;
     OK(D->cuDriverGetVersion(&v));
     assert_int_equal(v, 13000);
+    /* cuGetProcAddress needs no cuInit; the CUDA 13 context-taking forms do. */
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    OK(sim_get_proc_address("cuCtxSynchronize", &fn, 13000, 0, &st));
+    RC(CUDA_ERROR_NOT_INITIALIZED, ((PFN_cuCtxSynchronize_v13000)fn)(NULL));
+    OK(sim_get_proc_address("cuCtxGetDevice", &fn, 13000, 0, &st));
+    CUdevice dev = -7;
+    RC(CUDA_ERROR_NOT_INITIALIZED, ((PFN_cuCtxGetDevice_v13000)fn)(&dev, NULL));
+    assert_int_equal(dev, -7);
     sim_reset(NULL);
     LEDGER_EMPTY();
 }
@@ -862,6 +873,152 @@ static void test_get_proc_address(void **state)
     LEDGER_EMPTY();
 }
 
+/* cuCtxGetDevice and cuCtxSynchronize: cuda.h declares the plain ABI with no versioning macro,
+ * and CUDA 13 added _v2 forms taking a context (PFN_..._v13000). cuGetProcAddress answers the
+ * _v2 from 13000 on and the plain function below, as the real 580 driver does. */
+static void test_get_proc_address_ctx_v2(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"cuCtxGetDevice", "cuCtxSynchronize"};
+    const void *plain[] = {(const void *)D->cuCtxGetDevice, (const void *)D->cuCtxSynchronize};
+    static const cuuint64_t flagsets[] = {0, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                                          CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+    for (size_t i = 0; i < 2; i++) {
+        for (size_t f = 0; f < 3; f++) {
+            void *fn = NULL, *v13 = NULL, *fn2 = NULL;
+            CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+            OK(sim_get_proc_address(names[i], &fn, 2000, flagsets[f], &st));
+            assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+            assert_ptr_equal(fn, plain[i]);
+            OK(sim_get_proc_address(names[i], &fn, 12000, flagsets[f], &st));
+            assert_ptr_equal(fn, plain[i]);
+            OK(sim_get_proc_address(names[i], &fn, 12090, flagsets[f], &st));
+            assert_ptr_equal(fn, plain[i]);
+            OK(sim_get_proc_address(names[i], &v13, 13000, flagsets[f], &st));
+            assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+            assert_non_null(v13);
+            assert_ptr_not_equal(v13, plain[i]);
+            OK(sim_get_proc_address(names[i], &fn2, 13010, flagsets[f], &st));
+            assert_ptr_equal(fn2, v13);
+            OK(sim_get_proc_address(names[i], &fn2, 14000, flagsets[f], &st));
+            assert_ptr_equal(fn2, v13);
+            /* Below the plain ABI's 2000: nothing (the sim's floor). */
+            st = CU_GET_PROC_ADDRESS_SUCCESS;
+            RC(CUDA_ERROR_NOT_FOUND, sim_get_proc_address(names[i], &fn, 1000, flagsets[f], &st));
+            assert_null(fn);
+            assert_int_equal(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+        }
+    }
+    /* The two resolve to two different functions; the _v2 names are not symbols of
+     * cuGetProcAddress (it takes base names). */
+    void *gd = NULL, *sy = NULL, *fn = (void *)1;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+    OK(sim_get_proc_address("cuCtxGetDevice", &gd, 13000, 0, &st));
+    OK(sim_get_proc_address("cuCtxSynchronize", &sy, 13000, 0, &st));
+    assert_ptr_not_equal(gd, sy);
+    RC(CUDA_ERROR_NOT_FOUND, sim_get_proc_address("cuCtxGetDevice_v2", &fn, 13000, 0, &st));
+    assert_null(fn);
+    assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    fn = (void *)1;
+    RC(CUDA_ERROR_NOT_FOUND, sim_get_proc_address("cuCtxSynchronize_v2", &fn, 13000, 0, &st));
+    assert_null(fn);
+    /* An entry without a newer ABI is unchanged at 13000. */
+    OK(sim_get_proc_address("cuCtxGetCurrent", &fn, 13000, 0, &st));
+    assert_ptr_equal(fn, (void *)D->cuCtxGetCurrent);
+    LEDGER_EMPTY();
+}
+
+static void test_ctx_v2(void **state)
+{
+    (void)state; /* setup_two: device 0 current */
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    OK(sim_get_proc_address("cuCtxGetDevice", &fn, 13000, 0, &st));
+    PFN_cuCtxGetDevice_v13000 get_device = (PFN_cuCtxGetDevice_v13000)fn;
+    OK(sim_get_proc_address("cuCtxSynchronize", &fn, 13000, 0, &st));
+    PFN_cuCtxSynchronize_v13000 synchronize = (PFN_cuCtxSynchronize_v13000)fn;
+    CUcontext c0 = NULL, c1 = NULL;
+    OK(D->cuDevicePrimaryCtxRetain(&c0, 0));
+    OK(D->cuDevicePrimaryCtxRetain(&c1, 1));
+    sim_reset_counters();
+
+    /* NULL: the current context; a context: that one, whatever is current. */
+    CUdevice dev = -1;
+    OK(get_device(&dev, NULL));
+    assert_int_equal(dev, 0);
+    OK(get_device(&dev, c1));
+    assert_int_equal(dev, 1);
+    OK(get_device(&dev, c0));
+    assert_int_equal(dev, 0);
+    assert_int_equal(sim_current_device(), 0);
+    RC(CUDA_ERROR_INVALID_VALUE, get_device(NULL, NULL));
+    /* Not NULL and not a context (what a caller of the one-argument ABI leaves in the register):
+     * rejected, nothing written. */
+    int junk[4] = {0};
+    static const uintptr_t garbage[] = {1, 0x1234, 0x7ffd12345678ULL, (uintptr_t)-1};
+    for (size_t i = 0; i < 4; i++) {
+        dev = -5;
+        RC(CUDA_ERROR_INVALID_CONTEXT, get_device(&dev, (CUcontext)garbage[i]));
+        assert_int_equal(dev, -5);
+        RC(CUDA_ERROR_INVALID_CONTEXT, synchronize((CUcontext)garbage[i]));
+    }
+    RC(CUDA_ERROR_INVALID_CONTEXT, get_device(&dev, (CUcontext)(void *)junk));
+    RC(CUDA_ERROR_INVALID_CONTEXT, synchronize((CUcontext)(void *)&dev)); /* a stack address */
+    RC(CUDA_ERROR_INVALID_CONTEXT, synchronize((CUcontext)((char *)c0 + 1))); /* inside one */
+
+    /* cuCtxSynchronize_v2 runs queued copies; a rejected call does not. */
+    CUdeviceptr x = 0, y = 0;
+    OK(D->cuMemAlloc(&x, 4096));
+    OK(D->cuMemAlloc(&y, 4096));
+    OK(sim_memset(x, 9, 4096));
+    OK(D->cuMemcpyDtoDAsync(y, x, 4096, NULL));
+    assert_int_equal(sim_pending_ops(), 1);
+    RC(CUDA_ERROR_INVALID_CONTEXT, synchronize((CUcontext)0x1234));
+    assert_int_equal(sim_pending_ops(), 1);
+    OK(synchronize(NULL));
+    assert_int_equal(sim_pending_ops(), 0);
+    unsigned char b = 0;
+    OK(sim_read(&b, y + 4095, 1));
+    assert_int_equal(b, 9);
+
+    /* Without a current context: NULL is rejected, an explicit context works. */
+    sim_set_current_device(-1);
+    RC(CUDA_ERROR_INVALID_CONTEXT, get_device(&dev, NULL));
+    RC(CUDA_ERROR_INVALID_CONTEXT, synchronize(NULL));
+    RC(CUDA_ERROR_INVALID_CONTEXT, D->cuCtxSynchronize());
+    dev = -1;
+    OK(get_device(&dev, c1));
+    assert_int_equal(dev, 1);
+    OK(synchronize(c1));
+    sim_set_current_device(0);
+
+    /* Counted under their own names, apart from the plain ones; fault-injectable; traced. */
+    assert_int_equal(sim_calls("cuCtxGetDevice"), 0);
+    assert_int_equal(sim_calls("cuCtxGetDevice_v2"), 11);
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 1);
+    assert_int_equal(sim_calls("cuCtxSynchronize_v2"), 10);
+    sim_fail_function("cuCtxSynchronize_v2", 1, CUDA_ERROR_LAUNCH_FAILED);
+    OK(D->cuCtxSynchronize()); /* the plain one is another entry point */
+    RC(CUDA_ERROR_LAUNCH_FAILED, synchronize(NULL));
+    OK(synchronize(NULL));
+    sim_fail_function("cuCtxGetDevice_v2", 1, CUDA_ERROR_UNKNOWN);
+    dev = -3;
+    RC(CUDA_ERROR_UNKNOWN, get_device(&dev, NULL));
+    assert_int_equal(dev, -3); /* an injected failure writes nothing */
+    assert_int_equal(sim_faults_fired(), 2);
+    sim_trace_begin();
+    OK(get_device(&dev, NULL));
+    OK(synchronize(c0));
+    const char *tn[4] = {0};
+    assert_int_equal(sim_trace_get(tn, 4), 2);
+    assert_string_equal(tn[0], "cuCtxGetDevice_v2");
+    assert_string_equal(tn[1], "cuCtxSynchronize_v2");
+    sim_trace_end();
+    OK(D->cuMemFree(x));
+    OK(D->cuMemFree(y));
+    LEDGER_EMPTY();
+}
+
 /* Threads hammering the driver; the ledger ends empty. */
 static void *churn(void *arg)
 {
@@ -931,6 +1088,8 @@ int main(void)
         cmocka_unit_test_setup(test_two_devices, setup_two),
         cmocka_unit_test_setup(test_fault_injection, setup),
         cmocka_unit_test_setup(test_get_proc_address, setup),
+        cmocka_unit_test_setup(test_get_proc_address_ctx_v2, setup),
+        cmocka_unit_test_setup(test_ctx_v2, setup_two),
         cmocka_unit_test_setup(test_threads, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
