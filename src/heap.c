@@ -60,6 +60,7 @@ typedef struct big {
     size_t req;      /* the size asked for */
     big_state_t state;
     bool growable;   /* from vmm_realloc: reserve headroom when it grows */
+    bool exported;   /* shared with another process: its chunks are never reused */
     uint64_t gen;    /* generation of its free, while parked */
     struct big *prev, *next;
 } big_t;
@@ -102,12 +103,15 @@ struct vdev {
     biglist_t live, parked, cache, unused;
     old_range_t *old;
     size_t live_usable; /* usable bytes of live buffers, for VMMHOOK_MEM_LIMIT */
+    CUdeviceptr *exported; /* packed buffers shared with other processes */
+    size_t nexported, exported_cap;
     _Atomic uint64_t gen;
 };
 
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(vdev_t *) devs[MAX_DEVICES];
 static atomic_bool shut_down;
+static uint64_t peer_requests[MAX_DEVICES]; /* peers granted through the driver's peer calls */
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -215,7 +219,7 @@ static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
     d->naccess = 1;
     for (int peer = 0; peer < MAX_DEVICES && d->naccess < VMH_MAX_ACCESS; peer++) {
         int can = 0;
-        if (peer == ordinal || !(vmh_opt.peers & (1ull << peer)))
+        if (peer == ordinal || !((vmh_opt.peers | peer_requests[ordinal]) & (1ull << peer)))
             continue;
         if (vmh_drv.cuDeviceCanAccessPeer(&can, ordinal, peer) != CUDA_SUCCESS || !can) {
             vmh_debug("VMMHOOK_PEERS: device %d cannot reach device %d; not granted", peer,
@@ -775,12 +779,29 @@ static owner_t *owner_lock(CUdeviceptr p)
     return o;
 }
 
+static CUresult park_range_locked(vdev_t *d, vmh_range_t *r, CUdeviceptr dead,
+                                  size_t dead_len);
+
+/* Packed buffers that were exported: a small unsorted set (exports are rare). */
+static bool exported_packed_take_locked(vdev_t *d, CUdeviceptr p)
+{
+    for (size_t i = 0; i < d->nexported; i++) {
+        if (d->exported[i] == p) {
+            d->exported[i] = d->exported[--d->nexported];
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Parks a live buffer; the device is locked. */
 static CUresult park_locked(vdev_t *d, owner_t *o, CUdeviceptr p, size_t *req)
 {
     uint64_t gen = atomic_load(&d->gen);
     if (o->kind == OWN_EXTENT) {
         vmh_block_info_t info;
+        if (exported_packed_take_locked(d, p))
+            gen = UINT64_MAX; /* shared with another process: the slot is never reused */
         if (vmh_arena_park(d->arena, ((ext_t *)o)->extent, p, gen, &info) != 0)
             return CUDA_ERROR_INVALID_VALUE;
         d->live_usable -= info.usable;
@@ -791,6 +812,21 @@ static CUresult park_locked(vdev_t *d, owner_t *o, CUdeviceptr p, size_t *req)
     big_t *b = (big_t *)o;
     if (b->state != BIG_LIVE || p != b->range->base)
         return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
+    if (b->exported) {
+        /* Importers may still map these chunks: they must never hold another buffer. The
+         * range is unmapped once queued work is done; the physical memory lives on for as
+         * long as an importer holds it. */
+        if (park_range_locked(d, b->range, b->range->base, b->range->size) != CUDA_SUCCESS)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        list_remove(&d->live, b);
+        d->live_usable -= b->range->size;
+        *req = b->req;
+        b->range = NULL;
+        b->exported = false;
+        b->state = BIG_UNUSED;
+        list_push(&d->unused, b);
+        return CUDA_SUCCESS;
+    }
     list_remove(&d->live, b);
     d->live_usable -= b->range->size;
     b->state = BIG_PARKED;
@@ -1056,6 +1092,145 @@ CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream stream, bool asy
     return realloc_by_copy(d, p, info.size, size, stream, async);
 }
 
+/* ---- sharing -------------------------------------------------------------------------- */
+
+CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out)
+{
+    owner_t *o = owner_lock(p);
+    if (!o)
+        return CUDA_ERROR_NOT_FOUND;
+    vdev_t *d = o->dev;
+    memset(out, 0, sizeof *out);
+    const vmh_range_t *r;
+    CUresult rc = CUDA_SUCCESS;
+    if (o->kind == OWN_EXTENT) {
+        vmh_block_info_t bi;
+        ext_t *e = (ext_t *)o;
+        if (!vmh_arena_find(e->extent, p, &bi)) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            r = e->range;
+            out->base = bi.base;
+            out->size = bi.size;
+            out->offset = bi.base - r->base;
+            if (d->nexported == d->exported_cap) {
+                size_t cap = d->exported_cap ? 2 * d->exported_cap : 16;
+                CUdeviceptr *grown = realloc(d->exported, cap * sizeof *grown);
+                if (!grown)
+                    rc = CUDA_ERROR_OUT_OF_MEMORY;
+                else {
+                    d->exported = grown;
+                    d->exported_cap = cap;
+                }
+            }
+            if (rc == CUDA_SUCCESS) {
+                exported_packed_take_locked(d, bi.base); /* exported twice: listed once */
+                d->exported[d->nexported++] = bi.base;
+            }
+        }
+    } else {
+        big_t *b = (big_t *)o;
+        if (b->state != BIG_LIVE && b->state != BIG_RESIZING) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            r = b->range;
+            out->base = r->base;
+            out->size = b->req;
+            out->offset = 0;
+            b->exported = true;
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        out->chunks = malloc(r->nmaps * sizeof *out->chunks);
+        if (!out->chunks) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            for (size_t i = 0; i < r->nmaps; i++)
+                out->chunks[i] = vmh_alloc_ref(r->maps[i]->alloc);
+            out->nchunks = r->nmaps;
+            out->device = d->ordinal;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+void vmh_heap_export_release(vmh_export_t *ex)
+{
+    for (size_t i = 0; i < ex->nchunks; i++)
+        vmh_alloc_unref(ex->chunks[i]);
+    free(ex->chunks);
+    memset(ex, 0, sizeof *ex);
+}
+
+/* Adds or removes peer's descriptor in a descriptor list. */
+static void edit_access(CUmemAccessDesc *acc, int *n, int peer, bool grant)
+{
+    for (int i = 0; i < *n; i++) {
+        if (acc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && acc[i].location.id == peer) {
+            if (!grant)
+                acc[i] = acc[--*n];
+            return;
+        }
+    }
+    if (grant && *n < VMH_MAX_ACCESS) {
+        acc[*n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        acc[*n].location.id = peer;
+        acc[*n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        (*n)++;
+    }
+}
+
+static CUresult range_set_peer(const vmh_range_t *r, const CUmemAccessDesc *desc, bool grant)
+{
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t i = 0; r && i < r->nmaps && rc == CUDA_SUCCESS; i++) {
+        vmh_map_t *m = r->maps[i];
+        rc = vmh_drv.cuMemSetAccess(m->ptr, m->size, desc, 1);
+        vmh_count(VMH_STAT_driver_calls, 1);
+        /* The chunk carries its descriptors wherever it is mapped next. */
+        if (rc == CUDA_SUCCESS)
+            edit_access(m->alloc->access, &m->alloc->naccess, desc->location.id, grant);
+    }
+    return rc;
+}
+
+CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant)
+{
+    if (owner < 0 || owner >= MAX_DEVICES || peer < 0 || peer >= MAX_DEVICES || owner == peer)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&devs_lock);
+    if (grant)
+        peer_requests[owner] |= 1ull << peer;
+    else
+        peer_requests[owner] &= ~(1ull << peer);
+    vdev_t *d = atomic_load_explicit(&devs[owner], memory_order_acquire);
+    pthread_mutex_unlock(&devs_lock);
+    if (!d || d->unsupported)
+        return CUDA_SUCCESS; /* applied when the device's first buffer is made */
+
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = peer;
+    desc.flags = grant ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    /* A rare call that must reach every mapping of the device at once: the device lock is
+     * held across the driver calls, so no buffer appears or moves meanwhile. */
+    pthread_mutex_lock(&d->lock);
+    edit_access(d->access, &d->naccess, peer, grant);
+    CUresult rc = CUDA_SUCCESS;
+    biglist_t *lists[] = {&d->live, &d->parked, &d->cache};
+    for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++)
+        for (big_t *b = lists[l]->head; b && rc == CUDA_SUCCESS; b = b->next)
+            rc = range_set_peer(b->range, &desc, grant);
+    for (ext_t *e = d->exts; e && rc == CUDA_SUCCESS; e = e->next)
+        rc = range_set_peer(e->range, &desc, grant);
+    for (old_range_t *o = d->old; o && rc == CUDA_SUCCESS; o = o->next)
+        rc = range_set_peer(o->range, &desc, grant);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
 /* ---- maintenance ------------------------------------------------------------------------ */
 
 size_t vmh_heap_trim(void)
@@ -1143,7 +1318,9 @@ void vmh_heap_reset(void)
         }
         vmh_arena_delete(d->arena, NULL, NULL);
         pthread_mutex_destroy(&d->lock);
+        free(d->exported);
         free(d);
     }
+    memset(peer_requests, 0, sizeof peer_requests);
     atomic_store(&shut_down, false);
 }

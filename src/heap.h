@@ -59,6 +59,28 @@ bool vmh_heap_holds(CUdeviceptr p);
  * default stream. */
 CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream stream, bool async);
 
+/* Sharing with other processes (ipc.c): the chunks behind the live served buffer that contains
+ * p, each with a reference the caller drops with vmh_heap_export_release(). The buffer is
+ * marked exported: once freed, its chunks (or its packed slot) are never handed out again, so
+ * an importer keeps seeing the memory it mapped. offset is where the buffer starts in the
+ * first chunk (non-zero for a packed buffer). CUDA_ERROR_NOT_FOUND when p is not served. */
+#include "handle.h"
+typedef struct vmh_export {
+    CUdeviceptr base;
+    size_t size;
+    size_t offset;
+    int device;
+    size_t nchunks;
+    vmh_alloc_t **chunks;
+} vmh_export_t;
+CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out);
+void vmh_heap_export_release(vmh_export_t *ex);
+
+/* Several devices: from now on device `peer` may (grant) or may not read and write every
+ * buffer of device `owner`, existing and future, as cuCtxEnablePeerAccess makes native memory
+ * reachable. */
+CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant);
+
 /* Releases idle cached memory of every device; returns the bytes given back. */
 size_t vmh_heap_trim(void);
 

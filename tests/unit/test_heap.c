@@ -399,6 +399,69 @@ static void refused_handle_type_falls_back(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
+static void export_pins_chunks_after_free(void **state)
+{
+    (void)state;
+    CUdeviceptr big, small;
+    assert_int_equal(vmh_heap_alloc(6 * MiB, &big), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(3000, &small), CUDA_SUCCESS);
+    vmh_export_t ex;
+    assert_int_equal(vmh_heap_export(big + 100, &ex), CUDA_SUCCESS);
+    assert_int_equal(ex.base, big);
+    assert_int_equal(ex.size, 6 * MiB);
+    assert_int_equal(ex.offset, 0);
+    assert_int_equal(ex.nchunks, 1);
+    vmh_heap_export_release(&ex);
+    assert_int_equal(vmh_heap_export(small, &ex), CUDA_SUCCESS);
+    assert_int_equal(ex.size, 3000);
+    assert_true(ex.offset < 2 * MiB);
+    vmh_heap_export_release(&ex);
+    assert_int_equal(vmh_heap_export(0x1000, &ex), CUDA_ERROR_NOT_FOUND);
+    /* Freed exported buffers never come back: same sizes get other memory. */
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+    CUdeviceptr big2, small2;
+    assert_int_equal(vmh_heap_alloc(6 * MiB, &big2), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(3000, &small2), CUDA_SUCCESS);
+    assert_int_not_equal(small2, small);
+    assert_false(sim_is_mapped(big) && big2 == big);
+    assert_int_equal(vmh_heap_free(big2, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small2, NULL, false), CUDA_SUCCESS);
+    /* The quarantined packed slot keeps its extent; reset releases it for the ledger check. */
+    vmh_heap_trim();
+    vmh_heap_reset();
+}
+
+static void peer_access_reaches_existing_and_new_buffers(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    tu_reset(&cfg);
+    CUdeviceptr a, s, b;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(100, &s), CUDA_SUCCESS);
+    assert_int_equal(sim_access_flags(a, 1), 0);
+    assert_int_equal(vmh_heap_set_peer_access(0, 1, true), CUDA_SUCCESS);
+    assert_int_equal(sim_access_flags(a, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(sim_access_flags(s, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &b), CUDA_SUCCESS);
+    assert_int_equal(sim_access_flags(b, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    /* A grow that moves keeps the peer's access on every chunk. */
+    vmh_opt.headroom = 0;
+    sim_refuse_hints(true);
+    assert_int_equal(vmh_heap_realloc(&b, 20 * MiB, NULL, false), CUDA_SUCCESS);
+    sim_refuse_hints(false);
+    assert_int_equal(sim_access_flags(b, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(sim_access_flags(b + 19 * MiB, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(vmh_heap_set_peer_access(0, 1, false), CUDA_SUCCESS);
+    assert_int_equal(sim_access_flags(a, 1), 0);
+    assert_int_equal(sim_access_flags(b, 1), 0);
+    assert_int_equal(vmh_heap_set_peer_access(0, 0, true), CUDA_ERROR_INVALID_DEVICE);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(s, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
+}
+
 #define THREADS 8
 #define ROUNDS 400
 
@@ -469,6 +532,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(allocations_land_on_the_current_device, setup, teardown),
         cmocka_unit_test_setup_teardown(peers_granted_up_front, setup, teardown),
         cmocka_unit_test_setup_teardown(refused_handle_type_falls_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(export_pins_chunks_after_free, setup, teardown),
+        cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(threads_churn_with_data_checks, setup, teardown),
     };
     return cmocka_run_group_tests_name("heap", tests, NULL, NULL);
