@@ -1910,9 +1910,14 @@ CUresult SIM_IMPL(cuMemAlloc)(CUdeviceptr *dptr, size_t bytesize)
         return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAlloc: dptr NULL");
     if (!bytesize)
         return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAlloc: size 0");
-    if (bytesize > S.cfg.memory)
+    if (bytesize > S.cfg.memory) {
+        *dptr = 0; /* the H200 wrote 0 to the pointer of a failed cuMemAlloc(1 PiB) */
         return reject(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc: %zu bytes", bytesize);
-    return native_new("cuMemAlloc", dev, bytesize, round512(bytesize), dptr);
+    }
+    CUresult rc = native_new("cuMemAlloc", dev, bytesize, round512(bytesize), dptr);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+        *dptr = 0;
+    return rc;
 }
 
 CUresult SIM_IMPL(cuMemAllocAsync)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)

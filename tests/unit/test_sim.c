@@ -1065,9 +1065,21 @@ static void test_threads(void **state)
     LEDGER_EMPTY();
 }
 
+/* Measured on the H200: a failed cuMemAlloc writes 0 to the pointer. */
+static void test_failed_native_alloc_writes_zero(void **state)
+{
+    (void)state;
+    sim_reset(NULL);
+    CUdeviceptr p = 0x1234;
+    assert_int_equal(sim_table()->cuMemAlloc(&p, (size_t)1 << 50), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(p, 0);
+    assert_true(sim_ledger_empty());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_failed_native_alloc_writes_zero),
         cmocka_unit_test(test_not_initialized),
         cmocka_unit_test_setup(test_table_complete, setup),
         cmocka_unit_test_setup(test_contexts, setup),
