@@ -1079,7 +1079,6 @@ static void test_failed_native_alloc_writes_zero(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_failed_native_alloc_writes_zero),
         cmocka_unit_test(test_not_initialized),
         cmocka_unit_test_setup(test_table_complete, setup),
         cmocka_unit_test_setup(test_contexts, setup),
@@ -1103,6 +1102,7 @@ int main(void)
         cmocka_unit_test_setup(test_get_proc_address_ctx_v2, setup),
         cmocka_unit_test_setup(test_ctx_v2, setup_two),
         cmocka_unit_test_setup(test_threads, setup),
+        cmocka_unit_test(test_failed_native_alloc_writes_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
