@@ -98,6 +98,9 @@ struct vdev {
     size_t extent_next; /* size of the next packing extent (doubles up to EXTENT_MAX) */
 
     pthread_mutex_t lock;
+    pthread_mutex_t sync_lock; /* one synchronize at a time; guards synced_gen */
+    uint64_t synced_gen;       /* the generation the last successful synchronize released */
+    bool synced_any;
     vmh_arena_t *arena;
     ext_t *exts;
     biglist_t live, parked, cache, unused;
@@ -165,6 +168,7 @@ static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
     d->ordinal = ordinal;
     d->ctx = ctx;
     pthread_mutex_init(&d->lock, NULL);
+    pthread_mutex_init(&d->sync_lock, NULL);
     d->arena = vmh_arena_new();
     if (!d->arena)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -316,7 +320,23 @@ static void destroy_ranges(old_range_t *o)
 
 /* Waits for all work queued on the device so far, then releases everything parked before the
  * wait began: blocks become reusable, old ranges are unmapped. */
+static CUresult dev_sync_now(vdev_t *d);
+
+/* Threads that need parked memory at the same time share one synchronize: a thread that
+ * waited for another's synchronize which began after its own request returns at once (that
+ * wait covered every free parked before the request). */
 static CUresult dev_sync(vdev_t *d)
+{
+    uint64_t want = atomic_load(&d->gen);
+    pthread_mutex_lock(&d->sync_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (!d->synced_any || d->synced_gen < want)
+        rc = dev_sync_now(d);
+    pthread_mutex_unlock(&d->sync_lock);
+    return rc;
+}
+
+static CUresult dev_sync_now(vdev_t *d)
 {
     uint64_t g = atomic_fetch_add(&d->gen, 1);
     CUcontext cur = NULL;
@@ -335,6 +355,8 @@ static CUresult dev_sync(vdev_t *d)
     vmh_count(VMH_STAT_syncs, 1);
     if (rc != CUDA_SUCCESS)
         return rc; /* a failed wait proves nothing: everything stays parked */
+    d->synced_gen = g;
+    d->synced_any = true;
 
     old_range_t *done = NULL;
     pthread_mutex_lock(&d->lock);
@@ -568,10 +590,14 @@ static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *ou
             break;
     }
 
-    /* A miss: recycle idle memory before asking for more, so that the cache never makes the
-     * footprint grow (the driver's calls cost the same either way). */
+    /* A miss: recycle idle memory before asking for more, so that the cache does not make the
+     * footprint grow beyond a small allowance (1/32 of the live bytes) that keeps recently
+     * freed buffers for the threads about to ask for them again. */
     pthread_mutex_lock(&d->lock);
-    big_t *taken = d->cache.bytes ? cache_evict_locked(d, rounded) : NULL;
+    size_t allowance = d->live_usable / 32;
+    big_t *taken = d->cache.bytes + rounded > allowance
+                       ? cache_evict_locked(d, d->cache.bytes + rounded - allowance)
+                       : NULL;
     pthread_mutex_unlock(&d->lock);
     evicted_destroy(d, taken);
 
@@ -1318,6 +1344,7 @@ void vmh_heap_reset(void)
         }
         vmh_arena_delete(d->arena, NULL, NULL);
         pthread_mutex_destroy(&d->lock);
+        pthread_mutex_destroy(&d->sync_lock);
         free(d->exported);
         free(d);
     }
