@@ -12,21 +12,6 @@ static unsigned seed_of(int k)
     return (unsigned)k * 7919u + 13u;
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    tu_reset(NULL);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    vmh_heap_trim();
-    tu_assert_ledger_empty();
-    return 0;
-}
-
 static void serves_and_frees(void **state)
 {
     (void)state;
@@ -511,31 +496,31 @@ static void threads_churn_with_data_checks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(serves_and_frees, setup, teardown),
-        cmocka_unit_test_setup_teardown(packs_small_requests, setup, teardown),
-        cmocka_unit_test_setup_teardown(reuses_after_one_sync, setup, teardown),
-        cmocka_unit_test_setup_teardown(never_reused_before_the_sync, setup, teardown),
-        cmocka_unit_test_setup_teardown(out_of_memory_trims_then_fails_natively, setup, teardown),
-        cmocka_unit_test_setup_teardown(memory_limit, setup, teardown),
-        cmocka_unit_test_setup_teardown(no_context, setup, teardown),
-        cmocka_unit_test_setup_teardown(pitch_follows_native_rules, setup, teardown),
-        cmocka_unit_test_setup_teardown(realloc_null_zero_and_foreign, setup, teardown),
-        cmocka_unit_test_setup_teardown(realloc_grows_in_place_with_headroom, setup, teardown),
+        cmocka_unit_test_setup_teardown(serves_and_frees, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(packs_small_requests, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(reuses_after_one_sync, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(never_reused_before_the_sync, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(out_of_memory_trims_then_fails_natively, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(memory_limit, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(no_context, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(pitch_follows_native_rules, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(realloc_null_zero_and_foreign, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(realloc_grows_in_place_with_headroom, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_moves_without_copy_and_frees_the_old_address,
-                                        setup, teardown),
-        cmocka_unit_test_setup_teardown(realloc_shrinks_whole_chunks, setup, teardown),
-        cmocka_unit_test_setup_teardown(async_move_keeps_old_address_dead_until_sync, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(alloc_on_a_device_without_a_context, setup, teardown),
-        cmocka_unit_test_setup_teardown(realloc_packed_moves_with_one_copy, setup, teardown),
-        cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, setup, teardown),
-        cmocka_unit_test_setup_teardown(allocations_land_on_the_current_device, setup, teardown),
-        cmocka_unit_test_setup_teardown(peers_granted_up_front, setup, teardown),
-        cmocka_unit_test_setup_teardown(refused_handle_type_falls_back, setup, teardown),
-        cmocka_unit_test_setup_teardown(export_pins_chunks_after_free, setup, teardown),
-        cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(threads_churn_with_data_checks, setup, teardown),
+                                        tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(realloc_shrinks_whole_chunks, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(async_move_keeps_old_address_dead_until_sync, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(alloc_on_a_device_without_a_context, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(realloc_packed_moves_with_one_copy, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(allocations_land_on_the_current_device, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(peers_granted_up_front, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(refused_handle_type_falls_back, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(export_pins_chunks_after_free, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(threads_churn_with_data_checks, tu_setup, tu_teardown),
     };
     return cmocka_run_group_tests_name("heap", tests, NULL, NULL);
 }

@@ -2,20 +2,6 @@
  * keep, and an empty ledger after each test. */
 #include "testutil.h"
 
-static int setup(void **state)
-{
-    (void)state;
-    tu_reset(NULL);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    tu_assert_ledger_empty();
-    return 0;
-}
-
 /* A range of n chunks of size each, reserving `reserve` bytes. */
 static vmh_range_t *make_range(size_t n, size_t size, size_t reserve)
 {
@@ -219,15 +205,15 @@ static void alias_of_one_chunk_at_two_addresses(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(create_and_destroy, setup, teardown),
-        cmocka_unit_test_setup_teardown(create_rejects_bad_input, setup, teardown),
-        cmocka_unit_test_setup_teardown(grow_into_headroom_keeps_base, setup, teardown),
-        cmocka_unit_test_setup_teardown(grow_through_adjacent_reservation, setup, teardown),
-        cmocka_unit_test_setup_teardown(grow_moves_when_hint_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(grow_without_move_fails_cleanly, setup, teardown),
-        cmocka_unit_test_setup_teardown(move_keeps_every_chunks_access, setup, teardown),
-        cmocka_unit_test_setup_teardown(unaligned_sizes_and_shrink, setup, teardown),
-        cmocka_unit_test_setup_teardown(alias_of_one_chunk_at_two_addresses, setup, teardown),
+        cmocka_unit_test_setup_teardown(create_and_destroy, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(create_rejects_bad_input, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(grow_into_headroom_keeps_base, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(grow_through_adjacent_reservation, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(grow_moves_when_hint_refused, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(grow_without_move_fails_cleanly, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(move_keeps_every_chunks_access, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(unaligned_sizes_and_shrink, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(alias_of_one_chunk_at_two_addresses, tu_setup, tu_teardown),
     };
     return cmocka_run_group_tests_name("range", tests, NULL, NULL);
 }

@@ -44,6 +44,23 @@ static inline void tu_assert_ledger_empty(void)
     assert_true(sim_ledger_empty());
 }
 
+/* cmocka fixtures: a fresh driver before each test; after it, the cache trimmed and the ledger
+ * checked empty. */
+static inline int tu_setup(void **state)
+{
+    (void)state;
+    tu_reset(NULL);
+    return 0;
+}
+
+static inline int tu_teardown(void **state)
+{
+    (void)state;
+    vmh_heap_trim();
+    tu_assert_ledger_empty();
+    return 0;
+}
+
 static inline CUmemAllocationProp tu_prop(int device)
 {
     CUmemAllocationProp p;
