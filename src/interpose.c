@@ -653,18 +653,17 @@ static CUresult ip_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
  */
 static CUresult ip_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-    vmh_buffer_info_t bi;
-    if (ip_serving() && ip_find(dptr, &bi)) {
+    /* One lock-free registry read decides for every pointer the library does not hold. */
+    if (ip_serving() && vmh_heap_holds(dptr)) {
+        vmh_buffer_info_t bi;
+        if (!ip_find(dptr, &bi))
+            return CUDA_ERROR_NOT_FOUND; /* freed, kept mapped for reuse: natively unknown */
         if (pbase != NULL)
             *pbase = bi.base;
         if (psize != NULL)
             *psize = bi.size;
         return CUDA_SUCCESS;
     }
-    /* Freed memory kept mapped for reuse: the driver would still answer; natively the address
-     * is unknown. */
-    if (ip_serving() && vmh_heap_holds(dptr))
-        return CUDA_ERROR_NOT_FOUND;
     IP_PASS(MEM_GET_ADDRESS_RANGE, PFN_cuMemGetAddressRange_v3020, pbase, psize, dptr);
 }
 
@@ -688,14 +687,16 @@ static void ip_write_range_attribute(CUpointer_attribute a, void *data,
 static CUresult ip_cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
                                          CUdeviceptr ptr)
 {
-    /* Only the range attributes differ from what the driver says about our memory. */
-    vmh_buffer_info_t bi;
-    if (data != NULL && ip_is_range_attribute(attribute) && ip_serving() && ip_find(ptr, &bi)) {
-        ip_write_range_attribute(attribute, data, &bi);
-        return CUDA_SUCCESS;
+    if (ip_serving() && vmh_heap_holds(ptr)) {
+        vmh_buffer_info_t bi;
+        if (!ip_find(ptr, &bi))
+            return CUDA_ERROR_INVALID_VALUE; /* freed: unknown to a native allocator */
+        /* Only the range attributes differ from what the driver says about our memory. */
+        if (data != NULL && ip_is_range_attribute(attribute)) {
+            ip_write_range_attribute(attribute, data, &bi);
+            return CUDA_SUCCESS;
+        }
     }
-    if (ip_serving() && vmh_heap_holds(ptr) && !ip_find(ptr, &bi))
-        return CUDA_ERROR_INVALID_VALUE; /* freed: unknown to a native allocator */
     IP_PASS(POINTER_GET_ATTRIBUTE, PFN_cuPointerGetAttribute_v4000, data, attribute, ptr);
 }
 
