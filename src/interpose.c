@@ -207,7 +207,10 @@ static void *ip_dlsym_handle(void *handle, const char *symbol)
     for (int v = 0; v < IP_VARIANT_COUNT; v++) {
         if (strcmp(symbol + 2, ip_names[v] + 2) != 0)
             continue;
-        if (ip_is_wrapper(real) || !ip_from_libcuda(real))
+        /* A function already known as the driver's needs no dladdr (which costs microseconds
+         * and the loader lock): the same name resolves to the same address every time. */
+        if (real != atomic_load_explicit(&ip_real[v], memory_order_acquire) &&
+            (ip_is_wrapper(real) || !ip_from_libcuda(real)))
             return real;
         ip_remember((enum ip_variant)v, real);
         return ip_wrappers[v];
