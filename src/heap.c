@@ -701,9 +701,13 @@ static CUresult packed_alloc(vdev_t *d, size_t size, CUdeviceptr *out)
 
 static CUresult alloc_on(vdev_t *d, size_t size, bool growable, CUdeviceptr *out)
 {
-    /* growable only matters for buffers of their own: packed ones move by copy anyway. */
-    CUresult rc = size < vmh_opt.pack_below ? packed_alloc(d, size, out)
-                                            : big_alloc(d, size, growable, out);
+    /* Buffers that may grow (vmm_realloc) are packed only when small (below half a chunk):
+     * a buffer of its own grows in place or by remapping, a packed one by a copy. */
+    size_t pack_below = vmh_opt.pack_below;
+    if (growable && pack_below > d->gran / 2)
+        pack_below = d->gran / 2;
+    CUresult rc = size < pack_below ? packed_alloc(d, size, out)
+                                    : big_alloc(d, size, growable, out);
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_served_allocs, 1);
         vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size);
@@ -1106,7 +1110,8 @@ CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream stream, bool asy
         pthread_mutex_unlock(&d->lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (size < vmh_opt.pack_below && vmh_arena_resize(d->arena, e->extent, *p, size) == 0) {
+    if (size < (vmh_opt.pack_below < d->gran / 2 ? vmh_opt.pack_below : d->gran / 2) &&
+        vmh_arena_resize(d->arena, e->extent, *p, size) == 0) {
         vmh_block_info_t now;
         vmh_arena_find(e->extent, *p, &now);
         d->live_usable += now.usable - info.usable;

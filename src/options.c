@@ -81,7 +81,7 @@ static const opt_row_t rows[] = {
     {"VMMHOOK_MEM_LIMIT", K_SIZE, FIELD(mem_limit), "0", 0, NULL, 0,
      "device memory served per device; an allocation over it fails with the native "
      "out-of-memory code; 0 is no limit"},
-    {"VMMHOOK_PACK_BELOW", K_SIZE, FIELD(pack_below), "1M", 0, NULL, 0,
+    {"VMMHOOK_PACK_BELOW", K_SIZE, FIELD(pack_below), "8M", 0, NULL, 0,
      "requests smaller than this are packed into shared chunks; 0 packs none"},
     {"VMMHOOK_RDMA", K_BOOL, FIELD(rdma), "off", 0, NULL, 0,
      "request GPUDirect RDMA capable chunks"},

@@ -58,6 +58,28 @@ static void packs_small_requests(void **state)
     assert_int_equal(vmh_heap_free(p[7], NULL, false), CUDA_ERROR_INVALID_VALUE);
 }
 
+static void default_threshold_packs_medium_but_not_growable(void **state)
+{
+    (void)state;
+    vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default */
+    assert_int_equal(vmh_opt.pack_below, 8 * MiB);
+    CUdeviceptr a, b, g = 0;
+    vmh_buffer_info_t info;
+    assert_int_equal(vmh_heap_alloc(5 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(3 * MiB, &b), CUDA_SUCCESS);
+    assert_true(vmh_heap_find(a, &info) && info.packed);
+    assert_int_equal(vmh_heap_realloc(&g, 5 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_true(vmh_heap_find(g, &info) && !info.packed); /* may grow in place */
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
+    /* Freed space serves another size without a driver call. */
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_alloc(4 * MiB + 12345, &a), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuMemCreate"), 0);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(g, NULL, false), CUDA_SUCCESS);
+}
+
 static void reuses_after_one_sync(void **state)
 {
     (void)state;
@@ -498,6 +520,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(serves_and_frees, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(packs_small_requests, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(default_threshold_packs_medium_but_not_growable, tu_setup,
+                                        tu_teardown),
         cmocka_unit_test_setup_teardown(reuses_after_one_sync, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(never_reused_before_the_sync, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(out_of_memory_trims_then_fails_natively, tu_setup, tu_teardown),

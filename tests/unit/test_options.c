@@ -112,7 +112,7 @@ static void test_defaults(void **state)
     assert_int_equal(o.va_limit, (size_t)64 << 40);
     assert_int_equal(o.cache_limit, (size_t)1 << 30);
     assert_int_equal(o.mem_limit, 0);
-    assert_int_equal(o.pack_below, (size_t)1 << 20);
+    assert_int_equal(o.pack_below, (size_t)8 << 20);
     assert_false(o.rdma);
     assert_int_equal(o.peers, 0);
     assert_false(o.disable);
@@ -383,7 +383,7 @@ static void test_bad_values(void **state)
         {"VMMHOOK_VA_LIMIT", "18446744073709551616", "K, M, G or T", "too large", "64T"},
         {"VMMHOOK_CACHE_LIMIT", "12Q", "K, M, G or T", "not one of", "1G"},
         {"VMMHOOK_MEM_LIMIT", "lots", "K, M, G or T", "not one of", "0"},
-        {"VMMHOOK_PACK_BELOW", "1 M", "K, M, G or T", "not one of", "1M"},
+        {"VMMHOOK_PACK_BELOW", "1 M", "K, M, G or T", "not one of", "8M"},
         {"VMMHOOK_RDMA", "maybe", "1, 0, true, false, yes, no, on, off", "not one of", "off"},
         {"VMMHOOK_PEERS", "0,64", "comma-separated", "above 63", "none"},
         {"VMMHOOK_PEERS", "gpu1", "comma-separated", "not one of", "none"},

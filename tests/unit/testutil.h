@@ -33,6 +33,9 @@ static inline void tu_reset(const sim_config_t *cfg)
     sim_reset(cfg);
     vmh_driver_install(sim_table());
     vmh_options_defaults(&vmh_opt);
+    /* The suites use sizes of a few MiB for buffers of their own: pack only below 1 MiB here
+     * (the packing tests of test_heap.c say what they pack). */
+    vmh_opt.pack_below = MiB;
     vmh_stats_reset();
 }
 
