@@ -37,6 +37,7 @@
 
 #define MAX_DEVICES 64
 #define EXTENT_MAX ((size_t)64 << 20)
+#define CACHE_FLOOR ((size_t)256 << 20) /* idle bytes a miss may leave in the cache */
 #define PITCH_ALIGN 512 /* cudaMallocPitch(1000 x 77) gave pitch 1024 on the H200 */
 
 /* OWN_DEAD marks address space that is still mapped but no longer anybody's buffer (the old
@@ -591,10 +592,12 @@ static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *ou
     }
 
     /* A miss: recycle idle memory before asking for more, so that the cache does not make the
-     * footprint grow beyond a small allowance (1/32 of the live bytes) that keeps recently
-     * freed buffers for the threads about to ask for them again. */
+     * footprint grow beyond a small allowance: 1/32 of the live bytes, or up to 256 MiB (within
+     * VMMHOOK_CACHE_LIMIT) for programs that repeat a few sizes, such as PyTorch without its
+     * caching allocator. Memory pressure trims the rest anyway. */
     pthread_mutex_lock(&d->lock);
-    size_t allowance = d->live_usable / 32;
+    size_t floor = vmh_opt.cache_limit < CACHE_FLOOR ? vmh_opt.cache_limit : CACHE_FLOOR;
+    size_t allowance = d->live_usable / 32 > floor ? d->live_usable / 32 : floor;
     big_t *taken = d->cache.bytes + rounded > allowance
                        ? cache_evict_locked(d, d->cache.bytes + rounded - allowance)
                        : NULL;
