@@ -115,6 +115,7 @@ struct vdev {
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(vdev_t *) devs[MAX_DEVICES];
 static atomic_bool shut_down;
+static _Atomic(vmh_pressure_fn) pressure_hook; /* run before trimming on out of memory */
 static uint64_t peer_requests[MAX_DEVICES]; /* peers granted through the driver's peer calls */
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -524,6 +525,9 @@ static CUresult range_new(vdev_t *d, size_t size, size_t reserve, vmh_range_t **
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0)
             return rc;
         vmh_count(VMH_STAT_oom_retries, 1);
+        vmh_pressure_fn hook = atomic_load(&pressure_hook);
+        if (hook)
+            hook(); /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
         if (dev_has_parked(d))
             dev_sync(d);
         if (dev_trim(d) == 0 && !dev_has_parked(d) && attempt == 0) {
@@ -892,6 +896,11 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     if (vmh_opt.free_sync && !async)
         dev_sync(d);
     return CUDA_SUCCESS;
+}
+
+void vmh_heap_on_pressure(vmh_pressure_fn fn)
+{
+    atomic_store(&pressure_hook, fn);
 }
 
 bool vmh_heap_holds(CUdeviceptr p)

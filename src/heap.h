@@ -81,6 +81,11 @@ void vmh_heap_export_release(vmh_export_t *ex);
  * reachable. */
 CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant);
 
+/* A function run when an allocation fails for want of memory, before the cache is trimmed and
+ * the allocation retried (ipc.c drops the references of exports whose buffers were freed). */
+typedef void (*vmh_pressure_fn)(void);
+void vmh_heap_on_pressure(vmh_pressure_fn fn);
+
 /* Releases idle cached memory of every device; returns the bytes given back. */
 size_t vmh_heap_trim(void);
 

@@ -44,6 +44,7 @@
 
 #include "driver.h"
 #include "heap.h"
+#include "ipc.h"
 #include "log.h"
 #include "options.h"
 #include "stats.h"
@@ -758,51 +759,95 @@ static CUresult ip_cuMemGetInfo_v2(size_t *free, size_t *total)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * IPC and peer access: hook points.
+ * IPC and peer access (ipc.h, docs/IPC.md).
+ *
+ * A served buffer's IPC handle is ours (magic, pid, token, export id) when VMMHOOK_HANDLE_TYPE is
+ * posix_fd; otherwise cuIpcGetMemHandle answers CUDA_ERROR_INVALID_VALUE, as the driver does for
+ * VMM memory, and says once how to make it work. Open takes our handles only (anything else,
+ * including native handles, goes to the driver); close takes only what our open returned.
  */
-static atomic_flag ip_ipc_warned = ATOMIC_FLAG_INIT;
-
 static CUresult ip_cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
     vmh_buffer_info_t bi;
-    if (ip_serving() && ip_find(dptr, &bi)) {
-        /* Legacy IPC handles do not exist for VMM memory: the driver answers
-         * CUDA_ERROR_INVALID_VALUE (driver-facts 3), and so do we. Future work: export the
-         * buffer's chunks as POSIX fds (chunks made with VMMHOOK_HANDLE_TYPE=posix_fd) and encode
-         * them in the handle, for cuIpcOpenMemHandle below to import. */
-        if (!atomic_flag_test_and_set(&ip_ipc_warned))
-            vmh_log("cuIpcGetMemHandle/cudaIpcGetMemHandle on a buffer served from VMM memory: "
-                    "CUDA_ERROR_INVALID_VALUE, as the driver answers for VMM memory. CUDA IPC "
-                    "of served buffers will need VMMHOOK_HANDLE_TYPE=posix_fd (not implemented "
-                    "yet); VMMHOOK_DISABLE=1 gives native allocations that IPC accepts");
-        return CUDA_ERROR_INVALID_VALUE;
+    /* NULL pHandle is the driver's to reject. */
+    if (pHandle != NULL && ip_serving() && ip_find(dptr, &bi)) {
+        ip_depth++;
+        CUresult r = vmh_ipc_get_handle(dptr, pHandle);
+        ip_depth--;
+        if (r != CUDA_ERROR_NOT_FOUND) /* NOT_FOUND: freed meanwhile, the driver answers */
+            return r;
     }
     IP_PASS(IPC_GET_MEM_HANDLE, PFN_cuIpcGetMemHandle_v4010, pHandle, dptr);
 }
 
-/* Hook point: will import handles made by cuIpcGetMemHandle above. */
 static CUresult ip_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                          unsigned int Flags)
 {
+    if (pdptr != NULL && vmh_ipc_handle_is_ours(&handle) && ip_serving()) {
+        ip_depth++;
+        CUresult r = vmh_ipc_open(&handle, Flags, pdptr);
+        ip_depth--;
+        return r;
+    }
     IP_PASS(IPC_OPEN_MEM_HANDLE, PFN_cuIpcOpenMemHandle_v11000, pdptr, handle, Flags);
 }
 
-/* Hook point: will unmap what cuIpcOpenMemHandle mapped. */
 static CUresult ip_cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
+    if (dptr != 0 && ip_serving()) {
+        ip_depth++;
+        CUresult r = vmh_ipc_close(dptr);
+        ip_depth--;
+        if (r != CUDA_ERROR_NOT_FOUND)
+            return r;
+    }
     IP_PASS(IPC_CLOSE_MEM_HANDLE, PFN_cuIpcCloseMemHandle_v4010, dptr);
 }
 
-/* Hook point: peer access does not reach VMM memory (driver-facts 3); served chunks will need
- * cuMemSetAccess for the peer device here (VMMHOOK_PEERS grants it up front today). */
+/* Peer access does not reach VMM memory by itself (driver-facts 3): after the driver enabled
+ * (disabled) it, every served buffer of the peer context's device gets (loses) an access
+ * descriptor for the current context's device, and so do the device's future buffers.
+ * cudaDeviceEnablePeerAccess arrives here too: cudart fetches cuCtxEnablePeerAccess through
+ * cuGetProcAddress. The driver's code is the answer; should the access update fail, the
+ * program is told in the log (its peer access is on natively, and a code other than success
+ * would make it believe otherwise). */
+static void ip_peer_changed(CUcontext peerContext, bool grant)
+{
+    ip_depth++;
+    CUresult r = vmh_ipc_peer_changed(peerContext, grant);
+    ip_depth--;
+    if (r != CUDA_SUCCESS)
+        vmh_log("cuCtx%sPeerAccess succeeded, but %s the peer's access to served buffers "
+                "failed with CUDA error %d: kernels %s",
+                grant ? "Enable" : "Disable", grant ? "granting" : "revoking", (int)r,
+                grant ? "of this context may fault on the peer's served memory"
+                      : "of this context may still reach the peer's served memory");
+}
+
 static CUresult ip_cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
 {
-    IP_PASS(CTX_ENABLE_PEER_ACCESS, PFN_cuCtxEnablePeerAccess_v4000, peerContext, Flags);
+    PFN_cuCtxEnablePeerAccess_v4000 real =
+        (PFN_cuCtxEnablePeerAccess_v4000)ip_real_fn(IP_CTX_ENABLE_PEER_ACCESS);
+    vmh_count(VMH_STAT_passthrough_calls, 1);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(peerContext, Flags);
+    if (r == CUDA_SUCCESS && ip_serving())
+        ip_peer_changed(peerContext, true);
+    return r;
 }
 
 static CUresult ip_cuCtxDisablePeerAccess(CUcontext peerContext)
 {
-    IP_PASS(CTX_DISABLE_PEER_ACCESS, PFN_cuCtxDisablePeerAccess_v4000, peerContext);
+    PFN_cuCtxDisablePeerAccess_v4000 real =
+        (PFN_cuCtxDisablePeerAccess_v4000)ip_real_fn(IP_CTX_DISABLE_PEER_ACCESS);
+    vmh_count(VMH_STAT_passthrough_calls, 1);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(peerContext);
+    if (r == CUDA_SUCCESS && ip_serving())
+        ip_peer_changed(peerContext, false);
+    return r;
 }
 
 /* ---------------------------------------------------------------------------------------------

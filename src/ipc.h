@@ -77,18 +77,18 @@ typedef struct vmh_ipc_request {
 
 typedef enum vmh_ipc_status {
     VMH_IPC_OK = 0,
-    VMH_IPC_UNKNOWN_ID = 1,     /* no such export (never made, or the buffer was freed) */
-    VMH_IPC_REFUSED_USER = 2,   /* the importer runs as another user */
-    VMH_IPC_EXPORT_FAILED = 3,  /* cuMemExportToShareableHandle failed: driver_rc says how */
+    VMH_IPC_UNKNOWN_ID = 1,    /* no such export (never made, or the buffer was freed) */
+    VMH_IPC_REFUSED_USER = 2,  /* the importer runs as another user */
+    VMH_IPC_EXPORT_FAILED = 3, /* cuMemExportToShareableHandle failed: driver_rc says how */
     VMH_IPC_BAD_REQUEST = 4,
-    VMH_IPC_SHUT_DOWN = 5,      /* the exporter is exiting */
+    VMH_IPC_SHUT_DOWN = 5, /* the exporter is exiting */
 } vmh_ipc_status_t;
 
 /* exporter -> importer: the header, then ceil(nchunks / VMH_IPC_BATCH) batch messages. */
 typedef struct vmh_ipc_reply {
     uint32_t magic;
-    uint32_t status;    /* vmh_ipc_status_t */
-    int32_t driver_rc;  /* the CUresult behind VMH_IPC_EXPORT_FAILED */
+    uint32_t status;   /* vmh_ipc_status_t */
+    int32_t driver_rc; /* the CUresult behind VMH_IPC_EXPORT_FAILED */
     int32_t device;
     uint64_t nchunks;
     uint64_t size;

@@ -21,6 +21,9 @@
 #      hook served something; passthrough: served exactly what the program says it should);
 #   5. tests/gpu/torch_train.py (nocache, cache, expandable; pluggable under the hook only),
 #      native vs hooked losses, bit for bit;
+#   5b. CUDA IPC and peer access (docs/IPC.md): ipc_gpu and peer_gpu native vs hooked (IPC under
+#      VMMHOOK_HANDLE_TYPE=posix_fd; peer_gpu needs 2 GPUs, else an INFO row), torch_ipc (cache
+#      judged; nocache and the refusal without posix_fd as INFO rows), ipc_cost's latencies;
 #   6. the demos (tools/demo binaries), replay (tools/replay), the benchmark
 #      (tools/bench/run-bench.sh), the demo grow_vector once more (hooked, when time is left),
 #      compute-sanitizer memcheck on a small churn_mt and on alloc_sizes --quick, native and
@@ -32,7 +35,7 @@
 # Exit: 0 every check passed; 1 a check failed (or was skipped for want of time); 2 the library
 # or nvcc could not build; 77 no GPU (after building what it can).
 # Knobs: GPU_SUITE_BUDGET_S (default 500), GPU_SUITE_BUILD (build-gpu), GPU_SUITE_SKIP (space-
-# separated: torch demos replay bench sanitizer disabled shared), GPU_SUITE_CHURN_ARGS
+# separated: torch demos replay bench sanitizer disabled shared ipc), GPU_SUITE_CHURN_ARGS
 # ("8 2000"), GPU_SUITE_SERIAL=1 (one program run at a time), GIT_COMMIT (recorded in the
 # header when the copy has no .git), CUDA_HOME.
 set -u
@@ -523,7 +526,7 @@ json_mode_of() {
 if [ "$lib_ok" = 1 ]; then
     for src in "${PROGS[@]}"; do
         name=$(basename "${src%.*}")
-        [ "$name" = gpu_probe ] && continue
+        case $name in gpu_probe | ipc_gpu | peer_gpu | ipc_cost) continue ;; esac # 5b runs these
         cap=$(cap_of "$name")
         t=$(tmo "$cap" 60)
         if [ "$t" = 0 ]; then
@@ -604,6 +607,142 @@ if ! skipped torch && [ "$lib_ok" = 1 ]; then
             pn="$pn; stats: ${p%%|*}"
         fi
         row "torch_train pluggable" python "(cache) $(rcname "$(rc_of torch.cache.native)")" "$(rcname "$prc")" "$res" "$pn [${st##*|}]"
+    fi
+fi
+
+# ---------------------------------------------------------------- 5b. CUDA IPC and peer access
+# (issues 7 and 8, docs/IPC.md). INFO rows record expected outcomes that are neither a pass of
+# the feature nor a skip of the suite (a refusal by design, a PyTorch limitation, one GPU): they
+# count in no total.
+ipc_info_row() { # CHECK BUILD NATIVE HOOKED NOTE
+    local note=${5//|/\\|}
+    echo "| $1 | $2 | $3 | $4 | INFO | $note |" >>"$ROWS"
+    printf 'gpu-suite: %-4s %-34s %-7s native=%-9s hooked=%-9s %s\n' INFO "$1" "$2" "$3" "$4" "${5:0:160}"
+}
+ipc_said() { grep -q 'VMMHOOK_HANDLE_TYPE=posix_fd' "$LOG/$1.err" "$LOG/$1.out" 2>/dev/null; }
+if ! skipped ipc && [ "$lib_ok" = 1 ]; then
+    PFD=(env VMMHOOK_HANDLE_TYPE=posix_fd)
+    NOPFD=(env -u VMMHOOK_HANDLE_TYPE)
+    t=$(tmo 150 60)
+    if [ "$t" = 0 ]; then
+        row "ipc_gpu, peer_gpu" "both" "-" "-" SKIP "no time left in the budget (${BUDGET}s)"
+    else
+        say "ipc_gpu (posix_fd, and unset), peer_gpu: native and hooked, timeout ${t}s ($(elapsed) s)"
+        for v in static shared; do
+            if [ -x "$W/bin/ipc_gpu.$v" ]; then
+                launch "ipc_gpu.$v.native" native "$t" "$W/bin/ipc_gpu.$v"
+                launch "ipc_gpu.$v.hooked" hooked "$t" "${PFD[@]}" "$W/bin/ipc_gpu.$v"
+            fi
+            if [ -x "$W/bin/peer_gpu.$v" ]; then
+                launch "peer_gpu.$v.native" native "$t" "$W/bin/peer_gpu.$v"
+                launch "peer_gpu.$v.hooked" hooked "$t" "$W/bin/peer_gpu.$v"
+            fi
+        done
+        [ -x "$W/bin/ipc_gpu.static" ] &&
+            launch ipc_gpu.static.none hooked "$t" "${NOPFD[@]}" "$W/bin/ipc_gpu.static"
+        wait
+        for v in static shared; do
+            if [ -x "$W/bin/ipc_gpu.$v" ]; then
+                judge "ipc_gpu [VMMHOOK_HANDLE_TYPE=posix_fd]" "$v" "ipc_gpu.$v.native" "ipc_gpu.$v.hooked" 0 served 1
+            else
+                skipped shared && [ "$v" = shared ] || row "ipc_gpu" "$v" "-" "-" FAIL "not built"
+            fi
+            if [ -x "$W/bin/peer_gpu.$v" ]; then
+                if [ "$(rc_of "peer_gpu.$v.native")" = 77 ] && [ "$(rc_of "peer_gpu.$v.hooked")" = 77 ]; then
+                    ipc_info_row "peer_gpu" "$v" 77 77 "not run: $(grep -m1 '^SKIP:' "$LOG/peer_gpu.$v.hooked.out" | cut -c7-)"
+                else
+                    judge "peer_gpu" "$v" "peer_gpu.$v.native" "peer_gpu.$v.hooked" 0 served 1
+                fi
+            else
+                skipped shared && [ "$v" = shared ] || row "peer_gpu" "$v" "-" "-" FAIL "not built"
+            fi
+        done
+        if [ -f "$LOG/ipc_gpu.static.none.rc" ]; then
+            nrc=$(rc_of ipc_gpu.static.none)
+            if [ "$nrc" = 77 ] && ipc_said ipc_gpu.static.none; then
+                ipc_info_row "ipc_gpu [VMMHOOK_HANDLE_TYPE unset]" static "-" 77 \
+                    "refused as documented: invalid argument, and the log names VMMHOOK_HANDLE_TYPE=posix_fd"
+            else
+                row "ipc_gpu [VMMHOOK_HANDLE_TYPE unset]" static "-" "$(rcname "$nrc")" FAIL \
+                    "want exit 77 and the log line naming VMMHOOK_HANDLE_TYPE=posix_fd: $(first_fail ipc_gpu.static.none)"
+            fi
+        fi
+    fi
+
+    if ! skipped torch; then
+        t=$(tmo 200 60)
+        if [ "$t" = 0 ]; then
+            row "torch_ipc" "-" "-" "-" SKIP "no time left in the budget"
+        else
+            say "torch_ipc: cache and nocache (native, hooked posix_fd), cache hooked unset, timeout ${t}s ($(elapsed) s)"
+            py=tests/gpu/torch_ipc.py
+            for v in cache nocache; do
+                launch "torch_ipc.$v.native" native "$t" python3 "$py" "$v"
+                launch "torch_ipc.$v.hooked" hooked "$t" "${PFD[@]}" python3 "$py" "$v"
+            done
+            launch torch_ipc.none.hooked hooked "$t" "${NOPFD[@]}" python3 "$py" cache
+            wait
+            judge "torch_ipc cache [posix_fd]" python torch_ipc.cache.native torch_ipc.cache.hooked 0 any 1
+            nrc=$(rc_of torch_ipc.nocache.native)
+            hrc=$(rc_of torch_ipc.nocache.hooked)
+            if [ "$nrc" = 77 ] && [ "$hrc" = 77 ]; then
+                ipc_info_row "torch_ipc nocache [posix_fd]" python 77 77 \
+                    "not run: $(grep -m1 '^SKIP:' "$LOG/torch_ipc.nocache.native.out" | cut -c7-)"
+            else
+                judge "torch_ipc nocache [posix_fd]" python torch_ipc.nocache.native torch_ipc.nocache.hooked 0 any 1
+            fi
+            nrc=$(rc_of torch_ipc.none.hooked)
+            if [ "$nrc" = 3 ] && ipc_said torch_ipc.none.hooked; then
+                ipc_info_row "torch_ipc cache [VMMHOOK_HANDLE_TYPE unset]" python "-" 3 \
+                    "sharing refused as documented; the log names VMMHOOK_HANDLE_TYPE=posix_fd"
+            elif [ "$nrc" = 77 ]; then
+                ipc_info_row "torch_ipc cache [VMMHOOK_HANDLE_TYPE unset]" python "-" 77 \
+                    "not run: $(grep -m1 '^SKIP:' "$LOG/torch_ipc.none.hooked.out" | cut -c7-)"
+            else
+                row "torch_ipc cache [VMMHOOK_HANDLE_TYPE unset]" python "-" "$(rcname "$nrc")" FAIL \
+                    "want exit 3 (refused) and the log line naming VMMHOOK_HANDLE_TYPE=posix_fd: $(first_fail torch_ipc.none.hooked)"
+            fi
+        fi
+    fi
+
+    # Latency, one run at a time (nothing else on the GPU): native, then the hook without and
+    # with POSIX_FD chunks, the reuse cache off so that every cudaMalloc creates a chunk.
+    ic=$W/bin/ipc_cost.static
+    if [ -x "$ic" ]; then
+        t=$(tmo 60 45)
+        if [ "$t" = 0 ]; then
+            row "ipc_cost" "static" "-" "-" SKIP "no time left in the budget"
+        else
+            say "ipc_cost: native, hooked none, hooked posix_fd (VMMHOOK_CACHE_LIMIT=0), timeout ${t}s each ($(elapsed) s)"
+            launch ipc_cost.native native "$t" "$ic"
+            wait
+            launch ipc_cost.none hooked "$t" "${NOPFD[@]}" VMMHOOK_CACHE_LIMIT=0 "$ic"
+            wait
+            launch ipc_cost.posix_fd hooked "$t" env VMMHOOK_HANDLE_TYPE=posix_fd VMMHOOK_CACHE_LIMIT=0 "$ic"
+            wait
+            res=PASS
+            cnote=""
+            for id in native none posix_fd; do
+                rc=$(rc_of "ipc_cost.$id")
+                [ "$rc" = 0 ] || { res=FAIL; cnote="$cnote $id exit $(rcname "$rc"): $(first_fail "ipc_cost.$id");"; }
+            done
+            [ "$(rc_of ipc_cost.native)" = 77 ] && res=SKIP
+            # "2MiB malloc_free: native 60.1, none 75.3, posix_fd 76.0 us; ..." (medians)
+            for key in "malloc_free 2MiB" "malloc_free 64MiB" "ipc_get_first 64MiB" "ipc_get_again 64MiB"; do
+                line="$key:"
+                for id in native none posix_fd; do
+                    m=$(grep -m1 "^COST $key " "$LOG/ipc_cost.$id.out" 2>/dev/null | sed -n 's/.*median_us=\([0-9.]*\).*/\1/p')
+                    line="$line $id ${m:--}"
+                done
+                cnote="$cnote $line us;"
+            done
+            row "ipc_cost (median us)" "static" "$(rcname "$(rc_of ipc_cost.native)")" \
+                "$(rcname "$(rc_of ipc_cost.none)")/$(rcname "$(rc_of ipc_cost.posix_fd)")" "$res" "${cnote# }"
+            for id in native none posix_fd; do
+                echo "== $id"
+                grep -E '^(COST|I mode)' "$LOG/ipc_cost.$id.out" 2>/dev/null
+            done | note "ipc_cost: allocation and cudaIpcGetMemHandle latency (native / hooked none / hooked posix_fd, VMMHOOK_CACHE_LIMIT=0)"
+        fi
     fi
 fi
 

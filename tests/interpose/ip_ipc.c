@@ -1,0 +1,544 @@
+/* Interpose test: CUDA IPC of served buffers between two processes, and peer access, through
+ * the library preloaded into a program that reaches the simulated driver the way cudart does
+ * (dlopen, cuGetProcAddress_v2, everything through it).
+ *
+ *   ip_ipc posix_fd   (VMMHOOK_HANDLE_TYPE=posix_fd) the exporter side in this process, the
+ *                     importer side in forked children: the handle, the same-process and
+ *                     foreign-handle answers, the protocol spoken by hand (SCM_RIGHTS crosses
+ *                     the process boundary: sizes, offsets, descriptors), the library's own
+ *                     open in a child, another user refused, a freed buffer's handle refused;
+ *   ip_ipc none       (no VMMHOOK_HANDLE_TYPE) cuIpcGetMemHandle answers the driver's
+ *                     CUDA_ERROR_INVALID_VALUE and says once how to make IPC work; no thread.
+ * Both: peer access enabled and disabled through the looked-up cuCtxEnablePeerAccess reaches
+ * served buffers of the peer device.
+ *
+ * What the simulated driver cannot do: import in one process an fd exported by another (its
+ * allocations live in each process's own memory). So the child's cuIpcOpenMemHandle gets as
+ * far as cuMemImportFromShareableHandle, whose refusal (CUDA_ERROR_INVALID_VALUE) it returns,
+ * leaving nothing held. Mapping and contents are checked in one process by the unit tests
+ * (tests/unit/test_ipc.c), and on the GPU by tests/gpu/ipc_gpu.cu.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <dirent.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include "ip_common.h"
+#include "ipc.h" /* the handle and the wire protocol (types only: nothing of it is linked) */
+#include "simdrv.h"
+
+#define MiB ((size_t)1 << 20)
+
+static void *libcuda;
+static PFN_cuGetProcAddress_v12000 getproc;
+static int (*vmm_owns_fn)(const void *);
+static size_t (*vmm_trim_fn)(void);
+
+#define SIM_FNS(X)                                                                                 \
+    X(sim_calls)                                                                                   \
+    X(sim_access_flags)                                                                            \
+    X(sim_live_reservations)                                                                       \
+    X(sim_live_mappings)                                                                           \
+    X(sim_live_handles)                                                                            \
+    X(sim_live_allocations)                                                                        \
+    X(sim_get_proc_address)                                                                        \
+    X(sim_write)                                                                                   \
+    X(sim_read)                                                                                    \
+    X(sim_ledger_empty)                                                                            \
+    X(sim_ledger_dump)
+#define SIM_FIELD(n) __typeof__(&n) n;
+static struct {
+    SIM_FNS(SIM_FIELD)
+} sim;
+#undef SIM_FIELD
+
+static PFN_cuInit_v2000 p_cuInit;
+static PFN_cuDeviceGet_v2000 p_cuDeviceGet;
+static PFN_cuDevicePrimaryCtxRetain_v7000 p_cuDevicePrimaryCtxRetain;
+static PFN_cuCtxSetCurrent_v4000 p_cuCtxSetCurrent;
+static PFN_cuMemAlloc_v3020 p_cuMemAlloc;
+static PFN_cuMemFree_v3020 p_cuMemFree;
+static PFN_cuMemAllocAsync_v11020 p_cuMemAllocAsync;
+static PFN_cuMemFreeAsync_v11020 p_cuMemFreeAsync;
+static PFN_cuIpcGetMemHandle_v4010 p_cuIpcGetMemHandle;
+static PFN_cuIpcOpenMemHandle_v11000 p_cuIpcOpenMemHandle;
+static PFN_cuIpcCloseMemHandle_v4010 p_cuIpcCloseMemHandle;
+static PFN_cuCtxEnablePeerAccess_v4000 p_cuCtxEnablePeerAccess;
+static PFN_cuCtxDisablePeerAccess_v4000 p_cuCtxDisablePeerAccess;
+
+static CUcontext ctx0, ctx1;
+
+static void *need_dlsym(void *h, const char *name)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        printf("FAIL dlsym(%s): %s\n", name, dlerror());
+        exit(1);
+    }
+    return p;
+}
+
+static void *fetch(const char *name, int version)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    if (getproc(name, &fn, version, 0, &st) != CUDA_SUCCESS || !fn) {
+        printf("FAIL cuGetProcAddress(%s, %d)\n", name, version);
+        exit(1);
+    }
+    return fn;
+}
+
+/* The driver's own function (what the program would get without the library). */
+static void *driver_fn(const char *name, int version)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    return sim.sim_get_proc_address(name, &fn, version, 0, &st) == CUDA_SUCCESS ? fn : NULL;
+}
+
+static bool owned(CUdeviceptr p)
+{
+    return vmm_owns_fn((const void *)(uintptr_t)p) != 0;
+}
+
+static vmh_ipc_handle_t decode(const CUipcMemHandle *h)
+{
+    vmh_ipc_handle_t w;
+    memcpy(&w, h->reserved, sizeof w);
+    return w;
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+static int count_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    if (!d)
+        return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Runs fn in a forked child (the importer) and returns its exit status; the child's checks
+ * print on the shared stdout and its failures make the status nonzero. */
+static int in_child(void (*fn)(void *), void *arg)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        ip_failures = 0;
+        fn(arg);
+        fflush(stdout);
+        _exit(ip_failures ? 1 : 0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* ---- the protocol spoken by hand ----------------------------------------------------------- */
+
+typedef struct wire_result {
+    int connect_errno;
+    vmh_ipc_reply_t rep;
+    size_t nfds;
+    uint64_t sizes[VMH_IPC_BATCH];
+    bool fds_are_memfds;
+} wire_result_t;
+
+/* One request to the exporter named by h, for export id `id` (the handle's, or another). */
+static wire_result_t ask(const CUipcMemHandle *hp, uint64_t id)
+{
+    wire_result_t r;
+    memset(&r, 0, sizeof r);
+    vmh_ipc_handle_t h = decode(hp);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    /* The documented name: "vmmhook-ipc.<pid>.<token, 16 hex digits>", abstract. */
+    int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "vmmhook-ipc.%u.%016llx", h.pid,
+                     (unsigned long long)h.token);
+    if (connect(s, (struct sockaddr *)&sa,
+                (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) != 0) {
+        r.connect_errno = errno;
+        close(s);
+        return r;
+    }
+    vmh_ipc_request_t req = {VMH_IPC_MAGIC, VMH_IPC_VERSION, h.token, id};
+    send(s, &req, sizeof req, MSG_NOSIGNAL);
+    if (recv(s, &r.rep, sizeof r.rep, 0) != (ssize_t)sizeof r.rep) {
+        r.rep.status = 99;
+        close(s);
+        return r;
+    }
+    r.fds_are_memfds = true;
+    for (uint64_t got = 0; r.rep.status == VMH_IPC_OK && got < r.rep.nchunks;) {
+        vmh_ipc_batch_t b;
+        union {
+            char buf[CMSG_SPACE(VMH_IPC_BATCH * sizeof(int))];
+            struct cmsghdr align;
+        } ctl;
+        struct iovec iov = {&b, sizeof b};
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = ctl.buf,
+                             .msg_controllen = sizeof ctl.buf};
+        if (recvmsg(s, &msg, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof b)
+            break;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                char link[64], target[256] = "";
+                snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+                ssize_t tl = readlink(link, target, sizeof target - 1);
+                struct stat st;
+                r.fds_are_memfds &= fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && tl > 0 &&
+                                    strstr(target, "memfd:") != NULL;
+                close(fd);
+                r.nfds++;
+            }
+        }
+        for (uint32_t i = 0; i < b.count && got + i < VMH_IPC_BATCH; i++)
+            r.sizes[got + i] = b.sizes[i];
+        got += b.count;
+    }
+    close(s);
+    return r;
+}
+
+/* ---- children ------------------------------------------------------------------------------ */
+
+typedef struct handles {
+    CUipcMemHandle big, small;
+    size_t big_size, small_size;
+} handles_t;
+
+static void child_speaks_the_protocol(void *arg)
+{
+    const handles_t *hs = arg;
+    printf("  [child %d: the protocol by hand]\n", (int)getpid());
+    int fds0 = count_fds();
+    wire_result_t r = ask(&hs->big, decode(&hs->big).id);
+    CHECK(r.connect_errno == 0, "connected to the exporter's abstract socket (%s)",
+          strerror(r.connect_errno));
+    CHECK(r.rep.status == VMH_IPC_OK && r.rep.nchunks == 1 && r.rep.size == hs->big_size &&
+              r.rep.offset == 0 && r.rep.device == 0,
+          "big buffer: status %u, %llu chunk(s), size %llu, offset %llu, device %d", r.rep.status,
+          (unsigned long long)r.rep.nchunks, (unsigned long long)r.rep.size,
+          (unsigned long long)r.rep.offset, r.rep.device);
+    CHECK(r.nfds == 1 && r.fds_are_memfds && r.sizes[0] == 8 * MiB,
+          "one descriptor crossed by SCM_RIGHTS, a memfd, chunk of %llu bytes",
+          (unsigned long long)r.sizes[0]);
+    r = ask(&hs->small, decode(&hs->small).id);
+    CHECK(r.rep.status == VMH_IPC_OK && r.rep.nchunks == 1 && r.rep.size == hs->small_size &&
+              r.rep.offset == decode(&hs->small).offset && r.rep.offset > 0 && r.nfds == 1 &&
+              r.fds_are_memfds && r.sizes[0] == 2 * MiB,
+          "packed buffer: its chunk (%llu bytes) and its offset in it (%llu)",
+          (unsigned long long)r.sizes[0], (unsigned long long)r.rep.offset);
+    r = ask(&hs->big, 987654321);
+    CHECK(r.rep.status == VMH_IPC_UNKNOWN_ID && r.nfds == 0, "an unknown export id: status %u",
+          r.rep.status);
+    CHECK(count_fds() == fds0, "no descriptor left open in the importer (%d, was %d)", count_fds(),
+          fds0);
+}
+
+static void child_opens_through_the_library(void *arg)
+{
+    const handles_t *hs = arg;
+    printf("  [child %d: cuIpcOpenMemHandle through the library]\n", (int)getpid());
+    int fds0 = count_fds();
+    size_t resv0 = sim.sim_live_reservations(), maps0 = sim.sim_live_mappings(),
+           handles0 = sim.sim_live_handles();
+    unsigned long imports0 = sim.sim_calls("cuMemImportFromShareableHandle");
+    CUdeviceptr q = 0;
+    /* The fd arrives; the simulated driver cannot import another process's memfd. */
+    CHECK_RC(p_cuIpcOpenMemHandle(&q, hs->big, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             CUDA_ERROR_INVALID_VALUE,
+             "cuIpcOpenMemHandle(the parent's handle): the simulated driver's refusal to import");
+    CHECK(sim.sim_calls("cuMemImportFromShareableHandle") == imports0 + 1,
+          "the descriptor arrived and its import was tried once");
+    CHECK(sim.sim_live_reservations() == resv0 && sim.sim_live_mappings() == maps0 &&
+              sim.sim_live_handles() == handles0 && count_fds() == fds0,
+          "nothing left held: reservations, mappings, handles, descriptors");
+    CHECK_RC(p_cuIpcOpenMemHandle(&q, hs->small, 0), CUDA_ERROR_INVALID_VALUE,
+             "flags other than CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS");
+    CHECK_RC(p_cuIpcCloseMemHandle(0x1000),
+             ((PFN_cuIpcCloseMemHandle_v4010)driver_fn("cuIpcCloseMemHandle", 4010))(0x1000),
+             "cuIpcCloseMemHandle of nothing we opened: the driver's answer");
+}
+
+static void child_of_another_user(void *arg)
+{
+    const handles_t *hs = arg;
+    printf("  [child %d: another user]\n", (int)getpid());
+    if (setgid(65534) != 0 || setuid(65534) != 0) {
+        printf("  (cannot change user: %s)\n", strerror(errno));
+        _exit(0);
+    }
+    CUdeviceptr q = 0;
+    CHECK_RC(p_cuIpcOpenMemHandle(&q, hs->big, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle as uid 65534");
+    wire_result_t r = ask(&hs->big, decode(&hs->big).id);
+    CHECK(r.rep.status == VMH_IPC_REFUSED_USER && r.nfds == 0,
+          "the exporter refuses uid 65534 by hand too (status %u, %zu fds)", r.rep.status, r.nfds);
+}
+
+static void child_after_the_free(void *arg)
+{
+    const handles_t *hs = arg;
+    printf("  [child %d: after the exporter freed the buffer]\n", (int)getpid());
+    CUdeviceptr q = 0;
+    CHECK_RC(p_cuIpcOpenMemHandle(&q, hs->big, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle of a freed buffer's handle");
+}
+
+/* ---- the checks ---------------------------------------------------------------------------- */
+
+static void check_posix_fd(ip_capture_t *cap)
+{
+    static char text[1 << 16];
+    int threads0 = count_threads();
+    CUdeviceptr big = 0, pad = 0, small = 0;
+    CHECK_RC(p_cuMemAlloc(&big, 8 * MiB), CUDA_SUCCESS, "cuMemAlloc(8 MiB)");
+    CHECK_RC(p_cuMemAlloc(&pad, 1000), CUDA_SUCCESS, "cuMemAlloc(1000)");
+    CHECK_RC(p_cuMemAlloc(&small, 4096), CUDA_SUCCESS, "cuMemAlloc(4096) (packed after it)");
+    CHECK(owned(big) && owned(small), "both served");
+    size_t allocs_with_big = sim.sim_live_allocations();
+
+    handles_t hs = {.big_size = 8 * MiB, .small_size = 4096};
+    CUipcMemHandle again;
+    CHECK_RC(p_cuIpcGetMemHandle(&hs.big, big), CUDA_SUCCESS, "cuIpcGetMemHandle(big)");
+    CHECK_RC(p_cuIpcGetMemHandle(&again, big), CUDA_SUCCESS, "cuIpcGetMemHandle(big) again");
+    CHECK(memcmp(&again, &hs.big, sizeof again) == 0, "the same buffer gives the same handle");
+    CHECK_RC(p_cuIpcGetMemHandle(&hs.small, small), CUDA_SUCCESS, "cuIpcGetMemHandle(small)");
+    vmh_ipc_handle_t wb = decode(&hs.big), ws = decode(&hs.small);
+    CHECK(wb.magic == VMH_IPC_MAGIC && wb.pid == (uint32_t)getpid() && wb.size == 8 * MiB &&
+              wb.token != 0 && wb.token == ws.token && wb.id != ws.id && ws.size == 4096 &&
+              ws.offset > 0,
+          "the handles: magic, pid, one token, two ids, sizes, the packed offset %llu",
+          (unsigned long long)ws.offset);
+    CHECK(count_threads() == threads0 + 1, "one listener thread started (%d threads, were %d)",
+          count_threads(), threads0);
+
+    /* Opening in this same process: the driver's answer for its own handles. */
+    CUdeviceptr q = 0;
+    CHECK_RC(p_cuIpcOpenMemHandle(&q, hs.big, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             CUDA_ERROR_INVALID_CONTEXT, "cuIpcOpenMemHandle of our own handle");
+    PFN_cuIpcOpenMemHandle_v11000 open_drv =
+        (PFN_cuIpcOpenMemHandle_v11000)driver_fn("cuIpcOpenMemHandle", 11000);
+    CUdeviceptr nat = 0;
+    CUipcMemHandle nh;
+    CHECK_RC(p_cuMemAllocAsync(&nat, 4096, NULL), CUDA_SUCCESS, "a native block");
+    CHECK_RC(p_cuIpcGetMemHandle(&nh, nat), CUDA_SUCCESS, "cuIpcGetMemHandle(native block)");
+    CHECK_RC(p_cuIpcOpenMemHandle(&q, nh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             open_drv(&q, nh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             "a native handle goes to the driver");
+    CUipcMemHandle junk;
+    memset(&junk, 0x5a, sizeof junk);
+    CHECK_RC(p_cuIpcOpenMemHandle(&q, junk, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             open_drv(&q, junk, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             "a handle without our magic goes to the driver");
+    CUipcMemHandle forged = hs.big;
+    forged.reserved[24] ^= 1; /* another export id, without the check to match */
+    CHECK_RC(p_cuIpcOpenMemHandle(&q, forged, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             open_drv(&q, forged, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+             "our magic with a wrong check goes to the driver");
+    CHECK_RC(p_cuMemFreeAsync(nat, NULL), CUDA_SUCCESS, "the native block freed");
+    PFN_cuIpcCloseMemHandle_v4010 close_drv =
+        (PFN_cuIpcCloseMemHandle_v4010)driver_fn("cuIpcCloseMemHandle", 4010);
+    CHECK_RC(p_cuIpcCloseMemHandle(big), close_drv(big),
+             "cuIpcCloseMemHandle of a served pointer we did not open: the driver's answer");
+
+    /* The importers. */
+    unsigned long exports0 = sim.sim_calls("cuMemExportToShareableHandle");
+    CHECK(in_child(child_speaks_the_protocol, &hs) == 0, "the protocol child passed");
+    CHECK(in_child(child_opens_through_the_library, &hs) == 0, "the library child passed");
+    CHECK(sim.sim_calls("cuMemExportToShareableHandle") == exports0 + 3,
+          "the exporter exported a chunk per answered request (%lu)",
+          sim.sim_calls("cuMemExportToShareableHandle") - exports0);
+    if (geteuid() == 0) {
+        exports0 = sim.sim_calls("cuMemExportToShareableHandle");
+        CHECK(in_child(child_of_another_user, &hs) == 0, "the other user's child passed");
+        CHECK(sim.sim_calls("cuMemExportToShareableHandle") == exports0,
+              "nothing exported for another user");
+        ip_capture_read(cap, text, sizeof text);
+        CHECK(strstr(text, "refused a CUDA IPC request") != NULL, "the exporter said it refused");
+    } else {
+        printf("skip another user: not root\n");
+    }
+
+    /* The exporter frees: the heap unmaps after the trim's synchronize, the table lets go, and
+     * the handle names nothing any more. */
+    CHECK_RC(p_cuMemFree(big), CUDA_SUCCESS, "cuMemFree(big)");
+    vmm_trim_fn();
+    CHECK(in_child(child_after_the_free, &hs) == 0, "the child after the free passed");
+    bool gone = false;
+    for (int i = 0; i < 40 && !gone; i++) { /* the listener prunes every second, and at requests */
+        gone = sim.sim_live_allocations() == allocs_with_big - 1;
+        if (!gone)
+            usleep(100 * 1000);
+    }
+    CHECK(gone, "the freed exported chunk was released (%zu allocations, were %zu with it)",
+          sim.sim_live_allocations(), allocs_with_big);
+    CHECK_RC(p_cuMemFree(small), CUDA_SUCCESS, "cuMemFree(small)");
+    CHECK_RC(p_cuMemFree(pad), CUDA_SUCCESS, "cuMemFree(pad)");
+}
+
+static void check_none(ip_capture_t *cap)
+{
+    static char text[1 << 16];
+    int threads0 = count_threads();
+    CUdeviceptr a = 0;
+    CUipcMemHandle h;
+    CHECK_RC(p_cuMemAlloc(&a, 3 * MiB), CUDA_SUCCESS, "cuMemAlloc(3 MiB)");
+    CHECK(owned(a), "served");
+    CHECK_RC(p_cuIpcGetMemHandle(&h, a), CUDA_ERROR_INVALID_VALUE,
+             "cuIpcGetMemHandle(served): the driver's answer for VMM memory");
+    CHECK_RC(p_cuIpcGetMemHandle(&h, a + 4096), CUDA_ERROR_INVALID_VALUE, "again, interior");
+    ip_capture_read(cap, text, sizeof text);
+    size_t lines = ip_count_substr(text, "VMMHOOK_HANDLE_TYPE=posix_fd");
+    CHECK(lines == 1,
+          "the explanation naming VMMHOOK_HANDLE_TYPE=posix_fd was printed %zu "
+          "time(s) (want 1)",
+          lines);
+    CHECK(count_threads() == threads0, "no thread started");
+    CHECK_RC(p_cuMemFree(a), CUDA_SUCCESS, "cuMemFree");
+}
+
+static void check_peers(void)
+{
+    CUdeviceptr on1 = 0, small1 = 0;
+    CHECK_RC(p_cuCtxSetCurrent(ctx1), CUDA_SUCCESS, "cuCtxSetCurrent(device 1)");
+    CHECK_RC(p_cuMemAlloc(&on1, 4 * MiB), CUDA_SUCCESS, "cuMemAlloc(4 MiB) on device 1");
+    CHECK_RC(p_cuMemAlloc(&small1, 300), CUDA_SUCCESS, "cuMemAlloc(300) on device 1");
+    CHECK_RC(sim.sim_write(on1, "peer", 5), CUDA_SUCCESS, "device 1 writes its buffer");
+    CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
+    CHECK(sim.sim_access_flags(on1, 0) == 0 && sim.sim_access_flags(small1, 0) == 0,
+          "device 0 has no access to device 1's served buffers yet");
+    char buf[5] = "";
+    CHECK_RC(p_cuCtxEnablePeerAccess(ctx1, 0), CUDA_SUCCESS,
+             "cuCtxEnablePeerAccess(device 1's context) from device 0");
+    CHECK(sim.sim_access_flags(on1, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE &&
+              sim.sim_access_flags(small1, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+          "now device 0 reaches both (flags %u, %u)", sim.sim_access_flags(on1, 0),
+          sim.sim_access_flags(small1, 0));
+    CHECK(sim.sim_read(buf, on1, 5) == CUDA_SUCCESS && !strcmp(buf, "peer"),
+          "device 0 reads what device 1 wrote");
+    CUdeviceptr later = 0;
+    CHECK_RC(p_cuCtxSetCurrent(ctx1), CUDA_SUCCESS, "cuCtxSetCurrent(device 1)");
+    CHECK_RC(p_cuMemAlloc(&later, 6 * MiB), CUDA_SUCCESS, "a later buffer on device 1");
+    CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
+    CHECK(sim.sim_access_flags(later, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+          "device 0 reaches the later buffer too");
+    CHECK_RC(p_cuCtxEnablePeerAccess(ctx1, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+             "enabling twice: the driver's code");
+    CHECK_RC(p_cuCtxDisablePeerAccess(ctx1), CUDA_SUCCESS, "cuCtxDisablePeerAccess");
+    CHECK(sim.sim_access_flags(on1, 0) == 0 && sim.sim_access_flags(later, 0) == 0,
+          "disabled: device 0's access is revoked");
+    CHECK(sim.sim_access_flags(on1, 1) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+          "device 1 keeps its own");
+    CHECK_RC(p_cuCtxDisablePeerAccess(ctx1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
+             "disabling twice: the driver's code");
+    CHECK_RC(p_cuMemFree(on1), CUDA_SUCCESS, "frees");
+    CHECK_RC(p_cuMemFree(small1), CUDA_SUCCESS, "frees");
+    CHECK_RC(p_cuMemFree(later), CUDA_SUCCESS, "frees");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2 || (strcmp(argv[1], "posix_fd") && strcmp(argv[1], "none"))) {
+        fprintf(stderr, "usage: %s posix_fd|none\n", argv[0]);
+        return 2;
+    }
+    bool posix = !strcmp(argv[1], "posix_fd");
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *ht = getenv("VMMHOOK_HANDLE_TYPE");
+    printf("ip_ipc: handle type %s (VMMHOOK_HANDLE_TYPE=%s)\n", argv[1], ht ? ht : "(unset)");
+    ip_require_preloaded();
+    if (posix != (ht && !strcmp(ht, "posix_fd"))) {
+        printf("FAIL run \"ip_ipc %s\" with VMMHOOK_HANDLE_TYPE%s\n", argv[1],
+               posix ? "=posix_fd" : " unset");
+        return 1;
+    }
+    ip_capture_t cap;
+    ip_capture_begin(&cap);
+    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!libcuda) {
+        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
+        return 1;
+    }
+#define SIM_GET(n) sim.n = (__typeof__(sim.n))need_dlsym(libcuda, #n);
+    SIM_FNS(SIM_GET)
+#undef SIM_GET
+    getproc = (PFN_cuGetProcAddress_v12000)need_dlsym(libcuda, "cuGetProcAddress_v2");
+    CHECK(ip_in_hook((void *)getproc), "dlsym(libcuda, \"cuGetProcAddress_v2\") is the library's");
+    vmm_owns_fn = (int (*)(const void *))need_dlsym(RTLD_DEFAULT, "vmm_owns");
+    vmm_trim_fn = (size_t(*)(void))need_dlsym(RTLD_DEFAULT, "vmm_trim");
+    p_cuInit = fetch("cuInit", 12000);
+    p_cuDeviceGet = fetch("cuDeviceGet", 12000);
+    p_cuDevicePrimaryCtxRetain = fetch("cuDevicePrimaryCtxRetain", 12000);
+    p_cuCtxSetCurrent = fetch("cuCtxSetCurrent", 12000);
+    p_cuMemAlloc = fetch("cuMemAlloc", 12000);
+    p_cuMemFree = fetch("cuMemFree", 12000);
+    p_cuMemAllocAsync = fetch("cuMemAllocAsync", 12000);
+    p_cuMemFreeAsync = fetch("cuMemFreeAsync", 12000);
+    p_cuIpcGetMemHandle = fetch("cuIpcGetMemHandle", 12000);
+    p_cuIpcOpenMemHandle = fetch("cuIpcOpenMemHandle", 12000);
+    p_cuIpcCloseMemHandle = fetch("cuIpcCloseMemHandle", 12000);
+    p_cuCtxEnablePeerAccess = fetch("cuCtxEnablePeerAccess", 12000);
+    p_cuCtxDisablePeerAccess = fetch("cuCtxDisablePeerAccess", 12000);
+    CHECK(ip_in_hook((void *)p_cuIpcOpenMemHandle) && ip_in_hook((void *)p_cuCtxEnablePeerAccess),
+          "the IPC and peer entry points are the library's");
+
+    CUdevice d0, d1;
+    CHECK_RC(p_cuInit(0), CUDA_SUCCESS, "cuInit");
+    CHECK_RC(p_cuDeviceGet(&d0, 0), CUDA_SUCCESS, "cuDeviceGet(0)");
+    CHECK_RC(p_cuDeviceGet(&d1, 1), CUDA_SUCCESS, "cuDeviceGet(1) (SIM_DEVICES=2)");
+    CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx0, d0), CUDA_SUCCESS, "primary context 0");
+    CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx1, d1), CUDA_SUCCESS, "primary context 1");
+    CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
+
+    if (posix)
+        check_posix_fd(&cap);
+    else
+        check_none(&cap);
+    check_peers();
+    ip_capture_end(&cap);
+
+    vmm_trim_fn();
+    if (!posix) {
+        CHECK(sim.sim_ledger_empty(), "after the frees and vmm_trim the driver holds nothing");
+    } else {
+        /* The exported packed slot is never reused: its chunk stays until the process ends. */
+        CHECK(sim.sim_live_allocations() == 1 && sim.sim_live_mappings() == 1,
+              "only the chunk of the exported packed buffer is left (%zu allocations, %zu "
+              "mappings)",
+              sim.sim_live_allocations(), sim.sim_live_mappings());
+    }
+    if (!sim.sim_ledger_empty())
+        sim.sim_ledger_dump();
+    return ip_finish(posix ? "ip_ipc posix_fd" : "ip_ipc none");
+}
