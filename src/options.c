@@ -68,7 +68,7 @@ static const opt_row_t rows[] = {
     {"VMMHOOK_GRANULARITY", K_GRAN, FIELD(gran_mode), "recommended", 0, WORDS(gran_words),
      "chunk size of device memory: the driver's minimum or recommended granularity for the "
      "allocation properties in use, or a size that is a multiple of the minimum"},
-    {"VMMHOOK_HANDLE_TYPE", K_ENUM, FIELD(handle), "none", 0, WORDS(handle_words),
+    {"VMMHOOK_HANDLE_TYPE", K_ENUM, FIELD(handle), "posix_fd", 0, WORDS(handle_words),
      "shareable handle type requested for every chunk; refused with a message when the driver "
      "rejects it on this machine"},
     {"VMMHOOK_HEADROOM", K_SIZE, FIELD(headroom), "1G", 0, NULL, 0,

@@ -622,12 +622,12 @@ ipc_info_row() { # CHECK BUILD NATIVE HOOKED NOTE
 ipc_said() { grep -q 'VMMHOOK_HANDLE_TYPE=posix_fd' "$LOG/$1.err" "$LOG/$1.out" 2>/dev/null; }
 if ! skipped ipc && [ "$lib_ok" = 1 ]; then
     PFD=(env VMMHOOK_HANDLE_TYPE=posix_fd)
-    NOPFD=(env -u VMMHOOK_HANDLE_TYPE)
+    NOPFD=(env VMMHOOK_HANDLE_TYPE=none)
     t=$(tmo 150 60)
     if [ "$t" = 0 ]; then
         row "ipc_gpu, peer_gpu" "both" "-" "-" SKIP "no time left in the budget (${BUDGET}s)"
     else
-        say "ipc_gpu (posix_fd, and unset), peer_gpu: native and hooked, timeout ${t}s ($(elapsed) s)"
+        say "ipc_gpu (posix_fd, and none), peer_gpu: native and hooked, timeout ${t}s ($(elapsed) s)"
         for v in static shared; do
             if [ -x "$W/bin/ipc_gpu.$v" ]; then
                 launch "ipc_gpu.$v.native" native "$t" "$W/bin/ipc_gpu.$v"
@@ -660,10 +660,10 @@ if ! skipped ipc && [ "$lib_ok" = 1 ]; then
         if [ -f "$LOG/ipc_gpu.static.none.rc" ]; then
             nrc=$(rc_of ipc_gpu.static.none)
             if [ "$nrc" = 77 ] && ipc_said ipc_gpu.static.none; then
-                ipc_info_row "ipc_gpu [VMMHOOK_HANDLE_TYPE unset]" static "-" 77 \
+                ipc_info_row "ipc_gpu [VMMHOOK_HANDLE_TYPE=none]" static "-" 77 \
                     "refused as documented: invalid argument, and the log names VMMHOOK_HANDLE_TYPE=posix_fd"
             else
-                row "ipc_gpu [VMMHOOK_HANDLE_TYPE unset]" static "-" "$(rcname "$nrc")" FAIL \
+                row "ipc_gpu [VMMHOOK_HANDLE_TYPE=none]" static "-" "$(rcname "$nrc")" FAIL \
                     "want exit 77 and the log line naming VMMHOOK_HANDLE_TYPE=posix_fd: $(first_fail ipc_gpu.static.none)"
             fi
         fi
@@ -674,7 +674,7 @@ if ! skipped ipc && [ "$lib_ok" = 1 ]; then
         if [ "$t" = 0 ]; then
             row "torch_ipc" "-" "-" "-" SKIP "no time left in the budget"
         else
-            say "torch_ipc: cache and nocache (native, hooked posix_fd), cache hooked unset, timeout ${t}s ($(elapsed) s)"
+            say "torch_ipc: cache and nocache (native, hooked posix_fd), cache hooked none, timeout ${t}s ($(elapsed) s)"
             py=tests/gpu/torch_ipc.py
             for v in cache nocache; do
                 launch "torch_ipc.$v.native" native "$t" python3 "$py" "$v"
@@ -693,13 +693,13 @@ if ! skipped ipc && [ "$lib_ok" = 1 ]; then
             fi
             nrc=$(rc_of torch_ipc.none.hooked)
             if [ "$nrc" = 3 ] && ipc_said torch_ipc.none.hooked; then
-                ipc_info_row "torch_ipc cache [VMMHOOK_HANDLE_TYPE unset]" python "-" 3 \
+                ipc_info_row "torch_ipc cache [VMMHOOK_HANDLE_TYPE=none]" python "-" 3 \
                     "sharing refused as documented; the log names VMMHOOK_HANDLE_TYPE=posix_fd"
             elif [ "$nrc" = 77 ]; then
-                ipc_info_row "torch_ipc cache [VMMHOOK_HANDLE_TYPE unset]" python "-" 77 \
+                ipc_info_row "torch_ipc cache [VMMHOOK_HANDLE_TYPE=none]" python "-" 77 \
                     "not run: $(grep -m1 '^SKIP:' "$LOG/torch_ipc.none.hooked.out" | cut -c7-)"
             else
-                row "torch_ipc cache [VMMHOOK_HANDLE_TYPE unset]" python "-" "$(rcname "$nrc")" FAIL \
+                row "torch_ipc cache [VMMHOOK_HANDLE_TYPE=none]" python "-" "$(rcname "$nrc")" FAIL \
                     "want exit 3 (refused) and the log line naming VMMHOOK_HANDLE_TYPE=posix_fd: $(first_fail torch_ipc.none.hooked)"
             fi
         fi

@@ -107,7 +107,7 @@ static void test_defaults(void **state)
     memset(&o, 0xa5, sizeof(o));
     vmh_options_defaults(&o);
     assert_int_equal(o.gran_mode, VMH_GRAN_RECOMMENDED);
-    assert_int_equal(o.handle, VMH_HANDLE_NONE);
+    assert_int_equal(o.handle, VMH_HANDLE_POSIX_FD);
     assert_int_equal(o.headroom, (size_t)1 << 30);
     assert_int_equal(o.va_limit, (size_t)64 << 40);
     assert_int_equal(o.cache_limit, (size_t)1 << 30);
@@ -376,7 +376,7 @@ static void test_bad_values(void **state)
         {"VMMHOOK_GRANULARITY", "huge", "min, recommended", "not one of", "recommended"},
         {"VMMHOOK_GRANULARITY", "0", "min, recommended", "granularity of 0", "recommended"},
         {"VMMHOOK_GRANULARITY", "99999999999T", "min, recommended", "too large", "recommended"},
-        {"VMMHOOK_HANDLE_TYPE", "win32", "none, posix_fd, fabric", "not one of", "none"},
+        {"VMMHOOK_HANDLE_TYPE", "win32", "none, posix_fd, fabric", "not one of", "posix_fd"},
         {"VMMHOOK_HEADROOM", "1.5G", "K, M, G or T", "not one of", "1G"},
         {"VMMHOOK_HEADROOM", "-1", "K, M, G or T", "not one of", "1G"},
         {"VMMHOOK_VA_LIMIT", "0", "K, M, G or T", "too small", "64T"},
