@@ -4,9 +4,10 @@
  * served call from every thread, and a shared line would make them the contention point. Only
  * totals matter, never the order between two counters, hence relaxed.
  *
- * Files (trace, JSON) are created owner-only (0600): a trace holds addresses and sizes of the
- * program's memory. Nothing here allocates or uses stdio; lines are formatted on the stack and
- * written with one write(2) each, and errno is preserved for the interposed callers. */
+ * Files (trace, its gauges companion, JSON) are created owner-only (0600): a trace holds
+ * addresses and sizes of the program's memory. Nothing here allocates or uses stdio; lines are
+ * formatted on the stack and written with one write(2) each, and errno is preserved for the
+ * interposed callers. */
 #include "stats.h"
 
 #include <dlfcn.h>
@@ -141,27 +142,62 @@ enum { TRACE_UNOPENED, TRACE_OPEN, TRACE_OFF };
 static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int trace_state = TRACE_UNOPENED;
 static int trace_fd = -1;        /* published by trace_state = TRACE_OPEN (release) */
+static int gauges_fd = -1;       /* likewise; -1 when there is no companion file */
 static struct timespec trace_t0; /* likewise */
 
 static const char trace_header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
+static const char gauges_header[] = "Time,Requested,Mapped,Reserved,Cached\n";
+
+/* Opens path like the trace (0600, no symbolic link, O_APPEND) and writes header; -1 and why
+ * on failure. */
+static int trace_file_open(const char *path, const char *header, size_t hlen, char *why,
+                           size_t whylen)
+{
+    /* O_APPEND: each line's single write lands whole at the end, whatever other threads (or a
+     * forked child sharing the descriptor) write meanwhile. */
+    int fd = open_private(path, O_APPEND, why, whylen);
+    if (fd >= 0 && !write_all(fd, header, hlen)) {
+        char err[128];
+        snprintf(why, whylen, "cannot write to it: %s", strerror_r(errno, err, sizeof(err)));
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* The companion "<trace>.gauges.csv", for a trace that is a regular file (a trace sent to a
+ * device or FIFO, VMMHOOK_TRACE=/dev/stderr, has none). A companion that cannot be made costs
+ * one warning (with VMMHOOK_STRICT, the program stops); the trace goes on without it. */
+static int gauges_open_locked(int tfd)
+{
+    struct stat st;
+    if (fstat(tfd, &st) != 0 || !S_ISREG(st.st_mode))
+        return -1;
+    char path[sizeof(vmh_opt.trace) + sizeof(VMH_TRACE_GAUGES_SUFFIX)];
+    size_t n = strnlen(vmh_opt.trace, sizeof(vmh_opt.trace) - 1);
+    memcpy(path, vmh_opt.trace, n);
+    memcpy(path + n, VMH_TRACE_GAUGES_SUFFIX, sizeof(VMH_TRACE_GAUGES_SUFFIX));
+    char why[256], sub[160];
+    int fd = trace_file_open(path, gauges_header, sizeof(gauges_header) - 1, sub, sizeof(sub));
+    if (fd < 0) {
+        snprintf(why, sizeof(why), "its gauges file, the path + \"%s\": %s",
+                 VMH_TRACE_GAUGES_SUFFIX, sub);
+        vmh_options_refuse("VMMHOOK_TRACE", why, "the trace without gauges");
+    }
+    return fd;
+}
 
 static void trace_open_locked(void)
 {
     char why[200];
-    /* O_APPEND: each line's single write lands whole at the end, whatever other threads (or a
-     * forked child sharing the descriptor) write meanwhile. */
-    int fd = open_private(vmh_opt.trace, O_APPEND, why, sizeof(why));
-    if (fd >= 0 && !write_all(fd, trace_header, sizeof(trace_header) - 1)) {
-        char err[128];
-        snprintf(why, sizeof(why), "cannot write to it: %s", strerror_r(errno, err, sizeof(err)));
-        close(fd);
-        fd = -1;
-    }
+    int fd = trace_file_open(vmh_opt.trace, trace_header, sizeof(trace_header) - 1, why,
+                             sizeof(why));
     if (fd < 0) {
         atomic_store_explicit(&trace_state, TRACE_OFF, memory_order_release);
         vmh_options_refuse("VMMHOOK_TRACE", why, "no trace");
         return;
     }
+    gauges_fd = gauges_open_locked(fd);
     clock_gettime(CLOCK_MONOTONIC, &trace_t0);
     trace_fd = fd;
     atomic_store_explicit(&trace_state, TRACE_OPEN, memory_order_release);
@@ -188,6 +224,41 @@ void vmh_stats_init(void)
         (void)trace_get();
         errno = saved;
     }
+}
+
+/* Decimal text of v at p (no terminator); returns the end. No stdio: the event path. */
+static char *put_i64(char *p, int64_t v)
+{
+    char tmp[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u != 0);
+    if (v < 0)
+        *p++ = '-';
+    while (n > 0)
+        *p++ = tmp[--n];
+    return p;
+}
+
+/* The gauges line that accompanies a trace line: its Time text, then the gauges as they are
+ * now. One write, like the trace line. */
+static void gauges_line(int fd, const char *time_text, size_t time_len)
+{
+    static const vmh_gauge_t cols[] = {VMH_STAT_bytes_requested, VMH_STAT_bytes_mapped,
+                                       VMH_STAT_bytes_reserved, VMH_STAT_bytes_cached};
+    char line[32 + 4 * 24];
+    char *p = line;
+    memcpy(p, time_text, time_len);
+    p += time_len;
+    for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
+        *p++ = ',';
+        p = put_i64(p, vmh_gauge_get(cols[i]));
+    }
+    *p++ = '\n';
+    (void)write_all(fd, line, (size_t)(p - line));
 }
 
 void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream)
@@ -219,12 +290,20 @@ void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream
     /* Time as RMM's pattern "%H:%M:%S.%f" (microseconds), counted from the trace's start on
      * the monotonic clock: no time zone lookup (which could allocate or take locks inside the
      * driver) and no jump at midnight. Hours keep counting past 24. */
+    char time_text[48];
+    int tn = snprintf(time_text, sizeof(time_text), "%02llu:%02llu:%02llu.%06llu", s / 3600,
+                      (s / 60) % 60, s % 60, us % 1000000);
     char line[256];
-    int n = snprintf(line, sizeof(line), "%ld,%02llu:%02llu:%02llu.%06llu,%s,0x%llx,%zu,%s\n",
-                     (long)syscall(SYS_gettid), s / 3600, (s / 60) % 60, s % 60, us % 1000000,
-                     action, (unsigned long long)ptr, size, stream_text);
-    if (n > 0 && (size_t)n < sizeof(line))
+    int n = snprintf(line, sizeof(line), "%ld,%s,%s,0x%llx,%zu,%s\n", (long)syscall(SYS_gettid),
+                     time_text, action, (unsigned long long)ptr, size, stream_text);
+    if (n > 0 && (size_t)n < sizeof(line)) {
         (void)write_all(fd, line, (size_t)n);
+        /* The same Time text as the line just written, and each gauge as it is now (read one
+         * by one, relaxed: no lock on this path). Threads tracing at once may put their lines
+         * in a different order in the two files; the Time of each line is its own. */
+        if (gauges_fd >= 0 && tn > 0 && (size_t)tn < sizeof(time_text))
+            gauges_line(gauges_fd, time_text, (size_t)tn);
+    }
     errno = saved;
 }
 
@@ -232,9 +311,13 @@ void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream
 void vmh_trace_close(void)
 {
     pthread_mutex_lock(&trace_lock);
-    if (atomic_load(&trace_state) == TRACE_OPEN)
+    if (atomic_load(&trace_state) == TRACE_OPEN) {
         close(trace_fd);
+        if (gauges_fd >= 0)
+            close(gauges_fd);
+    }
     trace_fd = -1;
+    gauges_fd = -1;
     atomic_store(&trace_state, TRACE_UNOPENED);
     pthread_mutex_unlock(&trace_lock);
 }

@@ -45,7 +45,16 @@ void vmh_stats_reset(void);
  * threads never interleave. Thread is the kernel thread id, Time "HH:MM:SS.uuuuuu" since the
  * trace was opened, Pointer "0x..." hex, Size decimal, Stream "0" for NULL else "0x..." hex
  * (the forms RMM writes and its replay benchmark parses). A failed allocation is traced with
- * pointer 0 and the size asked for; a free with the size the buffer was allocated with. */
+ * pointer 0 and the size asked for; a free with the size the buffer was allocated with.
+ *
+ * Beside a trace that is a regular file, a companion "<trace>.gauges.csv" (created alike: 0600,
+ * no symbolic link, O_APPEND, one write per line) gets the header
+ * "Time,Requested,Mapped,Reserved,Cached" and, for every trace line, one line with the same Time
+ * text and the current values (vmh_gauge_get) of bytes_requested, bytes_mapped, bytes_reserved
+ * and bytes_cached, in decimal (signed). The RMM CSV itself is unchanged. A companion that cannot
+ * be created gets one warning (VMMHOOK_STRICT: the program stops) and the trace goes on
+ * without it. */
+#define VMH_TRACE_GAUGES_SUFFIX ".gauges.csv"
 void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream);
 
 /* Opens the trace now when VMMHOOK_TRACE is set, so that its clock starts with the program and

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Plots the device memory requested over time by an RMM logging_resource_adaptor trace.
+"""Plots the device memory requested over time by an RMM logging_resource_adaptor trace, and,
+when libvmmhook's gauges file is there, the memory mapped, reserved and cached too.
 
-usage: plot-trace.py TRACE.csv [-o OUT.png] [--by-index] [--no-matplotlib]
+usage: plot-trace.py TRACE.csv [-o OUT.png] [--gauges FILE | --no-gauges] [--curves LIST]
+                     [--by-index] [--no-matplotlib]
 
 Reads "Thread,Time,Action,Pointer,Size,Stream" (the parsing rules of replay.cu: columns named
 by the header, allocate / free (deallocate) / allocate failure, a free of a pointer that is not
@@ -9,6 +11,15 @@ live is skipped, an allocate of a live pointer first frees the older block) and 
 bytes live after every event, over seconds since the first event (or over the event index with
 --by-index, or when the times do not parse). Prints the same summary line as
 `replay --parse-only` (PARSE events=... peak_requested_bytes=...).
+
+Gauges: libvmmhook writes beside its trace TRACE.csv a companion TRACE.csv.gauges.csv
+("Time,Requested,Mapped,Reserved,Cached", one line per trace line, same clock; see the "Trace
+format" section of docs/OPTIONS.md). When that file exists (or is named with --gauges FILE),
+the plot shows bytes requested, mapped and reserved (solid) and cached (dashed) over time on the
+same axes, with a legend, all four read from the gauges file (--curves picks some of them: the
+address space reserved can dwarf the rest), and a second summary line is printed:
+GAUGES lines=... peak_requested=... peak_mapped=... peak_reserved=... peak_cached=... malformed=...
+Without it (or with --no-gauges) only the bytes requested, replayed from the trace, are plotted.
 
 With matplotlib (the GPU machine has it) the plot is a matplotlib figure; without it (or with
 --no-matplotlib) a small built-in PNG writer draws the curve, the axes and their labels.
@@ -120,6 +131,50 @@ def load(path):
     return times, req, st
 
 
+GAUGE_COLUMNS = ("requested", "mapped", "reserved", "cached")
+
+
+def load_gauges(path):
+    """Reads a gauges file: returns (times, {column: values}, malformed), one entry per line, in
+    time order (stable) when every time parses. Columns are named by the header; a column that is
+    missing is absent from the dict. Raises ValueError when the file has no usable header."""
+    times, vals = [], {}
+    idx = None
+    malformed = 0
+    with open(path, newline="") as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            fields = [x.strip() for x in line.split(",")]
+            if idx is None:
+                names = [x.lower() for x in fields]
+                if "time" not in names or "requested" not in names:
+                    raise ValueError("not a gauges file (want a header Time,Requested,...)")
+                idx = {c: names.index(c) for c in ("time",) + GAUGE_COLUMNS if c in names}
+                vals = {c: [] for c in GAUGE_COLUMNS if c in idx}
+                continue
+            if len(fields) <= max(idx.values()):
+                malformed += 1
+                continue
+            try:
+                row = {c: int(fields[idx[c]]) for c in vals}
+            except ValueError:
+                malformed += 1
+                continue
+            times.append(parse_time(fields[idx["time"]]))
+            for c in vals:
+                vals[c].append(row[c])
+    if idx is None:
+        raise ValueError("empty (no header)")
+    if times and all(t is not None for t in times):
+        # Lines of threads tracing at once may be out of order by a few microseconds.
+        order = sorted(range(len(times)), key=lambda i: times[i])
+        times = [times[i] for i in order]
+        vals = {c: [v[i] for i in order] for c, v in vals.items()}
+    return times, vals, malformed
+
+
 def unit_of(peak):
     for u, d in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if peak >= 2 * d:
@@ -129,18 +184,54 @@ def unit_of(peak):
 
 # ---- plotting with matplotlib ---------------------------------------------------------------
 
-def plot_matplotlib(xs, ys, xlabel, title, out):
+# The curves of a gauges plot: (column, label, RGB, dashed). Requested is also filled.
+CURVES = (
+    ("reserved", "reserved", (46, 150, 70), False),
+    ("mapped", "mapped", (222, 110, 20), False),
+    ("cached", "cached", (140, 70, 170), True),
+    ("requested", "requested", (31, 95, 168), False),
+)
+FILL = (156, 195, 234)
+
+
+def curves_of(series):
+    """The curves of CURVES present in series ({column: values}), in drawing order."""
+    return [c for c in CURVES if c[0] in series]
+
+
+def legend_of(series):
+    """The same, in the order of the legend (that of the gauges file's columns)."""
+    return sorted(curves_of(series), key=lambda c: GAUGE_COLUMNS.index(c[0]))
+
+
+def hexrgb(c):
+    return "#%02x%02x%02x" % c
+
+
+def plot_matplotlib(xs, series, xlabel, title, out):
+    """series: {"requested": values} for the requested-only plot, or the gauges columns."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    u, d = unit_of(max(ys) if ys else 0)
+    peak = max((max(v) for v in series.values() if v), default=0)
+    u, d = unit_of(peak)
     fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
-    yv = [y / d for y in ys]
-    ax.step(xs, yv, where="post", color="#1f5fa8", linewidth=1)
-    ax.fill_between(xs, yv, step="post", color="#9cc3ea", alpha=0.6)
+    gauges = list(series) != ["requested"]
+    if "requested" in series:
+        ax.fill_between(xs, [y / d for y in series["requested"]], step="post",
+                        color=hexrgb(FILL), alpha=0.6 if not gauges else 0.4)
+    lines = {}
+    for name, label, rgb, dashed in curves_of(series):
+        lines[name] = ax.step(xs, [y / d for y in series[name]], where="post", color=hexrgb(rgb),
+                              linewidth=1.4 if dashed else 1, linestyle="--" if dashed else "-",
+                              label=label)[0]
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("requested (%s)" % u)
+    ax.set_ylabel(("requested (%s)" if list(series) == ["requested"] else "bytes (%s)") % u)
     ax.set_title(title)
+    if gauges:
+        shown = legend_of(series)
+        ax.legend([lines[c[0]] for c in shown], [c[1] for c in shown], loc="upper left",
+                  fontsize="small", framealpha=0.9)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -157,6 +248,7 @@ FONT = {  # 3x5 glyphs, rows top to bottom
     "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
     ":": "000010000010000", " ": "000000000000000", "(": "010100100100010",
     ")": "010001001001010", "/": "001001010100100", "%": "101001010100101",
+    ",": "000000000010100",
     "A": "010101111101101", "B": "110101110101110", "C": "011100100100011",
     "D": "110101101101110", "E": "111100110100111", "F": "111100110100100",
     "G": "011100101101011", "H": "101101111101101", "I": "111010010010111",
@@ -228,16 +320,8 @@ def tick_label(v):
     return ("%d" % v) if float(v).is_integer() else ("%.3g" % v)
 
 
-def plot_builtin(xs, ys, xlabel, title, out):
-    W, H, L, R, T, B = 960, 440, 90, 24, 40, 56
-    cv = Canvas(W, H)
-    pw, ph = W - L - R, H - T - B
-    u, d = unit_of(max(ys) if ys else 0)
-    x0, x1 = (xs[0], xs[-1]) if xs else (0, 1)
-    if x1 <= x0:
-        x1 = x0 + 1
-    ymax = (max(ys) / d if ys else 1) * 1.05 or 1
-    # Per pixel column: the largest value live in that column (a step function).
+def columns(xs, ys, x0, x1, pw, d):
+    """Per pixel column: the largest value live in that column (a step function)."""
     col = [None] * pw
     j, last = 0, 0.0
     for c in range(pw):
@@ -248,7 +332,28 @@ def plot_builtin(xs, ys, xlabel, title, out):
             hi = max(hi, last)
             j += 1
         col[c] = hi
-    grid, fill, line = (225, 225, 225), (156, 195, 234), (31, 95, 168)
+    return col
+
+
+def plot_builtin(xs, series, xlabel, title, out):
+    """series as for plot_matplotlib. A gauges plot draws each curve in its colour of CURVES
+    (cached dashed) with a legend in the top left corner of the plot."""
+    W, H, L, R, T, B = 960, 440, 90, 24, 40, 56
+    cv = Canvas(W, H)
+    pw, ph = W - L - R, H - T - B
+    peak = max((max(v) for v in series.values() if v), default=0)
+    u, d = unit_of(peak)
+    x0, x1 = (xs[0], xs[-1]) if xs else (0, 1)
+    if x1 <= x0:
+        x1 = x0 + 1
+    ymax = (peak / d if peak > 0 else 1) * 1.05
+    gauges = list(series) != ["requested"]
+    cols = {name: columns(xs, ys, x0, x1, pw, d) for name, ys in series.items()}
+    grid = (225, 225, 225)
+
+    def ypix(v):  # clamped to the plot (a negative gauge is a bug upstream: drawn at 0)
+        return T + ph - int(min(max(v, 0.0), ymax) / ymax * ph)
+
     for v in nice_ticks(ymax):
         y = T + ph - int(v / ymax * ph)
         cv.rect(L, y, L + pw, y, grid)
@@ -257,26 +362,62 @@ def plot_builtin(xs, ys, xlabel, title, out):
         x = L + int(v / (x1 - x0) * pw)
         cv.rect(x, T, x, T + ph, grid)
         cv.text(x, T + ph + 8, tick_label(v), anchor="center")
-    prev = None
-    for c, v in enumerate(col):
-        y = T + ph - int(v / ymax * ph)
-        cv.rect(L + c, y, L + c, T + ph, fill)
-        cv.rect(L + c, y if prev is None else min(y, prev), L + c, y if prev is None else max(y, prev), line)
-        prev = y
+    for c, v in enumerate(cols.get("requested", ())):
+        cv.rect(L + c, ypix(v), L + c, T + ph, FILL)
+    for name, label, rgb, dashed in curves_of(series):
+        prev = None
+        for c, v in enumerate(cols[name]):
+            y = ypix(v)
+            if not dashed or (c // 6) % 2 == 0:
+                cv.rect(L + c, y if prev is None else min(y, prev), L + c,
+                        y if prev is None else max(y, prev), rgb)
+            prev = y
     cv.rect(L, T, L, T + ph, (0, 0, 0))
     cv.rect(L, T + ph, L + pw, T + ph, (0, 0, 0))
+    if gauges:
+        shown = legend_of(series)
+        lx, ly = L + 10, T + 8
+        bw = 16 + 8 + max(len(c[1]) for c in shown) * 8 + 8
+        cv.rect(lx - 6, ly - 6, lx + bw, ly + 16 * len(shown) + 2, (255, 255, 255))
+        cv.rect(lx - 6, ly - 6, lx + bw, ly - 6, (160, 160, 160))
+        cv.rect(lx - 6, ly + 16 * len(shown) + 2, lx + bw, ly + 16 * len(shown) + 2,
+                (160, 160, 160))
+        cv.rect(lx - 6, ly - 6, lx - 6, ly + 16 * len(shown) + 2, (160, 160, 160))
+        cv.rect(lx + bw, ly - 6, lx + bw, ly + 16 * len(shown) + 2, (160, 160, 160))
+        for i, (name, label, rgb, dashed) in enumerate(shown):
+            y = ly + 16 * i + 4
+            for k in range(16):
+                if not dashed or (k // 4) % 2 == 0:
+                    cv.rect(lx + k, y, lx + k, y + 1, rgb)
+            cv.text(lx + 24, y - 4, label, c=rgb)
     cv.text(L + pw // 2, H - 20, xlabel, anchor="center")
-    cv.text(L + pw // 2, 12, title + "   Y: REQUESTED " + u, anchor="center")
+    cv.text(L + pw // 2, 12, title + ("   Y: " if gauges else "   Y: REQUESTED ") + u,
+            anchor="center")
     cv.save(out)
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Plot memory requested over time from an RMM trace.")
+    ap = argparse.ArgumentParser(description="Plot memory requested (and, with libvmmhook's "
+                                 "gauges file, mapped, reserved and cached) over time from an "
+                                 "RMM trace.")
     ap.add_argument("trace")
     ap.add_argument("-o", "--output")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--gauges", metavar="FILE",
+                   help="libvmmhook's gauges file (default: TRACE.gauges.csv when it exists)")
+    g.add_argument("--no-gauges", action="store_true",
+                   help="plot the bytes requested only, even when a gauges file is there")
+    ap.add_argument("--curves", metavar="LIST", default=",".join(GAUGE_COLUMNS),
+                    help="with gauges: the curves to draw, from requested,mapped,reserved,cached "
+                    "(default all; e.g. requested,mapped when the address space reserved dwarfs "
+                    "the rest)")
     ap.add_argument("--by-index", action="store_true", help="x = event index, not time")
     ap.add_argument("--no-matplotlib", action="store_true", help="use the built-in PNG writer")
     a = ap.parse_args()
+    want_curves = [c.strip().lower() for c in a.curves.split(",") if c.strip()]
+    bad = [c for c in want_curves if c not in GAUGE_COLUMNS]
+    if bad or not want_curves:
+        ap.error("--curves: want some of %s, not %r" % (",".join(GAUGE_COLUMNS), a.curves))
     try:
         times, req, st = load(a.trace)
     except OSError as e:
@@ -289,32 +430,78 @@ def main():
           "unmatched_frees=%d failures=%d live_at_end=%d" % (
               st["events"], st["allocs"], st["frees"], st["peak"], st["threads"],
               st["unmatched_frees"], st["failures"], st["live_at_end"]))
-    if not req:
-        print("plot-trace: no events to plot", file=sys.stderr)
-        return 1
-    by_time = not a.by_index and all(t is not None for t in times) and times[-1] > times[0]
+    gpath = None
+    if a.gauges:
+        gpath = a.gauges
+    elif not a.no_gauges and os.path.isfile(a.trace + ".gauges.csv"):
+        gpath = a.trace + ".gauges.csv"
+    gtimes, gvals = None, None
+    if gpath:
+        try:
+            gtimes, gvals, gbad = load_gauges(gpath)
+        except (OSError, ValueError) as e:
+            why = e.strerror if isinstance(e, OSError) else str(e)
+            if a.gauges:
+                print("plot-trace: %s: %s" % (gpath, why), file=sys.stderr)
+                return 1
+            print("plot-trace: %s: %s: plotting the bytes requested only" % (gpath, why))
+        else:
+            if not gtimes:
+                print("plot-trace: %s: no gauges lines: plotting the bytes requested only" % gpath)
+                gtimes, gvals = None, None
+            else:
+                print("GAUGES lines=%d %s malformed=%d" % (len(gtimes), " ".join(
+                    "peak_%s=%d" % (c, max(gvals[c])) for c in GAUGE_COLUMNS if c in gvals),
+                    gbad))
+    if gtimes is not None:
+        # Every curve from the gauges file, one point per line of it.
+        pts = gtimes
+        series = {c: gvals[c] for c in GAUGE_COLUMNS if c in gvals and c in want_curves}
+        if not series:
+            print("plot-trace: %s: none of the curves %s in it" % (gpath, a.curves),
+                  file=sys.stderr)
+            return 1
+    else:
+        if not req:
+            print("plot-trace: no events to plot", file=sys.stderr)
+            return 1
+        pts, series = times, {"requested": req}
+    by_time = not a.by_index and all(t is not None for t in pts) and pts[-1] > pts[0]
     if by_time:
-        xs = [t - times[0] for t in times]
+        xs = [t - pts[0] for t in pts]
         xlabel = "seconds since the first event"
     else:
-        xs = list(range(len(req)))
+        xs = list(range(len(pts)))
         xlabel = "event"
     u, d = unit_of(st["peak"])
     title = "%s: peak %.1f %s requested, %d events" % (os.path.basename(a.trace), st["peak"] / d, u,
                                                       st["events"])
+    btitle = "PEAK %.1f %s, %d EVENTS" % (st["peak"] / d, u, st["events"])
+    if gtimes is not None:
+        extra = []
+        for c in ("mapped", "reserved"):
+            if c in gvals:
+                gu, gd = unit_of(max(gvals[c]))
+                extra.append("%.1f %s %s" % (max(gvals[c]) / gd, gu, c))
+        if extra:
+            title = "%s: peak %.1f %s requested, %s; %d events" % (
+                os.path.basename(a.trace), st["peak"] / d, u, ", ".join(extra), st["events"])
+            btitle = "PEAK %.1f %s REQ, %s" % (st["peak"] / d, u, ", ".join(
+                e.replace(" mapped", " MAP").replace(" reserved", " RES") for e in extra))
     out = a.output or os.path.splitext(a.trace)[0] + ".png"
     used = "built-in PNG writer"
     if not a.no_matplotlib:
         try:
-            plot_matplotlib(xs, req, xlabel, title, out)
+            plot_matplotlib(xs, series, xlabel, title, out)
             used = "matplotlib"
         except ImportError:
             print("plot-trace: matplotlib not available: using the built-in PNG writer")
         except Exception as e:  # a broken matplotlib install must not cost the plot
             print("plot-trace: matplotlib failed (%s): using the built-in PNG writer" % e)
     if used != "matplotlib":
-        plot_builtin(xs, req, xlabel.upper(), "PEAK %.1f %s, %d EVENTS" % (st["peak"] / d, u, st["events"]), out)
-    print("plot-trace: wrote %s (%s)" % (out, used))
+        plot_builtin(xs, series, xlabel.upper(), btitle, out)
+    print("plot-trace: wrote %s (%s%s)" % (out, used, ", with the gauges of " + gpath
+                                           if gtimes is not None else ""))
     return 0
 
 
