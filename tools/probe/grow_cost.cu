@@ -1,10 +1,12 @@
 // Probe (GPU machine, no hook): what an in-place VMM grow by one 2 MiB chunk costs depending on
 // how the buffer before it was built: one big chunk, or many chunks in the same reservation.
 // Prints one line per layout with the median of several grows (create + map + access).
+// GROW_COST_TOUCH=1: a kernel reads the whole buffer (and finishes) before each grow.
 //   nvcc -O2 -o grow_cost tools/probe/grow_cost.cu -lcuda && ./grow_cost
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cuda.h>
 #include <vector>
 
@@ -16,6 +18,17 @@
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
+
+/* Reads every word of the buffer, as the demo's verification does between grows. */
+__global__ void touch(const unsigned *p, size_t n, unsigned *sink)
+{
+    unsigned acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        acc += p[i];
+    if (acc == 0x12345678u)
+        *sink = acc;
+}
 
 static double now_us()
 {
@@ -75,7 +88,12 @@ int main()
             off += s;
         }
         std::vector<double> t, tc, tm, ta;
+        bool touch_first = getenv("GROW_COST_TOUCH") != nullptr;
         for (int g = 0; g < grows; g++) {
+            if (touch_first) { /* a kernel over the whole buffer, finished before the grow */
+                touch<<<264, 512>>>((const unsigned *)base, off / sizeof(unsigned),
+                                    (unsigned *)base);
+            }
             CK(cuCtxSynchronize());
             double t0 = now_us();
             CUmemGenericAllocationHandle a;
@@ -97,8 +115,8 @@ int main()
             std::sort(v.begin(), v.end());
             return v[v.size() / 2];
         };
-        printf("RESULT grow_cost layout=\"%s\" grow_us=%.1f create=%.1f map=%.1f access=%.1f\n",
-               L.name, med(t), med(tc), med(tm), med(ta));
+        printf("RESULT grow_cost%s layout=\"%s\" grow_us=%.1f create=%.1f map=%.1f access=%.1f\n",
+               touch_first ? ".after_kernel" : "", L.name, med(t), med(tc), med(tm), med(ta));
         off = 0;
         for (size_t i = 0; i < h.size(); i++) {
             CK(cuMemUnmap(base + off, hs[i]));
