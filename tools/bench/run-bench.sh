@@ -40,7 +40,8 @@ out=$(cd "$out" && pwd)
 
 bench=${BENCH_BIN:-}
 if [ -z "$bench" ]; then
-    for c in ${lib:+"$(dirname "$lib")/../tools/bench/bench"} "$root/build/tools/bench/bench"; do
+    # Beside this script (installed in libexec/vmmhook), or in a meson build tree.
+    for c in "$here/bench" ${lib:+"$(dirname "$lib")/../tools/bench/bench"} "$root/build/tools/bench/bench"; do
         if [ -x "$c" ]; then
             bench=$c
             break
