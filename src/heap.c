@@ -62,6 +62,7 @@ typedef struct big {
     big_state_t state;
     bool growable;   /* from vmm_realloc: reserve headroom when it grows */
     bool exported;   /* shared with another process: its chunks are never reused */
+    void *site;      /* where it was allocated (leak report) */
     uint64_t gen;    /* generation of its free, while parked */
     struct big *prev, *next;
 } big_t;
@@ -560,8 +561,11 @@ static big_t *cache_take_locked(vdev_t *d, size_t rounded)
     return best;
 }
 
+_Thread_local void *vmh_alloc_site __attribute__((tls_model("initial-exec")));
+
 static void make_live_locked(vdev_t *d, big_t *b, size_t size, bool growable)
 {
+    b->site = vmh_alloc_site;
     b->state = BIG_LIVE;
     b->req = size;
     b->growable = growable;
@@ -1323,7 +1327,7 @@ void vmh_heap_shutdown(void)
             continue;
         pthread_mutex_lock(&d->lock);
         for (big_t *b = d->live.head; b; b = b->next)
-            vmh_leak_report_one(b->range->base, b->req, i, NULL);
+            vmh_leak_report_one(b->range->base, b->req, i, b->site);
         vmh_arena_for_each_live(d->arena, report_packed_leak, &i);
         pthread_mutex_unlock(&d->lock);
     }

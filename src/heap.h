@@ -18,6 +18,11 @@
  * no driver can be loaded: every entry point then passes through. Call before anything else. */
 bool vmh_heap_ready(void);
 
+/* Where the allocation being served was asked for (the return address of the interposed entry
+ * point), for the leak report; set by the interposer, kept for buffers of their own (packed
+ * buffers have no room for it). */
+extern _Thread_local void *vmh_alloc_site __attribute__((tls_model("initial-exec")));
+
 /* Serves size bytes (size > 0) on the current context's device, 256-byte aligned.
  * CUDA_ERROR_OUT_OF_MEMORY when the device (after trimming the cache) or the memory limit has
  * no room; CUDA_ERROR_INVALID_CONTEXT without a current context; CUDA_ERROR_NOT_SUPPORTED after shutdown

@@ -569,7 +569,9 @@ static CUresult ip_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (dptr != NULL && bytesize != 0 && ip_serving()) {
         CUdeviceptr p = 0;
         ip_depth++;
+        vmh_alloc_site = __builtin_return_address(0);
         CUresult r = vmh_heap_alloc(bytesize, &p);
+        vmh_alloc_site = NULL;
         ip_depth--;
         /* A failed native allocation writes 0 to *dptr (measured on the H200). */
         if (r != CUDA_ERROR_NOT_SUPPORTED)
@@ -594,7 +596,9 @@ static CUresult ip_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
         CUdeviceptr p = 0;
         size_t pitch = 0;
         ip_depth++;
+        vmh_alloc_site = __builtin_return_address(0);
         CUresult r = vmh_heap_alloc_pitch(WidthInBytes, Height, ElementSizeBytes, &p, &pitch);
+        vmh_alloc_site = NULL;
         ip_depth--;
         if (r == CUDA_SUCCESS)
             *pPitch = pitch;
