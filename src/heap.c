@@ -676,8 +676,12 @@ static CUresult extent_add(vdev_t *d, size_t size)
 
 static CUresult packed_alloc(vdev_t *d, size_t size, CUdeviceptr *out)
 {
-    bool synced = false, grown = false;
-    for (;;) {
+    bool synced = false;
+    /* Other threads may take the space of an extent this thread just added before it gets to
+     * use it: then it adds another (each extent_add either makes memory or reports the
+     * driver's out of memory after trimming), within a bound that only a pathological race
+     * could reach. */
+    for (int grown = 0;; grown++) {
         uintptr_t p;
         pthread_mutex_lock(&d->lock);
         if (over_limit(d, size)) {
@@ -701,12 +705,12 @@ static CUresult packed_alloc(vdev_t *d, size_t size, CUdeviceptr *out)
             if (dev_sync(d) == CUDA_SUCCESS)
                 continue;
         }
-        if (grown)
+        if (grown >= 64)
             return CUDA_ERROR_OUT_OF_MEMORY;
         CUresult rc = extent_add(d, size);
         if (rc != CUDA_SUCCESS)
             return rc;
-        grown = true;
+        synced = false; /* frees parked meanwhile may be released by a later wait */
     }
 }
 

@@ -501,6 +501,45 @@ static void *churn(void *arg)
     return NULL;
 }
 
+/* Every thread packs large requests: a thread whose new extent was taken by another thread
+ * before it could use it must make another, not report out of memory. */
+static void *packed_churn(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    sim_set_current_device(0);
+    CUdeviceptr live[8] = {0};
+    for (int i = 0; i < 300; i++) {
+        int k = (int)(rand_r(&seed) % 8);
+        if (live[k]) {
+            if (vmh_heap_free(live[k], NULL, false) != CUDA_SUCCESS)
+                return (void *)1;
+            live[k] = 0;
+        } else {
+            size_t size = (size_t)(rand_r(&seed) % (48 * MiB)) + 1;
+            if (vmh_heap_alloc(size, &live[k]) != CUDA_SUCCESS)
+                return (void *)2;
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        if (live[k] && vmh_heap_free(live[k], NULL, false) != CUDA_SUCCESS)
+            return (void *)1;
+    return NULL;
+}
+
+static void threads_pack_large_requests_without_spurious_oom(void **state)
+{
+    (void)state;
+    vmh_opt.pack_below = 512 * MiB;
+    pthread_t t[16];
+    for (uintptr_t i = 0; i < 16; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, packed_churn, (void *)(i + 1)), 0);
+    for (int i = 0; i < 16; i++) {
+        void *bad;
+        pthread_join(t[i], &bad);
+        assert_null(bad);
+    }
+}
+
 static void threads_churn_with_data_checks(void **state)
 {
     (void)state;
@@ -545,6 +584,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(threads_churn_with_data_checks, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(threads_pack_large_requests_without_spurious_oom,
+                                        tu_setup, tu_teardown),
     };
     return cmocka_run_group_tests_name("heap", tests, NULL, NULL);
 }
