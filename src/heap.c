@@ -1,16 +1,25 @@
 /* Layers 4-5: per-device serving, reuse and parked frees (see heap.h).
  *
  * What owns what:
- *   device state -> packing arena -> extents (each owns one range: one chunk, one reservation)
+ *   device state -> packing shards -> arena -> extents (each owns one range: one chunk, one
+ *                                               reservation)
  *               -> big buffers (each owns one range of its own chunks)
  *               -> lists: live, parked (freed, work may still use them), cache (idle, reusable)
  *               -> old ranges (left behind by a move or shrink, unmapped once work is done)
  * Owners (big buffers, extents) are recycled per device and never freed while the process runs,
  * which is what lets registry readers go without a lock (registry.h).
  *
- * Locking: one mutex per device guards its lists, arena and registry entries; no driver call
- * is made while it is held, so a slow cuMemCreate or synchronize never blocks another thread's
- * fast path.
+ * Locking: packed buffers live in SHARDS shards per device, each with its own mutex, arena,
+ * extents, registry entries of those extents and set of exported packed buffers. A thread
+ * allocates in the shard it picked at its first allocation (a counter modulo SHARDS) and only
+ * looks at other shards' free space when its own has none; a free goes to the shard that owns
+ * the extent (ext_t->shard). The device mutex (d->lock) guards everything else: big buffers,
+ * their lists and registry entries, old ranges, the next extent size. live_usable is atomic.
+ * No driver call is made under any of these locks (except the rare peer-access grant), so a
+ * slow cuMemCreate or synchronize never blocks another thread's fast path.
+ *
+ * Lock order: a device's sync_lock, then d->lock, then one shard lock. A thread never holds
+ * two shard locks at once, and never takes d->lock or sync_lock while it holds a shard lock.
  *
  * Parked frees and generations: a free tags its block with the device's current generation.
  * A synchronize first advances the generation (taking the old value g), then waits for the
@@ -27,7 +36,9 @@
 #include "range.h"
 #include "registry.h"
 #include "stats.h"
+#include "testable.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -72,8 +83,13 @@ typedef struct biglist {
     size_t count, bytes;
 } biglist_t;
 
+#define SHARDS 8 /* packing shards per device */
+
+typedef struct shard shard_t;
+
 typedef struct ext {
     owner_t o;
+    shard_t *shard; /* never changes once set: extent records are recycled within their shard */
     vmh_range_t *range;
     vmh_extent_t *extent;
     struct ext *prev, *next;
@@ -89,6 +105,22 @@ typedef struct old_range {
 
 static owner_t dead_owner = {OWN_DEAD, NULL};
 
+/* One packing shard. Guarded by lock, except the two hints, which are stored under it (by
+ * shard_note) and read without it. */
+struct shard {
+    pthread_mutex_t lock;
+    vmh_arena_t *arena;
+    ext_t *exts;        /* extents in the arena */
+    ext_t *spare;       /* records of trimmed extents, reused (registry readers may still look) */
+    size_t extent_next; /* size of the shard's next extent (doubles up to EXTENT_MAX) */
+    CUdeviceptr *exported; /* packed buffers shared with other processes */
+    size_t nexported, exported_cap;
+    _Atomic size_t nparked; /* parked blocks */
+    _Atomic size_t free;    /* free bytes (not parked): a shard with less is not tried */
+    _Atomic size_t extents; /* extents in the arena */
+    char pad[64];           /* keeps shards off each other's cache lines */
+};
+
 struct vdev {
     int ordinal;
     bool unsupported; /* no VMM on this device: everything passes through */
@@ -97,20 +129,18 @@ struct vdev {
     CUmemAccessDesc access[VMH_MAX_ACCESS];
     int naccess;
     size_t gran;        /* chunk granularity */
-    size_t extent_next; /* size of the next packing extent (doubles up to EXTENT_MAX) */
 
     pthread_mutex_t lock;
     pthread_mutex_t sync_lock; /* one synchronize at a time; guards synced_gen */
     uint64_t synced_gen;       /* the generation the last successful synchronize released */
     bool synced_any;
-    vmh_arena_t *arena;
-    ext_t *exts;
     biglist_t live, parked, cache, unused;
     old_range_t *old;
-    size_t live_usable; /* usable bytes of live buffers, for VMMHOOK_MEM_LIMIT */
-    CUdeviceptr *exported; /* packed buffers shared with other processes */
-    size_t nexported, exported_cap;
+    /* Usable bytes of live buffers (and of allocations in flight), for VMMHOOK_MEM_LIMIT:
+     * taken before a buffer is made (usable_take), so the limit is never exceeded. */
+    _Atomic size_t live_usable;
     _Atomic uint64_t gen;
+    shard_t shards[SHARDS];
 };
 
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -162,6 +192,63 @@ static void idle_gauge(int64_t delta)
     vmh_gauge_add(VMH_STAT_bytes_cached, delta);
 }
 
+/* The calling thread's packing shard: picked at its first packed allocation, kept for the
+ * thread's life, so that threads spread over the shards and a thread keeps its cache lines. */
+static _Atomic unsigned shard_next;
+static _Thread_local unsigned shard_mine __attribute__((tls_model("initial-exec"))); /* + 1 */
+
+VMH_TESTABLE unsigned vmh_heap_thread_shard(void)
+{
+    unsigned s = shard_mine;
+    if (!s) {
+        s = atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed) % SHARDS + 1;
+        shard_mine = s;
+    }
+    return s - 1;
+}
+
+/* Reserves n usable bytes on the device within VMMHOOK_MEM_LIMIT; false (nothing taken) when
+ * they do not fit. */
+static bool usable_take(vdev_t *d, size_t n)
+{
+    size_t limit = vmh_opt.mem_limit;
+    if (!limit) {
+        atomic_fetch_add_explicit(&d->live_usable, n, memory_order_relaxed);
+        return true;
+    }
+    size_t cur = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
+    do {
+        if (cur > limit || n > limit - cur)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&d->live_usable, &cur, cur + n,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+static void usable_give(vdev_t *d, size_t n)
+{
+    atomic_fetch_sub_explicit(&d->live_usable, n, memory_order_relaxed);
+}
+
+/* Refreshes the shard's hints after a change; the shard is locked. */
+static void shard_note(shard_t *s)
+{
+    vmh_arena_stats_t st;
+    vmh_arena_stats(s->arena, &st);
+    atomic_store_explicit(&s->nparked, vmh_arena_parked(s->arena), memory_order_relaxed);
+    atomic_store_explicit(&s->free, st.free, memory_order_relaxed);
+    atomic_store_explicit(&s->extents, st.extents, memory_order_relaxed);
+}
+
+/* Whether any shard holds parked blocks (a hint: read without the shard locks). */
+static bool dev_packed_parked(vdev_t *d)
+{
+    for (int i = 0; i < SHARDS; i++)
+        if (atomic_load_explicit(&d->shards[i].nparked, memory_order_relaxed))
+            return true;
+    return false;
+}
+
 /* ---- devices ---------------------------------------------------------------------------- */
 
 /* Makes the device's allocation properties; checks the handle type once with a real chunk, so
@@ -172,9 +259,12 @@ static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
     d->ctx = ctx;
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->sync_lock, NULL);
-    d->arena = vmh_arena_new();
-    if (!d->arena)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < SHARDS; i++) {
+        pthread_mutex_init(&d->shards[i].lock, NULL);
+        d->shards[i].arena = vmh_arena_new();
+        if (!d->shards[i].arena)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     int vmm = 0;
     vmh_drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                  ordinal);
@@ -219,7 +309,8 @@ static CUresult dev_setup(vdev_t *d, int ordinal, CUcontext ctx)
     if (rec_gran < min_gran || rec_gran % min_gran)
         rec_gran = min_gran;
     d->gran = vmh_options_granularity(min_gran, rec_gran);
-    d->extent_next = d->gran;
+    for (int i = 0; i < SHARDS; i++)
+        d->shards[i].extent_next = d->gran;
 
     d->access[0].location = d->prop.location;
     d->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
@@ -277,8 +368,9 @@ static CUresult dev_by_ordinal(int ordinal, CUcontext ctx, vdev_t **out)
         if (rc == CUDA_SUCCESS) {
             atomic_store_explicit(&devs[ordinal], d, memory_order_release);
         } else {
-            if (d && d->arena)
-                vmh_arena_delete(d->arena, NULL, NULL);
+            for (int i = 0; d && i < SHARDS; i++)
+                if (d->shards[i].arena)
+                    vmh_arena_delete(d->shards[i].arena, NULL, NULL);
             free(d);
             d = NULL;
         }
@@ -361,9 +453,15 @@ static CUresult dev_sync_now(vdev_t *d)
     d->synced_gen = g;
     d->synced_any = true;
 
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &d->shards[i];
+        pthread_mutex_lock(&s->lock);
+        vmh_arena_unpark_upto(s->arena, g);
+        shard_note(s);
+        pthread_mutex_unlock(&s->lock);
+    }
     old_range_t *done = NULL;
     pthread_mutex_lock(&d->lock);
-    vmh_arena_unpark_upto(d->arena, g);
     for (big_t *b = d->parked.tail, *prev; b; b = prev) {
         prev = b->prev;
         if (b->gen > g)
@@ -392,9 +490,18 @@ static CUresult dev_sync_now(vdev_t *d)
     return CUDA_SUCCESS;
 }
 
+/* Whether anything waits for a synchronize; d->lock held. */
+static bool dev_has_parked_locked(vdev_t *d)
+{
+    return d->parked.count || d->old || dev_packed_parked(d);
+}
+
 static bool dev_has_parked(vdev_t *d)
 {
-    return d->parked.count || d->old || vmh_arena_parked(d->arena);
+    pthread_mutex_lock(&d->lock);
+    bool parked = dev_has_parked_locked(d);
+    pthread_mutex_unlock(&d->lock);
+    return parked;
 }
 
 /* ---- owners ----------------------------------------------------------------------------- */
@@ -454,30 +561,45 @@ static size_t dev_trim(vdev_t *d)
 {
     pthread_mutex_lock(&d->lock);
     big_t *taken = cache_evict_locked(d, SIZE_MAX);
-    ext_t *empty = NULL;
-    uintptr_t base;
-    size_t size;
-    ext_t *e;
-    while ((e = vmh_arena_take_empty_extent(d->arena, &base, &size))) {
-        vmh_registry_set(e->range->base, e->range->size, NULL);
-        if (e->prev)
-            e->prev->next = e->next;
-        else
-            d->exts = e->next;
-        if (e->next)
-            e->next->prev = e->prev;
-        e->next = empty;
-        empty = e;
-    }
     pthread_mutex_unlock(&d->lock);
     size_t bytes = evicted_destroy(d, taken);
-    while (empty) {
-        ext_t *next = empty->next;
-        bytes += empty->range->size;
-        idle_gauge(-(int64_t)empty->range->size);
-        vmh_range_destroy(empty->range);
-        free(empty); /* extents are not looked up once out of the registry */
-        empty = next;
+    for (int i = 0; i < SHARDS; i++) {
+        shard_t *s = &d->shards[i];
+        ext_t *empty = NULL, *last = NULL;
+        uintptr_t base;
+        size_t size;
+        ext_t *e;
+        pthread_mutex_lock(&s->lock);
+        while ((e = vmh_arena_take_empty_extent(s->arena, &base, &size))) {
+            vmh_registry_set(e->range->base, e->range->size, NULL);
+            if (e->prev)
+                e->prev->next = e->next;
+            else
+                s->exts = e->next;
+            if (e->next)
+                e->next->prev = e->prev;
+            e->prev = NULL;
+            e->next = empty;
+            if (!empty)
+                last = e;
+            empty = e;
+        }
+        shard_note(s);
+        pthread_mutex_unlock(&s->lock);
+        if (!empty)
+            continue;
+        for (e = empty; e; e = e->next) {
+            bytes += e->range->size;
+            idle_gauge(-(int64_t)e->range->size);
+            vmh_range_destroy(e->range);
+            e->range = NULL;
+            e->extent = NULL;
+        }
+        /* A registry reader may still hold one of these records: keep them (type-stable). */
+        pthread_mutex_lock(&s->lock);
+        last->next = s->spare;
+        s->spare = empty;
+        pthread_mutex_unlock(&s->lock);
     }
     if (bytes)
         vmh_count(VMH_STAT_trims, 1);
@@ -538,24 +660,29 @@ static CUresult range_new(vdev_t *d, size_t size, size_t reserve, vmh_range_t **
     }
 }
 
-static bool over_limit(vdev_t *d, size_t usable)
-{
-    return vmh_opt.mem_limit && (d->live_usable > vmh_opt.mem_limit ||
-                                 usable > vmh_opt.mem_limit - d->live_usable);
-}
-
-/* A cached buffer of at least `rounded` bytes and at most 1/8 more. */
-static big_t *cache_take_locked(vdev_t *d, size_t rounded)
+/* A cached buffer of at least `rounded` bytes and at most `slack` more. */
+static big_t *cache_find_locked(vdev_t *d, size_t rounded, size_t slack)
 {
     big_t *best = NULL;
     for (big_t *b = d->cache.head; b; b = b->next) {
         size_t s = b->range->size;
-        if (s >= rounded && s - rounded <= rounded / 8 && (!best || s < best->range->size)) {
+        if (s >= rounded && s - rounded <= slack && (!best || s < best->range->size)) {
             best = b;
             if (s == rounded)
                 break;
         }
     }
+    return best;
+}
+
+/* A cached buffer of at least `rounded` bytes and at most 1/8 more, off the cache. The caller
+ * has taken `rounded` usable bytes (usable_take); the bytes beyond are taken here, and a
+ * larger buffer that would pass VMMHOOK_MEM_LIMIT is not used. */
+static big_t *cache_take_locked(vdev_t *d, size_t rounded)
+{
+    big_t *best = cache_find_locked(d, rounded, rounded / 8);
+    if (best && best->range->size > rounded && !usable_take(d, best->range->size - rounded))
+        best = cache_find_locked(d, rounded, 0);
     if (best)
         list_remove(&d->cache, best);
     return best;
@@ -569,21 +696,16 @@ static void make_live_locked(vdev_t *d, big_t *b, size_t size, bool growable)
     b->state = BIG_LIVE;
     b->req = size;
     b->growable = growable;
-    list_push(&d->live, b);
-    d->live_usable += b->range->size;
+    list_push(&d->live, b); /* its usable bytes were taken by the caller */
 }
 
 static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *out)
 {
     size_t rounded;
-    if (!round_up(size, d->gran, &rounded))
+    if (!round_up(size, d->gran, &rounded) || !usable_take(d, rounded))
         return CUDA_ERROR_OUT_OF_MEMORY;
     for (int attempt = 0;; attempt++) {
         pthread_mutex_lock(&d->lock);
-        if (over_limit(d, rounded)) {
-            pthread_mutex_unlock(&d->lock);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
         big_t *b = cache_take_locked(d, rounded);
         if (b) {
             make_live_locked(d, b, size, growable);
@@ -593,7 +715,7 @@ static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *ou
             *out = b->range->base;
             return CUDA_SUCCESS;
         }
-        bool parked = dev_has_parked(d);
+        bool parked = dev_has_parked_locked(d);
         pthread_mutex_unlock(&d->lock);
         if (!parked || attempt > 0 || dev_sync(d) != CUDA_SUCCESS)
             break;
@@ -605,7 +727,8 @@ static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *ou
      * caching allocator. Memory pressure trims the rest anyway. */
     pthread_mutex_lock(&d->lock);
     size_t floor = vmh_opt.cache_limit < CACHE_FLOOR ? vmh_opt.cache_limit : CACHE_FLOOR;
-    size_t allowance = d->live_usable / 32 > floor ? d->live_usable / 32 : floor;
+    size_t live = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
+    size_t allowance = live / 32 > floor ? live / 32 : floor;
     big_t *taken = d->cache.bytes + rounded > allowance
                        ? cache_evict_locked(d, d->cache.bytes + rounded - allowance)
                        : NULL;
@@ -614,8 +737,10 @@ static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *ou
 
     vmh_range_t *r;
     CUresult rc = range_new(d, rounded, reserve_for(rounded, growable), &r);
-    if (rc != CUDA_SUCCESS)
+    if (rc != CUDA_SUCCESS) {
+        usable_give(d, rounded);
         return rc;
+    }
     pthread_mutex_lock(&d->lock);
     big_t *b = big_get(d);
     if (!b || !vmh_registry_set(r->base, r->size, b)) {
@@ -623,6 +748,7 @@ static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *ou
             list_push(&d->unused, b);
         pthread_mutex_unlock(&d->lock);
         vmh_range_destroy(r);
+        usable_give(d, rounded);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     b->range = r;
@@ -632,86 +758,147 @@ static CUresult big_alloc(vdev_t *d, size_t size, bool growable, CUdeviceptr *ou
     return CUDA_SUCCESS;
 }
 
-/* Adds a packing extent large enough for `size`. */
-static CUresult extent_add(vdev_t *d, size_t size)
+/* Adds a packing extent large enough for `size` to shard s. */
+static CUresult extent_add(vdev_t *d, shard_t *s, size_t size)
 {
     size_t want;
     if (!round_up(size, d->gran, &want))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&d->lock);
-    if (want < d->extent_next)
-        want = d->extent_next;
-    if (d->extent_next < EXTENT_MAX)
-        d->extent_next *= 2;
-    pthread_mutex_unlock(&d->lock);
+    pthread_mutex_lock(&s->lock);
+    if (want < s->extent_next)
+        want = s->extent_next;
+    if (s->extent_next < EXTENT_MAX)
+        s->extent_next *= 2;
+    pthread_mutex_unlock(&s->lock);
 
     vmh_range_t *r;
     CUresult rc = range_new(d, want, want, &r);
     if (rc != CUDA_SUCCESS)
         return rc;
-    ext_t *e = calloc(1, sizeof *e);
-    pthread_mutex_lock(&d->lock);
+    pthread_mutex_lock(&s->lock);
+    ext_t *e = s->spare;
     if (e) {
+        s->spare = e->next;
+    } else if ((e = calloc(1, sizeof *e))) {
         e->o.kind = OWN_EXTENT;
         e->o.dev = d;
+        e->shard = s;
+    }
+    if (e) {
         e->range = r;
-        e->extent = vmh_arena_add_extent(d->arena, r->base, r->size, e);
+        e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
     }
     if (!e || !e->extent || !vmh_registry_set(r->base, r->size, e)) {
-        pthread_mutex_unlock(&d->lock);
         /* An extent the arena knows but the registry does not cannot happen: the arena
          * only learns of it above, and add_extent failing leaves nothing behind. */
-        free(e);
+        if (e) {
+            e->range = NULL;
+            e->extent = NULL;
+            e->prev = NULL;
+            e->next = s->spare;
+            s->spare = e;
+        }
+        pthread_mutex_unlock(&s->lock);
         vmh_range_destroy(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    e->next = d->exts;
-    if (d->exts)
-        d->exts->prev = e;
-    d->exts = e;
-    pthread_mutex_unlock(&d->lock);
+    e->prev = NULL;
+    e->next = s->exts;
+    if (s->exts)
+        s->exts->prev = e;
+    s->exts = e;
+    shard_note(s);
+    pthread_mutex_unlock(&s->lock);
     idle_gauge((int64_t)r->size);
     return CUDA_SUCCESS;
 }
 
+/* Serves size bytes from shard s: 0, ENOMEM when it has no room, EBUSY when `try` and another
+ * thread holds the shard. */
+static int shard_alloc(shard_t *s, size_t size, bool try, CUdeviceptr *out, size_t *usable)
+{
+    if (try) {
+        if (pthread_mutex_trylock(&s->lock) != 0)
+            return EBUSY;
+    } else {
+        pthread_mutex_lock(&s->lock);
+    }
+    uintptr_t p;
+    int rc = vmh_arena_alloc(s->arena, size, &p);
+    if (rc == 0) {
+        vmh_extent_t *e = ((ext_t *)vmh_registry_get(p))->extent;
+        vmh_block_info_t info;
+        vmh_arena_find(e, p, &info);
+        *usable = info.usable;
+        *out = p;
+        shard_note(s);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc == 0 ? 0 : ENOMEM;
+}
+
+/* Free space in the other shards, before any memory is made. Shards whose free bytes (the
+ * hint) are fewer than `want` are not tried. Busy ones are waited for only when wait_busy:
+ * a thread whose own shard has no extent yet and meets contention elsewhere gives its shard
+ * a first extent instead, which is what spreads threads over the shards (at most one chunk
+ * per shard); beyond that, free space anywhere comes before growth. */
+static bool others_alloc(vdev_t *d, unsigned home, size_t size, size_t want, bool wait_busy,
+                         CUdeviceptr *out, size_t *usable)
+{
+    unsigned busy = 0;
+    for (unsigned i = 1; i < SHARDS; i++) {
+        unsigned k = (home + i) % SHARDS;
+        if (atomic_load_explicit(&d->shards[k].free, memory_order_relaxed) < want)
+            continue;
+        int rc = shard_alloc(&d->shards[k], size, true, out, usable);
+        if (rc == 0)
+            return true;
+        if (rc == EBUSY)
+            busy |= 1u << k;
+    }
+    for (unsigned k = 0; wait_busy && busy && k < SHARDS; k++)
+        if ((busy & (1u << k)) && shard_alloc(&d->shards[k], size, false, out, usable) == 0)
+            return true;
+    return false;
+}
+
 static CUresult packed_alloc(vdev_t *d, size_t size, CUdeviceptr *out)
 {
+    size_t want;
+    if (!round_up(size, VMH_ARENA_ALIGN, &want) || !usable_take(d, want))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    unsigned home = vmh_heap_thread_shard();
+    size_t usable = 0;
     bool synced = false;
-    /* Other threads may take the space of an extent this thread just added before it gets to
-     * use it: then it adds another (each extent_add either makes memory or reports the
-     * driver's out of memory after trimming), within a bound that only a pathological race
-     * could reach. */
+    /* The thread's own shard, then free space in the others, then parked frees released by
+     * a synchronize, and only then a new extent (in the thread's own shard). Other threads
+     * may take the space of an extent this thread just added before it gets to use it: then
+     * it adds another (each extent_add either makes memory or reports the driver's out of
+     * memory after trimming), within a bound that only a pathological race could reach. */
+    shard_t *mine = &d->shards[home];
     for (int grown = 0;; grown++) {
-        uintptr_t p;
-        pthread_mutex_lock(&d->lock);
-        if (over_limit(d, size)) {
-            pthread_mutex_unlock(&d->lock);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        if (vmh_arena_alloc(d->arena, size, &p) == 0) {
-            vmh_extent_t *e = ((ext_t *)vmh_registry_get(p))->extent;
-            vmh_block_info_t info;
-            vmh_arena_find(e, p, &info);
-            d->live_usable += info.usable;
-            pthread_mutex_unlock(&d->lock);
-            idle_gauge(-(int64_t)info.usable);
-            *out = p;
-            return CUDA_SUCCESS;
-        }
-        bool parked = vmh_arena_parked(d->arena) > 0;
-        pthread_mutex_unlock(&d->lock);
-        if (parked && !synced) {
+        if ((atomic_load_explicit(&mine->free, memory_order_relaxed) >= want &&
+             shard_alloc(mine, size, false, out, &usable) == 0) ||
+            others_alloc(d, home, size, want,
+                         atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0, out,
+                         &usable))
+            break;
+        if (dev_packed_parked(d) && !synced) {
             synced = true;
             if (dev_sync(d) == CUDA_SUCCESS)
                 continue;
         }
-        if (grown >= 64)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        CUresult rc = extent_add(d, size);
-        if (rc != CUDA_SUCCESS)
+        CUresult rc = grown >= 64 ? CUDA_ERROR_OUT_OF_MEMORY : extent_add(d, mine, size);
+        if (rc != CUDA_SUCCESS) {
+            usable_give(d, want);
             return rc;
+        }
         synced = false; /* frees parked meanwhile may be released by a later wait */
     }
+    if (usable != want) /* the arena hands out exactly the rounded size; kept exact anyway */
+        atomic_fetch_add_explicit(&d->live_usable, usable - want, memory_order_relaxed);
+    idle_gauge(-(int64_t)usable);
+    return CUDA_SUCCESS;
 }
 
 static CUresult alloc_on(vdev_t *d, size_t size, bool growable, CUdeviceptr *out)
@@ -809,47 +996,62 @@ CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, CU
     return rc;
 }
 
-/* Finds the owner of p and locks its device; NULL (nothing locked) when p is not ours. */
+/* The mutex that guards an owner: its shard's for an extent, its device's for a big buffer. */
+static pthread_mutex_t *owner_mutex(owner_t *o)
+{
+    return o->kind == OWN_EXTENT ? &((ext_t *)o)->shard->lock : &o->dev->lock;
+}
+
+/* Finds the owner of p and locks it (owner_mutex); NULL (nothing locked) when p is not ours.
+ * Unlock with owner_unlock(). */
 static owner_t *owner_lock(CUdeviceptr p)
 {
     owner_t *o = vmh_registry_get(p);
     if (!o || o->kind == OWN_DEAD)
         return NULL;
-    vdev_t *d = o->dev;
-    pthread_mutex_lock(&d->lock);
+    pthread_mutex_t *m = owner_mutex(o);
+    pthread_mutex_lock(m);
     if (vmh_registry_get(p) != o) { /* released meanwhile */
-        pthread_mutex_unlock(&d->lock);
+        pthread_mutex_unlock(m);
         return NULL;
     }
     return o;
 }
 
+static void owner_unlock(owner_t *o)
+{
+    pthread_mutex_unlock(owner_mutex(o));
+}
+
 static CUresult park_range_locked(vdev_t *d, vmh_range_t *r, CUdeviceptr dead,
                                   size_t dead_len);
 
-/* Packed buffers that were exported: a small unsorted set (exports are rare). */
-static bool exported_packed_take_locked(vdev_t *d, CUdeviceptr p)
+/* Packed buffers of a shard that were exported: a small unsorted set (exports are rare);
+ * the shard is locked. */
+static bool exported_packed_take_locked(shard_t *s, CUdeviceptr p)
 {
-    for (size_t i = 0; i < d->nexported; i++) {
-        if (d->exported[i] == p) {
-            d->exported[i] = d->exported[--d->nexported];
+    for (size_t i = 0; i < s->nexported; i++) {
+        if (s->exported[i] == p) {
+            s->exported[i] = s->exported[--s->nexported];
             return true;
         }
     }
     return false;
 }
 
-/* Parks a live buffer; the device is locked. */
+/* Parks a live buffer; its owner is locked (owner_lock). */
 static CUresult park_locked(vdev_t *d, owner_t *o, CUdeviceptr p, size_t *req)
 {
     uint64_t gen = atomic_load(&d->gen);
     if (o->kind == OWN_EXTENT) {
         vmh_block_info_t info;
-        if (exported_packed_take_locked(d, p))
+        shard_t *s = ((ext_t *)o)->shard;
+        if (exported_packed_take_locked(s, p))
             gen = UINT64_MAX; /* shared with another process: the slot is never reused */
-        if (vmh_arena_park(d->arena, ((ext_t *)o)->extent, p, gen, &info) != 0)
+        if (vmh_arena_park(s->arena, ((ext_t *)o)->extent, p, gen, &info) != 0)
             return CUDA_ERROR_INVALID_VALUE;
-        d->live_usable -= info.usable;
+        shard_note(s);
+        usable_give(d, info.usable);
         idle_gauge((int64_t)info.usable);
         *req = info.size;
         return CUDA_SUCCESS;
@@ -864,7 +1066,7 @@ static CUresult park_locked(vdev_t *d, owner_t *o, CUdeviceptr p, size_t *req)
         if (park_range_locked(d, b->range, b->range->base, b->range->size) != CUDA_SUCCESS)
             return CUDA_ERROR_OUT_OF_MEMORY;
         list_remove(&d->live, b);
-        d->live_usable -= b->range->size;
+        usable_give(d, b->range->size);
         *req = b->req;
         b->range = NULL;
         b->exported = false;
@@ -873,7 +1075,7 @@ static CUresult park_locked(vdev_t *d, owner_t *o, CUdeviceptr p, size_t *req)
         return CUDA_SUCCESS;
     }
     list_remove(&d->live, b);
-    d->live_usable -= b->range->size;
+    usable_give(d, b->range->size);
     b->state = BIG_PARKED;
     b->gen = gen;
     list_push(&d->parked, b);
@@ -890,12 +1092,12 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     vdev_t *d = o->dev;
     if (atomic_load_explicit(&shut_down, memory_order_relaxed)) {
         /* Late frees from other destructors: the driver may be gone; forget quietly. */
-        pthread_mutex_unlock(&d->lock);
+        owner_unlock(o);
         return CUDA_SUCCESS;
     }
     size_t req = 0;
     CUresult rc = park_locked(d, o, p, &req);
-    pthread_mutex_unlock(&d->lock);
+    owner_unlock(o);
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_count(VMH_STAT_served_frees, 1);
@@ -937,7 +1139,7 @@ bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)
             found = true;
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    owner_unlock(o);
     return found;
 }
 
@@ -1006,7 +1208,7 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
             rc = park_range_locked(d, r, r->base + nr->size, r->size - nr->size);
             if (rc == CUDA_SUCCESS) {
                 shrunk = true;
-                d->live_usable -= r->size - nr->size;
+                usable_give(d, r->size - nr->size);
                 b->range = nr;
                 nr = NULL;
             }
@@ -1020,7 +1222,8 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
             dev_sync(d); /* the chunks past the new size go once queued work is done */
         return rc;
     }
-    if (over_limit(d, rounded - r->size)) {
+    size_t extra = rounded - r->size; /* usable bytes taken for the growth */
+    if (!usable_take(d, extra)) {
         pthread_mutex_unlock(&d->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -1031,6 +1234,7 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
         pthread_mutex_lock(&d->lock);
         if (b->state != BIG_LIVE || b->range != r) {
             pthread_mutex_unlock(&d->lock);
+            usable_give(d, extra);
             return CUDA_ERROR_INVALID_VALUE; /* freed or resized by another thread meanwhile */
         }
     }
@@ -1073,10 +1277,13 @@ static CUresult realloc_big(vdev_t *d, big_t *b, CUdeviceptr *p, size_t size, CU
         b->state = BIG_LIVE;
         pthread_mutex_unlock(&d->lock);
         vmh_range_destroy(nr);
+        usable_give(d, extra);
         return rc;
     }
     bool moved = kind == VMH_GROW_MOVED;
-    d->live_usable += nr->size - r->size;
+    if (nr->size - r->size != extra) /* the range grows by exactly the chunk added */
+        atomic_fetch_add_explicit(&d->live_usable, nr->size - r->size - extra,
+                                  memory_order_relaxed);
     vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)b->req);
     b->range = nr;
     b->req = size;
@@ -1125,21 +1332,32 @@ CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream stream, bool asy
         return realloc_big(d, b, p, size, stream, async);
     }
     ext_t *e = (ext_t *)o;
+    shard_t *s = e->shard; /* locked */
     vmh_block_info_t info;
     if (!vmh_arena_find(e->extent, *p, &info) || info.base != *p) {
-        pthread_mutex_unlock(&d->lock);
+        owner_unlock(o);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (size < (vmh_opt.pack_below < d->gran / 2 ? vmh_opt.pack_below : d->gran / 2) &&
-        vmh_arena_resize(d->arena, e->extent, *p, size) == 0) {
-        vmh_block_info_t now;
-        vmh_arena_find(e->extent, *p, &now);
-        d->live_usable += now.usable - info.usable;
-        pthread_mutex_unlock(&d->lock);
-        vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)info.size);
-        return CUDA_SUCCESS;
+    if (size < (vmh_opt.pack_below < d->gran / 2 ? vmh_opt.pack_below : d->gran / 2)) {
+        /* In place: the growth's usable bytes are taken first (VMMHOOK_MEM_LIMIT). */
+        size_t want = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
+        size_t extra = want > info.usable ? want - info.usable : 0;
+        if (extra == 0 || usable_take(d, extra)) {
+            if (vmh_arena_resize(s->arena, e->extent, *p, size) == 0) {
+                vmh_block_info_t now;
+                vmh_arena_find(e->extent, *p, &now);
+                shard_note(s);
+                /* now.usable - info.usable in all, of which extra is taken already */
+                atomic_fetch_add_explicit(&d->live_usable, now.usable - info.usable - extra,
+                                          memory_order_relaxed);
+                owner_unlock(o);
+                vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)info.size);
+                return CUDA_SUCCESS;
+            }
+            usable_give(d, extra);
+        }
     }
-    pthread_mutex_unlock(&d->lock);
+    owner_unlock(o);
     return realloc_by_copy(d, p, info.size, size, stream, async);
 }
 
@@ -1164,19 +1382,20 @@ CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out)
             out->base = bi.base;
             out->size = bi.size;
             out->offset = bi.base - r->base;
-            if (d->nexported == d->exported_cap) {
-                size_t cap = d->exported_cap ? 2 * d->exported_cap : 16;
-                CUdeviceptr *grown = realloc(d->exported, cap * sizeof *grown);
+            shard_t *s = e->shard; /* locked */
+            if (s->nexported == s->exported_cap) {
+                size_t cap = s->exported_cap ? 2 * s->exported_cap : 16;
+                CUdeviceptr *grown = realloc(s->exported, cap * sizeof *grown);
                 if (!grown)
                     rc = CUDA_ERROR_OUT_OF_MEMORY;
                 else {
-                    d->exported = grown;
-                    d->exported_cap = cap;
+                    s->exported = grown;
+                    s->exported_cap = cap;
                 }
             }
             if (rc == CUDA_SUCCESS) {
-                exported_packed_take_locked(d, bi.base); /* exported twice: listed once */
-                d->exported[d->nexported++] = bi.base;
+                exported_packed_take_locked(s, bi.base); /* exported twice: listed once */
+                s->exported[s->nexported++] = bi.base;
             }
         }
     } else {
@@ -1202,7 +1421,7 @@ CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out)
             out->device = d->ordinal;
         }
     }
-    pthread_mutex_unlock(&d->lock);
+    owner_unlock(o);
     return rc;
 }
 
@@ -1266,7 +1485,8 @@ CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant)
     desc.location.id = peer;
     desc.flags = grant ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
     /* A rare call that must reach every mapping of the device at once: the device lock is
-     * held across the driver calls, so no buffer appears or moves meanwhile. */
+     * held across the driver calls, so no big buffer appears or moves meanwhile, and each
+     * shard's lock while its extents are walked. */
     pthread_mutex_lock(&d->lock);
     edit_access(d->access, &d->naccess, peer, grant);
     CUresult rc = CUDA_SUCCESS;
@@ -1274,8 +1494,13 @@ CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant)
     for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++)
         for (big_t *b = lists[l]->head; b && rc == CUDA_SUCCESS; b = b->next)
             rc = range_set_peer(b->range, &desc, grant);
-    for (ext_t *e = d->exts; e && rc == CUDA_SUCCESS; e = e->next)
-        rc = range_set_peer(e->range, &desc, grant);
+    for (int i = 0; i < SHARDS && rc == CUDA_SUCCESS; i++) {
+        shard_t *s = &d->shards[i]; /* d->lock, then one shard lock: the lock order */
+        pthread_mutex_lock(&s->lock);
+        for (ext_t *e = s->exts; e && rc == CUDA_SUCCESS; e = e->next)
+            rc = range_set_peer(e->range, &desc, grant);
+        pthread_mutex_unlock(&s->lock);
+    }
     for (old_range_t *o = d->old; o && rc == CUDA_SUCCESS; o = o->next)
         rc = range_set_peer(o->range, &desc, grant);
     pthread_mutex_unlock(&d->lock);
@@ -1305,11 +1530,16 @@ size_t vmh_heap_idle_bytes(int device)
     vdev_t *d = atomic_load_explicit(&devs[device], memory_order_acquire);
     if (!d)
         return 0;
-    vmh_arena_stats_t s;
     pthread_mutex_lock(&d->lock);
-    vmh_arena_stats(d->arena, &s);
-    size_t idle = d->cache.bytes + d->parked.bytes + s.free + s.parked;
+    size_t idle = d->cache.bytes + d->parked.bytes;
     pthread_mutex_unlock(&d->lock);
+    for (int i = 0; i < SHARDS; i++) {
+        vmh_arena_stats_t s;
+        pthread_mutex_lock(&d->shards[i].lock);
+        vmh_arena_stats(d->shards[i].arena, &s);
+        pthread_mutex_unlock(&d->shards[i].lock);
+        idle += s.free + s.parked;
+    }
     return idle;
 }
 
@@ -1332,8 +1562,12 @@ void vmh_heap_shutdown(void)
         pthread_mutex_lock(&d->lock);
         for (big_t *b = d->live.head; b; b = b->next)
             vmh_leak_report_one(b->range->base, b->req, i, b->site);
-        vmh_arena_for_each_live(d->arena, report_packed_leak, &i);
         pthread_mutex_unlock(&d->lock);
+        for (int k = 0; k < SHARDS; k++) {
+            pthread_mutex_lock(&d->shards[k].lock);
+            vmh_arena_for_each_live(d->shards[k].arena, report_packed_leak, &i);
+            pthread_mutex_unlock(&d->shards[k].lock);
+        }
     }
     vmh_leak_report_end();
 }
@@ -1361,16 +1595,24 @@ void vmh_heap_reset(void)
         free_bigs(&d->cache);
         free_bigs(&d->unused);
         destroy_ranges(d->old);
-        for (ext_t *e = d->exts, *next; e; e = next) {
-            next = e->next;
-            vmh_registry_set(e->range->base, e->range->size, NULL);
-            vmh_range_destroy(e->range);
-            free(e);
+        for (int k = 0; k < SHARDS; k++) {
+            shard_t *s = &d->shards[k];
+            for (ext_t *e = s->exts, *next; e; e = next) {
+                next = e->next;
+                vmh_registry_set(e->range->base, e->range->size, NULL);
+                vmh_range_destroy(e->range);
+                free(e);
+            }
+            for (ext_t *e = s->spare, *next; e; e = next) {
+                next = e->next;
+                free(e);
+            }
+            vmh_arena_delete(s->arena, NULL, NULL);
+            pthread_mutex_destroy(&s->lock);
+            free(s->exported);
         }
-        vmh_arena_delete(d->arena, NULL, NULL);
         pthread_mutex_destroy(&d->lock);
         pthread_mutex_destroy(&d->sync_lock);
-        free(d->exported);
         free(d);
     }
     memset(peer_requests, 0, sizeof peer_requests);

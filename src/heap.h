@@ -105,4 +105,9 @@ void vmh_heap_shutdown(void);
  * simulated driver's ledger can be checked empty). */
 void vmh_heap_reset(void);
 
+#ifdef VMH_TESTING
+/* Tests: the packing shard the calling thread allocates in (picked on the first call). */
+unsigned vmh_heap_thread_shard(void);
+#endif
+
 #endif
