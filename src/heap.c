@@ -933,32 +933,44 @@ bool vmh_heap_ready(void)
            vmh_driver_ready();
 }
 
-CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out)
+/* What both allocation entry points share: the checks before a device is chosen, and serving
+ * on it (rc: how choosing the device went) with the trace line either way. */
+static CUresult request_check(size_t size, const CUdeviceptr *out)
 {
     if (atomic_load_explicit(&shut_down, memory_order_relaxed))
         return CUDA_ERROR_NOT_SUPPORTED;
-    if (!out || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    vdev_t *d;
-    CUresult rc = dev_current(&d);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = alloc_on(d, size, false, out);
+    return !out || size == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+static CUresult serve_traced(vdev_t *d, CUresult rc, size_t size, CUdeviceptr *out)
+{
+    if (rc == CUDA_SUCCESS)
+        rc = alloc_on(d, size, false, out);
     vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
               rc == CUDA_SUCCESS ? *out : 0, size, NULL);
     return rc;
 }
 
+CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out)
+{
+    CUresult rc = request_check(size, out);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    vdev_t *d;
+    rc = dev_current(&d);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return serve_traced(d, rc, size, out);
+}
+
 CUresult vmh_heap_alloc_on(int device, size_t size, CUdeviceptr *out)
 {
-    if (atomic_load_explicit(&shut_down, memory_order_relaxed))
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (!out || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = request_check(size, out);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     if (device < 0 || device >= MAX_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
     vdev_t *d = atomic_load_explicit(&devs[device], memory_order_acquire);
-    CUresult rc = CUDA_SUCCESS;
     if (!d) {
         /* The device's state needs a context to synchronize later: the current one when it
          * is this device's, else the device's primary context. */
@@ -975,11 +987,7 @@ CUresult vmh_heap_alloc_on(int device, size_t size, CUdeviceptr *out)
     } else if (d->unsupported) {
         rc = CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (rc == CUDA_SUCCESS)
-        rc = alloc_on(d, size, false, out);
-    vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
-              rc == CUDA_SUCCESS ? *out : 0, size, NULL);
-    return rc;
+    return serve_traced(d, rc, size, out);
 }
 
 CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, CUdeviceptr *out,
