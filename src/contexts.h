@@ -1,0 +1,71 @@
+/* The process's contexts and stream captures, as the library sees them through the interposed
+ * entry points (interpose.c reports them; contexts.c keeps them).
+ *
+ * Why: memory a program frees may be reused only after work submitted before the free has
+ * completed in every context of that device (not only the first context the library saw),
+ * and while a stream is capturing the driver forbids calls such as cuCtxSynchronize (they fail
+ * and invalidate the capture). The reclaim layer asks this module which contexts to wait for
+ * and whether it may wait at all.
+ *
+ * CONTRACT (round 10): interpose.c / driver.c / contexts.c implement it; the heap's reclaim
+ * layer consumes it. Change a signature only together with both sides.
+ */
+#ifndef VMH_CONTEXTS_H
+#define VMH_CONTEXTS_H
+
+#include <cuda.h>
+#include <stdbool.h>
+
+/* --- reported by the interposer (after the real call succeeded) --- */
+
+/* A context exists on `device`: cuCtxCreate*, cuDevicePrimaryCtxRetain, or a context first seen
+ * current on some thread. Idempotent. */
+void vmh_ctx_seen(CUcontext ctx, int device);
+
+/* The program is about to destroy ctx (cuCtxDestroy) or reset/release a primary context:
+ * waits until no wait of the library on ctx is in progress, then forgets ctx. */
+void vmh_ctx_forget(CUcontext ctx);
+
+/* The calling thread's current context changed (cuCtxSetCurrent, cuCtxPushCurrent,
+ * cuCtxPopCurrent, cuCtxCreate, cuDevicePrimaryCtx*, cuCtxDestroy of the current one). */
+void vmh_ctx_current_changed(void);
+
+/* A capture began on `stream` in `mode` on the calling thread (cuStreamBeginCapture*), or
+ * ended (cuStreamEndCapture, whatever its result). */
+void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode);
+void vmh_capture_ended(CUstream stream);
+
+/* The calling thread's capture interaction mode changed (cuThreadExchangeStreamCaptureMode). */
+void vmh_capture_thread_mode(CUstreamCaptureMode mode);
+
+/* --- asked by the library --- */
+
+/* The calling thread's current context and its device ordinal, with no driver call in steady
+ * state (a thread-local cache kept true by the reports above). CUDA_ERROR_INVALID_CONTEXT when
+ * the thread has no current context. */
+CUresult vmh_ctx_current(CUcontext *ctx, int *device);
+
+/* True when the driver would refuse a potentially unsafe call (cuCtxSynchronize,
+ * cuMemAlloc, ...) made by the calling thread now, by the driver's rule: the thread has its
+ * own non-relaxed capture in progress, or its interaction mode is global and another thread
+ * has a global-mode capture in progress. */
+bool vmh_capture_forbids_unsafe(void);
+
+/* True while any stream of the process is capturing (any mode, any thread). The background
+ * reclaim waits for this to be false before it synchronizes anything. */
+bool vmh_capture_any(void);
+
+/* Waits (from the calling thread) until every context of `device` that the program has made
+ * has finished the work submitted before the call: synchronizes each of them in turn, making it
+ * current on the calling thread for the wait and restoring the thread's previous context.
+ * Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without calling the driver when
+ * vmh_capture_forbids_unsafe() holds for the calling thread. A context destroyed meanwhile is
+ * skipped (vmh_ctx_forget waits for a wait in progress on it). */
+CUresult vmh_ctx_sync_device(int device);
+
+#ifdef VMH_TESTING
+/* Tests: forget every context and capture. */
+void vmh_contexts_reset(void);
+#endif
+
+#endif
