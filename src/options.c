@@ -568,6 +568,8 @@ static void load_once(void)
     if (!getauxval(AT_SECURE))
         vmh_options_check_unknown(environ);
     vmh_opt = o;
+    /* The log sits below the options and never reads them: tell it. */
+    vmh_log_set_verbose(o.verbose);
 }
 
 const vmh_options_t *vmh_options_load(void)

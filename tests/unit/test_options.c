@@ -801,12 +801,16 @@ static void test_log_line(void **state)
     assert_int_equal(loglines, 1);
 
     log_reset();
-    vmh_opt.verbose = false;
+    vmh_log_set_verbose(false);
     vmh_debug("hidden");
     assert_int_equal(loglines, 0);
-    vmh_opt.verbose = true;
+    vmh_opt.verbose = true; /* the log does not read the options: still hidden */
+    vmh_debug("hidden");
+    assert_int_equal(loglines, 0);
+    vmh_log_set_verbose(true);
     vmh_debug("shown %d", 1);
     assert_string_equal(logbuf, "vmmhook: shown 1\n");
+    vmh_log_set_verbose(false);
 }
 
 static void test_log_truncates(void **state)
