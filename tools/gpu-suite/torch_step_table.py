@@ -40,8 +40,8 @@ def exit_json(run):
         return None
 
 
-def fmt(v, nd=2):
-    return "n/a" if v is None else f"{v:.{nd}f}"
+def fmt(v, nd=2, unit=""):
+    return "n/a" if v is None else f"{v:.{nd}f}{unit}"
 
 
 res = {r: parse(r) for r, _ in RUNS}
@@ -86,7 +86,7 @@ for run, label in RUNS:
     mem = f"{fmt(ratio, 3)} ({int(float(m['peak_device'])) >> 20} / " \
           f"{int(float(m['peak_requested'])) >> 20} MiB, {m.get('source', '?')})" if m and ratio else "n/a"
     out.append(f"| {label} | {fmt(med)} ({fmt(s.get('p10_ms'))}-{fmt(s.get('p90_ms'))}) | "
-               f"{fmt(over)}x | {syncs} | {mem} |")
+               f"{fmt(over, unit='x')} | {syncs} | {mem} |")
     if run.endswith("hooked"):
         hook = {"over": over, "sync": d["sync"], "ratio": ratio}
 
@@ -103,7 +103,7 @@ if bsync is None and hook.get("sync"):
     bsync = sum(hook["sync"].values())
 out += ["", "Targets (issue 14, caching off under the hook):", "",
         "| target | value | verdict |", "| --- | --- | --- |",
-        f"| step time <= 1.15x caching on (native) | {fmt(hook.get('over'))}x | "
+        f"| step time <= 1.15x caching on (native) | {fmt(hook.get('over'), unit='x')} | "
         f"{verdict(None if hook.get('over') is None else hook['over'] <= 1.15)} |",
         f"| blocking synchronizations per step <= 1 ({bname}) | {fmt(bsync)} | "
         f"{verdict(None if bsync is None else bsync <= 1)} |",
@@ -113,7 +113,7 @@ print("\n".join(out))
 print(f"ROW|median ms: hook(off) {fmt((res['nocache.hooked'] or {}).get('step', {}).get('median_ms'))}, "
       f"native on {fmt(cache_ms)}, native off "
       f"{fmt((res['nocache.native'] or {}).get('step', {}).get('median_ms'))}; hook/on "
-      f"{fmt(hook.get('over'))}x (<=1.15 {verdict(None if hook.get('over') is None else hook['over'] <= 1.15)}); "
+      f"{fmt(hook.get('over'), unit='x')} (<=1.15 {verdict(None if hook.get('over') is None else hook['over'] <= 1.15)}); "
       f"blocking syncs/step {fmt(bsync)} ({verdict(None if bsync is None else bsync <= 1)}); "
       f"peak ratio {fmt(hook.get('ratio'), 3)} "
       f"({verdict(None if hook.get('ratio') is None else hook['ratio'] <= 1.25)})")
