@@ -12,7 +12,8 @@
  *   D  cudaFree during a relaxed and during a global capture of a buffer allocated before it:
  *      the codes, and the code of a second cudaFree after the capture;
  *   E  thread-local capture on this thread while another thread allocates and frees (legal
- *      natively), and a global capture while another thread calls cudaMalloc (illegal).
+ *      natively, as far as the CUDA documentation says), and a global capture while another
+ *      thread calls cudaMalloc (illegal).
  * Compared part (R lines): every code and every comparison; natively and hooked they must match.
  * Usage: capture */
 #include "gpu_common.h"
@@ -264,11 +265,8 @@ static void part_e(cudaStream_t s, float *x, float *t)
         R("E %s capture here, another thread: cudaMalloc(3 MiB) -> %d, cudaFree -> %d; begin -> "
           "%d, end -> %d, graph %s, last error -> %d",
           names[m], rm, rf, rb, re, g ? "made" : "none", rl);
-        if (m == 0)
-            CHECK(rm == 0 && rf == 0 && re == 0,
-                  "thread-local capture: another thread's cudaMalloc/cudaFree or the capture "
-                  "failed (%d, %d, %d)",
-                  rm, rf, re);
+        /* Not judged here: the codes are compared with the native run's (what native answers,
+         * the hook must answer). */
         if (g)
             cudaGraphDestroy(g);
         CK(cudaDeviceSynchronize());
