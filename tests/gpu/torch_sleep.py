@@ -18,6 +18,7 @@ Prints R lines (outcomes), "I ..." information and a final PASS/FAIL line. Exit 
 """
 import contextlib
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -116,6 +117,26 @@ class Tags:
         return self.lib.vmm_resume(name.encode())
 
 
+def tag_stats(lib, names):
+    """The hook's per-tag figures (vmm_stats_json "tags") of the named tags, or a reason."""
+    try:
+        fn = lib.vmm_stats_json
+    except AttributeError:
+        return "no vmm_stats_json"
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    buf = ctypes.create_string_buffer(1 << 20)
+    if fn(buf, len(buf)) < 0:
+        return "vmm_stats_json failed"
+    try:
+        tags = json.loads(buf.value.decode()).get("tags") or {}
+    except ValueError as e:
+        return f"not JSON: {e}"
+    keys = ("state", "requested", "mapped", "paused", "backed_up")
+    return "; ".join(f"{n}: " + ", ".join(f"{k} {tags.get(n, {}).get(k)}" for k in keys)
+                     for n in names)
+
+
 def main():
     os.environ.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
@@ -197,6 +218,7 @@ def main():
         print(f"I pause weights {1000 * (t1 - t0):.1f} ms, kv {1000 * (t2 - t1):.1f} ms")
         if rw != 0 or rk != 0:
             failures.append(f"pause failed: weights {rw}, kv {rk}")
+        print(f"I tags while paused: {tag_stats(lib, ('weights', 'kv'))}")
         free_paused, total = torch.cuda.mem_get_info()
         env = {k: v for k, v in os.environ.items()
                if k != "LD_PRELOAD" and not k.startswith("VMMHOOK_")}
@@ -217,6 +239,7 @@ def main():
         rk = tags.resume("kv")
         print(f"R resume weights -> {rw}, resume kv -> {rk}")
         print(f"I resume both {1000 * (time.perf_counter() - t0):.1f} ms")
+        print(f"I tags after resume: {tag_stats(lib, ('weights', 'kv'))}")
         if rw != 0 or rk != 0:
             failures.append(f"resume failed: weights {rw}, kv {rk}")
         else:
