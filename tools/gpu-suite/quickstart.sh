@@ -44,7 +44,8 @@ quickstart_judge() {
     secs=$(cat "$LOG/quickstart.secs" 2>/dev/null)
     [ "$rc" = 0 ] || { res=FAIL; why+=("exit $(rcname "$rc")"); }
     # The real demo: the hook's report of a run on the GPU; never the simulated driver's.
-    if grep -qi 'simulat' "$LOG/quickstart.out"; then
+    # (lines that only say what it is not, "not simulated", do not count)
+    if grep -i 'simulat' "$LOG/quickstart.out" | grep -qviE 'not (on )?(the )?simulat|instead of (the )?simulat'; then
         res=FAIL
         why+=("it ran the SIMULATED demo on a machine with a GPU")
     fi
