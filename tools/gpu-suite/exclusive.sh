@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced by tools/gpu-suite.sh (uses its W, LOG, launch, judge, row, info_row, note, tmo, say,
-# rc_of, rcname, stats_of, first_fail): the programs that need the GPU to themselves, one at a
+# rc_of, rcname, stats_of, first_fail, and quickstart_wait of quickstart.sh): the programs that need the GPU to themselves, one at a
 # time, static cudart only:
 #   mallocasync_after_free  (issue 14) takes 70% of the device, then 30% from other allocators;
 #   pause_resume            (issue 15) 40 GiB paused and resumed, a second process takes it; its
@@ -11,6 +11,7 @@
 
 exclusive_run() {
     local ex=$W/bin/mallocasync_after_free.static t
+    quickstart_wait 90
     if [ -x "$ex" ]; then
         t=$(tmo 90 60)
         if [ "$t" = 0 ]; then

@@ -26,14 +26,22 @@ quickstart_start() {
     QS_STARTED=1
 }
 
-# quickstart_judge MAX_WAIT_S: waits up to MAX_WAIT_S for quickstart to end, then one row.
-quickstart_judge() {
+# quickstart_wait MAX_WAIT_S: waits up to MAX_WAIT_S for quickstart to end (before the steps
+# that need the GPU alone: its demo must not run beside them).
+quickstart_wait() {
     [ "${QS_STARTED:-0}" = 1 ] || return 0
     local waited=0 max=$1
+    [ -f "$LOG/quickstart.rc" ] || say "waiting up to ${max}s for quickstart to end"
     while [ ! -f "$LOG/quickstart.rc" ] && [ "$waited" -lt "$max" ]; do
         sleep 1
         waited=$((waited + 1))
     done
+}
+
+# quickstart_judge MAX_WAIT_S: waits up to MAX_WAIT_S for quickstart to end, then one row.
+quickstart_judge() {
+    [ "${QS_STARTED:-0}" = 1 ] || return 0
+    quickstart_wait "$1"
     if [ ! -f "$LOG/quickstart.rc" ]; then
         row "quickstart (issue 17)" "-" "-" "running" FAIL \
             "still running after the suite's wait ($max s more); last line: $(tail -1 "$LOG/quickstart.out" 2>/dev/null | cut -c1-160)"
