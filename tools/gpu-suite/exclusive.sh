@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Sourced by tools/gpu-suite.sh (uses its W, LOG, launch, judge, row, info_row, note, tmo, say,
-# rc_of, rcname, stats_of, first_fail, and quickstart_wait of quickstart.sh): the programs that need the GPU to themselves, one at a
-# time, static cudart only:
+# rc_of, rcname, stats_of, first_fail, and quickstart_wait of quickstart.sh): the programs that
+# need the GPU to themselves, one at a time, static cudart only:
 #   mallocasync_after_free  (issue 14) takes 70% of the device, then 30% from other allocators;
 #   pause_resume            (issue 15) 40 GiB paused and resumed, a second process takes it; its
 #                           "T" lines (timings against the issue's targets) become a table;
