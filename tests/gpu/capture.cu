@@ -184,11 +184,11 @@ static void part_b(cudaStream_t s, float *x, float *y, float *t, float *yref, fl
 static void part_c(cudaStream_t s, float *x, float *y, float *t, float *yref, float *tref)
 {
     park_some_frees(s);
-    void *p = NULL;
+    void *p = NULL, *p2 = NULL;
     int rb = (int)cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     k_square<<<grid(N), 256, 0, s>>>(t, x, N);
     int rm = (int)cudaMalloc(&p, 1 * MiB);
-    int rm2 = (int)cudaMalloc(&p, 64 * MiB);
+    int rm2 = (int)cudaMalloc(&p2, 64 * MiB);
     cudaGraph_t g = NULL;
     int re = (int)cudaStreamEndCapture(s, &g);
     int rl = (int)cudaGetLastError();
@@ -197,8 +197,10 @@ static void part_c(cudaStream_t s, float *x, float *y, float *t, float *yref, fl
       rb, rm, rm2, re, g ? "made" : "none", rl);
     if (g)
         cudaGraphDestroy(g);
-    if (rm2 == 0 && p)
+    if (rm == 0 && p) /* only where a cudaMalloc succeeded (natively neither does) */
         cudaFree(p);
+    if (rm2 == 0 && p2)
+        cudaFree(p2);
     cudaGetLastError();
     /* The stream and the device still work. */
     seq_a(y, t, x, s);
