@@ -14,8 +14,8 @@ Prints (machine lines, read by tools/gpu-suite.sh):
                                                         timed to its end with a synchronize)
   MEM peak_requested <bytes> peak_device <bytes> source <text>
   SYNC <counter> <per step> ...   (under the hook, from vmm_stats_json before and after the timed
-                                   steps: every counter whose name has "sync" in it; absent when
-                                   the loaded library has no vmm_stats_json)
+                                   steps: every counter whose name has "sync" or "wait" in it;
+                                   absent when the loaded library has no vmm_stats_json)
 "I ..." information and a final PASS/FAIL line. Exit 0 pass, 1 fail, 77 skip.
 """
 import ctypes
@@ -64,11 +64,13 @@ def hook_stats_fn():
 
 
 def sync_counters(j):
-    """Every counter whose name contains "sync" (flat or under "counters"), as name -> int."""
+    """Every counter whose name contains "sync" or "wait" (flat or under "counters"): the
+    library's synchronizations, blocking or in the background, whatever their final names."""
     if not isinstance(j, dict):
         return {}
     src = j.get("counters") if isinstance(j.get("counters"), dict) else j
-    return {k: v for k, v in src.items() if "sync" in k and isinstance(v, (int, float))}
+    return {k: v for k, v in src.items()
+            if ("sync" in k or "wait" in k) and isinstance(v, (int, float))}
 
 
 def gauge_peak(j, name):
@@ -147,7 +149,7 @@ def main():
         if a:
             print("SYNC " + " ".join(f"{k} {(a[k] - b.get(k, 0)) / n:.2f}" for k in sorted(a)))
         else:
-            print("I vmm_stats_json has no counter named *sync*")
+            print("I vmm_stats_json has no counter named *sync* or *wait*")
         pr, pm = gauge_peak(after, "bytes_requested"), gauge_peak(after, "bytes_mapped")
         if pr and pm:
             print(f"MEM peak_requested {pr} peak_device {pm} source hook-gauges(whole-run)")
