@@ -8,7 +8,7 @@ static int setup(void **state)
 {
     (void)state;
     tu_reset(NULL);
-    assert_true(vmh_heap_ready()); /* reads the options once; the test's values come after */
+    assert_true(vmh_lifetime_ready()); /* reads the options once; the test's values come after */
     vmh_options_defaults(&vmh_opt);
     return 0;
 }

@@ -174,12 +174,12 @@ static void pitch_follows_native_rules(void **state)
     (void)state;
     CUdeviceptr p;
     size_t pitch;
-    assert_int_equal(vmh_heap_alloc_pitch(1000, 77, 4, &p, &pitch), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc_pitch(1000, 77, 4, NULL, &p, &pitch), CUDA_SUCCESS);
     assert_int_equal(pitch, 1024);
     vmh_buffer_info_t info;
     assert_true(vmh_heap_find(p + 5000, &info));
     assert_int_equal(info.size, 1024 * 77);
-    assert_int_equal(vmh_heap_alloc_pitch(1000, 77, 3, &p, &pitch), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_heap_alloc_pitch(1000, 77, 3, NULL, &p, &pitch), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(vmh_heap_free(info.base, NULL, false), CUDA_SUCCESS);
 }
 
@@ -352,8 +352,10 @@ static void realloc_failure_leaves_buffer_untouched(void **state)
     /* Address space exhausted: the move path cannot reserve. */
     vmh_opt.va_limit = 10 * MiB;
     sim_refuse_hints(true);
-    assert_int_equal(vmh_heap_realloc(&p, 12 * MiB, NULL, false), CUDA_ERROR_OUT_OF_MEMORY);
-    assert_int_equal(vmh_handle_last_failure, VMH_FAILED_RESERVE);
+    bool no_address = false;
+    assert_int_equal(vmh_heap_realloc_ex(&p, 12 * MiB, NULL, false, &no_address),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    assert_true(no_address);
     sim_refuse_hints(false);
     assert_true(tu_check(p, 8 * MiB, 9));
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
