@@ -29,9 +29,9 @@ VMH_TESTABLE void vmh_lifetime_fork_child(void)
 
 static void start(void)
 {
-    vmh_options_load();
-    snapshot = &vmh_opt;
-    vmh_stats_init(); /* the trace clock starts here, and the trace file exists from now */
+    snapshot = vmh_options_load();
+    /* the trace clock starts here, and the trace file exists from now */
+    vmh_stats_configure(snapshot);
     vmh_heap_configure(snapshot);
     pthread_atfork(NULL, NULL, vmh_lifetime_fork_child);
     atomic_store(&start_done, true);
