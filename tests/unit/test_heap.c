@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "vmmhook.h"
 
@@ -735,6 +736,60 @@ static void shards_reuse_each_others_space(void **state)
     assert_int_equal(vmh_heap_free(q.p, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- peer access while a buffer is being made (issue 16) ---- */
+
+static CUresult (*real_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                            unsigned long long);
+static atomic_int grant_on_next_map;
+static atomic_bool grant_done;
+static CUresult grant_rc;
+static pthread_t grant_thread;
+
+static void *grant_peer(void *arg)
+{
+    (void)arg;
+    grant_rc = vmh_heap_set_peer_access(0, 1, true);
+    atomic_store(&grant_done, true);
+    return NULL;
+}
+
+/* cuMemMap, then (once) a peer grant from another thread, given up to 200 ms to finish before
+ * the mapping's cuMemSetAccess: the grant runs while the new buffer is half made. */
+static CUresult map_then_grant(CUdeviceptr ptr, size_t size, size_t offset,
+                               CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    CUresult rc = real_map(ptr, size, offset, handle, flags);
+    if (atomic_exchange(&grant_on_next_map, 0)) {
+        assert_int_equal(pthread_create(&grant_thread, NULL, grant_peer, NULL), 0);
+        for (int i = 0; i < 200 && !atomic_load(&grant_done); i++)
+            usleep(1000);
+    }
+    return rc;
+}
+
+static void peer_grant_during_a_new_buffer_reaches_it(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    tu_reset(&cfg);
+    CUdeviceptr a, b;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &a), CUDA_SUCCESS); /* the device exists */
+    vmh_driver_t t = *sim_table();
+    real_map = t.cuMemMap;
+    t.cuMemMap = map_then_grant;
+    vmh_driver_install(&t);
+    atomic_store(&grant_done, false);
+    atomic_store(&grant_on_next_map, 1);
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &b), CUDA_SUCCESS);
+    pthread_join(grant_thread, NULL);
+    vmh_driver_install(sim_table());
+    assert_int_equal(grant_rc, CUDA_SUCCESS);
+    assert_int_equal(sim_access_flags(a, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(sim_access_flags(b, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -763,6 +818,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(refused_handle_type_falls_back, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(export_pins_chunks_after_free, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(peer_grant_during_a_new_buffer_reaches_it, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(threads_churn_with_data_checks, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(threads_pack_large_requests_without_spurious_oom,
