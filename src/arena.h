@@ -89,6 +89,11 @@ typedef struct vmh_arena_stats {
 } vmh_arena_stats_t;
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s);
 
+/* Bytes of the extents that hold no live block (free, or parked blocks a wait frees): what a
+ * trim can give back whole. Free space inside an extent that still holds a live block is not
+ * counted: no allocation of another kind can use it. O(extents). */
+size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a);
+
 /* The extent's owner and range. */
 void *vmh_extent_owner(const vmh_extent_t *e);
 uintptr_t vmh_extent_base(const vmh_extent_t *e);

@@ -96,7 +96,10 @@ void vmh_heap_on_pressure(vmh_pressure_fn fn);
  * the bytes given back. */
 size_t vmh_heap_trim(void);
 
-/* Idle bytes held for reuse on a device (reported as free by cuMemGetInfo). */
+/* Idle bytes held for reuse on a device, reported as free by cuMemGetInfo: only what an
+ * allocation would actually get, whatever its size: cached and parked buffers of their own
+ * (whole ranges) and packing extents with no live block (a trim gives them back). Free space
+ * beside live blocks in a packing extent is not counted. */
 size_t vmh_heap_idle_bytes(int device);
 
 /* Exit (lifetime.c): reports leaks when report_leaks, then serves nothing more and forgets

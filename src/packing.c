@@ -366,11 +366,9 @@ size_t vmh_packing_idle_bytes(vmh_packing_t *pk)
 {
     size_t idle = 0;
     for (int i = 0; i < VMH_SHARDS; i++) {
-        vmh_arena_stats_t st;
         pthread_mutex_lock(&pk->shards[i].lock);
-        vmh_arena_stats(pk->shards[i].arena, &st);
+        idle += vmh_arena_unused_extent_bytes(pk->shards[i].arena);
         pthread_mutex_unlock(&pk->shards[i].lock);
-        idle += st.free + st.parked;
     }
     return idle;
 }

@@ -86,7 +86,8 @@ bool vmh_packing_has_parked(vmh_packing_t *pk);
 /* Gives back every empty extent; returns the bytes. */
 size_t vmh_packing_trim(vmh_packing_t *pk);
 
-/* Bytes of free space in the arenas (see heap.h's idle bytes). */
+/* Bytes of whole extents that hold no live block: what an allocation of any size could get
+ * after a trim. Free space beside live blocks is not counted (see heap.h's idle bytes). */
 size_t vmh_packing_idle_bytes(vmh_packing_t *pk);
 
 /* Walks every live packed buffer (leak report). */

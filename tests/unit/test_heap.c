@@ -736,6 +736,34 @@ static void shards_reuse_each_others_space(void **state)
     assert_int_equal(vmh_heap_free(q.p, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- idle bytes (cuMemGetInfo, issue 16) ---- */
+
+/* Only what an allocation would get counts as idle: whole idle buffers and packing extents with
+ * no live block, not the free space beside a live block (an allocation of another size cannot
+ * use it: on a928081, 416 MiB were reported where 256 MiB could be allocated). */
+static void idle_bytes_count_only_whole_chunks(void **state)
+{
+    (void)state;
+    CUdeviceptr small, big, q;
+    assert_int_equal(vmh_heap_alloc(4096, &small), CUDA_SUCCESS); /* a 2 MiB extent */
+    assert_int_equal(vmh_heap_idle_bytes(0), 0);
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &big), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_idle_bytes(0), 4 * MiB); /* the parked buffer, whole */
+    /* An allocation of that many bytes gets them without new memory. */
+    size_t used = sim_device_used(0);
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &q), CUDA_SUCCESS);
+    assert_int_equal(sim_device_used(0), used);
+    assert_int_equal(vmh_heap_idle_bytes(0), 0);
+    /* The extent is idle once its last block is freed (parked blocks go at the next wait). */
+    assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_idle_bytes(0), GRAN);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_idle_bytes(0), GRAN + 4 * MiB);
+    assert_int_equal(vmh_heap_trim(), GRAN + 4 * MiB);
+    assert_int_equal(vmh_heap_idle_bytes(0), 0);
+}
+
 /* ---- peer access while a buffer is being made (issue 16) ---- */
 
 static CUresult (*real_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
@@ -819,6 +847,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(export_pins_chunks_after_free, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, tu_setup,
                                         tu_teardown),
+        cmocka_unit_test_setup_teardown(idle_bytes_count_only_whole_chunks, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(peer_grant_during_a_new_buffer_reaches_it, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(threads_churn_with_data_checks, tu_setup, tu_teardown),
