@@ -17,7 +17,7 @@ struct vmh_big {
     size_t req;      /* the size asked for */
     big_state_t state;
     bool growable;   /* from vmm_realloc: reserve headroom when it grows */
-    bool exported;   /* shared with another process: its chunks are never reused */
+    uint64_t export_serial; /* shared with another process in this life (0: not exported) */
     void *site;      /* where it was allocated (leak report) */
     vmh_parked_t parked_item; /* while PARKED */
     vmh_big_t *prev, *next;
@@ -157,7 +157,7 @@ static void make_live_locked(vmh_bigbufs_t *bb, vmh_big_t *b, vmh_range_t *r, si
     b->state = BIG_LIVE;
     b->req = size;
     b->growable = growable;
-    b->exported = false;
+    b->export_serial = 0;
     list_push(&bb->live, b); /* its usable bytes were taken by the caller */
 }
 
@@ -231,21 +231,9 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
     vmh_bigbufs_t *bb = b->set;
     if (b->state != BIG_LIVE || p != b->range->base)
         return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
-    if (b->exported) {
-        /* Importers may still map these chunks: they must never hold another buffer. The
-         * range is unmapped once queued work is done; the physical memory lives on for as
-         * long as an importer holds it. */
-        if (park_range_locked(bb, b->range, b->range->base, b->range->size) != CUDA_SUCCESS)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        list_remove(&bb->live, b);
-        vmh_dev_usable_give(bb->dev, b->range->size);
-        *req = b->req;
-        b->range = NULL;
-        b->exported = false;
-        b->state = BIG_UNUSED;
-        list_push(&bb->unused, b);
-        return CUDA_SUCCESS;
-    }
+    /* An exported buffer is recycled like any other (native semantics: importers must close
+     * before the exporter frees); its export dies here (vmh_bigbuf_export_alive_locked). */
+    b->export_serial = 0;
     list_remove(&bb->live, b);
     vmh_dev_usable_give(bb->dev, b->range->size);
     b->state = BIG_PARKED;
@@ -273,9 +261,17 @@ CUresult vmh_bigbuf_export_locked(vmh_big_t *b, vmh_export_t *out, const vmh_ran
     out->base = b->range->base;
     out->size = b->req;
     out->offset = 0;
-    b->exported = true;
+    if (!b->export_serial)
+        b->export_serial = vmh_export_serial_new();
+    out->serial = b->export_serial;
     *range = b->range;
     return CUDA_SUCCESS;
+}
+
+bool vmh_bigbuf_export_alive_locked(vmh_big_t *b, CUdeviceptr base, uint64_t serial)
+{
+    return (b->state == BIG_LIVE || b->state == BIG_RESIZING) && b->range->base == base &&
+           b->export_serial == serial;
 }
 
 /* ---- resizing ---------------------------------------------------------------------------- */

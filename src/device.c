@@ -205,6 +205,12 @@ CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_
     }
 }
 
+uint64_t vmh_export_serial_new(void)
+{
+    static _Atomic uint64_t next = 1;
+    return atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
+}
+
 /* ---- owners ----------------------------------------------------------------------------- */
 
 vmh_owner_t *vmh_owner_lock(CUdeviceptr p)

@@ -115,7 +115,11 @@ typedef struct vmh_export {
     int device;
     size_t nchunks;
     vmh_alloc_t **chunks;
+    uint64_t serial; /* this life of the buffer: the same for every export until it is freed */
 } vmh_export_t;
+
+/* A new export serial (never 0, never repeated in the process). */
+uint64_t vmh_export_serial_new(void);
 
 /* n rounded up to a multiple of `to`; false on overflow. */
 static inline bool vmh_round_up(size_t n, size_t to, size_t *out)

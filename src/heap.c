@@ -439,6 +439,20 @@ CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out)
     return rc;
 }
 
+bool vmh_heap_export_alive(CUdeviceptr base, uint64_t serial)
+{
+    if (in_child())
+        return false;
+    vmh_owner_t *o = vmh_owner_lock(base);
+    if (!o)
+        return false;
+    bool alive = o->kind == VMH_OWN_EXTENT
+                     ? vmh_packing_export_alive_locked((vmh_ext_t *)o, base, serial)
+                     : vmh_bigbuf_export_alive_locked((vmh_big_t *)o, base, serial);
+    vmh_owner_unlock(o);
+    return alive;
+}
+
 void vmh_heap_export_release(vmh_export_t *ex)
 {
     for (size_t i = 0; i < ex->nchunks; i++)
@@ -472,6 +486,11 @@ size_t vmh_heap_trim(void)
             vmh_count(VMH_STAT_trims, 1);
         bytes += b;
     }
+    /* Now that idle memory is unmapped, other layers may let go of chunks only they still
+     * hold (ipc.c: exports of freed buffers). */
+    vmh_pressure_fn hook = atomic_load(&pressure_hook);
+    if (hook)
+        hook();
     return bytes;
 }
 

@@ -76,11 +76,19 @@ static inline CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream st
 }
 
 /* Sharing with other processes (ipc.c): the chunks behind the live served buffer that contains
- * p, each with a reference the caller drops with vmh_heap_export_release(). The buffer is
- * marked exported: once freed, its chunks (or its packed slot) are never handed out again, so
- * an importer keeps seeing the memory it mapped. CUDA_ERROR_NOT_FOUND when p is not served. */
+ * p, each with a reference the caller drops with vmh_heap_export_release(), and the export's
+ * serial: the same for every export of the buffer until it is freed. A freed exported buffer
+ * is recycled like any other (native semantics: memory the exporter frees may be reused, and
+ * importers must close first); the references keep the chunks themselves alive, not their
+ * contents. CUDA_ERROR_NOT_FOUND when p is not served. */
 CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out);
 void vmh_heap_export_release(vmh_export_t *ex);
+
+/* Whether the export (base, serial) is still alive: the buffer exported at base has not been
+ * freed since (a later buffer at the same address has another serial). The IPC layer checks it
+ * before it lets a process import, and to drop exports whose buffers are gone. Takes the
+ * owner's lock only: cheap, no driver call. */
+bool vmh_heap_export_alive(CUdeviceptr base, uint64_t serial);
 
 /* Several devices: from now on device `peer` may (grant) or may not read and write every
  * buffer of device `owner`, existing and future, as cuCtxEnablePeerAccess makes native memory

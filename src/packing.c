@@ -223,16 +223,13 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
 }
 
 /* Packed buffers of a shard that were exported: a small unsorted set (exports are rare);
- * the shard is locked. */
-static bool exported_take_locked(vmh_shard_t *s, CUdeviceptr p)
+ * the shard is locked. NULL when p is not listed. */
+static vmh_packed_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
 {
-    for (size_t i = 0; i < s->nexported; i++) {
-        if (s->exported[i] == p) {
-            s->exported[i] = s->exported[--s->nexported];
-            return true;
-        }
-    }
-    return false;
+    for (size_t i = 0; i < s->nexported; i++)
+        if (s->exported[i].base == p)
+            return &s->exported[i];
+    return NULL;
 }
 
 CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req)
@@ -241,12 +238,12 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req)
     vmh_packing_t *pk = s->pack;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
-    bool exported = exported_take_locked(s, p);
-    if (vmh_arena_park(s->arena, e->extent, p, exported ? UINT64_MAX : gen, &info) != 0) {
-        if (exported) /* not a block start: still exported */
-            s->exported[s->nexported++] = p;
+    if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    }
+    /* An exported block is recycled like any other; its export dies here. */
+    vmh_packed_export_t *x = exported_find_locked(s, p);
+    if (x)
+        *x = s->exported[--s->nexported];
     shard_note(s);
     /* An item already queued is released by a wait that also covers this block, or parks
      * itself again for it (shard_release runs under this shard's lock). */
@@ -301,21 +298,31 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
     vmh_block_info_t bi;
     if (!vmh_arena_find(e->extent, p, &bi))
         return CUDA_ERROR_INVALID_VALUE;
-    if (s->nexported == s->exported_cap) {
-        size_t cap = s->exported_cap ? 2 * s->exported_cap : 16;
-        CUdeviceptr *grown = realloc(s->exported, cap * sizeof *grown);
-        if (!grown)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        s->exported = grown;
-        s->exported_cap = cap;
+    vmh_packed_export_t *x = exported_find_locked(s, bi.base); /* exported twice: listed once */
+    if (!x) {
+        if (s->nexported == s->exported_cap) {
+            size_t cap = s->exported_cap ? 2 * s->exported_cap : 16;
+            vmh_packed_export_t *grown = realloc(s->exported, cap * sizeof *grown);
+            if (!grown)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            s->exported = grown;
+            s->exported_cap = cap;
+        }
+        x = &s->exported[s->nexported++];
+        *x = (vmh_packed_export_t){bi.base, vmh_export_serial_new()};
     }
-    exported_take_locked(s, bi.base); /* exported twice: listed once */
-    s->exported[s->nexported++] = bi.base;
+    out->serial = x->serial;
     out->base = bi.base;
     out->size = bi.size;
     out->offset = bi.base - e->range->base;
     *range = e->range;
     return CUDA_SUCCESS;
+}
+
+bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial)
+{
+    const vmh_packed_export_t *x = exported_find_locked(e->shard, base);
+    return x && x->serial == serial;
 }
 
 size_t vmh_packing_trim(vmh_packing_t *pk)

@@ -5,7 +5,8 @@
  * (one range, one chunk each), registry entries of those extents and set of exported packed
  * buffers. A thread allocates in the shard it picked at its first allocation and looks at other
  * shards' free space only when its own has none; a free goes to the shard that owns the extent.
- * A freed block is parked in its arena with the reclaim generation; each shard parks one item
+ * An exported block is listed with its export serial until it is freed; then it is recycled
+ * like any other and its export is dead. A freed block is parked in its arena with the reclaim generation; each shard parks one item
  * in reclaim.h whose release unparks the shard's blocks up to the generation passed.
  *
  * Lock order: the reclaim wait lock, then one shard lock, then the reclaim queue lock. A thread
@@ -26,6 +27,12 @@
 typedef struct vmh_ext vmh_ext_t;
 typedef struct vmh_packing vmh_packing_t;
 
+/* A live packed buffer that was exported, and the serial of its export. */
+typedef struct vmh_packed_export {
+    CUdeviceptr base;
+    uint64_t serial;
+} vmh_packed_export_t;
+
 typedef struct vmh_shard {
     pthread_mutex_t lock;
     vmh_packing_t *pack;
@@ -33,7 +40,7 @@ typedef struct vmh_shard {
     vmh_ext_t *exts;    /* extents in the arena */
     vmh_ext_t *spare;   /* records of trimmed extents, reused (registry readers may still look) */
     size_t extent_next; /* size of the shard's next extent (doubles up to a limit) */
-    CUdeviceptr *exported; /* packed buffers shared with other processes */
+    vmh_packed_export_t *exported; /* live packed buffers shared with other processes */
     size_t nexported, exported_cap;
     vmh_parked_t parked_item; /* queued in reclaim while the arena holds parked blocks */
     /* Hints, stored under the lock (shard_note) and read without it. */
@@ -75,10 +82,12 @@ bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *inf
  * VMMHOOK_MEM_LIMIT); CUDA_ERROR_NOT_FOUND when p is not a block's start, OUT_OF_MEMORY when it
  * does not fit in place. *old_size: the size asked for before. */
 CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size);
-/* Fills base, size, offset and the range of the live block containing p for an export, and
- * marks the block exported: its slot is never reused. */
+/* Fills base, size, offset, serial and the range of the live block containing p for an
+ * export (the serial is kept until the block is freed). */
 CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
                                    const vmh_range_t **range);
+/* Whether the block at base is still the live one exported with serial. */
+bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
 
 /* Whether any shard holds parked blocks (a hint). */
 bool vmh_packing_has_parked(vmh_packing_t *pk);
