@@ -324,10 +324,9 @@ static CUresult grow_unlocked(vmh_bigbufs_t *bb, const vmh_range_t *r, size_t ro
     return rc;
 }
 
-CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, bool *moved,
+CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old_size,
                             bool *no_address)
 {
-    *moved = false;
     *no_address = false;
     vmh_owner_t *o = vmh_owner_lock(*p);
     if (!o)
@@ -340,10 +339,15 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, bool *moved
     vmh_bigbufs_t *bb = b->set;
     vmh_dev_t *d = bb->dev;
     size_t rounded;
+    if (b->state == BIG_PARKED || b->state == BIG_UNUSED) {
+        pthread_mutex_unlock(&bb->lock);
+        return CUDA_ERROR_NOT_FOUND; /* freed: nobody's buffer, as for a foreign pointer */
+    }
     if (b->state != BIG_LIVE || *p != b->range->base) {
         pthread_mutex_unlock(&bb->lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
+    *old_size = b->req;
     if (!vmh_round_up(size, d->gran, &rounded)) {
         pthread_mutex_unlock(&bb->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -415,7 +419,6 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, bool *moved
     if (!move)
         vmh_range_destroy(r); /* references only: nr holds every mapping */
     *p = nr->base;
-    *moved = move;
     if (move && !async)
         vmh_reclaim_wait(bb->reclaim); /* the old address goes once queued work is done */
     return CUDA_SUCCESS;

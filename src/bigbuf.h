@@ -57,9 +57,10 @@ CUresult vmh_bigbuf_export_locked(vmh_big_t *b, vmh_export_t *out, const vmh_ran
 bool vmh_bigbuf_export_alive_locked(vmh_big_t *b, CUdeviceptr base, uint64_t serial);
 
 /* Resizes the live buffer starting at *p in place, by remapping, or by shrinking (locks by
- * itself). CUDA_ERROR_NOT_FOUND when *p is not a big buffer (any more), INVALID_VALUE when it
- * is not its start or it is being resized. *moved: the buffer now starts elsewhere. */
-CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, bool *moved,
+ * itself). CUDA_ERROR_NOT_FOUND when *p is not a live big buffer (foreign, or freed),
+ * INVALID_VALUE when it is not its start or it is being resized. *old_size: the size asked for
+ * before. */
+CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old_size,
                             bool *no_address);
 
 /* Bytes of parked buffers (whole ranges: each serves an allocation once released). */

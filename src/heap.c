@@ -318,6 +318,15 @@ bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)
 
 /* ---- realloc ------------------------------------------------------------------------------- */
 
+/* The trace sees a resize as RMM's log would show it: the old buffer freed, the new one
+ * allocated (same address when in place), so that a replay of the log stays consistent. */
+static void trace_resize(CUdeviceptr old, size_t old_size, CUdeviceptr now, size_t size,
+                         CUstream stream)
+{
+    vmh_trace("free", old, old_size, stream);
+    vmh_trace("allocate", now, size, stream);
+}
+
 /* A packed buffer that outgrows its block, or a size change across the packing threshold:
  * a new buffer and one device copy. */
 static CUresult realloc_by_copy(hdev_t *h, CUdeviceptr *p, size_t old_size, size_t size,
@@ -325,8 +334,10 @@ static CUresult realloc_by_copy(hdev_t *h, CUdeviceptr *p, size_t old_size, size
 {
     CUdeviceptr np;
     CUresult rc = alloc_on(h, size, true, NULL, &np, no_address);
-    if (rc != CUDA_SUCCESS)
+    if (rc != CUDA_SUCCESS) {
+        vmh_trace("allocate failure", 0, size, stream);
         return rc;
+    }
     size_t n = old_size < size ? old_size : size;
     if (async) {
         rc = vmh_drv.cuMemcpyDtoDAsync(np, *p, n, stream);
@@ -342,7 +353,8 @@ static CUresult realloc_by_copy(hdev_t *h, CUdeviceptr *p, size_t old_size, size
         return rc;
     }
     vmh_count(VMH_STAT_copies, 1);
-    vmh_heap_free(*p, stream, async);
+    vmh_trace("allocate", np, size, stream);
+    vmh_heap_free(*p, stream, async); /* traced as a free */
     *p = np;
     return CUDA_SUCCESS;
 }
@@ -360,7 +372,11 @@ static CUresult realloc_packed(CUdeviceptr *p, size_t size, CUstream stream, boo
     vmh_ext_t *e = (vmh_ext_t *)o;
     hdev_t *h = hdev_of(o->dev);
     vmh_buffer_info_t info;
-    if (!vmh_packing_find_locked(e, *p, &info) || info.base != *p) {
+    if (!vmh_packing_find_locked(e, *p, &info)) {
+        vmh_owner_unlock(o);
+        return CUDA_ERROR_NOT_FOUND; /* freed (or never served): not a live buffer */
+    }
+    if (info.base != *p) {
         vmh_owner_unlock(o);
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -369,6 +385,7 @@ static CUresult realloc_packed(CUdeviceptr *p, size_t size, CUstream stream, boo
         vmh_packing_resize_locked(e, *p, size, &old_size) == CUDA_SUCCESS) {
         vmh_owner_unlock(o);
         vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)old_size);
+        trace_resize(*p, old_size, *p, size, stream);
         return CUDA_SUCCESS;
     }
     vmh_owner_unlock(o);
@@ -391,8 +408,11 @@ CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool 
             return CUDA_SUCCESS;
         hdev_t *h;
         CUresult rc = dev_current(&h);
-        if (rc == CUDA_SUCCESS)
-            rc = alloc_on(h, size, true, NULL, p, no_address);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        rc = alloc_on(h, size, true, NULL, p, no_address);
+        vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
+                  rc == CUDA_SUCCESS ? *p : 0, size, stream);
         return rc;
     }
     if (size == 0) {
@@ -406,8 +426,14 @@ CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool 
         return CUDA_ERROR_NOT_FOUND;
     if (o->kind == VMH_OWN_EXTENT)
         return realloc_packed(p, size, stream, async, no_address);
-    bool moved;
-    return vmh_bigbuf_realloc(p, size, async, &moved, no_address);
+    CUdeviceptr old = *p;
+    size_t old_size = 0;
+    CUresult rc = vmh_bigbuf_realloc(p, size, async, &old_size, no_address);
+    if (rc == CUDA_SUCCESS)
+        trace_resize(old, old_size, *p, size, stream);
+    else if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+        vmh_trace("allocate failure", 0, size, stream);
+    return rc;
 }
 
 /* ---- sharing ------------------------------------------------------------------------------- */

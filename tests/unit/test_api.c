@@ -80,6 +80,27 @@ static void status_codes(void **state)
     assert_int_equal(vmm_version(), VMM_VERSION);
 }
 
+/* A freed pointer is nobody's buffer: FOREIGN, as for a pointer never served (a928081 said
+ * INTERIOR), whether the buffer had chunks of its own or was packed, parked or cached. */
+static void realloc_of_a_freed_pointer_is_foreign(void **state)
+{
+    (void)state;
+    void *big = NULL, *small = NULL;
+    assert_int_equal(vmm_realloc(&big, 4 * MiB), VMM_OK);
+    assert_int_equal(vmm_realloc(&small, 3000), VMM_OK);
+    void *keep = NULL; /* keeps the packing extent alive */
+    assert_int_equal(vmm_realloc(&keep, 100), VMM_OK);
+    void *freed_big = big, *freed_small = small;
+    assert_int_equal(vmm_realloc(&big, 0), VMM_OK);
+    assert_int_equal(vmm_realloc(&small, 0), VMM_OK);
+    assert_int_equal(vmm_realloc(&freed_big, 8 * MiB), VMM_ERR_FOREIGN); /* parked */
+    assert_int_equal(vmm_realloc(&freed_small, 8000), VMM_ERR_FOREIGN);
+    vmm_trim(); /* the wait releases them: cached, or free in the extent */
+    assert_int_equal(vmm_realloc(&freed_big, 8 * MiB), VMM_ERR_FOREIGN);
+    assert_int_equal(vmm_realloc(&freed_small, 8000), VMM_ERR_FOREIGN);
+    assert_int_equal(vmm_realloc(&keep, 0), VMM_OK);
+}
+
 static void torch_entry_points(void **state)
 {
     (void)state;
@@ -217,6 +238,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(realloc_lifecycle, setup, teardown),
         cmocka_unit_test_setup_teardown(status_codes, setup, teardown),
+        cmocka_unit_test_setup_teardown(realloc_of_a_freed_pointer_is_foreign, setup, teardown),
         cmocka_unit_test_setup_teardown(torch_entry_points, setup, teardown),
         cmocka_unit_test_setup_teardown(detection_helpers, setup, teardown),
         cmocka_unit_test_setup_teardown(fork_child_passes_through, setup, teardown),

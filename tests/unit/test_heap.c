@@ -767,6 +767,74 @@ static void shards_reuse_each_others_space(void **state)
     assert_int_equal(vmh_heap_free(q.p, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- trace of vmm_realloc (issue 16) ---- */
+
+/* The number of lines of the trace at path whose action and pointer are as given, and their
+ * size when size_out is not NULL. */
+static int trace_count(const char *path, const char *action, CUdeviceptr p, size_t *size_out)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[256], want[64];
+    snprintf(want, sizeof want, ",%s,0x%llx,", action, (unsigned long long)p);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *at = strstr(line, want);
+        if (!at)
+            continue;
+        n++;
+        if (size_out)
+            *size_out = strtoull(at + strlen(want), NULL, 10);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Every buffer vmm_realloc makes, moves or resizes is in the trace, as a free of the old
+ * buffer and an allocation of the new one (a928081 traced none of them). */
+static void realloc_is_traced(void **state)
+{
+    (void)state;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/vmh_trace_realloc_%d.csv", (int)getpid());
+    unlink(path);
+    static vmh_options_t topt;
+    vmh_options_defaults(&topt);
+    snprintf(topt.trace, sizeof topt.trace, "%s", path);
+    vmh_stats_configure(&topt);
+    vmh_opt.headroom = 0;
+    CUdeviceptr p = 0, s = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 3 * MiB, NULL, false), CUDA_SUCCESS);
+    CUdeviceptr first = p;
+    sim_refuse_hints(true); /* the grow moves */
+    assert_int_equal(vmh_heap_realloc(&p, 9 * MiB, NULL, false), CUDA_SUCCESS);
+    sim_refuse_hints(false);
+    assert_int_not_equal(p, first);
+    assert_int_equal(vmh_heap_realloc(&s, 1000, NULL, false), CUDA_SUCCESS); /* packed */
+    CUdeviceptr small = s;
+    assert_int_equal(vmh_heap_realloc(&s, 2000, NULL, false), CUDA_SUCCESS);  /* in place */
+    assert_int_equal(s, small);
+    assert_int_equal(vmh_heap_realloc(&s, 3 * MiB, NULL, false), CUDA_SUCCESS); /* copied */
+    size_t size = 0;
+    assert_int_equal(trace_count(path, "allocate", first, &size), 1);
+    assert_int_equal(size, 3 * MiB);
+    assert_int_equal(trace_count(path, "free", first, &size), 1);
+    assert_int_equal(size, 3 * MiB);
+    assert_int_equal(trace_count(path, "allocate", p, &size), 1);
+    assert_int_equal(size, 9 * MiB);
+    assert_int_equal(trace_count(path, "allocate", small, NULL), 2); /* 1000, then 2000 */
+    assert_int_equal(trace_count(path, "free", small, &size), 2);    /* 1000, then 2000 */
+    assert_int_equal(size, 2000);
+    assert_int_equal(trace_count(path, "allocate", s, &size), 1);
+    assert_int_equal(size, 3 * MiB);
+    assert_int_equal(vmh_heap_realloc(&p, 0, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_realloc(&s, 0, NULL, false), CUDA_SUCCESS);
+    vmh_trace_close();
+    topt.trace[0] = '\0';
+    vmh_stats_configure(&topt);
+    unlink(path);
+}
+
 /* ---- idle bytes (cuMemGetInfo, issue 16) ---- */
 
 /* Only what an allocation would get counts as idle: whole idle buffers and packing extents with
@@ -880,6 +948,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(export_free_rounds_hold_nothing, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, tu_setup,
                                         tu_teardown),
+        cmocka_unit_test_setup_teardown(realloc_is_traced, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(idle_bytes_count_only_whole_chunks, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(peer_grant_during_a_new_buffer_reaches_it, tu_setup,
                                         tu_teardown),
