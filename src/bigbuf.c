@@ -168,6 +168,7 @@ static bool serve_range(vmh_bigbufs_t *bb, vmh_range_t *r, size_t size, bool gro
 {
     pthread_mutex_lock(&bb->lock);
     vmh_big_t *b = big_get_locked(bb);
+    assert(!b || (b->state == BIG_UNUSED && !b->range));
     if (!b || !vmh_registry_set(r->base, r->size, b)) {
         if (b)
             list_push(&bb->unused, b);

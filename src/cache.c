@@ -130,6 +130,7 @@ vmh_range_t *vmh_cache_take(vmh_cache_t *c, size_t rounded)
     if (!best)
         return NULL;
     vmh_range_t *r = best->range;
+    assert(vmh_registry_get(r->base) == &vmh_owner_idle && "an idle range is registered idle");
     free(best);
     vmh_gauge_add(VMH_STAT_bytes_cached, -(int64_t)r->size);
     return r;

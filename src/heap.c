@@ -278,6 +278,8 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
         vmh_owner_unlock(o);
         return CUDA_SUCCESS;
     }
+    assert(o->kind == VMH_OWN_EXTENT || o->kind == VMH_OWN_BIG);
+    assert(o->dev && hdev_of(o->dev)->dev.ordinal == o->dev->ordinal);
     size_t req = 0;
     CUresult rc = o->kind == VMH_OWN_EXTENT
                       ? vmh_packing_park_locked((vmh_ext_t *)o, p, &req)

@@ -48,6 +48,7 @@ static void shard_note(vmh_shard_t *s)
 static void shard_release(vmh_parked_t *item, uint64_t passed)
 {
     vmh_shard_t *s = (vmh_shard_t *)((char *)item - offsetof(vmh_shard_t, parked_item));
+    assert(&s->parked_item == item && s->pack);
     pthread_mutex_lock(&s->lock);
     vmh_arena_unpark_upto(s->arena, passed);
     shard_note(s);

@@ -116,6 +116,7 @@ static CUresult wait_now(vmh_reclaim_t *r)
     CUresult rc = wait_for_gpu(r->dev);
     if (rc != CUDA_SUCCESS)
         return rc; /* a failed wait proves nothing: everything stays parked */
+    assert(!r->synced_any || g > r->synced_gen); /* generations only move forward */
     r->synced_gen = g;
     r->synced_any = true;
     release_list(take_upto(r, g), g);
