@@ -1465,7 +1465,6 @@ static CUresult range_set_peer(const vmh_range_t *r, const CUmemAccessDesc *desc
     for (size_t i = 0; r && i < r->nmaps && rc == CUDA_SUCCESS; i++) {
         vmh_map_t *m = r->maps[i];
         rc = vmh_drv.cuMemSetAccess(m->ptr, m->size, desc, 1);
-        vmh_count(VMH_STAT_driver_calls, 1);
         /* The chunk carries its descriptors wherever it is mapped next. */
         if (rc == CUDA_SUCCESS)
             edit_access(m->alloc->access, &m->alloc->naccess, desc->location.id, grant);
