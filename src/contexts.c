@@ -352,6 +352,29 @@ CUresult vmh_ctx_sync_device(int device)
     return first_error;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Lifetime.
+ */
+void vmh_contexts_after_fork_child(void)
+{
+    /* Only this thread exists now: nothing else can hold or wait on anything. */
+    pthread_mutex_init(&ctx_lock, NULL);
+    pthread_cond_init(&ctx_waits_done, NULL);
+    for (size_t i = 0; i < ctx_count; i++) {
+        ctx_recs[i].waits = 0;
+        ctx_recs[i].forgetting = false;
+    }
+    atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
+    pthread_mutex_init(&cap_lock, NULL);
+    pthread_t self = pthread_self();
+    size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed), kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (pthread_equal(cap_recs[i].thread, self))
+            cap_recs[kept++] = cap_recs[i];
+    atomic_store_explicit(&cap_count, kept, memory_order_release);
+    atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
+}
+
 #ifdef VMH_TESTING
 void vmh_contexts_reset(void)
 {

@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -385,6 +386,62 @@ static void sync_refused_during_capture_without_a_driver_call(void **state)
 }
 
 /* --------------------------------------------------------------------------------------------- */
+/* fork                                                                                          */
+
+static bool capture_global_s2(void *arg)
+{
+    (void)arg;
+    vmh_capture_began(S2, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return true;
+}
+
+/* Forked while another thread waits on a context and has a capture in progress: in the child,
+ * after the lifetime module's call, forgetting that context and reporting captures return at
+ * once, and only this thread's own capture is left. */
+static void child_after_fork_never_blocks(void **state)
+{
+    (void)state;
+    CUcontext ctx1 = primary(1);
+    vmh_ctx_seen(ctx1, 1);
+    blocking_table = *sim_table();
+    blocking_table.cuCtxSynchronize = blocking_sync;
+    vmh_driver_install(&blocking_table);
+    atomic_store(&sync_entered, 0);
+    atomic_store(&sync_release, 0);
+    CUresult sync_rc = CUDA_ERROR_UNKNOWN;
+    pthread_t waiter;
+    assert_int_equal(pthread_create(&waiter, NULL, sync_thread, &sync_rc), 0);
+    wait_step(&sync_entered, 1);
+    assert_true(on_thread(capture_global_s2, NULL)); /* another thread's, still in progress */
+    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(10); /* a hang ends the child with SIGALRM */
+        vmh_contexts_after_fork_child();
+        vmh_ctx_forget(ctx1);
+        int code = 0;
+        if (!vmh_capture_any())
+            code = 2; /* own capture lost */
+        vmh_capture_ended(S1);
+        if (vmh_capture_any())
+            code = 3; /* the other thread's capture kept */
+        vmh_capture_began(S2, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        vmh_capture_ended(S2);
+        _exit(code);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    atomic_store(&sync_release, 1);
+    pthread_join(waiter, NULL);
+    vmh_driver_install(sim_table());
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(sync_rc, CUDA_SUCCESS);
+}
+
+/* --------------------------------------------------------------------------------------------- */
 /* The driver-call statistic                                                                     */
 
 static void driver_calls_counted_once(void **state)
@@ -422,6 +479,7 @@ int main(void)
         T(capture_rule_thread_local_and_relaxed),
         T(capture_per_thread_stream_is_per_thread),
         T(sync_refused_during_capture_without_a_driver_call),
+        T(child_after_fork_never_blocks),
         T(driver_calls_counted_once),
 #undef T
     };
