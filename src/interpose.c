@@ -29,7 +29,6 @@
  *     straight to the real driver.
  *   - No handle is ever NULL when we call the real dlsym (HAMi-core PR #215: dlsym(NULL, ...)
  *     is RTLD_DEFAULT, which finds our own symbols again: endless recursion).
-
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
