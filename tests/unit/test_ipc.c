@@ -17,6 +17,9 @@
 #include <unistd.h>
 
 #include "ipc.h"
+#include "ipc_export.h"
+#include "ipc_import.h"
+#include "ipc_wire.h"
 #include "log.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -110,7 +113,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    vmh_ipc_accept_uid = -1;
+    vmh_ipc_peer_cred = vmh_ipc_so_peercred;
+    vmh_ipc_request_timeout_ms = 2000;
     vmh_ipc_reset();
     assert_false(vmh_ipc_listening());
     assert_int_equal(vmh_ipc_export_count(), 0);
@@ -189,7 +193,7 @@ static void foreign_and_bad_handles_are_not_ours(void **state)
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
     CUipcMemHandle h = get_handle(p);
-    for (size_t i = 0; i < offsetof(vmh_ipc_handle_t, reserved); i++) {
+    for (size_t i = 0; i < offsetof(vmh_ipc_handle_t, check) + 8; i++) {
         CUipcMemHandle bad = h;
         bad.reserved[i] ^= 0x10;
         assert_false(vmh_ipc_handle_is_ours(&bad));
@@ -328,7 +332,9 @@ static void importer_keeps_its_view_through_grow_and_free(void **state)
     assert_true(tu_check(q2, 20 * MiB, 7));
     /* q1 maps the first chunk, which the grown buffer still uses. */
     assert_true(tu_check(q1, 4 * MiB, 7));
-    assert_int_equal(vmh_ipc_export_count(), 2);
+    /* The move freed the old address: h1's entry went (h1 opens nothing new any more; q1 is
+     * the importer's own). */
+    assert_int_equal(vmh_ipc_export_count(), 1);
 
     /* The exporter frees: the importer's mappings stay. */
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
@@ -382,7 +388,7 @@ static void freed_before_open_is_an_invalid_handle(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     vmh_heap_trim();
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
-    assert_int_equal(captured("no longer has that buffer"), 1);
+    assert_int_equal(captured("has no such export"), 1);
     assert_int_equal(vmh_ipc_export_count(), 0);
 }
 
@@ -397,26 +403,8 @@ static void closed_exporter_socket(void **state)
     assert_int_equal(captured("cannot be reached"), 1);
     /* A new export gets a new token: the old handle still names nothing. */
     CUipcMemHandle h2 = get_handle(p);
-    assert_true(decode(&h2).token != decode(&h).token);
+    assert_true(decode(&h2).socket_token != decode(&h).socket_token);
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
-    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
-}
-
-static void other_users_are_refused(void **state)
-{
-    (void)state;
-    CUdeviceptr p, q = 0;
-    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
-    CUipcMemHandle h = get_handle(p);
-    vmh_ipc_accept_uid = (long)geteuid() + 1; /* the exporter sees us as another user */
-    sim_reset_counters();
-    assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
-    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
-    assert_int_equal(captured("refused a CUDA IPC request"), 1);
-    assert_int_equal(captured("runs as another user"), 1);
-    vmh_ipc_accept_uid = -1;
-    assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_SUCCESS);
-    assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
@@ -568,7 +556,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(many_chunks_cross_in_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_before_open_is_an_invalid_handle, setup, teardown),
         cmocka_unit_test_setup_teardown(closed_exporter_socket, setup, teardown),
-        cmocka_unit_test_setup_teardown(other_users_are_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(driver_failures_leave_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(concurrent_opens_share_one_mapping, setup, teardown),
         cmocka_unit_test_setup_teardown(peer_access_follows_the_contexts, setup, teardown),
