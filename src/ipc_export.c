@@ -353,6 +353,23 @@ static bool peer_readable(peer_t *pr)
     return peer_answer(pr, &req);
 }
 
+/* Reads and drops what a refused peer already sent, without waiting: a connection closed with
+ * unread input reaches the peer as a reset before our answer (the importer reads past it, a
+ * hand-written client may not). */
+static void discard_input(int c)
+{
+    for (int i = 0; i < 4; i++) {
+        vmh_ipc_request_t req;
+        int fds[VMH_IPC_BATCH];
+        size_t nfd = 0;
+        int err = vmh_ipc_recv(c, &req, sizeof req, fds, VMH_IPC_BATCH, &nfd, 0);
+        for (size_t k = 0; k < nfd; k++)
+            close(fds[k]);
+        if (err && err != EPROTO)
+            return;
+    }
+}
+
 /* A connection just accepted: its credentials first, before anything is awaited from it. */
 static bool peer_admit(peer_t *pr, int c)
 {
@@ -366,6 +383,7 @@ static bool peer_admit(peer_t *pr, int c)
         rep.device = -1;
         rep.status = err == EACCES ? VMH_IPC_REFUSED_USER : VMH_IPC_BAD_REQUEST;
         (void)vmh_ipc_send(c, &rep, sizeof rep, NULL, 0); /* never waits */
+        discard_input(c);
         close(c);
         /* Said once: a neighbour that connects in a loop must not flood the program's stderr. */
         if (!atomic_flag_test_and_set(&warned_refusal))

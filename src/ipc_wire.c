@@ -214,6 +214,15 @@ int vmh_ipc_recv(int fd, void *buf, size_t len, int *fds, size_t maxfds, size_t 
     do
         n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == ECONNRESET) {
+        /* The peer closed with a message of ours unread (an exporter refusing at accept need not
+         * read the request): the kernel reports that first, and once, before the messages the
+         * peer had queued for us, among them its answer. */
+        msg.msg_controllen = sizeof ctl.buf;
+        n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            errno = ECONNRESET;
+    }
     if (n < 0)
         return errno == EWOULDBLOCK ? EAGAIN : errno;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
