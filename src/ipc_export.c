@@ -35,7 +35,7 @@
 /* Counted like every driver call of the library (stats; the fault-injection tests compare). */
 #define CALL(expr) (vmh_count(VMH_STAT_driver_calls, 1), (expr))
 
-VMH_TESTABLE int vmh_ipc_request_timeout_ms = 2000;
+VMH_TESTABLE _Atomic int vmh_ipc_request_timeout_ms = 2000;
 
 /* How long an importer that stopped reading may keep its connection. */
 #define IPC_SEND_TIMEOUT_MS 10000

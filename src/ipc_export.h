@@ -40,7 +40,7 @@ size_t vmh_ipc_export_count(void);
 bool vmh_ipc_listening(void);
 
 /* How long a connected importer has to send its request (milliseconds, default 2000). */
-extern int vmh_ipc_request_timeout_ms;
+extern _Atomic int vmh_ipc_request_timeout_ms; /* atomic: the listener reads it */
 #endif
 
 #endif

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -262,8 +263,8 @@ VMH_TESTABLE int vmh_ipc_so_peercred(int fd, vmh_ipc_side_t side, uid_t *uid, pi
 }
 
 #ifdef VMH_TESTING
-vmh_ipc_cred_fn vmh_ipc_peer_cred = vmh_ipc_so_peercred;
-#define PEER_CRED vmh_ipc_peer_cred
+_Atomic(vmh_ipc_cred_fn) vmh_ipc_peer_cred = vmh_ipc_so_peercred;
+#define PEER_CRED atomic_load(&vmh_ipc_peer_cred)
 #else
 #define PEER_CRED vmh_ipc_so_peercred
 #endif

@@ -147,7 +147,7 @@ bool vmh_ipc_token_equal(const vmh_ipc_token_t *a, const vmh_ipc_token_t *b);
  * unit tests replace it to play another user on either side; the real second uid is tried too
  * where the tests run as root. Returns 0 or an errno. */
 typedef int (*vmh_ipc_cred_fn)(int fd, vmh_ipc_side_t side, uid_t *uid, pid_t *pid);
-extern vmh_ipc_cred_fn vmh_ipc_peer_cred;
+extern _Atomic(vmh_ipc_cred_fn) vmh_ipc_peer_cred; /* atomic: the listener reads it */
 int vmh_ipc_so_peercred(int fd, vmh_ipc_side_t side, uid_t *uid, pid_t *pid);
 #endif
 
