@@ -1,20 +1,87 @@
-/* CUDA IPC and peer access: the entry points that need both sides of IPC, and peer access
- * (see ipc.h). The export side lives in ipc_export.c, the import side in ipc_import.c, what
- * crosses between them in ipc_wire.c. */
+/* CUDA IPC and peer access: the entry points of IPC, over the export table (ipc_export.c), the
+ * listener (ipc_listener.c) and the import side (ipc_import.c), and peer access (see ipc.h). */
 #include "ipc.h"
 #include "ipc_export.h"
 #include "ipc_import.h"
+#include "ipc_listener.h"
 #include "ipc_wire.h"
 
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
+#include "options.h"
 #include "stats.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 /* Counted like every driver call of the library (stats; the fault-injection tests compare). */
 #define CALL(expr) (vmh_count(VMH_STAT_driver_calls, 1), (expr))
+
+static atomic_flag warned_handle_type = ATOMIC_FLAG_INIT;
+
+static void warn_handle_type(const char *why)
+{
+    if (!atomic_flag_test_and_set(&warned_handle_type))
+        vmh_log("cuIpcGetMemHandle/cudaIpcGetMemHandle on a buffer served from VMM memory: "
+                "CUDA_ERROR_INVALID_VALUE, as the driver answers for VMM memory (%s). Set "
+                "VMMHOOK_HANDLE_TYPE=posix_fd in the exporting process (and load the library "
+                "in the importing one) to make CUDA IPC of served buffers work; "
+                "VMMHOOK_DISABLE=1 gives native allocations instead",
+                why);
+}
+
+static void ipc_on_pressure(void)
+{
+    vmh_ipc_prune();
+}
+
+CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)
+{
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (vmh_opt.handle != VMH_HANDLE_POSIX_FD) {
+        vmh_buffer_info_t bi;
+        if (!vmh_heap_find(p, &bi))
+            return CUDA_ERROR_NOT_FOUND;
+        warn_handle_type(vmh_opt.handle == VMH_HANDLE_FABRIC
+                             ? "VMMHOOK_HANDLE_TYPE is fabric: only POSIX fds are shared"
+                             : "its chunks have no shareable handle type");
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    vmh_export_t ex;
+    vmh_heap_on_pressure(ipc_on_pressure);
+    CUresult rc = vmh_heap_export(p, &ex);
+    if (rc != CUDA_SUCCESS)
+        return rc; /* NOT_FOUND: freed meanwhile; the driver answers */
+    for (size_t i = 0; i < ex.nchunks; i++) {
+        if (!(ex.chunks[i]->handle_type & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+            vmh_heap_export_release(&ex);
+            warn_handle_type("the device refused POSIX fd handles when the chunks were made");
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    CUcontext ctx = NULL;
+    if (CALL(vmh_drv.cuCtxGetCurrent(&ctx)) != CUDA_SUCCESS)
+        ctx = NULL;
+
+    vmh_ipc_handle_t h;
+    memset(&h, 0, sizeof h);
+    h.magic = VMH_IPC_MAGIC;
+    h.version = VMH_IPC_VERSION;
+    h.device = ex.device;
+    h.size = ex.size;
+    h.offset = ex.offset;
+    rc = vmh_ipc_listener_start(&h.pid, &h.socket_token);
+    if (rc == CUDA_SUCCESS)
+        rc = vmh_ipc_export_record(&ex, ctx, &h.export);
+    if (rc != CUDA_SUCCESS) {
+        vmh_heap_export_release(&ex);
+        return rc;
+    }
+    vmh_ipc_handle_encode(&h, out);
+    return CUDA_SUCCESS;
+}
 
 bool vmh_ipc_handle_is_ours(const CUipcMemHandle *hp)
 {
@@ -33,7 +100,7 @@ CUresult vmh_ipc_open(const CUipcMemHandle *hp, unsigned int flags, CUdeviceptr 
         return CUDA_ERROR_INVALID_CONTEXT;
     /* The driver answers CUDA_ERROR_INVALID_CONTEXT for a handle of the same process. The
      * socket token, not the pid alone: a process of another pid namespace may have our pid. */
-    if (vmh_ipc_export_is_own(h.pid, h.socket_token))
+    if (vmh_ipc_listener_is_own(h.pid, h.socket_token))
         return CUDA_ERROR_INVALID_CONTEXT;
     return vmh_ipc_import(&h, ctx, out);
 }
@@ -76,7 +143,9 @@ CUresult vmh_ipc_open_remote(const CUipcMemHandle *hp, CUdeviceptr *out)
 
 void vmh_ipc_reset(void)
 {
+    vmh_ipc_listener_stop(); /* first: its connections give their chunks back to the table */
     vmh_ipc_export_reset();
     vmh_ipc_import_reset();
+    atomic_flag_clear(&warned_handle_type);
 }
 #endif

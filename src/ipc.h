@@ -22,9 +22,10 @@
  *                                                the current device; returns base + offset
  *
  * Files, bottom up (no file calls one above it): ipc_wire.c (handle layout, messages, socket,
- * credentials, bounded waits, tokens), ipc_export.c (export table, listener), ipc_import.c
- * (import table, the exchange, mapping, close), ipc.c (the entry points that need both sides,
- * and peer access).
+ * credentials, bounded waits, tokens); ipc_export.c (the export table: tokens, references,
+ * liveness, the exports of chunks); ipc_listener.c (the exporter's socket, thread and
+ * connections, over the table); ipc_import.c (the exchange from the importer's side, mapping,
+ * close); ipc.c (cuIpcGetMemHandle, cuIpcOpenMemHandle's same-process check, peer access).
  *
  * Why a socket and not pidfd_getfd: pidfd_getfd needs ptrace rights over the exporter, which
  * containers usually lack (pytorch#165685); SCM_RIGHTS needs nothing but a socket both can

@@ -27,6 +27,7 @@
 #include "ipc.h"
 #include "ipc_export.h"
 #include "ipc_import.h"
+#include "ipc_listener.h"
 #include "ipc_wire.h"
 #include "log.h"
 
