@@ -14,6 +14,7 @@
 #include "log.h"
 #include "range.h"
 #include "stats.h"
+#include "testable.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -24,6 +25,8 @@
 
 /* Counted like every driver call of the library (stats; the fault-injection tests compare). */
 #define CALL(expr) (vmh_count(VMH_STAT_driver_calls, 1), (expr))
+
+VMH_TESTABLE _Atomic int vmh_ipc_exchange_timeout_ms = 10000;
 
 /* More chunks than any buffer of a real device has (1 TiB in 2 MiB chunks is 2^19): an
  * exporter announcing more is not believed. */
@@ -211,7 +214,7 @@ static CUresult fetch_chunks(const vmh_ipc_handle_t *h, int device, vmh_ipc_repl
                              vmh_alloc_t ***pallocs)
 {
     *pallocs = NULL;
-    int64_t deadline = vmh_ipc_now_ms() + VMH_IPC_EXCHANGE_TIMEOUT_MS;
+    int64_t deadline = vmh_ipc_now_ms() + vmh_ipc_exchange_timeout_ms;
     CUresult rc = CUDA_SUCCESS;
     int s = connect_exporter(h, deadline, &rc);
     if (s < 0)

@@ -3,7 +3,7 @@
  *
  * The import checks the exporter's credentials before it sends anything or waits for anything
  * (a socket of another user never learns the export's token and never hands us memory), waits
- * at most VMH_IPC_EXCHANGE_TIMEOUT_MS for the whole exchange, and imports each batch of
+ * at most 10 s for the whole exchange, and imports each batch of
  * descriptors as it arrives, so that a buffer of any chunk count crosses within the descriptor
  * limit. Allocation handles come from handle.c (vmh_alloc_import), mappings from range.c.
  */
@@ -15,9 +15,6 @@
 
 #include "ipc_wire.h"
 
-/* How long an import waits for the exporter, from connect to the last batch. */
-#define VMH_IPC_EXCHANGE_TIMEOUT_MS 10000
-
 /* Imports, maps and records h for the context ctx (current), or finds it mapped there already
  * (one more reference). Codes: see vmh_ipc_open in ipc.h. */
 CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *out);
@@ -27,6 +24,9 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
 void vmh_ipc_import_reset(void);
 /* Live imports (distinct mappings). */
 size_t vmh_ipc_import_count(void);
+/* How long an import waits for the exporter, from connect to the last batch (milliseconds,
+ * default 10000). */
+extern _Atomic int vmh_ipc_exchange_timeout_ms;
 #endif
 
 #endif

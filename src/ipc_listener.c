@@ -26,9 +26,8 @@
 #include <unistd.h>
 
 VMH_TESTABLE _Atomic int vmh_ipc_request_timeout_ms = 2000;
-
 /* How long an importer that stopped reading may keep its connection. */
-#define IPC_SEND_TIMEOUT_MS 10000
+VMH_TESTABLE _Atomic int vmh_ipc_send_timeout_ms = 10000;
 /* The listener lets go of the exports of freed buffers this often when idle. */
 #define IPC_PRUNE_EVERY_MS 1000
 /* At the descriptor limit, the listener waits this long (doubling) before it accepts again. */
@@ -175,7 +174,7 @@ static bool peer_answer(peer_t *pr, const vmh_ipc_request_t *req)
     rep->device = -1;
     pr->answering = true;
     pr->reply_unsent = true;
-    pr->deadline_ms = vmh_ipc_now_ms() + IPC_SEND_TIMEOUT_MS;
+    pr->deadline_ms = vmh_ipc_now_ms() + vmh_ipc_send_timeout_ms;
     if (req->magic != VMH_IPC_MAGIC || req->version != VMH_IPC_VERSION) {
         rep->status = VMH_IPC_BAD_REQUEST;
         return peer_pump(pr);

@@ -31,8 +31,10 @@ bool vmh_ipc_listener_is_own(uint32_t pid, uint64_t socket_token);
 void vmh_ipc_listener_stop(void);
 bool vmh_ipc_listening(void);
 
-/* How long a connected importer has to send its request (milliseconds, default 2000). */
-extern _Atomic int vmh_ipc_request_timeout_ms; /* atomic: the listener reads it */
+/* How long a connected importer has to send its request, and an answered one to read it all
+ * (milliseconds, defaults 2000 and 10000). Atomic: the listener reads them. */
+extern _Atomic int vmh_ipc_request_timeout_ms;
+extern _Atomic int vmh_ipc_send_timeout_ms;
 #endif
 
 #endif

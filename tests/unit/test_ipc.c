@@ -124,6 +124,8 @@ static int teardown(void **state)
     (void)state;
     vmh_ipc_peer_cred = vmh_ipc_so_peercred;
     vmh_ipc_request_timeout_ms = 2000;
+    vmh_ipc_send_timeout_ms = 10000;
+    vmh_ipc_exchange_timeout_ms = 10000;
     vmh_ipc_reset();
     assert_false(vmh_ipc_listening());
     assert_int_equal(vmh_ipc_export_count(), 0);
@@ -773,6 +775,102 @@ static void silent_peers_do_not_block_importers(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
+/* An exporter that accepts nothing and says nothing (stopped, or a process of ours that only
+ * bound the name) holds an importer for the exchange's bound only. */
+static void unanswering_exporter_is_given_up(void **state)
+{
+    (void)state;
+    vmh_ipc_exchange_timeout_ms = 300;
+    int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(l >= 0);
+    vmh_ipc_handle_t w;
+    memset(&w, 0, sizeof w);
+    w.magic = VMH_IPC_MAGIC;
+    w.version = VMH_IPC_VERSION;
+    w.pid = (uint32_t)getpid();
+    w.socket_token = 0x5157u;
+    w.size = GRAN;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t n = vmh_ipc_socket_name(sa.sun_path + 1, sizeof sa.sun_path - 1, w.pid,
+                                   w.socket_token);
+    assert_int_equal(bind(l, (struct sockaddr *)&sa,
+                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)),
+                     0);
+    assert_int_equal(listen(l, 4), 0);
+    CUipcMemHandle h;
+    vmh_ipc_handle_encode(&w, &h);
+    CUdeviceptr q = 0;
+    int64_t t0 = now_ms();
+    assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_MAP_FAILED);
+    int64_t took = now_ms() - t0;
+    assert_true(took >= 250 && took < 1500); /* was: 10 s per receive */
+    assert_int_equal(captured("did not answer in time"), 1);
+    close(l);
+}
+
+/* An importer that asks and then stops reading holds neither the listener nor other importers,
+ * and is dropped after the send bound; the exporter keeps no descriptor of it. */
+static void importer_that_stops_reading_holds_nobody(void **state)
+{
+    (void)state;
+    vmh_ipc_send_timeout_ms = 300;
+    vmh_opt.headroom = 1 * GiB;
+    enum { CHUNKS = 400 };
+    CUdeviceptr big = 0, other;
+    for (size_t i = 1; i <= CHUNKS; i++)
+        assert_int_equal(vmh_heap_realloc(&big, i * GRAN, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &other), CUDA_SUCCESS);
+    CUipcMemHandle hb = get_handle(big), ho = get_handle(other);
+    vmh_ipc_handle_t wb = decode(&hb);
+    int s = raw_connect(&wb);
+    assert_true(s >= 0);
+    vmh_ipc_request_t req;
+    memset(&req, 0, sizeof req);
+    req.magic = VMH_IPC_MAGIC;
+    req.version = VMH_IPC_VERSION;
+    req.export = wb.export;
+    assert_int_equal(send(s, &req, sizeof req, MSG_NOSIGNAL), (ssize_t)sizeof req);
+    usleep(100 * 1000); /* the listener answers until the socket is full, then waits */
+    timed_open_t o = {.h = ho};
+    timed_open_thread(&o);
+    assert_int_equal(o.rc, CUDA_SUCCESS);
+    assert_true(o.took_ms < 250);
+    assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
+    /* Dropped: after what was queued, the connection ends short of the whole buffer. */
+    usleep(500 * 1000);
+    size_t batches = 0;
+    for (;;) {
+        char buf[sizeof(vmh_ipc_batch_t)];
+        union {
+            char c[CMSG_SPACE(VMH_IPC_BATCH * sizeof(int))];
+            struct cmsghdr align;
+        } ctl;
+        struct iovec iov = {buf, sizeof buf};
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = ctl.c,
+                             .msg_controllen = sizeof ctl};
+        ssize_t got = recvmsg(s, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (got <= 0) {
+            assert_int_equal(got, 0); /* the end, not "nothing yet" */
+            break;
+        }
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+            for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+                close(fd);
+            }
+        batches += got == (ssize_t)sizeof(vmh_ipc_batch_t);
+    }
+    assert_true(batches < (CHUNKS + VMH_IPC_BATCH - 1) / VMH_IPC_BATCH);
+    close(s);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(other, NULL, false), CUDA_SUCCESS);
+}
+
 static int64_t cpu_ms(void)
 {
     struct rusage ru;
@@ -1045,6 +1143,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(another_real_user_is_refused_both_ways, setup, teardown),
         cmocka_unit_test_setup_teardown(export_tokens_are_unguessable, setup, teardown),
         cmocka_unit_test_setup_teardown(silent_peers_do_not_block_importers, setup, teardown),
+        cmocka_unit_test_setup_teardown(unanswering_exporter_is_given_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(importer_that_stops_reading_holds_nobody, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(descriptor_limit_backs_off, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_buffers_exports_are_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(many_more_chunks_than_descriptors, setup, teardown),
