@@ -1023,6 +1023,49 @@ static void driver_failures_leave_nothing(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
+/* The failure sweep over the import path of a buffer of two batches: the nth driver call of
+ * the exchange fails (on either side: the exporter's exports run on the listener thread), for
+ * every n until an open makes no call that can fail. Each failure leaves nothing held and no
+ * descriptor open, and the next open works. */
+static void failure_sweep_over_the_exchange(void **state)
+{
+    (void)state;
+    vmh_opt.headroom = 256 * MiB;
+    const size_t chunks = VMH_IPC_BATCH + 8;
+    CUdeviceptr p = 0;
+    for (size_t i = 1; i <= chunks; i++)
+        assert_int_equal(vmh_heap_realloc(&p, i * GRAN, NULL, false), CUDA_SUCCESS);
+    tu_fill(p, chunks * GRAN, 15);
+    CUipcMemHandle h = get_handle(p);
+    size_t maps = sim_live_mappings(), resv = sim_live_reservations(), handles = sim_live_handles();
+    int fds = fds_at_start + 2; /* the listener's socket and eventfd */
+    unsigned long n;
+    for (n = 1; n < 1000; n++) {
+        sim_reset_counters();
+        sim_fail_call(n, CUDA_ERROR_OUT_OF_MEMORY);
+        CUdeviceptr q = 0;
+        CUresult rc = vmh_ipc_open_remote(&h, &q);
+        unsigned long fired = sim_faults_fired();
+        sim_clear_faults();
+        if (!fired) {
+            assert_int_equal(rc, CUDA_SUCCESS); /* past the last call: the sweep is done */
+            assert_true(tu_check(q, chunks * GRAN, 15));
+            assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+            break;
+        }
+        assert_int_not_equal(rc, CUDA_SUCCESS);
+        assert_int_equal(sim_live_mappings(), maps);
+        assert_int_equal(sim_live_reservations(), resv);
+        assert_int_equal(sim_live_handles(), handles);
+        assert_int_equal(vmh_ipc_import_count(), 0);
+        assert_int_equal(settled_fds(fds), fds);
+    }
+    printf("  the exchange of %zu chunks failed cleanly at each of its %lu driver calls\n",
+           chunks, n - 1);
+    assert_true(n > 2 * chunks); /* an export and an import per chunk at least */
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
 /* ---- threads ------------------------------------------------------------------------------ */
 
 #define OPENERS 8
@@ -1150,6 +1193,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(freed_buffers_exports_are_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(many_more_chunks_than_descriptors, setup, teardown),
         cmocka_unit_test_setup_teardown(driver_failures_leave_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(failure_sweep_over_the_exchange, setup, teardown),
         cmocka_unit_test_setup_teardown(concurrent_opens_share_one_mapping, setup, teardown),
         cmocka_unit_test_setup_teardown(peer_access_follows_the_contexts, setup, teardown),
     };
