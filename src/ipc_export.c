@@ -17,6 +17,7 @@
 #include "log.h"
 #include "stats.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,6 +197,7 @@ vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t 
 CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first, size_t count,
                             int *fds)
 {
+    assert(count <= VMH_IPC_BATCH && first + count <= ex->nchunks);
     pthread_mutex_lock(&table_lock);
     CUresult rc = table_shut ? CUDA_ERROR_DEINITIALIZED : CUDA_SUCCESS;
     size_t done = 0;

@@ -16,6 +16,7 @@
 #include "stats.h"
 #include "testable.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -200,6 +201,7 @@ static CUresult import_batches(int s, const vmh_ipc_handle_t *h, size_t n, int d
         for (size_t i = 0; i < got; i++)
             close(fds[i]);
         have += imported;
+        assert(have <= n);
     }
     if (rc != CUDA_SUCCESS) {
         for (size_t i = 0; i < have; i++)

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "testable.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -108,6 +109,7 @@ static void peer_drop(peer_t *pr)
 /* Exports the next batch of pr's chunks into pr->batch and pr->fds. */
 static void prepare_batch(peer_t *pr)
 {
+    assert(pr->answering && !pr->batch_ready && pr->nfds == 0 && pr->next < pr->ex.nchunks);
     size_t left = pr->ex.nchunks - pr->next;
     size_t count = left < VMH_IPC_BATCH ? left : VMH_IPC_BATCH;
     memset(&pr->batch, 0, sizeof pr->batch);
@@ -144,6 +146,7 @@ static bool peer_pump(peer_t *pr)
         pr->reply_unsent = false;
     }
     for (;;) {
+        assert(pr->nfds <= VMH_IPC_BATCH);
         if (!pr->batch_ready) {
             if (pr->next == pr->ex.nchunks)
                 return false; /* all sent: the importer has its own descriptors now */
