@@ -9,7 +9,8 @@
 #      symbols that the built libvmmhook.so exports, when $3 (the library) is given.
 #
 #   check-docs.sh VMMHOOK_CONFIG SOURCE_ROOT [LIBVMMHOOK_SO] [--update]
-# --update rewrites the generated parts in place instead of failing.
+# --update rewrites the generated parts in place instead of failing (meson compile -C build
+# update-docs runs it so).
 set -eu
 config=$1
 root=$2

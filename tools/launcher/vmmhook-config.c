@@ -10,7 +10,7 @@
  *   vmmhook-config --version
  *
  * docs/OPTIONS.md holds the --markdown output between two marker lines; the tools test suite
- * fails when they differ (tools/launcher/check-docs.sh --update rewrites it). */
+ * fails when they differ (`meson compile -C build update-docs` rewrites it). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
