@@ -47,8 +47,8 @@ typedef struct opt_row {
     size_t max;               /* K_SIZE, K_GRAN (as a size): the largest, 0 = no bound */
     const char *const *words; /* K_ENUM, K_GRAN: the word of each enum value, in order */
     unsigned nwords;
-    const char *help;         /* one plain line: the launcher's help, vmmhook-config */
-    const char *detail;       /* markdown added after help in docs/OPTIONS.md ("" = none) */
+    const char *help;   /* one plain line: the launcher's help, vmmhook-config */
+    const char *detail; /* markdown added after help in docs/OPTIONS.md ("" = none) */
 } opt_row_t;
 
 /* Enums are stored through an int pointer: gcc and clang give these enums int size. */
@@ -778,7 +778,8 @@ void vmh_options_refuse(const char *name, const char *why, const char *instead)
             instead);
 }
 
-/* ---- the table, row by row (vmmhook-config, the tests, the fuzzer) ---------------------------- */
+/* ---- the table, row by row (vmmhook-config, the tests, the fuzzer) ----------------------------
+ */
 
 size_t vmh_options_count(void)
 {
@@ -800,8 +801,8 @@ bool vmh_options_info(size_t row, vmh_option_info_t *out)
     if (row >= NROWS)
         return false;
     const opt_row_t *r = &rows[row];
-    *out = (vmh_option_info_t){r->name,  r->kind,  r->def,   r->help,  r->detail,
-                               forms(r), r->min,   r->max,   r->words, r->nwords};
+    *out = (vmh_option_info_t){r->name,  r->kind, r->def, r->help,  r->detail,
+                               forms(r), r->min,  r->max, r->words, r->nwords};
     return true;
 }
 

@@ -73,7 +73,7 @@ typedef enum vmh_option_kind {
 
 /* One row of the table, as vmmhook-config presents it (help and docs are generated from it). */
 typedef struct vmh_option_info {
-    const char *name;         /* "VMMHOOK_..." */
+    const char *name; /* "VMMHOOK_..." */
     vmh_option_kind_t kind;
     const char *def;          /* the default, in a form the row accepts ("" = none) */
     const char *help;         /* one plain sentence */
@@ -118,13 +118,13 @@ void vmh_options_announce(vmh_getenv_fn get, void *arg);
 void vmh_options_defaults(vmh_options_t *o);
 
 /* Reads the environment once (thread-safe); prints warnings, and with VMMHOOK_STRICT stops the
- * program on a bad value (vmh_options_exit); sets the log's verbosity; with VMMHOOK_VERBOSE prints every resolved option. Returns the snapshot, which the
- * front passes down to the modules below it (their configure calls). vmh_opt holds zeros, not
+ * program on a bad value (vmh_options_exit); sets the log's verbosity; with VMMHOOK_VERBOSE
+ * prints every resolved option. Returns the snapshot, which the front passes down to the
+ * modules below it (their configure calls). vmh_opt holds zeros, not
  * the defaults, until this has run: every reader calls it first (after the first call it costs
  * one pthread_once check). The vmh_opt global stays until every module below the front takes
  * its configuration from the snapshot. */
 const vmh_options_t *vmh_options_load(void);
-
 
 /* For heap.c: the chunk granularity to use for one set of allocation properties, given the
  * driver's minimum and recommended granularity queried for exactly those properties (handle

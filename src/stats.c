@@ -101,10 +101,10 @@ int64_t vmh_gauge_peak(vmh_gauge_t g)
  * never reads the options' global). Written once before any event, read without a lock after:
  * the front configures inside its one-time start, which every traced call has passed. */
 static struct {
-    bool stats;                 /* the table at exit */
-    bool leaks;                 /* list leaks at exit */
-    char trace[VMH_PATH_MAX];   /* path template ("" = no trace) */
-    char json[VMH_PATH_MAX];    /* path template ("" = no JSON) */
+    bool stats;               /* the table at exit */
+    bool leaks;               /* list leaks at exit */
+    char trace[VMH_PATH_MAX]; /* path template ("" = no trace) */
+    char json[VMH_PATH_MAX];  /* path template ("" = no JSON) */
 } cfg;
 
 VMH_TESTABLE bool vmh_stats_expand_path(const char *tmpl, long pid, char *out, size_t len)

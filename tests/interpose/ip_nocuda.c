@@ -2,8 +2,9 @@
  *
  * It must see nothing: no driver loaded, no output but VMMHOOK_VERBOSE's one load line (not
  * even with a bad VMMHOOK_* value under VMMHOOK_STRICT=1, which would print and stop the program
- * if options were parsed for use), and a dlsym whose answers are the C library's, including the answers that depend on
- * the caller (RTLD_NEXT, RTLD_DEFAULT from a library loaded RTLD_LOCAL), at next to no cost.
+ * if options were parsed for use), and a dlsym whose answers are the C library's, including the
+ * answers that depend on the caller (RTLD_NEXT, RTLD_DEFAULT from a library loaded RTLD_LOCAL),
+ * at next to no cost.
  *
  *   ip_nocuda            the checks, with the preload (meson test "nocuda")
  *   ip_nocuda bare       the caller-dependent dlsym checks without the preload (meson test

@@ -10,13 +10,13 @@
 #include <errno.h>
 #include <limits.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -772,7 +772,7 @@ static void test_granularity_upper_bound(void **state)
     assert_int_equal(vmh_options_apply(&o, fake_get, &e), -1);
     assert_int_equal(o.gran_mode, VMH_GRAN_RECOMMENDED);
     assert_non_null(strstr(logbuf, "VMMHOOK_GRANULARITY=\"2T\" is not valid (larger than any "
-                                    "GPU's memory; at most 1T)"));
+                                   "GPU's memory; at most 1T)"));
     assert_non_null(strstr(logbuf, "using the default recommended"));
 
     log_reset();
@@ -888,8 +888,8 @@ static void test_docs_table(void **state)
         const char *end = strchr(row, '\n');
         const char *at = strstr(row, def);
         if (at == NULL || (end && at > end))
-            fail_msg("docs/OPTIONS.md: the row of %s lacks the default \"%s\"",
-                     vmh_options_name(i), def);
+            fail_msg("docs/OPTIONS.md: the row of %s lacks the default \"%s\"", vmh_options_name(i),
+                     def);
     }
 }
 

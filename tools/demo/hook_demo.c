@@ -62,7 +62,8 @@ int main(void)
     vmm_status (*grow)(void **, size_t) = (vmm_status(*)(void **, size_t))vmm_fn("vmm_realloc");
     if (!get_proc || !owns || !grow) {
         fprintf(stderr, "hook_demo: %s\n",
-                get_proc ? "libvmmhook.so is not preloaded" : "the driver has no cuGetProcAddress_v2");
+                get_proc ? "libvmmhook.so is not preloaded"
+                         : "the driver has no cuGetProcAddress_v2");
         return 1;
     }
     init_fn cu_init = (init_fn)entry("cuInit");

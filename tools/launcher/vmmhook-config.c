@@ -147,8 +147,9 @@ static void markdown_forms(const vmh_option_info_t *r, char *buf, size_t len)
                  r->max ? ", at most `" : "", r->max ? max : "", r->max ? "`" : "");
         return;
     case VMH_OPTION_DEVICES:
-        snprintf(buf, len, "`all`, `none`, or device ordinals `0`-`63` separated by commas, "
-                           "e.g. `0,1,3`");
+        snprintf(buf, len,
+                 "`all`, `none`, or device ordinals `0`-`63` separated by commas, "
+                 "e.g. `0,1,3`");
         return;
     case VMH_OPTION_PATH:
         snprintf(buf, len, "a file path of at most 255 bytes; `%%p` is the process id");
@@ -178,8 +179,8 @@ static void markdown(void)
             mv[n] = '\0';
         }
         printf("| `%s` | `%s%s%s` | %s%s%s | %s | %s%s%s |\n", r.name, flag, m ? "=" : "", mv,
-               r.def[0] ? "`" : "", r.def[0] ? r.def : "(none)",
-               r.def[0] ? "`" : "", forms, r.help, r.detail[0] ? " " : "", r.detail);
+               r.def[0] ? "`" : "", r.def[0] ? r.def : "(none)", r.def[0] ? "`" : "", forms, r.help,
+               r.detail[0] ? " " : "", r.detail);
     }
 }
 
