@@ -181,6 +181,11 @@ static int open_existing(const char *path, int flags, char *why, size_t whylen)
         errno = EIO;
         return -1;
     }
+    /* A regular file: O_NONBLOCK did its job (no wait at the open) and means nothing for its
+     * writes; cleared all the same, keeping O_APPEND. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     return fd;
 }
 
