@@ -154,12 +154,6 @@ const char *vmh_handle_kind_name(vmh_handle_kind_t k);
  * verbose listing. Returns 0 when every value was good, else -1. */
 int vmh_options_apply(vmh_options_t *o, vmh_getenv_fn get, void *arg);
 
-/* The value parsers. Exact text: no surrounding blanks (the row setter trims them). 0, EINVAL
- * (syntax) or ERANGE (overflow / out of range). */
-int vmh_parse_size(const char *s, size_t len, size_t *out);
-int vmh_parse_bool(const char *s, size_t len, bool *out);
-int vmh_parse_devices(const char *s, size_t len, uint64_t *out);
-
 /* How strict mode stops the program: in the library, flush stdio then abort() (options.c says
  * why not exit); tests replace it (it may return). */
 extern void (*vmh_options_exit)(int status);

@@ -24,6 +24,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "optparse.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);

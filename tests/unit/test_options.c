@@ -25,6 +25,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "optparse.h"
 #include "vmmhook.h"
 
 /* ---- fixtures: captured log, fake environment, exit hook ---------------------------------- */
