@@ -136,6 +136,8 @@ CUresult SIM_IMPL(cuCtxSynchronize)(void)
     NEED_CTX(dev);
     (void)dev;
     CUresult rc = capture_allows("cuCtxSynchronize");
+    if (!rc)
+        rc = capture_conflicts_ctx(cur_ctx(), "cuCtxSynchronize");
     if (rc)
         return rc;
     ctx_sync(cur_ctx());
@@ -183,6 +185,8 @@ CUresult SIM_IMPL(cuCtxSynchronize_v2)(CUcontext ctx)
     if (rc)
         return rc;
     rc = capture_allows("cuCtxSynchronize_v2");
+    if (!rc)
+        rc = capture_conflicts_ctx(c, "cuCtxSynchronize_v2");
     if (rc)
         return rc;
     ctx_sync(c);

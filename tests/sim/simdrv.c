@@ -1453,6 +1453,8 @@ static CUresult alloc_async(const char *what, CUdeviceptr *dptr, size_t bytesize
 {
     CUcontext ctx;
     CUresult rc = stream_ctx(s, what, &ctx);
+    if (!rc)
+        rc = capture_conflicts_legacy(s, ctx, what);
     if (rc)
         return rc;
     if (!dptr)
@@ -1583,6 +1585,8 @@ CUresult SIM_IMPL(cuMemFreeAsync)(CUdeviceptr dptr, CUstream stream)
     NEED_INIT();
     CUcontext ctx;
     CUresult rc = stream_ctx(stream, "cuMemFreeAsync", &ctx);
+    if (!rc)
+        rc = capture_conflicts_legacy(stream, ctx, "cuMemFreeAsync");
     if (rc)
         return rc;
     if (!dptr)

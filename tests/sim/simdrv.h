@@ -46,17 +46,26 @@
  *     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (graph NULL). The unsafe calls here:
  *     cuCtxSynchronize[_v2], cuStreamSynchronize of a default stream, cuMemAlloc,
  *     cuMemAllocPitch, cuMemAllocManaged, cuMemFree (also of 0), cuMemFreeHost, the synchronous
- *     cuMemcpyDtoD/HtoD/DtoH. cuStreamSynchronize / cuStreamQuery of a capturing stream are
- *     refused in every mode (and invalidate it); cuStreamIsCapturing of the legacy stream while
- *     a blocking stream of its context captures -> STREAM_CAPTURE_IMPLICIT. VMM calls, the async
- *     allocators, cuMemsetD8, host registration are never refused. Work issued to a capturing
+ *     cuMemcpyDtoD/HtoD/DtoH. What necessarily conflicts with a capture is refused in every
+ *     mode, RELAXED included, and invalidates the captures met (the programming guide's
+ *     prohibited operations): cuStreamSynchronize / cuStreamQuery of a capturing stream and
+ *     cuCtxSynchronize[_v2] of a context with a capturing stream (STREAM_CAPTURE_UNSUPPORTED;
+ *     on the H200 the hook's cuCtxSynchronize under PyTorch's relaxed-mode cudaMalloc
+ *     invalidated its capture, issue 14); any use of the legacy stream (NULL or
+ *     CU_STREAM_LEGACY: the synchronous copies and cuMemsetD8, its synchronization or query,
+ *     async copies, stream-ordered allocations and frees, sim_launch_write on it) while a
+ *     blocking stream of that context captures (STREAM_CAPTURE_IMPLICIT; cuStreamIsCapturing
+ *     of it answers that code too). VMM calls, host registration, work on other streams are
+ *     never refused. Work issued to a capturing
  *     stream (async copies, cuMemFreeAsync, sim_launch_write) is recorded, not run; graphs are
  *     only made (cuStreamEndCapture) and destroyed (cuGraphDestroy, unknown -> INVALID_VALUE).
  *     cuStreamEndCapture from another thread than the one that began a non-RELAXED capture ->
  *     STREAM_CAPTURE_WRONG_THREAD; of a stream not capturing -> ILLEGAL_STATE. Assumed where
  *     the documentation is silent (re-measure on a GPU): the error codes of the legacy-stream
- *     begin and of cuCtxDestroy(primary), and that synchronizing another, non-capturing stream
- *     is allowed.
+ *     begin, of cuCtxDestroy(primary) and of the two conflicts above; that synchronizing
+ *     another, non-capturing named stream is allowed; that cuMemFree and cuMemFreeHost follow
+ *     the interaction-mode rule only (no context-wide conflict). The _ptsz/_ptds exports treat a
+ *     NULL stream as the legacy one.
  *   - fork: pthread_atfork gives the child a fresh lock (never a hang). In strict mode
  *     (sim_set_fork_strict(true), or SIM_FORK_STRICT=1 read at the first cuInit), in a child of
  *     a process that had initialized, every entry point except cuDriverGetVersion,

@@ -197,6 +197,8 @@ SIM_FUNCS(SIM_PROTO)
 #define stream_ctx sim_stream_ctx_
 #define capture_allows sim_capture_allows_
 #define stream_capturing sim_stream_capturing_
+#define capture_conflicts_ctx sim_capture_conflicts_ctx_
+#define capture_conflicts_legacy sim_capture_conflicts_legacy_
 #define contexts_wipe sim_contexts_wipe_
 #define ctx_release_resources sim_ctx_release_resources_
 #define ctx_sync sim_ctx_sync_
@@ -453,6 +455,14 @@ CUresult stream_ctx(CUstream s, const char *what, CUcontext *out);
  * capture(s) that forbid it and answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
 CUresult capture_allows(const char *what);
 bool stream_capturing(CUstream s); /* a named stream with a capture under way (or invalidated) */
+/* Calls that necessarily conflict with a capture, in every interaction mode (the programming
+ * guide's "prohibited operations"): synchronizing a context that has a capturing stream
+ * (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and using the legacy stream (s NULL or
+ * CU_STREAM_LEGACY: synchronous copies, its synchronization, work enqueued on it) while a
+ * blocking stream of ctx captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). Both invalidate the
+ * captures they meet. */
+CUresult capture_conflicts_ctx(CUcontext ctx, const char *what);
+CUresult capture_conflicts_legacy(CUstream s, CUcontext ctx, const char *what);
 void contexts_wipe(void);          /* frees created contexts, graphs, streams (sim_reset) */
 void ctx_sync(CUcontext ctx);      /* a synchronization the capture rule allowed: lands, counts */
 void stream_free(struct CUstream_st *s); /* its work in flight stays with its context */

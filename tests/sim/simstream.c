@@ -102,6 +102,8 @@ CUresult SIM_IMPL(cuStreamSynchronize)(CUstream stream)
     if (is_default_stream(stream)) {
         /* the legacy stream waits for the context's other (blocking) streams: unsafe */
         rc = capture_allows("cuStreamSynchronize");
+        if (!rc)
+            rc = capture_conflicts_legacy(stream, ctx, "cuStreamSynchronize");
         if (rc)
             return rc;
         ctx_sync(ctx);
@@ -124,6 +126,9 @@ CUresult SIM_IMPL(cuStreamQuery)(CUstream stream)
     if (rc)
         return rc;
     if (is_default_stream(stream)) {
+        rc = capture_conflicts_legacy(stream, ctx, "cuStreamQuery");
+        if (rc)
+            return rc;
         work_land_ctx(ctx); /* the work is done by the time anyone asks */
         return CUDA_SUCCESS;
     }
@@ -163,6 +168,46 @@ CUresult capture_allows(const char *what)
     return reject(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
                   "%s: not permitted during stream capture (%zu capture(s) invalidated)", what,
                   offenders);
+}
+
+/* Invalidates the captures of ctx's streams that `which` selects; how many. */
+static size_t invalidate_where(CUcontext ctx, bool blocking_only)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < S.streams.n; i++) {
+        struct CUstream_st *s = (struct CUstream_st *)S.streams.v[i];
+        if (s->ctx != ctx || s->capture == CAPTURE_NONE)
+            continue;
+        if (blocking_only && (s->flags & CU_STREAM_NON_BLOCKING))
+            continue;
+        s->capture = CAPTURE_INVALIDATED;
+        n++;
+    }
+    return n;
+}
+
+CUresult capture_conflicts_ctx(CUcontext ctx, const char *what)
+{
+    size_t n = invalidate_where(ctx, false);
+    if (!n)
+        return CUDA_SUCCESS;
+    S.capture_refusals++;
+    return reject(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                  "%s: the context has %zu capturing stream(s) (invalidated)", what, n);
+}
+
+CUresult capture_conflicts_legacy(CUstream s, CUcontext ctx, const char *what)
+{
+    if (s != NULL && s != CU_STREAM_LEGACY)
+        return CUDA_SUCCESS;
+    size_t n = invalidate_where(ctx, true);
+    if (!n)
+        return CUDA_SUCCESS;
+    S.capture_refusals++;
+    return reject(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                  "%s: the legacy stream would depend on %zu capturing blocking stream(s) "
+                  "(invalidated)",
+                  what, n);
 }
 
 CUresult SIM_IMPL(cuStreamBeginCapture)(CUstream hStream, CUstreamCaptureMode mode)

@@ -167,6 +167,8 @@ void work_wipe(void)
 static CUresult sync_copy_begin(const char *what)
 {
     CUresult rc = capture_allows(what);
+    if (!rc)
+        rc = capture_conflicts_legacy(NULL, cur_ctx(), what);
     if (rc)
         return rc;
     work_land_ctx(cur_ctx());
@@ -222,8 +224,11 @@ CUresult SIM_IMPL(cuMemsetD8)(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
     SIM_ENTER(cuMemsetD8);
     NEED_CTX(dev);
+    CUresult rc = capture_conflicts_legacy(NULL, cur_ctx(), "cuMemsetD8");
+    if (rc)
+        return rc;
     work_land_ctx(cur_ctx());
-    CUresult rc = check_range(dstDevice, N, dev, true);
+    rc = check_range(dstDevice, N, dev, true);
     if (rc)
         return rc;
     do_write(dstDevice, NULL, uc, N, dev);
@@ -238,6 +243,8 @@ static CUresult async_begin(const char *what, CUstream stream, CUdeviceptr dptr,
     CUresult rc = need_ctx(&cur);
     if (!rc)
         rc = stream_ctx(stream, what, ctx);
+    if (!rc)
+        rc = capture_conflicts_legacy(stream, *ctx, what);
     if (!rc)
         rc = check_range(dptr, n, (*ctx)->device, write);
     return rc;
@@ -370,6 +377,9 @@ CUresult sim_launch_write(CUcontext ctx, CUstream stream, CUdeviceptr p, size_t 
             return reject(CUDA_ERROR_INVALID_HANDLE, "%s",
                           "sim_launch_write: the stream belongs to another context");
     }
+    CUresult rc = capture_conflicts_legacy(stream, c, "sim_launch_write");
+    if (rc)
+        return rc;
     if (!n)
         return CUDA_SUCCESS;
     /* Addresses are not checked now: a kernel faults when it runs. */

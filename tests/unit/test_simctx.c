@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -496,11 +497,10 @@ static void test_capture_relaxed_and_exchange(void **state)
     (void)state;
     CUstream s = NULL;
     OK(F.stream_create(&s, 0));
-    /* A capture begun RELAXED forbids nothing (but syncing the capturing stream itself). */
+    /* A capture begun RELAXED forbids no potentially unsafe call... */
     OK(F.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
     CUdeviceptr p = 0;
     OK(D->cuMemAlloc(&p, 4096));
-    OK(D->cuCtxSynchronize());
     OK(D->cuMemFree(p));
     CUgraph g = NULL;
     OK(F.end_capture(s, &g));
@@ -509,9 +509,63 @@ static void test_capture_relaxed_and_exchange(void **state)
     OK(F.graph_destroy(g));
     RC(CUDA_ERROR_INVALID_VALUE, F.graph_destroy(g));
 
+    /* ...but what necessarily conflicts with it is refused in every mode, and invalidates it:
+     * synchronizing the context (what the hook did under PyTorch's relaxed capture, issue 14),
+     * and, while a blocking stream captures, any use of the legacy stream. */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    OK(F.exchange_mode(&mode));
+    OK(F.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    unsigned long syncs = sim_sync_count(NULL);
+    RC(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, D->cuCtxSynchronize());
+    assert_int_equal(sim_sync_count(NULL), syncs);
+    RC(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, F.end_capture(s, &g));
+    OK(F.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    RC(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, F.ctx_sync_v2(sim_primary_context(0)));
+    RC(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, F.end_capture(s, &g));
+    CUdeviceptr d = 0;
+    OK(D->cuMemAlloc(&d, 4096));
+    unsigned char buf[8] = {0};
+    struct {
+        const char *what;
+        CUresult got;
+    } legacy[8];
+    int n = 0;
+#define LEGACY(call)                                                  \
+    do {                                                              \
+        OK(F.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED));       \
+        legacy[n].what = #call;                                       \
+        legacy[n++].got = (call);                                     \
+        RC(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, F.end_capture(s, &g)); \
+    } while (0)
+    LEGACY(F.htod(d, buf, 8));
+    LEGACY(F.dtoh(buf, d, 8));
+    LEGACY(D->cuMemcpyDtoD(d, d, 8));
+    LEGACY(D->cuStreamSynchronize(NULL));
+    LEGACY(F.stream_query(CU_STREAM_LEGACY));
+    LEGACY(D->cuMemcpyDtoDAsync(d, d, 8, NULL));
+    LEGACY(sim_launch_write(NULL, NULL, d, 8, 1));
+#undef LEGACY
+    for (int i = 0; i < n; i++) {
+        if (legacy[i].got != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+            fprintf(stderr, "%s -> %d\n", legacy[i].what, (int)legacy[i].got);
+        assert_int_equal(legacy[i].got, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+    }
+    /* A non-blocking capturing stream leaves the legacy stream usable (not the context). */
+    CUstream nb = NULL;
+    OK(F.stream_create(&nb, CU_STREAM_NON_BLOCKING));
+    OK(F.begin_capture(nb, CU_STREAM_CAPTURE_MODE_RELAXED));
+    OK(F.htod(d, buf, 8));
+    OK(D->cuStreamSynchronize(NULL));
+    OK(sim_launch_write(NULL, NULL, d, 8, 1));
+    RC(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, D->cuCtxSynchronize());
+    RC(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, F.end_capture(nb, &g));
+    OK(F.stream_destroy(nb));
+    OK(D->cuMemFree(d));
+    OK(F.exchange_mode(&mode)); /* back to GLOBAL */
+
     /* PyTorch's case: its own GLOBAL capture, cudaMalloc under a RELAXED interaction mode. */
     OK(F.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     OK(F.exchange_mode(&mode));
     assert_int_equal(mode, CU_STREAM_CAPTURE_MODE_GLOBAL); /* the default */
     OK(D->cuMemAlloc(&p, 4096));
@@ -534,11 +588,14 @@ static void test_capture_relaxed_and_exchange(void **state)
     ledger_empty();
 }
 
-/* What another thread's calls meet while the main thread captures. */
+/* What another thread's calls meet while the main thread captures on a non-blocking stream:
+ * cuMemAlloc and a legacy-stream synchronization (governed by the interaction mode), and on
+ * request a context synchronization (a conflict in every mode). */
 typedef struct other {
     CUstreamCaptureMode interaction;
-    CUresult alloc_rc, sync_rc, end_rc;
+    CUresult alloc_rc, sync_rc, end_rc, ctx_sync_rc;
     CUstream end_stream;
+    bool ctx_sync;
 } other_t;
 
 static void *other_thread(void *arg)
@@ -551,7 +608,9 @@ static void *other_thread(void *arg)
     o->alloc_rc = D->cuMemAlloc(&p, 64);
     if (o->alloc_rc == CUDA_SUCCESS)
         OK(D->cuMemFree(p));
-    o->sync_rc = D->cuCtxSynchronize();
+    o->sync_rc = D->cuStreamSynchronize(NULL);
+    if (o->ctx_sync)
+        o->ctx_sync_rc = D->cuCtxSynchronize();
     if (o->end_stream) {
         CUgraph g = NULL;
         o->end_rc = F.end_capture(o->end_stream, &g);
@@ -559,13 +618,20 @@ static void *other_thread(void *arg)
     return NULL;
 }
 
-static other_t run_other(CUstreamCaptureMode interaction, CUstream end_stream)
+static other_t run_other_sync(CUstreamCaptureMode interaction, CUstream end_stream,
+                              bool ctx_sync)
 {
-    other_t o = {interaction, CUDA_SUCCESS, CUDA_SUCCESS, CUDA_SUCCESS, end_stream};
+    other_t o = {interaction, CUDA_SUCCESS, CUDA_SUCCESS, CUDA_SUCCESS, CUDA_SUCCESS,
+                 end_stream, ctx_sync};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, other_thread, &o), 0);
     pthread_join(th, NULL);
     return o;
+}
+
+static other_t run_other(CUstreamCaptureMode interaction, CUstream end_stream)
+{
+    return run_other_sync(interaction, end_stream, false);
 }
 
 static void test_capture_other_threads(void **state)
@@ -585,6 +651,12 @@ static void test_capture_other_threads(void **state)
     RC(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, o.end_rc);
     OK(F.end_capture(s, &g));
     OK(F.graph_destroy(g));
+    /* Synchronizing the context from another thread conflicts whatever the modes. */
+    OK(F.begin_capture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    o = run_other_sync(CU_STREAM_CAPTURE_MODE_RELAXED, NULL, true);
+    OK(o.alloc_rc);
+    RC(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, o.ctx_sync_rc);
+    RC(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, F.end_capture(s, &g));
 
     /* GLOBAL: another thread in GLOBAL interaction mode is refused, and its call invalidates. */
     OK(F.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
