@@ -153,9 +153,10 @@
  *   cuCtxSynchronize are no such case: their plain ABI is the current one below 13000), sticky
  *   errors after ILLEGAL_ADDRESS, IPC across processes, multicast and fabric handles.
  *
- * Thread-safe throughout (one mutex). Every function of VMH_DRIVER_FUNCS counts as an entry
- * point, and so do the extra exports and cuGetProcAddress*; a call that fails by injection
- * changes nothing and writes no output.
+ * Thread-safe throughout (one mutex). Every function of SIM_FUNCS (simint.h: the library's
+ * table and the extra exports) counts as an entry point, and so does cuGetProcAddress*; a call
+ * that fails by injection changes nothing and writes no output. The sim_* functions below are
+ * the test API (not entry points: not counted, never failed by injection).
  */
 #ifndef SIMDRV_H
 #define SIMDRV_H
@@ -198,7 +199,8 @@ CUcontext sim_primary_context(int dev); /* aborts on an invalid dev */
 /* cuCtxSynchronize[_v2] and cuStreamSynchronize calls that waited on ctx (NULL: on any context)
  * since sim_reset; refused ones do not count. */
 unsigned long sim_sync_count(CUcontext ctx);
-/* Calls refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED by the capture rule since sim_reset. */
+/* Calls refused because of a capture since sim_reset (STREAM_CAPTURE_UNSUPPORTED by the
+ * interaction-mode rule or a conflict, STREAM_CAPTURE_IMPLICIT). */
 unsigned long sim_capture_refusals(void);
 /* Strict fork mode (see "fork" above); kept across sim_reset. */
 void sim_set_fork_strict(bool strict);
@@ -209,7 +211,8 @@ bool sim_in_forked_child(void);
  * stream; otherwise a stream of ctx, else INVALID_HANDLE) that writes n bytes of value byte at
  * p when it runs: at ctx's next synchronization (not another context's). Addresses are checked
  * only then (a hazard when unmapped or inaccessible to ctx's device). On a capturing stream it is
- * recorded into the capture and never runs. Not an entry point (not counted, no faults). */
+ * recorded into the capture and never runs; on the legacy stream while a blocking stream of ctx
+ * captures it answers STREAM_CAPTURE_IMPLICIT, as a launch would. */
 CUresult sim_launch_write(CUcontext ctx, CUstream stream, CUdeviceptr p, size_t n, int byte);
 
 /* Switches. */
@@ -217,14 +220,15 @@ void sim_refuse_hints(bool refuse);
 void sim_set_verbose(bool verbose);      /* log every rejection to stderr */
 const char *sim_last_reason(void);       /* this thread's last rejection, "" if none */
 
-/* Contents through the mappings, with the current device's access. */
+/* Contents through the mappings, with the current device's access; like a synchronous copy,
+ * they land the calling thread's context's work first (only that context's). */
 CUresult sim_write(CUdeviceptr dst, const void *src, size_t n);
 CUresult sim_read(void *dst, CUdeviceptr src, size_t n);
 CUresult sim_memset(CUdeviceptr dst, int value, size_t n);
 void sim_flush(void);                    /* lands every context's queued work */
 size_t sim_pending_ops(void);
 size_t sim_pending_ops_ctx(CUcontext ctx); /* queued operations of one context */
-unsigned long sim_hazards(void);         /* unmap/free/release under a queued copy */
+unsigned long sim_hazards(void);         /* queued work whose memory went (see asynchrony) */
 
 /* Ledger. */
 size_t sim_live_allocations(void);       /* cuMemCreate chunks not yet gone */
