@@ -130,6 +130,38 @@ int main(void)
         (CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr))dlsym(lib, "cuMemGetAddressRange_v2");
     size_t sz = 0;
     CHECK(range && range(&base, &sz, d + 999) == CUDA_SUCCESS && sz == 1000);
+    /* Per-thread default stream: cuGetProcAddress answers the _ptsz/_ptds exports for flag 2,
+     * and those do not touch the legacy stream, which a capturing blocking stream forbids. */
+    void *plain = NULL, *pt = NULL;
+    CHECK(gp("cuMemcpyHtoD", &plain, 13000, 0, &st) == CUDA_SUCCESS &&
+          plain == dlsym(lib, "cuMemcpyHtoD_v2"));
+    CHECK(gp("cuMemcpyHtoD", &pt, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) ==
+              CUDA_SUCCESS &&
+          pt == dlsym(lib, "cuMemcpyHtoD_v2_ptds"));
+    CUresult (*mkstream)(CUstream *, unsigned) = NULL;
+    CUresult (*begin)(CUstream, CUstreamCaptureMode) = NULL;
+    CUresult (*end)(CUstream, CUgraph *) = NULL;
+    CUresult (*sync_pt)(CUstream) = NULL;
+    CHECK(gp("cuStreamCreate", (void **)&mkstream, 13000, 0, &st) == CUDA_SUCCESS);
+    CHECK(gp("cuStreamBeginCapture", (void **)&begin, 13000, 0, &st) == CUDA_SUCCESS);
+    CHECK(gp("cuStreamEndCapture", (void **)&end, 13000, 0, &st) == CUDA_SUCCESS);
+    CHECK(gp("cuStreamSynchronize", (void **)&sync_pt, 13000,
+             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == CUDA_SUCCESS &&
+          (void *)sync_pt == dlsym(lib, "cuStreamSynchronize_ptsz"));
+    CUstream cs = NULL;
+    CUgraph graph = NULL;
+    if (mkstream && begin && end && sync_pt && pt) {
+        CUresult (*htod_pt)(CUdeviceptr, const void *, size_t) =
+            (CUresult(*)(CUdeviceptr, const void *, size_t))pt;
+        CHECK(mkstream(&cs, 0) == CUDA_SUCCESS);
+        CHECK(begin(cs, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+        CHECK(htod_pt(d, "pt", 3) == CUDA_SUCCESS);
+        CHECK(sync_pt(NULL) == CUDA_SUCCESS);
+        CHECK(end(cs, &graph) == CUDA_SUCCESS && graph != NULL);
+        CHECK(begin(cs, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+        CHECK(htod(d, "legacy", 7) == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+        CHECK(end(cs, &graph) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && graph == NULL);
+    }
     CHECK(freeasync(base, NULL) == CUDA_SUCCESS);
     CHECK(freep(base) == CUDA_ERROR_INVALID_VALUE);
     CHECK(empty && empty());

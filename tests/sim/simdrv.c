@@ -2008,6 +2008,28 @@ static void *versioned_fn(const char *symbol, int cudaVersion, void *fn)
     return best < 0 ? fn : sim_abi_versions[best].fn;
 }
 
+/* The per-thread-default-stream variant of symbol, when it has one (the fake libcuda only:
+ * the static form's table keeps the legacy stream). */
+static void *per_thread_fn(const char *symbol, void *fn)
+{
+#ifdef SIM_SHARED
+    static const struct {
+        const char *name;
+        void *fn;
+    } pt[] = {
+#define SIM_PT_ENTRY(plain, exported, params) {#plain, (void *)exported},
+        SIM_PT_FUNCS(SIM_PT_ENTRY)
+#undef SIM_PT_ENTRY
+    };
+    for (size_t i = 0; i < sizeof pt / sizeof pt[0]; i++)
+        if (!strcmp(pt[i].name, symbol))
+            return pt[i].fn;
+#else
+    (void)symbol;
+#endif
+    return fn;
+}
+
 #ifdef SIM_SHARED
 static CUresult getproc_v1(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 #endif
@@ -2042,8 +2064,9 @@ CUresult SIM_IMPL(cuGetProcAddress)(const char *symbol, void **pfn, int cudaVers
             return reject(CUDA_ERROR_NOT_FOUND, "cuGetProcAddress(%s, %d): version too low",
                           symbol, cudaVersion);
         }
-        /* the _ptds/_ptsz variants are the same functions here */
         *pfn = versioned_fn(symbol, cudaVersion, procs[i].fn);
+        if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+            *pfn = per_thread_fn(symbol, *pfn);
         if (symbolStatus)
             *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;
@@ -2077,9 +2100,20 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
     return getproc_v1(symbol, pfn, cudaVersion, flags);
 }
 
-/* Per-thread-default-stream exports of this file's entry points (see SIM_PT_ALIAS). */
-SIM_PT_ALIAS(cuMemFreeAsync, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream))
-SIM_PT_ALIAS(cuMemAllocAsync, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t n, CUstream s))
-SIM_PT_ALIAS(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
-             (CUdeviceptr * dptr, size_t n, CUmemoryPool pool, CUstream stream))
+/* The per-thread-default-stream exports of this file's entry points (see SIM_PT_FUNCS). */
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
+{
+    return SIM_IMPL(cuMemFreeAsync)(dptr, SIM_PT_STREAM(stream));
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream stream)
+{
+    return SIM_IMPL(cuMemAllocAsync)(dptr, n, SIM_PT_STREAM(stream));
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool,
+                                      CUstream stream)
+{
+    return SIM_IMPL(cuMemAllocFromPoolAsync)(dptr, n, pool, SIM_PT_STREAM(stream));
+}
 #endif

@@ -64,8 +64,14 @@
  *     the documentation is silent (re-measure on a GPU): the error codes of the legacy-stream
  *     begin, of cuCtxDestroy(primary) and of the two conflicts above; that synchronizing
  *     another, non-capturing named stream is allowed; that cuMemFree and cuMemFreeHost follow
- *     the interaction-mode rule only (no context-wide conflict). The _ptsz/_ptds exports treat a
- *     NULL stream as the legacy one.
+ *     the interaction-mode rule only (no context-wide conflict).
+ *   - per-thread default stream: the fake libcuda exports the _ptsz/_ptds variants as functions
+ *     of their own (counted under the plain name) and cuGetProcAddress answers them for
+ *     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: a NULL stream there is the thread's
+ *     per-thread stream (CU_STREAM_PER_THREAD), and the synchronous _ptds copies do not use the
+ *     legacy stream. CU_STREAM_PER_THREAD is otherwise the context's default stream (its
+ *     synchronization lands the whole context's work; it cannot be captured here). The static
+ *     form's table (sim_table) is the legacy-stream ABI.
  *   - fork: pthread_atfork gives the child a fresh lock (never a hang). In strict mode
  *     (sim_set_fork_strict(true), or SIM_FORK_STRICT=1 read at the first cuInit), in a child of
  *     a process that had initialized, every entry point except cuDriverGetVersion,

@@ -128,19 +128,44 @@
     X(cuCtxCreate_v3, (CUcontext * pctx, CUexecAffinityParam * paramsArray, int numParams,         \
                        unsigned int flags, CUdevice dev))
 
-/* The per-thread-default-stream variants the real driver exports (cuMemcpyDtoD_v2_ptds,
- * cuStreamSynchronize_ptsz ...) are, in the fake libcuda, aliases of the plain entry (counted
- * under the plain name; a NULL stream is the legacy one there too). An alias must sit in the
- * file that defines its target: SIM_PT_ALIAS(plain name, exported name, params) after it. */
+/* The per-thread-default-stream variants the real driver exports: X(plain name, exported name,
+ * params). In the fake libcuda they are functions of their own, counted under the plain name:
+ * the _ptsz ones read a NULL stream as the calling thread's per-thread default stream
+ * (CU_STREAM_PER_THREAD), the _ptds synchronous ones run on that stream instead of the legacy
+ * one (so they never meet the legacy stream's capture conflicts); cuGetProcAddress answers them
+ * for CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. Each is defined beside its plain entry.
+ * The static form has none: tests call the table, whose NULL is the legacy stream. */
+#define SIM_PT_FUNCS(X)                                                                            \
+    X(cuMemcpyDtoD, cuMemcpyDtoD_v2_ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n))           \
+    X(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, (CUdeviceptr dst, const void *src, size_t n))           \
+    X(cuMemcpyDtoH, cuMemcpyDtoH_v2_ptds, (void *dst, CUdeviceptr src, size_t n))                 \
+    X(cuMemsetD8, cuMemsetD8_v2_ptds, (CUdeviceptr dst, unsigned char uc, size_t n))              \
+    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2_ptsz,                                                \
+      (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream))                               \
+    X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2_ptsz,                                                \
+      (CUdeviceptr dst, const void *src, size_t n, CUstream stream))                               \
+    X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2_ptsz,                                                \
+      (void *dst, CUdeviceptr src, size_t n, CUstream stream))                                     \
+    X(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream stream))                            \
+    X(cuStreamQuery, cuStreamQuery_ptsz, (CUstream stream))                                        \
+    X(cuStreamBeginCapture, cuStreamBeginCapture_v2_ptsz,                                          \
+      (CUstream stream, CUstreamCaptureMode mode))                                                 \
+    X(cuStreamEndCapture, cuStreamEndCapture_ptsz, (CUstream stream, CUgraph * graph))             \
+    X(cuStreamIsCapturing, cuStreamIsCapturing_ptsz,                                               \
+      (CUstream stream, CUstreamCaptureStatus * status))                                           \
+    X(cuMemFreeAsync, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream))                    \
+    X(cuMemAllocAsync, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t n, CUstream stream))     \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,                                       \
+      (CUdeviceptr * dptr, size_t n, CUmemoryPool pool, CUstream stream))
+
 #ifdef SIM_SHARED
-#define SIM_PT_ALIAS(plain, exported, params) \
-    CUresult exported params;                 \
-    CUresult exported params __attribute__((alias(SIM_STR(SIM_IMPL(plain)))));
-#define SIM_STR(x) SIM_STR_(x)
-#define SIM_STR_(x) #x
-#else
-#define SIM_PT_ALIAS(plain, exported, params)
+#define SIM_PT_PROTO(plain, exported, params) CUresult exported params;
+SIM_PT_FUNCS(SIM_PT_PROTO)
+#undef SIM_PT_PROTO
 #endif
+
+/* What a _ptsz variant passes on for its stream argument. */
+#define SIM_PT_STREAM(s) ((s) ? (s) : CU_STREAM_PER_THREAD)
 
 #define SIM_ENUM(name, params) SIM_E_##name,
 enum sim_fn { SIM_FUNCS(SIM_ENUM) SIM_E_COUNT };

@@ -343,11 +343,30 @@ unsigned long sim_capture_refusals(void)
     return S.capture_refusals;
 }
 
-/* Per-thread-default-stream exports of this file's entry points (see SIM_PT_ALIAS). */
-SIM_PT_ALIAS(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream stream))
-SIM_PT_ALIAS(cuStreamQuery, cuStreamQuery_ptsz, (CUstream stream))
-SIM_PT_ALIAS(cuStreamBeginCapture, cuStreamBeginCapture_v2_ptsz,
-             (CUstream stream, CUstreamCaptureMode mode))
-SIM_PT_ALIAS(cuStreamEndCapture, cuStreamEndCapture_ptsz, (CUstream stream, CUgraph *graph))
-SIM_PT_ALIAS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz,
-             (CUstream stream, CUstreamCaptureStatus *status))
+#ifdef SIM_SHARED
+/* The per-thread-default-stream exports of this file's entry points (see SIM_PT_FUNCS). */
+CUresult cuStreamSynchronize_ptsz(CUstream stream)
+{
+    return SIM_IMPL(cuStreamSynchronize)(SIM_PT_STREAM(stream));
+}
+
+CUresult cuStreamQuery_ptsz(CUstream stream)
+{
+    return SIM_IMPL(cuStreamQuery)(SIM_PT_STREAM(stream));
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode)
+{
+    return SIM_IMPL(cuStreamBeginCapture)(SIM_PT_STREAM(stream), mode);
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph)
+{
+    return SIM_IMPL(cuStreamEndCapture)(SIM_PT_STREAM(stream), graph);
+}
+
+CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *status)
+{
+    return SIM_IMPL(cuStreamIsCapturing)(SIM_PT_STREAM(stream), status);
+}
+#endif

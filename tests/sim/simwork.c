@@ -162,24 +162,25 @@ void work_wipe(void)
 /* ---------------------------------------------------------------------------------------- */
 /* Copies                                                                                    */
 
-/* The synchronous copies run on the legacy stream: potentially unsafe during capture, and they
- * wait for the calling thread's context first. */
-static CUresult sync_copy_begin(const char *what)
+/* The synchronous copies run on the legacy stream (on = NULL), or on the per-thread default
+ * stream for the _ptds exports: potentially unsafe during capture, conflicting on the legacy
+ * stream with a capturing blocking stream, and waiting for the calling thread's context first. */
+static CUresult sync_copy_begin(const char *what, CUstream on)
 {
     CUresult rc = capture_allows(what);
     if (!rc)
-        rc = capture_conflicts_legacy(NULL, cur_ctx(), what);
+        rc = capture_conflicts_legacy(on, cur_ctx(), what);
     if (rc)
         return rc;
     work_land_ctx(cur_ctx());
     return CUDA_SUCCESS;
 }
 
-CUresult SIM_IMPL(cuMemcpyDtoD)(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+static CUresult memcpy_dtod(CUstream on, CUdeviceptr dst, CUdeviceptr src, size_t bytes)
 {
     SIM_ENTER(cuMemcpyDtoD);
     NEED_CTX(dev);
-    CUresult rc = sync_copy_begin("cuMemcpyDtoD");
+    CUresult rc = sync_copy_begin("cuMemcpyDtoD", on);
     if (!rc)
         rc = check_range(src, bytes, dev, false);
     if (!rc)
@@ -190,13 +191,14 @@ CUresult SIM_IMPL(cuMemcpyDtoD)(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
     return CUDA_SUCCESS;
 }
 
-CUresult SIM_IMPL(cuMemcpyHtoD)(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+static CUresult memcpy_htod(CUstream on, CUdeviceptr dstDevice, const void *srcHost,
+                            size_t ByteCount)
 {
     SIM_ENTER(cuMemcpyHtoD);
     NEED_CTX(dev);
     if (!srcHost && ByteCount)
         return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemcpyHtoD: src NULL");
-    CUresult rc = sync_copy_begin("cuMemcpyHtoD");
+    CUresult rc = sync_copy_begin("cuMemcpyHtoD", on);
     if (!rc)
         rc = check_range(dstDevice, ByteCount, dev, true);
     if (rc)
@@ -205,13 +207,13 @@ CUresult SIM_IMPL(cuMemcpyHtoD)(CUdeviceptr dstDevice, const void *srcHost, size
     return CUDA_SUCCESS;
 }
 
-CUresult SIM_IMPL(cuMemcpyDtoH)(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+static CUresult memcpy_dtoh(CUstream on, void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
     SIM_ENTER(cuMemcpyDtoH);
     NEED_CTX(dev);
     if (!dstHost && ByteCount)
         return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemcpyDtoH: dst NULL");
-    CUresult rc = sync_copy_begin("cuMemcpyDtoH");
+    CUresult rc = sync_copy_begin("cuMemcpyDtoH", on);
     if (!rc)
         rc = check_range(srcDevice, ByteCount, dev, false);
     if (rc)
@@ -220,11 +222,11 @@ CUresult SIM_IMPL(cuMemcpyDtoH)(void *dstHost, CUdeviceptr srcDevice, size_t Byt
     return CUDA_SUCCESS;
 }
 
-CUresult SIM_IMPL(cuMemsetD8)(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+static CUresult memset_d8(CUstream on, CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
     SIM_ENTER(cuMemsetD8);
     NEED_CTX(dev);
-    CUresult rc = capture_conflicts_legacy(NULL, cur_ctx(), "cuMemsetD8");
+    CUresult rc = capture_conflicts_legacy(on, cur_ctx(), "cuMemsetD8");
     if (rc)
         return rc;
     work_land_ctx(cur_ctx());
@@ -233,6 +235,26 @@ CUresult SIM_IMPL(cuMemsetD8)(CUdeviceptr dstDevice, unsigned char uc, size_t N)
         return rc;
     do_write(dstDevice, NULL, uc, N, dev);
     return CUDA_SUCCESS;
+}
+
+CUresult SIM_IMPL(cuMemcpyDtoD)(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
+{
+    return memcpy_dtod(NULL, dst, src, bytes);
+}
+
+CUresult SIM_IMPL(cuMemcpyHtoD)(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    return memcpy_htod(NULL, dstDevice, srcHost, ByteCount);
+}
+
+CUresult SIM_IMPL(cuMemcpyDtoH)(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    return memcpy_dtoh(NULL, dstHost, srcDevice, ByteCount);
+}
+
+CUresult SIM_IMPL(cuMemsetD8)(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    return memset_d8(NULL, dstDevice, uc, N);
 }
 
 /* Checks common to the async copies: a context, a stream, the device range. */
@@ -415,14 +437,40 @@ unsigned long sim_hazards(void)
     return S.hazards;
 }
 
-/* Per-thread-default-stream exports of this file's entry points (see SIM_PT_ALIAS). */
-SIM_PT_ALIAS(cuMemcpyDtoD, cuMemcpyDtoD_v2_ptds, (CUdeviceptr dst, CUdeviceptr src, size_t n))
-SIM_PT_ALIAS(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2_ptsz,
-             (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream))
-SIM_PT_ALIAS(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, (CUdeviceptr dst, const void *src, size_t n))
-SIM_PT_ALIAS(cuMemcpyDtoH, cuMemcpyDtoH_v2_ptds, (void *dst, CUdeviceptr src, size_t n))
-SIM_PT_ALIAS(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2_ptsz,
-             (CUdeviceptr dst, const void *src, size_t n, CUstream stream))
-SIM_PT_ALIAS(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2_ptsz,
-             (void *dst, CUdeviceptr src, size_t n, CUstream stream))
-SIM_PT_ALIAS(cuMemsetD8, cuMemsetD8_v2_ptds, (CUdeviceptr dst, unsigned char uc, size_t n))
+#ifdef SIM_SHARED
+/* The per-thread-default-stream exports of this file's entry points (see SIM_PT_FUNCS). */
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    return memcpy_dtod(CU_STREAM_PER_THREAD, dst, src, n);
+}
+
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
+{
+    return memcpy_htod(CU_STREAM_PER_THREAD, dst, src, n);
+}
+
+CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
+{
+    return memcpy_dtoh(CU_STREAM_PER_THREAD, dst, src, n);
+}
+
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dst, unsigned char uc, size_t n)
+{
+    return memset_d8(CU_STREAM_PER_THREAD, dst, uc, n);
+}
+
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream)
+{
+    return SIM_IMPL(cuMemcpyDtoDAsync)(dst, src, n, SIM_PT_STREAM(stream));
+}
+
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream stream)
+{
+    return SIM_IMPL(cuMemcpyHtoDAsync)(dst, src, n, SIM_PT_STREAM(stream));
+}
+
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream stream)
+{
+    return SIM_IMPL(cuMemcpyDtoHAsync)(dst, src, n, SIM_PT_STREAM(stream));
+}
+#endif
