@@ -43,8 +43,8 @@
 #include <string.h>
 
 #include "driver.h"
-#include "heap.h"
 #include "interpose.h"
+#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 
@@ -352,9 +352,9 @@ static pthread_once_t ip_once = PTHREAD_ONCE_INIT;
 
 static void ip_init(void)
 {
-    /* Options, then the driver table (heap.h). After the heap's shutdown at exit its calls
+    /* Options, then the driver table (lifetime.h). After the heap's shutdown at exit its calls
      * answer "not ours" (CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_FOUND) and we pass through. */
-    bool serve = vmh_heap_ready();
+    bool serve = vmh_lifetime_ready();
     if (!serve)
         vmh_debug(vmh_opt.disable ? "VMMHOOK_DISABLE is set: every call goes to the driver"
                                   : "no usable CUDA driver: every call goes to the driver");

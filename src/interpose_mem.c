@@ -51,9 +51,7 @@ CUresult vmh_ip_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (dptr != NULL && bytesize != 0 && ip_may_serve_alloc()) {
         CUdeviceptr p = 0;
         vmh_ip_depth++;
-        vmh_alloc_site = __builtin_return_address(0);
-        CUresult r = vmh_heap_alloc(bytesize, &p);
-        vmh_alloc_site = NULL;
+        CUresult r = vmh_heap_alloc_at(bytesize, __builtin_return_address(0), &p);
         vmh_ip_depth--;
         /* A failed native allocation writes 0 to *dptr (measured on the H200). */
         if (r != CUDA_ERROR_NOT_SUPPORTED)
@@ -78,9 +76,8 @@ CUresult vmh_ip_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wid
         CUdeviceptr p = 0;
         size_t pitch = 0;
         vmh_ip_depth++;
-        vmh_alloc_site = __builtin_return_address(0);
-        CUresult r = vmh_heap_alloc_pitch(WidthInBytes, Height, ElementSizeBytes, &p, &pitch);
-        vmh_alloc_site = NULL;
+        CUresult r = vmh_heap_alloc_pitch(WidthInBytes, Height, ElementSizeBytes,
+                                          __builtin_return_address(0), &p, &pitch);
         vmh_ip_depth--;
         if (r == CUDA_SUCCESS)
             *pPitch = pitch;

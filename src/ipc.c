@@ -13,6 +13,7 @@
 
 #include "driver.h"
 #include "heap.h"
+#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 #include "range.h"
@@ -1030,7 +1031,7 @@ CUresult vmh_ipc_close(CUdeviceptr p)
     atomic_store(&nimports_atomic, nimports);
     pthread_mutex_unlock(&imp_lock);
     /* At exit the driver may be gone: forget the mapping (the process ends with it). */
-    if (!vmh_heap_ready())
+    if (!vmh_lifetime_ready())
         return CUDA_SUCCESS;
     sync_context(e.ctx);
     vmh_range_destroy(e.range);

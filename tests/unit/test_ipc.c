@@ -85,7 +85,7 @@ static int group_setup(void **state)
 {
     (void)state;
     tu_reset(NULL);
-    assert_true(vmh_heap_ready()); /* reads the options once; the tests' values come after */
+    assert_true(vmh_lifetime_ready()); /* reads the options once; the tests' values come after */
     vmh_log_sink = capture_sink;
     return 0;
 }
