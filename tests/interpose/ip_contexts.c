@@ -208,6 +208,34 @@ static void check_contexts(CUcontext ctx0, CUcontext ctx1)
 
     CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
     CHECK_RC(p_cuMemFreeAsync(native, NULL), CUDA_SUCCESS, "cuMemFreeAsync(native block)");
+
+    /* Every ABI of cuCtxCreate the driver answers by version is the library's wrapper of that
+     * ABI, and each makes a context current on device 1, which cuMemGetInfo then answers for
+     * (device 1 has its 1 GiB idle in the cache: free throughout when served). */
+    static const struct {
+        int version;
+        const char *exported;
+    } abis[] = {{11030, "cuCtxCreate_v2"}, {12000, "cuCtxCreate_v3"}, {13000, "cuCtxCreate_v4"}};
+    for (size_t i = 0; i < sizeof abis / sizeof abis[0]; i++) {
+        void *fn = fetch("cuCtxCreate", abis[i].version, 0);
+        CHECK(ip_in_hook(fn) && fn == need_dlsym(libcuda, abis[i].exported),
+              "cuGetProcAddress(cuCtxCreate, %d) -> the library's %s", abis[i].version,
+              abis[i].exported);
+        CUcontext c = NULL;
+        CUresult r;
+        if (i == 0)
+            r = ((PFN_cuCtxCreate_v3020)fn)(&c, 0, 1);
+        else if (i == 1)
+            r = ((PFN_cuCtxCreate_v11040)fn)(&c, NULL, 0, 0, 1);
+        else
+            r = ((PFN_cuCtxCreate_v12050)fn)(&c, NULL, 0, 1);
+        CHECK_RC(r, CUDA_SUCCESS, "%s(device 1)", abis[i].exported);
+        CHECK(c != NULL && current() == c, "%s: the new context is current", abis[i].exported);
+        CHECK(info_free() == 8 * GiB, "cuMemGetInfo answers for device 1");
+        CHECK_RC(p_cuCtxDestroy(c), CUDA_SUCCESS, "cuCtxDestroy");
+        CHECK(current() == ctx0, "device 0's context is current again");
+        CHECK(info_free() == 8 * GiB, "cuMemGetInfo answers for device 0");
+    }
 }
 
 /* Another thread's capture of `stream` in `mode`, held until told to end. */
