@@ -438,7 +438,7 @@ static bool capture_global_s2(void *arg)
 }
 
 /* Forked while another thread waits on a context and has a capture in progress: in the child,
- * after the lifetime module's call, forgetting that context and reporting captures return at
+ * forgetting that context and reporting captures return at
  * once, and only this thread's own capture is left. */
 static void child_after_fork_never_blocks(void **state)
 {
@@ -461,7 +461,7 @@ static void child_after_fork_never_blocks(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         alarm(10); /* a hang ends the child with SIGALRM */
-        vmh_contexts_after_fork_child();
+        /* vmh_contexts_after_fork_child has run (pthread_atfork, registered by contexts.c) */
         vmh_ctx_forget(ctx1);
         int code = 0;
         if (!vmh_capture_any())
