@@ -438,8 +438,8 @@ static bool capture_global_s2(void *arg)
 }
 
 /* Forked while another thread waits on a context and has a capture in progress: in the child,
- * forgetting that context and reporting captures return at
- * once, and only this thread's own capture is left. */
+ * forgetting that context and reporting captures return at once, and only this thread's own
+ * capture is left. */
 static void child_after_fork_never_blocks(void **state)
 {
     (void)state;
