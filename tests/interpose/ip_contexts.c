@@ -7,8 +7,8 @@
  *  - contexts: a context made with cuCtxCreate and destroyed with cuCtxDestroy; the library
  *    follows the calling thread's current context through both (cuMemGetInfo adds the idle
  *    memory of the current context's device, and only that device's);
- *  - capture: an allocation during a global-mode capture gets the driver's refusal and the
- *    capture is invalidated, exactly as natively (the library does not serve it); in relaxed
+ *  - capture: an allocation or a free during a global-mode capture gets the driver's refusal and
+ *    the capture is invalidated, exactly as natively (the library does not serve it); in relaxed
  *    mode, or on a thread whose interaction mode is relaxed, it is served and the capture stays
  *    valid; another thread's thread-local capture does not stop this thread.
  *
@@ -318,6 +318,22 @@ static void check_capture(void)
     CHECK_RC(p_cuStreamCreate(&s2, 0), CUDA_SUCCESS, "cuStreamCreate");
     CUgraph g = NULL;
     unsigned long refusals = sim.sim_capture_refusals();
+
+    /* A buffer freed during a global-mode capture: refused as natively, the capture
+     * invalidated, the buffer still allocated (freed after the capture). */
+    CUdeviceptr kept = 0;
+    CHECK_RC(p_cuMemAlloc(&kept, 1 << 20), CUDA_SUCCESS, "cuMemAlloc(1 MiB) before a capture");
+    CHECK_RC(p_cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS,
+             "cuStreamBeginCapture(global)");
+    CHECK_RC(p_cuMemFree(kept), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+             "cuMemFree during a global-mode capture (the driver's refusal)");
+    CHECK(sim.sim_capture_refusals() == refusals + 1, "the driver saw and refused it");
+    CHECK_RC(p_cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+             "cuStreamEndCapture: invalidated, as natively");
+    CHECK(vmm_owns_fn((const void *)(uintptr_t)kept) == (served ? 1 : 0),
+          "the buffer is still allocated");
+    CHECK_RC(p_cuMemFree(kept), CUDA_SUCCESS, "cuMemFree after the capture");
+    refusals = sim.sim_capture_refusals();
 
     /* Global mode, own capture: the driver refuses cuMemAlloc and invalidates the capture. */
     CHECK_RC(p_cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS,
