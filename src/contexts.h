@@ -1,5 +1,5 @@
 /* The process's contexts and stream captures, as the library sees them through the interposed
- * entry points (interpose.c reports them; contexts.c keeps them).
+ * entry points (interpose_ctx.c reports them; contexts.c keeps them).
  *
  * Why: memory a program frees may be reused only after work submitted before the free has
  * completed in every context of that device (not only the first context the library saw),
@@ -7,8 +7,12 @@
  * and invalidate the capture). The reclaim layer asks this module which contexts to wait for
  * and whether it may wait at all.
  *
- * CONTRACT (round 10): interpose.c / driver.c / contexts.c implement it; the heap's reclaim
- * layer consumes it. Change a signature only together with both sides.
+ * CONTRACT (round 10): interpose_ctx.c / contexts.c implement it; the heap's reclaim layer
+ * consumes it. Change a signature only together with both sides.
+ *
+ * The library's own driver calls (vmh_drv) are never the interposed ones: a layer that makes a
+ * context current or retains one through the table for its own use restores it (push/pop) or
+ * reports it itself (vmh_ctx_seen).
  */
 #ifndef VMH_CONTEXTS_H
 #define VMH_CONTEXTS_H
