@@ -64,7 +64,10 @@ bool vmh_capture_any(void);
  * current on the calling thread for the wait and restoring the thread's previous context.
  * Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without calling the driver when
  * vmh_capture_forbids_unsafe() holds for the calling thread. A context destroyed meanwhile is
- * skipped (vmh_ctx_forget waits for a wait in progress on it). */
+ * skipped (vmh_ctx_forget waits for a wait in progress on it), and so is one the driver answers
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED for; any other error of a synchronize is returned (the first
+ * one), after the other contexts were waited for. The calling thread's current context is
+ * learnt here if no report named it. The caller counts its waits (VMH_STAT_syncs). */
 CUresult vmh_ctx_sync_device(int device);
 
 /* --- fork --- */
