@@ -62,8 +62,10 @@ bool vmh_capture_any(void);
 /* Waits (from the calling thread) until every context of `device` that the program has made
  * has finished the work submitted before the call: synchronizes each of them in turn, making it
  * current on the calling thread for the wait and restoring the thread's previous context.
- * Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without calling the driver when
- * vmh_capture_forbids_unsafe() holds for the calling thread. A context destroyed meanwhile is
+ * Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without calling the driver while any stream
+ * of the process is capturing (vmh_capture_any(), which includes every case where
+ * vmh_capture_forbids_unsafe() holds): a context synchronize waits for the context's capturing
+ * streams too, which conflicts with a capture whatever its mode. A context destroyed meanwhile is
  * skipped (vmh_ctx_forget waits for a wait in progress on it), and so is one the driver answers
  * CUDA_ERROR_CONTEXT_IS_DESTROYED for; any other error of a synchronize is returned (the first
  * one), after the other contexts were waited for. The calling thread's current context is
