@@ -44,6 +44,7 @@
 
 #include "driver.h"
 #include "heap.h"
+#include "lifetime.h"
 #include "ipc.h"
 #include "log.h"
 #include "options.h"
@@ -528,7 +529,7 @@ static void ip_init(void)
 {
     /* Options, then the driver table (heap.h). After the heap's shutdown at exit its calls
      * answer "not ours" (CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_FOUND) and we pass through. */
-    bool serve = vmh_heap_ready();
+    bool serve = vmh_lifetime_ready();
     if (!serve)
         vmh_debug(vmh_opt.disable ? "VMMHOOK_DISABLE is set: every call goes to the driver"
                                   : "no usable CUDA driver: every call goes to the driver");
@@ -569,9 +570,7 @@ static CUresult ip_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (dptr != NULL && bytesize != 0 && ip_serving()) {
         CUdeviceptr p = 0;
         ip_depth++;
-        vmh_alloc_site = __builtin_return_address(0);
-        CUresult r = vmh_heap_alloc(bytesize, &p);
-        vmh_alloc_site = NULL;
+        CUresult r = vmh_heap_alloc_at(bytesize, __builtin_return_address(0), &p);
         ip_depth--;
         /* A failed native allocation writes 0 to *dptr (measured on the H200). */
         if (r != CUDA_ERROR_NOT_SUPPORTED)
@@ -596,9 +595,8 @@ static CUresult ip_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
         CUdeviceptr p = 0;
         size_t pitch = 0;
         ip_depth++;
-        vmh_alloc_site = __builtin_return_address(0);
-        CUresult r = vmh_heap_alloc_pitch(WidthInBytes, Height, ElementSizeBytes, &p, &pitch);
-        vmh_alloc_site = NULL;
+        CUresult r = vmh_heap_alloc_pitch(WidthInBytes, Height, ElementSizeBytes,
+                                          __builtin_return_address(0), &p, &pitch);
         ip_depth--;
         if (r == CUDA_SUCCESS)
             *pPitch = pitch;

@@ -65,16 +65,13 @@ static void register_hooks(void)
     pthread_atfork(table_prefork, table_postfork, table_postfork);
 }
 
-/* Told by the heap's lookup today: the buffer is live when the heap still serves a buffer that
- * starts where the exported one started (a grow in place keeps it, a free or a move ends it).
- * The heap's per-buffer generation (common.md: the heap helper's part) will make this exact:
- * a new buffer that lands at the same address is not the exported one. Until the heap recycles
- * exported memory that difference cannot expose another buffer's data: the table's references
- * keep the freed buffer's own chunks. */
+/* The heap's answer: the buffer exported at ex->base has not been freed since (its export
+ * serial is that buffer's life; a grow in place keeps it, a free or a move ends it, and a new
+ * buffer that lands at the same address has another). The heap recycles freed exported memory
+ * like any other, so this check is what keeps a later buffer's data from an importer. */
 bool vmh_ipc_buffer_live(const vmh_export_t *ex)
 {
-    vmh_buffer_info_t bi;
-    return vmh_heap_find(ex->base, &bi) && bi.base == ex->base;
+    return vmh_heap_export_alive(ex->base, ex->serial);
 }
 
 /* Drops the entries whose buffers are no longer live; their references go, and with the last
@@ -108,8 +105,8 @@ size_t vmh_ipc_prune(void)
 
 static bool same_export(const vmh_export_t *a, const vmh_export_t *b)
 {
-    if (a->base != b->base || a->size != b->size || a->offset != b->offset ||
-        a->device != b->device || a->nchunks != b->nchunks)
+    if (a->serial != b->serial || a->base != b->base || a->size != b->size ||
+        a->offset != b->offset || a->device != b->device || a->nchunks != b->nchunks)
         return false;
     /* Pointer identity is safe: the table's references keep every chunk it names alive. */
     for (size_t i = 0; i < a->nchunks; i++)

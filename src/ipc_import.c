@@ -10,7 +10,6 @@
 
 #include "driver.h"
 #include "handle.h"
-#include "heap.h"
 #include "log.h"
 #include "range.h"
 #include "stats.h"
@@ -376,9 +375,6 @@ CUresult vmh_ipc_close(CUdeviceptr p)
     imports[i] = imports[--nimports];
     atomic_store(&nimports_atomic, nimports);
     pthread_mutex_unlock(&imp_lock);
-    /* At exit the driver may be gone: forget the mapping (the process ends with it). */
-    if (!vmh_heap_ready())
-        return CUDA_SUCCESS;
     sync_context(e.ctx);
     vmh_range_destroy(e.range);
     return CUDA_SUCCESS;

@@ -97,7 +97,7 @@ static int group_setup(void **state)
 {
     (void)state;
     tu_reset(NULL);
-    assert_true(vmh_heap_ready()); /* reads the options once; the tests' values come after */
+    assert_true(vmh_lifetime_ready()); /* reads the options once; the tests' values come after */
     vmh_log_sink = capture_sink;
     return 0;
 }
@@ -955,6 +955,62 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
 }
 
+/* The heap recycles a freed exported buffer like any other: a new buffer at the very same
+ * address is another life of it, and the old handle does not open it. */
+static void reused_address_is_not_the_old_export(void **state)
+{
+    (void)state;
+    CUdeviceptr big, small, pad, q = 0;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &big), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(1000, &pad), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(3000, &small), CUDA_SUCCESS);
+    CUipcMemHandle hbig = get_handle(big), hsmall = get_handle(small);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+    CUdeviceptr big2, small2;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &big2), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(3000, &small2), CUDA_SUCCESS);
+    /* The scenario itself: both addresses came back (else this test checks nothing). */
+    assert_int_equal(big2, big);
+    assert_int_equal(small2, small);
+    tu_fill(big2, 4 * MiB, 16);
+    sim_reset_counters();
+    assert_int_equal(vmh_ipc_open_remote(&hbig, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(vmh_ipc_open_remote(&hsmall, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
+    /* The new life has a handle of its own, which opens the new data. */
+    CUipcMemHandle hnew = get_handle(big2);
+    assert_memory_not_equal(&hnew, &hbig, sizeof hnew);
+    assert_int_equal(vmh_ipc_open_remote(&hnew, &q), CUDA_SUCCESS);
+    assert_true(tu_check(q, 4 * MiB, 16));
+    assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(big2, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small2, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(pad, NULL, false), CUDA_SUCCESS);
+}
+
+/* Memory of a freed exported buffer is given back when the device runs short, without waiting
+ * for the listener's next idle prune: the heap's pressure hook drops the table's references. */
+static void freed_export_memory_is_given_back_under_pressure(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 1, .memory = 64 * MiB};
+    tu_reset(&cfg);
+    vmh_opt.handle = VMH_HANDLE_POSIX_FD;
+    vmh_opt.pack_below = 1 * MiB;
+    capture_clear();
+    fds_at_start = count_fds();
+    CUdeviceptr p, r;
+    assert_int_equal(vmh_heap_alloc(48 * MiB, &p), CUDA_SUCCESS);
+    (void)get_handle(p);
+    assert_int_equal(vmh_ipc_export_count(), 1);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    /* Another size: the freed buffer cannot serve it; its chunk must go back to the driver. */
+    assert_int_equal(vmh_heap_alloc(60 * MiB, &r), CUDA_SUCCESS);
+    assert_int_equal(vmh_ipc_export_count(), 0);
+    assert_int_equal(vmh_heap_free(r, NULL, false), CUDA_SUCCESS);
+}
+
 /* A buffer of 1500 chunks crosses although the process may hold only 1024 descriptors: each
  * side holds one batch at a time. (Chunks of the suite's 2 MiB: the heap keeps a device's
  * granularity across resets; the simulated driver maps contents only where written.) */
@@ -1191,6 +1247,9 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(descriptor_limit_backs_off, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_buffers_exports_are_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(reused_address_is_not_the_old_export, setup, teardown),
+        cmocka_unit_test_setup_teardown(freed_export_memory_is_given_back_under_pressure, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(many_more_chunks_than_descriptors, setup, teardown),
         cmocka_unit_test_setup_teardown(driver_failures_leave_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(failure_sweep_over_the_exchange, setup, teardown),
