@@ -1,12 +1,15 @@
-/* CUDA IPC of served buffers and peer access (ipc.c) on the simulated driver.
+/* CUDA IPC of served buffers and peer access (ipc.c, ipc_wire.c, ipc_export.c, ipc_listener.c,
+ * ipc_import.c) on the simulated driver.
  *
  * The simulated driver imports only fds exported by its own process, so these tests export and
  * import in one process: vmh_ipc_open_remote is the import path without the same-process check,
  * and it talks to this process's own listener thread through the real abstract socket and
  * SCM_RIGHTS. Imported mappings therefore alias the exporter's memory here, which lets the
- * tests check contents too. Every test ends with the module reset, the heap reset, the
+ * tests check contents too. Another user is played two ways: simulated credentials (the
+ * getter both ends use is replaced, per side), and where the suite runs as root, forked
+ * children that become uid 65534. Every test ends with the module reset, the heap reset, the
  * driver's ledger empty and no file descriptor left open. tests/interpose/ip_ipc.c covers two
- * processes. */
+ * processes; docs/SECURITY.md says which test checks which promise. */
 #ifndef VMH_TESTING
 #define VMH_TESTING 1 /* the internal prototypes of ipc.h and log.h */
 #endif
