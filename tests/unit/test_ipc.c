@@ -16,6 +16,7 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -744,7 +745,7 @@ static void silent_peers_do_not_block_importers(void **state)
     timed_open_t o = {.h = h};
     timed_open_thread(&o);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 250); /* served while the silent one waits (was: 10 s behind it) */
+    assert_true(o.took_ms < 500); /* served while the silent one waits (was: 10 s behind it) */
     assert_true(tu_check(o.q, 2 * MiB, 12));
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
     /* The silent one is told and dropped shortly. */
@@ -839,7 +840,7 @@ static void importer_that_stops_reading_holds_nobody(void **state)
     timed_open_t o = {.h = ho};
     timed_open_thread(&o);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 250);
+    assert_true(o.took_ms < 500); /* (a blocking sender would hold it 10 s) */
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
     /* Dropped: after what was queued, the connection ends short of the whole buffer. */
     usleep(500 * 1000);
@@ -893,7 +894,7 @@ static void descriptor_limit_backs_off(void **state)
     struct rlimit old;
     assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
     /* One descriptor left: the importer's socket takes it, the listener's accept finds none. */
-    int lowest = dup(0);
+    int lowest = open("/dev/null", O_RDONLY | O_CLOEXEC); /* the lowest free descriptor */
     assert_true(lowest >= 0);
     close(lowest);
     struct rlimit tight = {.rlim_cur = (rlim_t)lowest + 1, .rlim_max = old.rlim_max};
