@@ -634,7 +634,14 @@ static void another_real_user_is_refused_both_ways(void **state)
     vmh_ipc_handle_t w = decode(&h);
     sim_reset_counters();
     /* Importer of another user: refused at once, nothing exported. */
-    assert_int_equal(as_nobody(nobody_connects, &w), 0);
+    int r = as_nobody(nobody_connects, &w);
+    if (r == 77) {
+        printf("SKIP another_real_user_is_refused_both_ways: root, but cannot become uid 65534 "
+               "(no CAP_SETUID?); the simulated-credential tests cover the same checks\n");
+        assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+        skip();
+    }
+    assert_int_equal(r, 0);
     assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
     assert_int_equal(captured("refused a CUDA IPC request"), 1);
 
