@@ -102,6 +102,10 @@ VMM_API const char *vmm_status_string(vmm_status status)
         [VMM_ERR_SIZE] = "size too large",
         [VMM_ERR_NO_DRIVER] = "no CUDA driver or context, or libvmmhook disabled",
         [VMM_ERR_DRIVER] = "CUDA driver error (see vmm_last_driver_error)",
+        [VMM_ERR_PAUSED] = "the tag is paused",
+        [VMM_ERR_NOT_PAUSED] = "the tag is not paused",
+        [VMM_ERR_LIMIT] = "too many tags, or tags nested too deep",
+        [VMM_ERR_UNKNOWN_TAG] = "no tag of that name",
     };
     return (unsigned)status < VMM_STATUS_COUNT ? text[status] : "unknown status";
 }
