@@ -108,6 +108,27 @@ typedef struct tag_stats {
 } tag_stats_t;
 
 static tag_stats_t stats[VMM_TAGS_MAX];
+static _Atomic int tag_states[VMM_TAGS_MAX]; /* vmh_tag_state_t; 0 is RUNNING */
+
+vmh_tag_state_t vmh_tag_state(unsigned tag)
+{
+    assert(tag < VMM_TAGS_MAX);
+    return (vmh_tag_state_t)atomic_load(&tag_states[tag]);
+}
+
+bool vmh_tag_transition(unsigned tag, vmh_tag_state_t from, vmh_tag_state_t to)
+{
+    assert(tag < VMM_TAGS_MAX && to < VMH_TAG_STATE_COUNT);
+    int expect = (int)from;
+    /* Sequentially consistent: a pause stores PAUSING and then takes the heap's locks; an
+     * allocation checks under those locks, so one of the two sees the other. */
+    return atomic_compare_exchange_strong(&tag_states[tag], &expect, (int)to);
+}
+
+bool vmh_tag_running(unsigned tag)
+{
+    return vmh_tag_state(tag) == VMH_TAG_RUNNING;
+}
 static _Atomic int64_t pinned_now, pinned_peak;
 
 #define VMH_TAG_NAME_ITEM(name, help) #name,
@@ -226,7 +247,9 @@ static void tags_json(jbuf_t *b, int indent)
     for (unsigned t = 0; t < n; t++) {
         jb_printf(b, "%*s", indent, "");
         jb_string(b, tag_names[t]);
-        jb_printf(b, ": {");
+        static const char *const state_names[VMH_TAG_STATE_COUNT] = {"running", "pausing",
+                                                                     "paused", "resuming"};
+        jb_printf(b, ": {\"state\": \"%s\", ", state_names[vmh_tag_state(t)]);
         for (unsigned g = 0; g < VMH_TAG_GAUGE_COUNT; g++)
             jb_printf(b, "\"%s\": %lld, ", gauge_names[g],
                       (long long)vmh_tag_gauge_get(t, (vmh_tag_gauge_t)g));
@@ -320,6 +343,8 @@ void vmh_tags_reset(void)
     for (unsigned t = 1; t < VMM_TAGS_MAX; t++)
         tag_names[t][0] = '\0';
     memset(stats, 0, sizeof stats);
+    for (unsigned t = 0; t < VMM_TAGS_MAX; t++)
+        atomic_store(&tag_states[t], VMH_TAG_RUNNING);
     atomic_store(&pinned_now, 0);
     atomic_store(&pinned_peak, 0);
     pthread_mutex_unlock(&register_lock);

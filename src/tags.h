@@ -6,8 +6,9 @@
  *   - the calling thread's tag stack (vmm_tag_push / vmm_tag_pop): which tag the thread's
  *     allocations go to. It is program state, like errno, hence thread-local; it is read once
  *     at the allocation entry points and passed down from there;
+ *   - each tag's state (running, paused, or on its way between), which the pause layer
+ *     (pause.c) changes and the heap reads to refuse allocations in a tag that is not running;
  *   - per-tag statistics (relaxed atomics), their JSON and their lines in the exit table.
- * Whether a tag is paused is the pause layer's business (pause.c), not recorded here.
  */
 #ifndef VMH_TAGS_H
 #define VMH_TAGS_H
@@ -30,6 +31,23 @@ unsigned vmh_tag_lookup(const char *name);
 /* Registered tags: ids 0 .. vmh_tag_count() - 1; names stay valid for the process. */
 unsigned vmh_tag_count(void);
 const char *vmh_tag_name(unsigned tag);
+
+/* A tag's state. Only RUNNING takes new memory; PAUSING and RESUMING last for one vmm_pause or
+ * vmm_resume call (calls are serialized by pause.c). */
+typedef enum vmh_tag_state {
+    VMH_TAG_RUNNING,
+    VMH_TAG_PAUSING,
+    VMH_TAG_PAUSED,
+    VMH_TAG_RESUMING,
+    VMH_TAG_STATE_COUNT
+} vmh_tag_state_t;
+
+vmh_tag_state_t vmh_tag_state(unsigned tag);
+/* Moves tag from `from` to `to`; false (nothing changed) when it was not in `from`. */
+bool vmh_tag_transition(unsigned tag, vmh_tag_state_t from, vmh_tag_state_t to);
+/* Whether tag may take new memory now (the heap asks, under the lock that makes the buffer
+ * visible, so that a pause that changes the state and then walks under that lock sees it). */
+bool vmh_tag_running(unsigned tag);
 
 /* Per-tag byte gauges (each keeps its peak). */
 #define VMH_TAG_GAUGES(X)                                                                          \

@@ -527,10 +527,10 @@ static void stats_json_api(void **state)
     assert_int_equal(vmm_stats_json(buf, (size_t)need + 1), need);
     assert_int_equal(strlen(buf), (size_t)need);
     assert_non_null(strstr(buf, "\"tags\": {"));
-    assert_non_null(strstr(buf, "\"default\": {\"requested\": 0"));
+    assert_non_null(strstr(buf, "\"default\": {\"state\": \"running\", \"requested\": 0"));
     char want[200];
     snprintf(want, sizeof want,
-             "\"k\\\"v\": {\"requested\": 0, \"mapped\": %zu, \"paused\": 0, "
+             "\"k\\\"v\": {\"state\": \"running\", \"requested\": 0, \"mapped\": %zu, \"paused\": 0, "
              "\"backed_up\": 0, \"mapped_peak\": %zu, \"pauses\": 1, \"resumes\": 0, "
              "\"pause_seconds\": 1.500000",
              2 * GRAN, 3 * GRAN);
