@@ -921,8 +921,8 @@ static CUresult alloc_on(vdev_t *d, size_t size, bool growable, CUdeviceptr *out
 
 static void heap_load(void)
 {
-    vmh_options_load();
-    vmh_stats_init(); /* the trace clock starts here, and the trace file exists from now */
+    /* the trace clock starts here, and the trace file exists from now */
+    vmh_stats_configure(vmh_options_load());
 }
 
 bool vmh_heap_ready(void)

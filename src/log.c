@@ -10,11 +10,11 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "options.h"
 #include "testable.h"
 
 #define PREFIX "vmmhook: "
@@ -69,9 +69,24 @@ void vmh_log(const char *fmt, ...)
     va_end(ap);
 }
 
+/* Set by whoever read the configuration (the options loader, for the front): this file sits
+ * below the options and must not read them. Relaxed: a debug line more or less while the
+ * setting changes does not matter. */
+static atomic_bool verbose;
+
+void vmh_log_set_verbose(bool on)
+{
+    atomic_store_explicit(&verbose, on, memory_order_relaxed);
+}
+
+bool vmh_log_verbose(void)
+{
+    return atomic_load_explicit(&verbose, memory_order_relaxed);
+}
+
 void vmh_debug(const char *fmt, ...)
 {
-    if (!vmh_opt.verbose)
+    if (!vmh_log_verbose())
         return;
     va_list ap;
     va_start(ap, fmt);

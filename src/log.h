@@ -1,15 +1,21 @@
-/* Diagnostics: one line per message, prefixed "vmmhook: ", formatted into a stack buffer and
- * written with write(2) to stderr. No allocation, no stdio: safe inside the driver, inside
- * dlsym and during exit. */
+/* Utility layer (the bottom, below options and stats): diagnostics, one line per message,
+ * prefixed "vmmhook: ", formatted into a stack buffer and written with write(2) to stderr. No
+ * allocation, no stdio: safe inside the driver, inside dlsym and during exit. */
 #ifndef VMH_LOG_H
 #define VMH_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 void vmh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* The same, only when VMMHOOK_VERBOSE is on. */
+/* The same, only when verbose logging is on (vmh_log_set_verbose; off until then). */
 void vmh_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Verbose logging on or off. The log sits below the options: the code that reads
+ * VMMHOOK_VERBOSE (vmh_options_load) sets it; the log never reads the options. */
+void vmh_log_set_verbose(bool on);
+bool vmh_log_verbose(void);
 
 /* Formats n bytes as "12.5 MiB" into buf (one decimal, rounded; "512 B" below 1 KiB; "64 MiB"
  * when exact). Returns buf. */

@@ -103,6 +103,12 @@ static const opt_row_t rows[] = {
      "a bad value stops the program (exit status 2) instead of a warning"},
     {"VMMHOOK_FREE_SYNC", K_BOOL, FIELD(free_sync), "off", 0, NULL, 0,
      "every free synchronizes the context like cudaFree instead of being deferred"},
+    {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "256M", 0, NULL, 0,
+     "freed bytes not yet reusable (the GPU may still use them) past which an allocating thread "
+     "waits for the GPU itself instead of leaving the wait to the background reclaim"},
+    {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "0", 0, NULL, 0,
+     "pinned host memory kept between pauses for the backups of vmm_pause(VMM_PAUSE_BACKUP); "
+     "0 keeps none (each pause pins and releases its own)"},
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 _Static_assert(NROWS <= 32, "refused_mask has 32 bits");
@@ -562,12 +568,15 @@ static void load_once(void)
     if (!getauxval(AT_SECURE))
         vmh_options_check_unknown(environ);
     vmh_opt = o;
+    /* The log sits below the options and never reads them: tell it. */
+    vmh_log_set_verbose(o.verbose);
 }
 
-void vmh_options_load(void)
+const vmh_options_t *vmh_options_load(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, load_once);
+    return &vmh_opt;
 }
 
 /* ---- checks that need the driver ------------------------------------------------------------ */

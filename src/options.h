@@ -41,6 +41,10 @@ typedef struct vmh_options {
     bool leaks;                /* VMMHOOK_LEAKS: leak report at exit */
     bool strict;               /* VMMHOOK_STRICT: a bad value stops the program */
     bool free_sync;            /* VMMHOOK_FREE_SYNC: every free synchronizes like cudaFree */
+    size_t park_limit;         /* VMMHOOK_PARK_LIMIT: freed bytes not yet reusable, past which an
+                                  allocating thread waits for the GPU itself */
+    size_t pin_limit;          /* VMMHOOK_PIN_LIMIT: pinned host memory kept between pauses for
+                                  VMM_PAUSE_BACKUP backups, 0 = none kept */
 } vmh_options_t;
 
 extern vmh_options_t vmh_opt;
@@ -49,10 +53,12 @@ extern vmh_options_t vmh_opt;
 void vmh_options_defaults(vmh_options_t *o);
 
 /* Reads the environment once (thread-safe); prints warnings, and with VMMHOOK_STRICT exits on a
- * bad value; with VMMHOOK_VERBOSE prints every resolved option. vmh_opt holds zeros, not the
- * defaults, until this has run: every reader calls it first (after the first call it costs one
- * pthread_once check). */
-void vmh_options_load(void);
+ * bad value; with VMMHOOK_VERBOSE prints every resolved option. Returns the snapshot, which the
+ * front passes down to the modules below it (their configure calls). vmh_opt holds zeros, not
+ * the defaults, until this has run: every reader calls it first (after the first call it costs
+ * one pthread_once check). The vmh_opt global stays until every module below the front takes
+ * its configuration from the snapshot. */
+const vmh_options_t *vmh_options_load(void);
 
 /* Where the parser reads a variable: secure_getenv in the library, a fake environment in the
  * tests and the fuzzer. Returns NULL when the variable is unset. */

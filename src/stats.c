@@ -1,4 +1,4 @@
-/* Layer 7: counters and gauges, the allocation trace, the exit reports (table, JSON, leaks).
+/* Utility layer: counters and gauges, the allocation trace, the exit reports (table, JSON, leaks).
  *
  * Counters and gauges are relaxed atomics, each on its own cache line: they are bumped on every
  * served call from every thread, and a shared line would make them the contention point. Only
@@ -26,6 +26,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "testable.h"
 #include "vmmhook.h"
 
 /* ---- counters and gauges ---------------------------------------------------------------- */
@@ -96,28 +97,116 @@ int64_t vmh_gauge_peak(vmh_gauge_t g)
 
 /* ---- private files ---------------------------------------------------------------------- */
 
-/* Opens path for writing, owner-only. An existing regular file is made 0600 before it is
- * truncated (so a file that is not ours is refused before we clobber it); a device or FIFO
- * (VMMHOOK_TRACE=/dev/stderr) is used as it is. The last component must not be a symbolic link
- * (O_NOFOLLOW: a link planted in a shared /tmp cannot redirect the write). */
-static int open_private(const char *path, int flags, char *why, size_t whylen)
+/* The configuration, from vmh_stats_configure (the front passes its snapshot down; this file
+ * never reads the options' global). Written once before any event, read without a lock after:
+ * the front configures inside its one-time start, which every traced call has passed. */
+static struct {
+    bool stats;                 /* the table at exit */
+    bool leaks;                 /* list leaks at exit */
+    char trace[VMH_PATH_MAX];   /* path template ("" = no trace) */
+    char json[VMH_PATH_MAX];    /* path template ("" = no JSON) */
+} cfg;
+
+VMH_TESTABLE bool vmh_stats_expand_path(const char *tmpl, long pid, char *out, size_t len)
+{
+    size_t n = 0;
+    for (const char *p = tmpl; *p; p++) {
+        char num[24];
+        const char *piece = p;
+        size_t plen = 1;
+        if (p[0] == '%' && p[1] == 'p') {
+            plen = (size_t)snprintf(num, sizeof(num), "%ld", pid);
+            piece = num;
+            p++;
+        } else if (p[0] == '%' && p[1] == '%') {
+            p++; /* "%%" is one '%' */
+        }
+        if (n + plen >= len)
+            return false;
+        memcpy(out + n, piece, plen);
+        n += plen;
+    }
+    out[n] = '\0';
+    return true;
+}
+
+/* Who owns the process's files: geteuid in the library; a test pretends to be another user. */
+VMH_TESTABLE uid_t (*vmh_stats_euid)(void) = geteuid;
+
+/* Opens an existing path for writing and checks it before anything is changed: a regular
+ * file owned by us. -1 and why otherwise (errno ENOENT: it vanished, the caller creates it). */
+static int open_existing(const char *path, int flags, char *why, size_t whylen)
 {
     char err[128];
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | flags, 0600);
+    /* O_NONBLOCK: opening a FIFO for writing would wait for a reader forever; with it the open
+     * fails (ENXIO) or succeeds at once, and the type check below refuses it either way. */
+    int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | flags);
     if (fd < 0) {
-        snprintf(why, whylen, "cannot create it: %s", strerror_r(errno, err, sizeof(err)));
+        int e = errno;
+        if (e == ENXIO)
+            snprintf(why, whylen, "it is not a regular file (a FIFO or socket)");
+        else if (e == ELOOP)
+            snprintf(why, whylen, "it is a symbolic link");
+        else
+            snprintf(why, whylen, "cannot open it: %s", strerror_r(e, err, sizeof(err)));
+        errno = e;
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-        if (fchmod(fd, 0600) != 0 || ftruncate(fd, 0) != 0) {
-            snprintf(why, whylen, "cannot make it owner-only and empty: %s",
-                     strerror_r(errno, err, sizeof(err)));
-            close(fd);
-            return -1;
-        }
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, whylen, "cannot examine it: %s", strerror_r(errno, err, sizeof(err)));
+        close(fd);
+        errno = EIO;
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, whylen, "it is not a regular file");
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    /* A file of another user is never truncated or made ours, even by root: a program run as
+     * root with VMMHOOK_TRACE=/home/alice/x must not destroy alice's file. */
+    if (st.st_uid != vmh_stats_euid()) {
+        snprintf(why, whylen, "it belongs to uid %u, not to this process's uid %u",
+                 (unsigned)st.st_uid, (unsigned)vmh_stats_euid());
+        close(fd);
+        errno = EPERM;
+        return -1;
+    }
+    if (fchmod(fd, 0600) != 0 || ftruncate(fd, 0) != 0) {
+        snprintf(why, whylen, "cannot make it owner-only and empty: %s",
+                 strerror_r(errno, err, sizeof(err)));
+        close(fd);
+        errno = EIO;
+        return -1;
     }
     return fd;
+}
+
+/* Opens an output file (trace, its gauges, JSON) for writing, owner-only: a new file is
+ * created 0600; an existing one must be a regular file of ours, and is made 0600 and emptied
+ * only after that check. Anything else is refused with why: a symbolic link as the last
+ * component (O_NOFOLLOW: a link planted in a shared /tmp cannot redirect the write), a FIFO (it
+ * would block the program), a device, another user's file. */
+static int open_private(const char *path, int flags, char *why, size_t whylen)
+{
+    char err[128];
+    for (int attempt = 0; attempt < 3; attempt++) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | flags, 0600);
+        if (fd >= 0)
+            return fd; /* ours, new, empty */
+        if (errno != EEXIST) {
+            snprintf(why, whylen, "cannot create it: %s", strerror_r(errno, err, sizeof(err)));
+            return -1;
+        }
+        fd = open_existing(path, flags, why, whylen);
+        if (fd >= 0 || errno != ENOENT)
+            return fd;
+        /* Removed between the two opens: try again. */
+    }
+    snprintf(why, whylen, "it keeps appearing and vanishing");
+    return -1;
 }
 
 static bool write_all(int fd, const char *p, size_t n)
@@ -168,15 +257,13 @@ static int trace_file_open(const char *path, const char *header, size_t hlen, ch
 /* The companion "<trace>.gauges.csv", for a trace that is a regular file (a trace sent to a
  * device or FIFO, VMMHOOK_TRACE=/dev/stderr, has none). A companion that cannot be made costs
  * one warning (with VMMHOOK_STRICT, the program stops); the trace goes on without it. */
-static int gauges_open_locked(int tfd)
+static int gauges_open_locked(int tfd, const char *trace_path)
 {
     struct stat st;
     if (fstat(tfd, &st) != 0 || !S_ISREG(st.st_mode))
         return -1;
-    char path[sizeof(vmh_opt.trace) + sizeof(VMH_TRACE_GAUGES_SUFFIX)];
-    size_t n = strnlen(vmh_opt.trace, sizeof(vmh_opt.trace) - 1);
-    memcpy(path, vmh_opt.trace, n);
-    memcpy(path + n, VMH_TRACE_GAUGES_SUFFIX, sizeof(VMH_TRACE_GAUGES_SUFFIX));
+    char path[VMH_PATH_MAX + sizeof(VMH_TRACE_GAUGES_SUFFIX)];
+    snprintf(path, sizeof(path), "%s%s", trace_path, VMH_TRACE_GAUGES_SUFFIX);
     char why[256], sub[160];
     int fd = trace_file_open(path, gauges_header, sizeof(gauges_header) - 1, sub, sizeof(sub));
     if (fd < 0) {
@@ -189,15 +276,18 @@ static int gauges_open_locked(int tfd)
 
 static void trace_open_locked(void)
 {
-    char why[200];
-    int fd = trace_file_open(vmh_opt.trace, trace_header, sizeof(trace_header) - 1, why,
-                             sizeof(why));
+    char why[200], path[VMH_PATH_MAX];
+    int fd = -1;
+    if (!vmh_stats_expand_path(cfg.trace, (long)getpid(), path, sizeof(path)))
+        snprintf(why, sizeof(why), "longer than %zu bytes once %%p is replaced", sizeof(path) - 1);
+    else
+        fd = trace_file_open(path, trace_header, sizeof(trace_header) - 1, why, sizeof(why));
     if (fd < 0) {
         atomic_store_explicit(&trace_state, TRACE_OFF, memory_order_release);
         vmh_options_refuse("VMMHOOK_TRACE", why, "no trace");
         return;
     }
-    gauges_fd = gauges_open_locked(fd);
+    gauges_fd = gauges_open_locked(fd, path);
     clock_gettime(CLOCK_MONOTONIC, &trace_t0);
     trace_fd = fd;
     atomic_store_explicit(&trace_state, TRACE_OPEN, memory_order_release);
@@ -217,9 +307,17 @@ static int trace_get(void)
     return st == TRACE_OPEN ? trace_fd : -1;
 }
 
-void vmh_stats_init(void)
+void vmh_stats_configure(const vmh_options_t *o)
 {
-    if (vmh_opt.trace[0] != '\0') {
+    cfg.stats = o->stats;
+    cfg.leaks = o->leaks;
+    _Static_assert(sizeof(cfg.trace) >= sizeof(o->trace), "trace path");
+    _Static_assert(sizeof(cfg.json) >= sizeof(o->stats_json), "json path");
+    snprintf(cfg.trace, sizeof(cfg.trace), "%s", o->trace);
+    snprintf(cfg.json, sizeof(cfg.json), "%s", o->stats_json);
+    if (cfg.trace[0] != '\0') {
+        /* Open now: the trace clock starts with the program, and the file exists even if
+         * nothing is allocated. */
         int saved = errno;
         (void)trace_get();
         errno = saved;
@@ -263,7 +361,7 @@ static void gauges_line(int fd, const char *time_text, size_t time_len)
 
 void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream)
 {
-    if (vmh_opt.trace[0] == '\0')
+    if (cfg.trace[0] == '\0')
         return;
     int saved = errno;
     int fd = trace_get();
@@ -362,7 +460,7 @@ void vmh_leak_report_one(CUdeviceptr p, size_t size, int device, void *call_site
 {
     uint64_t n = atomic_fetch_add(&leak_count, 1) + 1;
     atomic_fetch_add(&leak_bytes, size);
-    if (!vmh_opt.leaks)
+    if (!cfg.leaks)
         return;
     if (n == 1)
         vmh_log("leak report: buffers still allocated at exit:");
@@ -379,7 +477,7 @@ void vmh_leak_report_one(CUdeviceptr p, size_t size, int device, void *call_site
 
 void vmh_leak_report_end(void)
 {
-    if (!vmh_opt.leaks)
+    if (!cfg.leaks)
         return;
     uint64_t n = atomic_load(&leak_count), bytes = atomic_load(&leak_bytes);
     char b[32];
@@ -483,19 +581,23 @@ static void report_json(void)
         return;
     }
 
-    char why[200];
-    int fd = open_private(vmh_opt.stats_json, 0, why, sizeof(why));
+    char why[200], path[VMH_PATH_MAX], q[1100];
+    int fd = -1;
+    /* %p is this process's id now: a forked child writes its own file. */
+    if (!vmh_stats_expand_path(cfg.json, (long)getpid(), path, sizeof(path)))
+        snprintf(why, sizeof(why), "longer than %zu bytes once %%p is replaced", sizeof(path) - 1);
+    else
+        fd = open_private(path, 0, why, sizeof(why));
     if (fd < 0) {
         /* At exit there is nothing left to stop, even under VMMHOOK_STRICT: just say it. */
-        char q[1100];
         vmh_log("VMMHOOK_STATS_JSON=%s: %s; no JSON report",
-                vmh_fmt_quoted(q, sizeof(q), vmh_opt.stats_json, sizeof(vmh_opt.stats_json)), why);
+                vmh_fmt_quoted(q, sizeof(q), cfg.json, sizeof(cfg.json)), why);
         return;
     }
     if (!write_all(fd, text, b.len)) {
-        char err[128], q[1100];
+        char err[128];
         vmh_log("VMMHOOK_STATS_JSON=%s: write failed: %s",
-                vmh_fmt_quoted(q, sizeof(q), vmh_opt.stats_json, sizeof(vmh_opt.stats_json)),
+                vmh_fmt_quoted(q, sizeof(q), path, sizeof(path)),
                 strerror_r(errno, err, sizeof(err)));
     }
     close(fd);
@@ -506,9 +608,9 @@ void vmh_stats_report(void)
     if (atomic_exchange(&reported, true))
         return;
     int saved = errno;
-    if (vmh_opt.stats)
+    if (cfg.stats)
         report_table();
-    if (vmh_opt.stats_json[0] != '\0')
+    if (cfg.json[0] != '\0')
         report_json();
     errno = saved;
 }

@@ -1,12 +1,21 @@
-/* Layer 7: counters, the allocation trace and the leak report.
+/* Utility layer: counters, the allocation trace, the exit reports (table, JSON, leaks).
+ * Below every other module but log and options; configured by the front with
+ * vmh_stats_configure, never by reading the options' global.
  *
  * Counters are relaxed atomics, cheap enough for the fast path. Gauges keep a peak. */
 #ifndef VMH_STATS_H
 #define VMH_STATS_H
 
 #include <cuda.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+
+#include "options.h"
+
+/* The longest output path once "%p" is replaced, terminator included. */
+#define VMH_PATH_MAX 512
 
 #define VMH_COUNTERS(X)                                                                            \
     X(served_allocs, "allocations served")                                                         \
@@ -53,22 +62,31 @@ void vmh_stats_reset(void);
  * text and the current values (vmh_gauge_get) of bytes_requested, bytes_mapped, bytes_reserved
  * and bytes_cached, in decimal (signed). The RMM CSV itself is unchanged. A companion that cannot
  * be created gets one warning (VMMHOOK_STRICT: the program stops) and the trace goes on
- * without it. */
+ * without it. Files are opened as vmh_stats_configure says. */
 #define VMH_TRACE_GAUGES_SUFFIX ".gauges.csv"
 void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream);
 
-/* Opens the trace now when VMMHOOK_TRACE is set, so that its clock starts with the program and
- * the file exists even if nothing is allocated; call after vmh_options_load. Optional: the first
- * vmh_trace opens it otherwise. A path that cannot be created gets one warning (with
- * VMMHOOK_STRICT, the program stops) and tracing is off. */
-void vmh_stats_init(void);
+/* Takes what this module needs from the snapshot (VMMHOOK_STATS, VMMHOOK_STATS_JSON,
+ * VMMHOOK_TRACE, VMMHOOK_LEAKS), copied, and opens the trace now when one is asked for, so that
+ * its clock starts with the program and the file exists even if nothing is allocated. Called by
+ * the front once, before any other call here (tests call it again to change the settings).
+ *
+ * Output files (the trace, its gauges companion, the JSON): "%p" in a path is replaced by the
+ * process id when the file is opened (the trace at configure time, the JSON at exit, so that a
+ * forked child writes its own), "%%" by one '%'; any other '%' is kept. A new file is created
+ * 0600. An existing path must be a regular file owned by the process's effective uid: then it
+ * is made 0600 and emptied; anything else is refused without being changed (a symbolic link, a
+ * FIFO, which would block the program, a device, another user's file, even for root). A trace
+ * that cannot be opened gets one warning (with VMMHOOK_STRICT, the program stops) and tracing
+ * is off; a JSON file that cannot be opened at exit gets one line. */
+void vmh_stats_configure(const vmh_options_t *o);
 
 /* Called at exit: the stats table / JSON when asked. Once per process (later calls do
  * nothing); call it after the leak report so that the JSON includes the leak totals. */
 void vmh_stats_report(void);
 
 /* Leak report at exit: the heap walks its live buffers and calls begin, one per live buffer,
- * then end. With VMMHOOK_LEAKS each leak is listed (pointer, size, device, call site resolved
+ * then end. With leaks configured (VMMHOOK_LEAKS) each leak is listed (pointer, size, device, call site resolved
  * with dladdr; the first 256), then a total; without it nothing is printed, but the totals still
  * go into the JSON. Not thread-safe against itself: one walk at a time. */
 void vmh_leak_report_begin(void);
@@ -79,6 +97,12 @@ void vmh_leak_report_end(void);
 /* Closes the trace and forgets it, so that a test can open another (the library never closes
  * it: frees from other libraries' destructors still trace after ours). */
 void vmh_trace_close(void);
+
+/* tmpl with "%p" replaced by pid and "%%" by '%' into out; false when it does not fit. */
+bool vmh_stats_expand_path(const char *tmpl, long pid, char *out, size_t len);
+
+/* The effective uid that must own an existing output file: geteuid; tests pretend. */
+extern uid_t (*vmh_stats_euid)(void);
 #endif
 
 #endif

@@ -123,13 +123,15 @@ static void test_defaults(void **state)
     assert_false(o.leaks);
     assert_false(o.strict);
     assert_false(o.free_sync);
+    assert_int_equal(o.park_limit, (size_t)256 << 20);
+    assert_int_equal(o.pin_limit, 0);
 }
 
 /* Every default is accepted by its own row (vmh_options_defaults ignores the status). */
 static void test_defaults_parse(void **state)
 {
     (void)state;
-    assert_int_equal(vmh_options_count(), 17);
+    assert_int_equal(vmh_options_count(), 19);
     for (size_t i = 0; i < vmh_options_count(); i++) {
         vmh_options_t o;
         vmh_options_defaults(&o);
@@ -290,6 +292,8 @@ static void test_all_good(void **state)
     env_set(&e, "VMMHOOK_LEAKS", "TRUE");
     env_set(&e, "VMMHOOK_STRICT", "1");
     env_set(&e, "VMMHOOK_FREE_SYNC", "ON");
+    env_set(&e, "VMMHOOK_PARK_LIMIT", "1G");
+    env_set(&e, "VMMHOOK_PIN_LIMIT", "512M");
     vmh_options_t o;
     vmh_options_defaults(&o);
     unsigned nbad = 99;
@@ -310,6 +314,8 @@ static void test_all_good(void **state)
     assert_true(o.verbose);
     assert_true(o.stats);
     assert_string_equal(o.stats_json, "/tmp/stats file.json");
+    assert_int_equal(o.park_limit, 1ull << 30);
+    assert_int_equal(o.pin_limit, 512ull << 20);
     assert_string_equal(o.trace, "trace.csv");
     assert_true(o.leaks);
     assert_true(o.strict);
@@ -715,6 +721,40 @@ static void test_handle_type_refused(void **state)
                         "fabric; using none\n");
 }
 
+/* The two size rows of round 10: a bad value keeps the default, 0 is accepted (no parking
+ * bound would be meaningless for PARK_LIMIT, but 0 is "wait at once", a valid choice). */
+static void test_park_pin_limits(void **state)
+{
+    (void)state;
+    fake_env_t e = {0};
+    env_set(&e, "VMMHOOK_PARK_LIMIT", "lots");
+    env_set(&e, "VMMHOOK_PIN_LIMIT", "-1");
+    vmh_options_t o;
+    assert_int_equal(vmh_options_apply(&o, fake_get, &e), -1);
+    assert_int_equal(o.park_limit, 256ull << 20);
+    assert_int_equal(o.pin_limit, 0);
+    assert_non_null(strstr(logbuf, "VMMHOOK_PARK_LIMIT=\"lots\" is not valid"));
+    assert_non_null(strstr(logbuf, "VMMHOOK_PIN_LIMIT=\"-1\" is not valid"));
+
+    fake_env_t z = {0};
+    env_set(&z, "VMMHOOK_PARK_LIMIT", "0");
+    env_set(&z, "VMMHOOK_PIN_LIMIT", "2G");
+    assert_int_equal(vmh_options_apply(&o, fake_get, &z), 0);
+    assert_int_equal(o.park_limit, 0);
+    assert_int_equal(o.pin_limit, 2ull << 30);
+}
+
+/* vmh_options_load returns the snapshot the front passes down, the same on every call. */
+static void test_load_returns_snapshot(void **state)
+{
+    (void)state;
+    const vmh_options_t *a = vmh_options_load();
+    const vmh_options_t *b = vmh_options_load();
+    assert_non_null(a);
+    assert_ptr_equal(a, b);
+    assert_int_equal(a->va_limit != 0, 1); /* parsed (defaults at least), not zeros */
+}
+
 /* ---- docs/OPTIONS.md documents every row with its default -------------------------------------
  */
 
@@ -761,12 +801,16 @@ static void test_log_line(void **state)
     assert_int_equal(loglines, 1);
 
     log_reset();
-    vmh_opt.verbose = false;
+    vmh_log_set_verbose(false);
     vmh_debug("hidden");
     assert_int_equal(loglines, 0);
-    vmh_opt.verbose = true;
+    vmh_opt.verbose = true; /* the log does not read the options: still hidden */
+    vmh_debug("hidden");
+    assert_int_equal(loglines, 0);
+    vmh_log_set_verbose(true);
     vmh_debug("shown %d", 1);
     assert_string_equal(logbuf, "vmmhook: shown 1\n");
+    vmh_log_set_verbose(false);
 }
 
 static void test_log_truncates(void **state)
@@ -834,6 +878,8 @@ int main(void)
         cmocka_unit_test_setup(test_granularity_refused_once, setup),
         cmocka_unit_test_setup(test_granularity_strict, setup),
         cmocka_unit_test_setup(test_handle_type_refused, setup),
+        cmocka_unit_test_setup(test_park_pin_limits, setup),
+        cmocka_unit_test_setup(test_load_returns_snapshot, setup),
         cmocka_unit_test_setup(test_docs_table, setup),
         cmocka_unit_test_setup(test_log_line, setup),
         cmocka_unit_test_setup(test_log_truncates, setup),

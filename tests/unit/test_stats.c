@@ -7,6 +7,9 @@
 #endif
 
 #include <ctype.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -55,6 +58,7 @@ static void fake_exit(int status)
 }
 
 static char tmpdir[64];
+static vmh_options_t opt; /* what the tests configure stats.c with */
 
 static int setup(void **state)
 {
@@ -69,6 +73,8 @@ static int setup(void **state)
     vmh_options_refuse_reset();
     vmh_trace_close();
     vmh_stats_reset();
+    vmh_options_defaults(&opt);
+    vmh_stats_configure(&opt);
     return 0;
 }
 
@@ -76,7 +82,8 @@ static int teardown(void **state)
 {
     (void)state;
     vmh_trace_close();
-    vmh_opt.trace[0] = '\0';
+    opt.trace[0] = '\0';
+    vmh_stats_configure(&opt);
     return 0;
 }
 
@@ -250,8 +257,9 @@ static void test_trace_format(void **state)
     fchmod(fd, 0644);
     close(fd);
 
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
-    vmh_stats_init();
+    snprintf(opt.trace, sizeof(opt.trace), "%s", path);
+
+    vmh_stats_configure(&opt);
     errno = 777;
     vmh_trace("allocate", (CUdeviceptr)0x7f3a40000000ULL, 1048576, NULL);
     assert_int_equal(errno, 777);
@@ -301,7 +309,8 @@ static void test_trace_new_file_private(void **state)
     path_in_tmp(path, sizeof(path), "fresh.csv");
     unlink(path);
     mode_t old = umask(0); /* even with a permissive umask */
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
+    snprintf(opt.trace, sizeof(opt.trace), "%s", path);
+    vmh_stats_configure(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL); /* opens on first use */
     umask(old);
     assert_int_equal(mode_of(path), 0600);
@@ -329,8 +338,8 @@ static void test_trace_threads(void **state)
     (void)state;
     char path[128];
     path_in_tmp(path, sizeof(path), "threads.csv");
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
-    vmh_stats_init();
+    snprintf(opt.trace, sizeof(opt.trace), "%s", path);
+    vmh_stats_configure(&opt);
     pthread_t t[TTHREADS];
     for (uintptr_t i = 0; i < TTHREADS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, tracer, (void *)i), 0);
@@ -368,7 +377,8 @@ static void test_trace_threads(void **state)
 static void test_trace_unwritable(void **state)
 {
     (void)state;
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s/no/such/dir/t.csv", tmpdir);
+    snprintf(opt.trace, sizeof(opt.trace), "%s/no/such/dir/t.csv", tmpdir);
+    vmh_stats_configure(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_trace("allocate", 0x2000, 1, NULL);
     assert_int_equal(loglines, 1);
@@ -382,8 +392,8 @@ static void test_trace_unwritable_strict(void **state)
 {
     (void)state;
     vmh_opt.strict = true;
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s/no/such/dir/t.csv", tmpdir);
-    vmh_stats_init();
+    snprintf(opt.trace, sizeof(opt.trace), "%s/no/such/dir/t.csv", tmpdir);
+    vmh_stats_configure(&opt);
     assert_int_equal(exit_calls, 1);
     assert_non_null(strstr(logbuf, "stopping because VMMHOOK_STRICT is set"));
 }
@@ -401,10 +411,11 @@ static void test_trace_symlink_refused(void **state)
     close(fd);
     unlink(link);
     assert_int_equal(symlink(target, link), 0);
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", link);
+    snprintf(opt.trace, sizeof(opt.trace), "%s", link);
+    vmh_stats_configure(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     assert_int_equal(loglines, 1);
-    assert_non_null(strstr(logbuf, "is refused: cannot create it"));
+    assert_non_null(strstr(logbuf, "is refused: it is a symbolic link"));
     assert_string_equal(slurp(target, NULL), "precious\n");
     assert_int_equal(mode_of(target), 0644);
 }
@@ -413,7 +424,7 @@ static void test_trace_off(void **state)
 {
     (void)state;
     vmh_trace("allocate", 0x1000, 1, NULL);
-    vmh_stats_init();
+    vmh_stats_configure(&opt);
     assert_int_equal(loglines, 0);
 }
 
@@ -497,8 +508,9 @@ static void test_gauges_companion(void **state)
     fchmod(fd, 0644);
     close(fd);
 
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
-    vmh_stats_init();
+    snprintf(opt.trace, sizeof(opt.trace), "%s", path);
+
+    vmh_stats_configure(&opt);
     /* Present from the start, like the trace: just the header. */
     assert_int_equal(mode_of(gpath), 0600);
     assert_string_equal(slurp(gpath, NULL), gauges_header);
@@ -578,9 +590,9 @@ static void test_gauges_threads(void **state)
     char path[128], gpath[160];
     path_in_tmp(path, sizeof(path), "gthreads.csv");
     snprintf(gpath, sizeof(gpath), "%s.gauges.csv", path);
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
+    snprintf(opt.trace, sizeof(opt.trace), "%s", path);
+    vmh_stats_configure(&opt);
     vmh_gauge_add(VMH_STAT_bytes_reserved, 123456789);
-    vmh_stats_init();
     pthread_t t[TTHREADS];
     for (uintptr_t i = 0; i < TTHREADS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, tracer, (void *)i), 0);
@@ -633,13 +645,14 @@ static void gauges_symlink(bool strict)
     unlink(gpath);
     assert_int_equal(symlink(target, gpath), 0);
     vmh_opt.strict = strict;
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
+    snprintf(opt.trace, sizeof(opt.trace), "%s", path);
+    vmh_stats_configure(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_trace("free", 0x1000, 1, NULL);
     assert_int_equal(loglines, 1);
     assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_TRACE=\""));
     assert_non_null(strstr(logbuf, "\" is refused: its gauges file, the path + \".gauges.csv\": "
-                                   "cannot create it: "));
+                                   "it is a symbolic link"));
     assert_int_equal(exit_calls, strict ? 1 : 0);
     if (!strict)
         assert_non_null(strstr(logbuf, "; using the trace without gauges\n"));
@@ -663,8 +676,48 @@ static void test_gauges_symlink_strict(void **state)
     gauges_symlink(true);
 }
 
-/* A trace that is not a regular file (a FIFO here, /dev/stderr in use) has no companion. */
-static void test_gauges_not_for_fifo(void **state)
+/* ---- output files: FIFOs, other users' files, %p ------------------------------------------- */
+
+/* Runs what(path) in a child with an alarm, so that an open that blocks fails the test (the
+ * child is killed) instead of stalling the suite. The child's verdict is its exit status. */
+static void in_child_with_alarm(int (*what)(const char *), const char *path)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(5);
+        _exit(what(path));
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status))
+        fail_msg("the child was killed by signal %d (SIGALRM %d: it hung)", WTERMSIG(status),
+                 SIGALRM);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* Child: a trace at a FIFO nobody reads is refused at once (without O_NONBLOCK the open waits
+ * for a reader forever). */
+static int trace_at(const char *path)
+{
+    snprintf(opt.trace, sizeof(opt.trace), "%s", path);
+    vmh_stats_configure(&opt);
+    vmh_trace("allocate", 0x1000, 1, NULL);
+    return loglines == 1 && strstr(logbuf, "is refused: it is not a regular file") ? 0 : 3;
+}
+
+/* Child: the JSON report at a FIFO nobody reads: refused at exit, no hang. */
+static int json_at(const char *path)
+{
+    snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
+    vmh_stats_configure(&opt);
+    vmh_stats_report();
+    return loglines == 1 && strstr(logbuf, "it is not a regular file") && strstr(logbuf, "; no JSON report") ? 0 : 3;
+}
+
+static void test_fifo_refused(void **state)
 {
     (void)state;
     char path[128], gpath[160];
@@ -672,19 +725,150 @@ static void test_gauges_not_for_fifo(void **state)
     snprintf(gpath, sizeof(gpath), "%s.gauges.csv", path);
     unlink(path);
     assert_int_equal(mkfifo(path, 0600), 0);
+    in_child_with_alarm(trace_at, path);
+    in_child_with_alarm(json_at, path);
+
+    /* With a reader the open succeeds, and the type check refuses it: nothing is written. */
     int rd = open(path, O_RDONLY | O_NONBLOCK);
     assert_true(rd >= 0);
-    snprintf(vmh_opt.trace, sizeof(vmh_opt.trace), "%s", path);
-    vmh_trace("allocate", 0x1000, 1, NULL);
-    assert_int_equal(loglines, 0);
+    assert_int_equal(trace_at(path), 0);
     assert_int_equal(access(gpath, F_OK), -1);
-    char buf[256];
-    ssize_t n = read(rd, buf, sizeof(buf) - 1);
+    char buf[64];
+    assert_true(read(rd, buf, sizeof(buf)) <= 0);
     close(rd);
-    assert_true(n > 0);
-    buf[n] = '\0';
-    assert_non_null(strstr(buf, "Thread,Time,Action,Pointer,Size,Stream\n"));
-    assert_non_null(strstr(buf, ",allocate,0x1000,1,0\n"));
+    unlink(path);
+}
+
+/* A device is not a regular file either. */
+static void test_device_refused(void **state)
+{
+    (void)state;
+    assert_int_equal(trace_at("/dev/null"), 0);
+}
+
+static uid_t other_uid(void)
+{
+    return geteuid() + 4242;
+}
+
+/* An existing file of another user is neither truncated nor made 0600, even by root (faked
+ * here: the process pretends to run as another uid). A file it creates itself is fine. */
+static void test_other_users_file_refused(void **state)
+{
+    (void)state;
+    char path[128], jpath[128], fresh[128];
+    path_in_tmp(path, sizeof(path), "theirs.csv");
+    path_in_tmp(jpath, sizeof(jpath), "theirs.json");
+    path_in_tmp(fresh, sizeof(fresh), "fresh.csv");
+    unlink(fresh);
+    for (int i = 0; i < 2; i++) {
+        const char *p = i ? jpath : path;
+        int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, "theirs\n", 7), 7);
+        fchmod(fd, 0644);
+        close(fd);
+    }
+    vmh_stats_euid = other_uid;
+    snprintf(opt.trace, sizeof(opt.trace), "%s", path);
+    snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", jpath);
+    vmh_stats_configure(&opt);
+    vmh_trace("allocate", 0x1000, 1, NULL);
+    vmh_stats_report();
+    vmh_trace_close();
+    snprintf(opt.trace, sizeof(opt.trace), "%s", fresh);
+    vmh_stats_configure(&opt);
+    vmh_trace("allocate", 0x1000, 1, NULL);
+    vmh_stats_euid = geteuid;
+
+    assert_string_equal(slurp(path, NULL), "theirs\n");
+    assert_int_equal(mode_of(path), 0644);
+    assert_string_equal(slurp(jpath, NULL), "theirs\n");
+    assert_int_equal(mode_of(jpath), 0644);
+    char want[96];
+    snprintf(want, sizeof(want), "it belongs to uid %u, not to this process's uid %u",
+             (unsigned)geteuid(), (unsigned)other_uid());
+    assert_non_null(strstr(logbuf, "VMMHOOK_TRACE=\""));
+    assert_non_null(strstr(strstr(logbuf, "VMMHOOK_TRACE=\""), want));
+    assert_non_null(strstr(logbuf, "VMMHOOK_STATS_JSON=\""));
+    assert_non_null(strstr(strstr(logbuf, "VMMHOOK_STATS_JSON=\""), want));
+    assert_int_equal(loglines, 2);
+    assert_non_null(strstr(slurp(fresh, NULL), ",allocate,0x1000,1,0\n"));
+    unlink(path);
+    unlink(jpath);
+    unlink(fresh);
+}
+
+static void test_expand_path(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *tmpl, *want;
+    } cases[] = {
+        {"/tmp/t.csv", "/tmp/t.csv"},     {"/tmp/t.%p.csv", "/tmp/t.4711.csv"},
+        {"%p-%p", "4711-4711"},           {"100%%", "100%"},
+        {"%%p", "%p"},                    {"a%xb", "a%xb"},
+        {"end%", "end%"},                 {"", ""},
+    };
+    char out[64];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        assert_true(vmh_stats_expand_path(cases[i].tmpl, 4711, out, sizeof(out)));
+        assert_string_equal(out, cases[i].want);
+    }
+    assert_false(vmh_stats_expand_path("abc%p", 4711, out, 7));  /* "abc4711" needs 8 */
+    assert_true(vmh_stats_expand_path("abc%p", 4711, out, 8));
+    assert_false(vmh_stats_expand_path("abcdefgh", 1, out, 8));
+}
+
+/* Child for the %p test: traces one event and writes its JSON, as a second process would. */
+static int trace_and_report(const char *tmpl)
+{
+    vmh_trace_close();
+    vmh_stats_reset();
+    snprintf(opt.trace, sizeof(opt.trace), "%s.csv", tmpl);
+    snprintf(opt.stats_json, sizeof(opt.stats_json), "%s.json", tmpl);
+    vmh_stats_configure(&opt);
+    vmh_trace("allocate", (CUdeviceptr)getpid(), 1, NULL);
+    vmh_stats_report();
+    return loglines == 0 ? 0 : 3;
+}
+
+/* Two processes with the same VMMHOOK_TRACE and VMMHOOK_STATS_JSON containing %p write
+ * distinct files, each its own events. */
+static void test_pid_in_paths(void **state)
+{
+    (void)state;
+    char tmpl[128];
+    path_in_tmp(tmpl, sizeof(tmpl), "run.%p");
+    in_child_with_alarm(trace_and_report, tmpl);
+    assert_int_equal(trace_and_report(tmpl), 0);
+    vmh_trace_close();
+
+    DIR *dir = opendir(tmpdir);
+    assert_non_null(dir);
+    int csv = 0, json = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        long pid;
+        char ext[8], path[320];
+        if (sscanf(e->d_name, "run.%ld.%7s", &pid, ext) != 2)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", tmpdir, e->d_name);
+        char want[64];
+        if (strcmp(ext, "csv") == 0) {
+            snprintf(want, sizeof(want), ",allocate,0x%lx,1,0\n", pid);
+            assert_non_null(strstr(slurp(path, NULL), want));
+            csv++;
+        } else if (strcmp(ext, "json") == 0) {
+            snprintf(want, sizeof(want), "\"pid\": %ld,", pid);
+            assert_non_null(strstr(slurp(path, NULL), want));
+            json++;
+        }
+        unlink(path);
+    }
+    closedir(dir);
+    assert_int_equal(csv, 2);
+    assert_int_equal(json, 2);
 }
 
 /* ---- JSON -------------------------------------------------------------------------------------
@@ -816,7 +1000,8 @@ static void test_json_report(void **state)
     char path[128];
     path_in_tmp(path, sizeof(path), "stats.json");
     unlink(path);
-    snprintf(vmh_opt.stats_json, sizeof(vmh_opt.stats_json), "%s", path);
+    snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
+    vmh_stats_configure(&opt);
     vmh_count(VMH_STAT_served_allocs, 120);
     vmh_count(VMH_STAT_passthrough_calls, 4);
     vmh_count(VMH_STAT_grows_in_place, 7);
@@ -859,7 +1044,8 @@ static void test_json_no_leak_report(void **state)
     assert_int_equal(write(fd, junk, sizeof(junk)), (ssize_t)sizeof(junk));
     fchmod(fd, 0666);
     close(fd);
-    snprintf(vmh_opt.stats_json, sizeof(vmh_opt.stats_json), "%s", path);
+    snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
+    vmh_stats_configure(&opt);
     vmh_stats_report();
     assert_int_equal(mode_of(path), 0600);
     char *text = slurp(path, NULL);
@@ -871,7 +1057,8 @@ static void test_json_no_leak_report(void **state)
 static void test_json_unwritable(void **state)
 {
     (void)state;
-    snprintf(vmh_opt.stats_json, sizeof(vmh_opt.stats_json), "%s/no/dir/s.json", tmpdir);
+    snprintf(opt.stats_json, sizeof(opt.stats_json), "%s/no/dir/s.json", tmpdir);
+    vmh_stats_configure(&opt);
     vmh_stats_report();
     assert_int_equal(loglines, 1);
     assert_non_null(strstr(logbuf, "cannot create it"));
@@ -883,7 +1070,8 @@ static void test_json_unwritable(void **state)
 static void test_stats_table(void **state)
 {
     (void)state;
-    vmh_opt.stats = true;
+    opt.stats = true;
+    vmh_stats_configure(&opt);
     vmh_count(VMH_STAT_served_allocs, 12345);
     vmh_count(VMH_STAT_syncs, 3);
     vmh_gauge_add(VMH_STAT_bytes_reserved, (int64_t)3 << 29);
@@ -921,7 +1109,8 @@ static void leaky_call_site(void) {}
 static void test_leak_report(void **state)
 {
     (void)state;
-    vmh_opt.leaks = true;
+    opt.leaks = true;
+    vmh_stats_configure(&opt);
     vmh_leak_report_begin();
     vmh_leak_report_one(0x7f0000001000ULL, 4096, 1, (void *)((uintptr_t)&leaky_call_site + 4));
     vmh_leak_report_one(0x7f0000200000ULL, (size_t)3 << 20, 0, (void *)(uintptr_t)&_assert_true);
@@ -948,7 +1137,8 @@ static void test_leak_report(void **state)
 static void test_leak_report_none(void **state)
 {
     (void)state;
-    vmh_opt.leaks = true;
+    opt.leaks = true;
+    vmh_stats_configure(&opt);
     vmh_leak_report_begin();
     vmh_leak_report_end();
     assert_int_equal(loglines, 1);
@@ -967,7 +1157,8 @@ static void test_leak_report_off(void **state)
 static void test_leak_report_capped(void **state)
 {
     (void)state;
-    vmh_opt.leaks = true;
+    opt.leaks = true;
+    vmh_stats_configure(&opt);
     vmh_leak_report_begin();
     for (int i = 0; i < 1000; i++)
         vmh_leak_report_one(0x100000ULL * (uint64_t)(i + 1), 512, 0, NULL);
@@ -1012,7 +1203,11 @@ int main(void)
         T(test_gauges_threads),
         T(test_gauges_symlink_refused),
         T(test_gauges_symlink_strict),
-        T(test_gauges_not_for_fifo),
+        T(test_fifo_refused),
+        T(test_device_refused),
+        T(test_other_users_file_refused),
+        T(test_expand_path),
+        T(test_pid_in_paths),
         T(test_json_validator),
         T(test_json_report),
         T(test_json_no_leak_report),
