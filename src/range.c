@@ -231,6 +231,9 @@ void vmh_paused_destroy(vmh_paused_t *p)
 {
     if (!p)
         return;
+    vmh_range_destroy(p->resumed);
+    if (p->host && p->host_release)
+        p->host_release(p->host, p->size);
     while (p->nsegs)
         vmh_resv_unref(p->segs[--p->nsegs].resv);
     free(p);

@@ -75,12 +75,24 @@ typedef struct vmh_paused_seg {
     CUmemAccessDesc access[VMH_MAX_ACCESS];
 } vmh_paused_seg_t;
 
-typedef struct vmh_paused {
+typedef struct vmh_paused vmh_paused_t;
+
+/* Gives back host memory a paused range's backup lives in (the pause layer's, as data). */
+typedef void (*vmh_host_release_fn)(void *host, size_t size);
+
+struct vmh_paused {
     CUdeviceptr base;
     size_t size;
+    /* Kept with the description for its owner (the pause layer), and released with it by
+     * vmh_paused_destroy: the backup (NULL when none) and how to give it back, and a range
+     * resumed but not yet swapped in (a resume prepares every range of a tag before it
+     * commits any, so that running out of memory leaves the whole tag paused). */
+    void *host;
+    vmh_host_release_fn host_release;
+    vmh_range_t *resumed;
     size_t nsegs;
     vmh_paused_seg_t segs[];
-} vmh_paused_t;
+};
 
 /* Pauses r: when backup is not NULL, first copies r's r->size bytes into it (host memory, best
  * pinned; the copy waits for work queued on the legacy stream, not for other streams: the
@@ -101,8 +113,8 @@ CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop
                           const CUmemAccessDesc *access, int naccess, const void *backup,
                           vmh_range_t **out);
 
-/* Drops the reservations' references (freeing an address when no resumed range maps it).
- * NULL is allowed. */
+/* Destroys p->resumed (unmapping it), releases p->host, then drops the reservations'
+ * references (freeing an address when no resumed range maps it). NULL is allowed. */
 void vmh_paused_destroy(vmh_paused_t *p);
 
 #endif

@@ -100,8 +100,7 @@ VMM_API vmm_status vmm_tag_pop(void)
 /* ---- per-tag figures --------------------------------------------------------------------------- */
 
 typedef struct tag_stats {
-    _Atomic int64_t cur[VMH_TAG_GAUGE_COUNT];
-    _Atomic int64_t peak[VMH_TAG_GAUGE_COUNT];
+    _Atomic int64_t requested, requested_peak;
     atomic_uint_fast64_t pauses, resumes;
     atomic_uint_fast64_t pause_ns, resume_ns;           /* totals */
     atomic_uint_fast64_t last_pause_ns, last_resume_ns; /* the latest one */
@@ -131,10 +130,7 @@ bool vmh_tag_running(unsigned tag)
 }
 static _Atomic int64_t pinned_now, pinned_peak;
 
-#define VMH_TAG_NAME_ITEM(name, help) #name,
-#define VMH_TAG_HELP_ITEM(name, help) help,
-static const char *const gauge_names[] = {VMH_TAG_GAUGES(VMH_TAG_NAME_ITEM)};
-static const char *const gauge_help[] = {VMH_TAG_GAUGES(VMH_TAG_HELP_ITEM)};
+static _Atomic(vmh_tag_memory_fn) memory_source;
 
 static void peak_raise(_Atomic int64_t *peak, int64_t now)
 {
@@ -144,21 +140,36 @@ static void peak_raise(_Atomic int64_t *peak, int64_t now)
         ;
 }
 
-void vmh_tag_gauge_add(unsigned tag, vmh_tag_gauge_t g, int64_t delta)
+void vmh_tag_requested_add(unsigned tag, int64_t delta)
 {
-    assert(tag < VMM_TAGS_MAX && g < VMH_TAG_GAUGE_COUNT);
-    int64_t now = atomic_fetch_add_explicit(&stats[tag].cur[g], delta, memory_order_relaxed) + delta;
-    peak_raise(&stats[tag].peak[g], now);
+    assert(tag < VMM_TAGS_MAX);
+    int64_t now =
+        atomic_fetch_add_explicit(&stats[tag].requested, delta, memory_order_relaxed) + delta;
+    peak_raise(&stats[tag].requested_peak, now);
 }
 
-int64_t vmh_tag_gauge_get(unsigned tag, vmh_tag_gauge_t g)
+int64_t vmh_tag_requested(unsigned tag)
 {
-    return atomic_load_explicit(&stats[tag].cur[g], memory_order_relaxed);
+    return atomic_load_explicit(&stats[tag].requested, memory_order_relaxed);
 }
 
-int64_t vmh_tag_gauge_peak(unsigned tag, vmh_tag_gauge_t g)
+int64_t vmh_tag_requested_peak(unsigned tag)
 {
-    return atomic_load_explicit(&stats[tag].peak[g], memory_order_relaxed);
+    return atomic_load_explicit(&stats[tag].requested_peak, memory_order_relaxed);
+}
+
+void vmh_tags_set_memory_source(vmh_tag_memory_fn fn)
+{
+    atomic_store(&memory_source, fn);
+}
+
+static vmh_tag_memory_t tag_memory(unsigned tag)
+{
+    vmh_tag_memory_t m = {0, 0, 0, 0};
+    vmh_tag_memory_fn fn = atomic_load(&memory_source);
+    if (fn)
+        fn(tag, &m);
+    return m;
 }
 
 void vmh_tag_note_pause(unsigned tag, uint64_t ns)
@@ -250,10 +261,12 @@ static void tags_json(jbuf_t *b, int indent)
         static const char *const state_names[VMH_TAG_STATE_COUNT] = {"running", "pausing",
                                                                      "paused", "resuming"};
         jb_printf(b, ": {\"state\": \"%s\", ", state_names[vmh_tag_state(t)]);
-        for (unsigned g = 0; g < VMH_TAG_GAUGE_COUNT; g++)
-            jb_printf(b, "\"%s\": %lld, ", gauge_names[g],
-                      (long long)vmh_tag_gauge_get(t, (vmh_tag_gauge_t)g));
-        jb_printf(b, "\"mapped_peak\": %lld, ", (long long)vmh_tag_gauge_peak(t, VMH_TAG_mapped));
+        vmh_tag_memory_t m = tag_memory(t);
+        jb_printf(b,
+                  "\"requested\": %lld, \"requested_peak\": %lld, \"mapped\": %zu, "
+                  "\"paused\": %zu, \"backed_up\": %zu, \"kept_mapped\": %zu, ",
+                  (long long)vmh_tag_requested(t), (long long)vmh_tag_requested_peak(t), m.mapped,
+                  m.paused, m.backed_up, m.kept);
         const tag_stats_t *s = &stats[t];
         jb_printf(b,
                   "\"pauses\": %llu, \"resumes\": %llu, \"pause_seconds\": %.6f, "
@@ -313,19 +326,21 @@ void vmh_tags_report_table(void)
     if (n == 1 && !vmh_tag_pauses(0))
         return;
     for (unsigned t = 0; t < n; t++) {
-        vmh_log("  tag %s:", tag_names[t]);
-        for (unsigned g = 0; g < VMH_TAG_GAUGE_COUNT; g++) {
-            char now[32], peak[32];
-            int64_t c = vmh_tag_gauge_get(t, (vmh_tag_gauge_t)g);
-            int64_t p = vmh_tag_gauge_peak(t, (vmh_tag_gauge_t)g);
-            vmh_log("    %-56s now %12s  peak %12s", gauge_help[g],
-                    vmh_fmt_bytes(now, sizeof now, c > 0 ? (unsigned long long)c : 0),
-                    vmh_fmt_bytes(peak, sizeof peak, p > 0 ? (unsigned long long)p : 0));
-        }
+        char req[32], mapped[32], paused[32], backed[32];
+        int64_t r = vmh_tag_requested(t);
+        vmh_tag_memory_t m = tag_memory(t);
+        vmh_log("  tag %-31s requested %s, mapped %s, paused %s (%s backed up)", tag_names[t],
+                vmh_fmt_bytes(req, sizeof req, r > 0 ? (unsigned long long)r : 0),
+                vmh_fmt_bytes(mapped, sizeof mapped, m.mapped),
+                vmh_fmt_bytes(paused, sizeof paused, m.paused),
+                vmh_fmt_bytes(backed, sizeof backed, m.backed_up));
         const tag_stats_t *s = &stats[t];
-        vmh_log("    %-56s %llu in %.3f s, resumes %llu in %.3f s", "pauses",
-                (unsigned long long)atomic_load(&s->pauses), seconds(atomic_load(&s->pause_ns)),
-                (unsigned long long)atomic_load(&s->resumes), seconds(atomic_load(&s->resume_ns)));
+        if (atomic_load(&s->pauses) || atomic_load(&s->resumes))
+            vmh_log("  tag %-31s %llu pauses in %.3f s, %llu resumes in %.3f s", tag_names[t],
+                    (unsigned long long)atomic_load(&s->pauses),
+                    seconds(atomic_load(&s->pause_ns)),
+                    (unsigned long long)atomic_load(&s->resumes),
+                    seconds(atomic_load(&s->resume_ns)));
     }
     char now[32], peak[32];
     int64_t c = atomic_load(&pinned_now), p = atomic_load(&pinned_peak);

@@ -49,20 +49,23 @@ bool vmh_tag_transition(unsigned tag, vmh_tag_state_t from, vmh_tag_state_t to);
  * visible, so that a pause that changes the state and then walks under that lock sees it). */
 bool vmh_tag_running(unsigned tag);
 
-/* Per-tag byte gauges (each keeps its peak). */
-#define VMH_TAG_GAUGES(X)                                                                          \
-    X(requested, "bytes requested by live buffers")                                                \
-    X(mapped, "bytes of device memory mapped")                                                     \
-    X(paused, "bytes of buffers paused (address kept, memory released)")                           \
-    X(backed_up, "bytes of paused buffers held in host memory")
+/* Bytes the program asked for, live buffers of the tag (kept by the heap's front at each
+ * allocation and free; with its peak). */
+void vmh_tag_requested_add(unsigned tag, int64_t delta);
+int64_t vmh_tag_requested(unsigned tag);
+int64_t vmh_tag_requested_peak(unsigned tag);
 
-#define VMH_TAG_GAUGE_ITEM(name, help) VMH_TAG_##name,
-typedef enum vmh_tag_gauge { VMH_TAG_GAUGES(VMH_TAG_GAUGE_ITEM) VMH_TAG_GAUGE_COUNT } vmh_tag_gauge_t;
-#undef VMH_TAG_GAUGE_ITEM
-
-void vmh_tag_gauge_add(unsigned tag, vmh_tag_gauge_t g, int64_t delta);
-int64_t vmh_tag_gauge_get(unsigned tag, vmh_tag_gauge_t g);
-int64_t vmh_tag_gauge_peak(unsigned tag, vmh_tag_gauge_t g);
+/* A tag's device memory now, as the layer that holds it counts it (asked for when reported). */
+typedef struct vmh_tag_memory {
+    size_t mapped;    /* device memory mapped for the tag's buffers */
+    size_t paused;    /* bytes of the tag's buffers that are paused */
+    size_t backed_up; /* bytes of paused buffers held in host memory */
+    size_t kept;      /* bytes left mapped by a pause (exported buffers) */
+} vmh_tag_memory_t;
+typedef void (*vmh_tag_memory_fn)(unsigned tag, vmh_tag_memory_t *out);
+/* Who answers (the pause layer, which walks the heap); none: zeroes. Ownership as data: this
+ * file never calls upwards. */
+void vmh_tags_set_memory_source(vmh_tag_memory_fn fn);
 
 /* A finished pause or resume of a tag and how long it took. */
 void vmh_tag_note_pause(unsigned tag, uint64_t ns);

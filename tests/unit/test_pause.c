@@ -504,6 +504,11 @@ static void tag_stack_and_registry(void **state)
     vmh_tags_reset();
 }
 
+static void fake_memory(unsigned tag, vmh_tag_memory_t *out)
+{
+    *out = (vmh_tag_memory_t){.mapped = 100 + tag, .paused = 200, .backed_up = 300, .kept = 400};
+}
+
 static void stats_json_api(void **state)
 {
     (void)state;
@@ -511,11 +516,11 @@ static void stats_json_api(void **state)
     assert_int_equal(vmm_tag_push("k\"v"), VMM_OK); /* a name that needs escaping */
     unsigned kv = vmh_tag_current();
     vmm_tag_pop();
-    vmh_tag_gauge_add(kv, VMH_TAG_mapped, 3 * (int64_t)GRAN);
-    vmh_tag_gauge_add(kv, VMH_TAG_mapped, -(int64_t)GRAN);
+    vmh_tag_requested_add(kv, 3 * (int64_t)GRAN);
+    vmh_tag_requested_add(kv, -(int64_t)GRAN);
     vmh_tag_note_pause(kv, 1500000000u);
-    assert_int_equal(vmh_tag_gauge_get(kv, VMH_TAG_mapped), 2 * (int64_t)GRAN);
-    assert_int_equal(vmh_tag_gauge_peak(kv, VMH_TAG_mapped), 3 * (int64_t)GRAN);
+    assert_int_equal(vmh_tag_requested(kv), 2 * (int64_t)GRAN);
+    assert_int_equal(vmh_tag_requested_peak(kv), 3 * (int64_t)GRAN);
 
     int need = vmm_stats_json(NULL, 0);
     assert_true(need > 100);
@@ -528,11 +533,12 @@ static void stats_json_api(void **state)
     assert_int_equal(strlen(buf), (size_t)need);
     assert_non_null(strstr(buf, "\"tags\": {"));
     assert_non_null(strstr(buf, "\"default\": {\"state\": \"running\", \"requested\": 0"));
+    assert_non_null(strstr(buf, "\"pinned_host_bytes\": {\"current\": 0"));
     char want[200];
     snprintf(want, sizeof want,
-             "\"k\\\"v\": {\"state\": \"running\", \"requested\": 0, \"mapped\": %zu, \"paused\": 0, "
-             "\"backed_up\": 0, \"mapped_peak\": %zu, \"pauses\": 1, \"resumes\": 0, "
-             "\"pause_seconds\": 1.500000",
+             "\"k\\\"v\": {\"state\": \"running\", \"requested\": %zu, \"requested_peak\": %zu, "
+             "\"mapped\": 0, \"paused\": 0, \"backed_up\": 0, \"kept_mapped\": 0, "
+             "\"pauses\": 1, \"resumes\": 0, \"pause_seconds\": 1.500000",
              2 * GRAN, 3 * GRAN);
     if (!strstr(buf, want))
         fprintf(stderr, "%s\nwanted: %s\n", buf, want);
@@ -541,6 +547,15 @@ static void stats_json_api(void **state)
     assert_int_equal(buf[need - 1], '\n');
     assert_int_equal(vmm_stats_json(NULL, 5), -1);
     free(buf);
+
+    /* The memory figures come from the layer that holds the memory. */
+    vmh_tags_set_memory_source(fake_memory);
+    char small[4096];
+    assert_true(vmm_stats_json(small, sizeof small) < (int)sizeof small);
+    snprintf(want, sizeof want, "\"mapped\": %u, \"paused\": 200, \"backed_up\": 300, "
+             "\"kept_mapped\": 400", 100 + kv);
+    assert_non_null(strstr(small, want));
+    vmh_tags_set_memory_source(NULL);
     vmh_tags_reset();
 }
 
