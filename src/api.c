@@ -1,10 +1,11 @@
-/* Layer 7: the public API of include/vmmhook.h, and the library's lifetime (the destructor
- * that reports). Translates the heap's CUresult codes into vmm_status codes. */
+/* Layer 7: the public API of include/vmmhook.h. Translates the heap's CUresult codes into
+ * vmm_status codes. (The library's lifetime, and the destructor that reports: lifetime.c.) */
 #include "vmmhook.h"
 
 #include "driver.h"
 #include "handle.h"
 #include "heap.h"
+#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 #include "stats.h"
@@ -15,7 +16,8 @@
 
 static _Thread_local int last_driver_error;
 
-static vmm_status to_status(CUresult rc)
+/* no_address: an out-of-memory result came from the address space budget. */
+static vmm_status to_status(CUresult rc, bool no_address)
 {
     switch (rc) {
     case CUDA_SUCCESS:
@@ -25,8 +27,7 @@ static vmm_status to_status(CUresult rc)
     case CUDA_ERROR_INVALID_VALUE:
         return VMM_ERR_INTERIOR;
     case CUDA_ERROR_OUT_OF_MEMORY:
-        return vmh_handle_last_failure == VMH_FAILED_RESERVE ? VMM_ERR_NO_ADDRESS
-                                                             : VMM_ERR_NO_MEMORY;
+        return no_address ? VMM_ERR_NO_ADDRESS : VMM_ERR_NO_MEMORY;
     case CUDA_ERROR_INVALID_CONTEXT:
     case CUDA_ERROR_NOT_SUPPORTED:
     case CUDA_ERROR_NOT_INITIALIZED:
@@ -42,17 +43,17 @@ static vmm_status do_realloc(void **ptr, size_t size, void *stream, bool async)
 {
     if (!ptr)
         return VMM_ERR_INVALID;
-    if (!vmh_heap_ready())
+    if (!vmh_lifetime_ready())
         return VMM_ERR_NO_DRIVER;
     /* The largest size the driver could ever map once rounded to a chunk. */
     if (size > SIZE_MAX / 2)
         return VMM_ERR_SIZE;
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)*ptr;
-    vmh_handle_last_failure = VMH_FAILED_NONE;
-    CUresult rc = vmh_heap_realloc(&p, size, (CUstream)stream, async);
+    bool no_address = false;
+    CUresult rc = vmh_heap_realloc_ex(&p, size, (CUstream)stream, async, &no_address);
     if (rc == CUDA_SUCCESS)
         *ptr = (void *)(uintptr_t)p;
-    return to_status(rc);
+    return to_status(rc, no_address);
 }
 
 VMM_API vmm_status vmm_realloc(void **ptr, size_t size)
@@ -122,7 +123,7 @@ VMM_API void *vmm_torch_alloc(size_t size, int device, void *stream)
     CUdeviceptr p = 0;
     /* PyTorch calls from threads with no current context (autograd's device threads), so the
      * device comes from the argument; segments do not grow, so no headroom is reserved. */
-    if (size == 0 || !vmh_heap_ready() || vmh_heap_alloc_on(device, size, &p) != CUDA_SUCCESS)
+    if (size == 0 || !vmh_lifetime_ready() || vmh_heap_alloc_on(device, size, &p) != CUDA_SUCCESS)
         return NULL;
     return (void *)(uintptr_t)p;
 }
@@ -131,16 +132,6 @@ VMM_API void vmm_torch_free(void *ptr, size_t size, int device, void *stream)
 {
     (void)size;
     (void)device;
-    if (ptr && vmh_heap_ready())
+    if (ptr && vmh_lifetime_ready())
         vmh_heap_free((CUdeviceptr)(uintptr_t)ptr, (CUstream)stream, true);
-}
-
-/* Reports at exit; from here on every entry point passes through (late frees from other
- * destructors are accepted quietly). Nothing runs in a process that never used the library. */
-__attribute__((destructor)) static void vmh_library_exit(void)
-{
-    if (!vmh_driver_loaded())
-        return;
-    vmh_heap_shutdown();
-    vmh_stats_report();
 }

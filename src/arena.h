@@ -1,7 +1,7 @@
 /* Layer 4: packing small buffers into shared chunks.
  *
  * Host-side bookkeeping only: an arena sub-allocates address ranges inside extents that the
- * caller (heap.c) maps and hands over; it never calls the driver and never touches device
+ * caller (packing.c) maps and hands over; it never calls the driver and never touches device
  * memory (device memory is not readable from the host, so no block header lives in it).
  * Best fit over segregated free lists (two-level: power-of-two classes, 16 sub-classes each),
  * VMH_ARENA_ALIGN alignment (cudaMalloc's), neighbours coalesced on release. O(1) alloc/free
@@ -37,7 +37,7 @@ vmh_arena_t *vmh_arena_new(void);
 void vmh_arena_delete(vmh_arena_t *a, void (*cb)(void *owner, void *arg), void *arg);
 
 /* Adds [base, base + size) (base and size multiples of VMH_ARENA_ALIGN) as free space; owner
- * is the caller's object for it (heap.c: the range). NULL when out of host memory, or with
+ * is the caller's object for it (packing.c: the extent record). NULL when out of host memory, or with
  * errno EINVAL when size is 0 or base/size are not multiples of VMH_ARENA_ALIGN. */
 vmh_extent_t *vmh_arena_add_extent(vmh_arena_t *a, uintptr_t base, size_t size, void *owner);
 
@@ -66,7 +66,7 @@ int vmh_arena_release(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, vmh_block_in
 
 /* Makes every block parked with a generation <= gen free again, whatever order they were
  * parked in. Returns how many. Costs O(blocks freed) while generations are parked in
- * non-decreasing order (heap.c's case), a walk of every parked block otherwise. */
+ * non-decreasing order (packing.c's case), a walk of every parked block otherwise. */
 size_t vmh_arena_unpark_upto(vmh_arena_t *a, uint64_t gen);
 
 /* Number of parked blocks (any generation). */
@@ -88,6 +88,11 @@ typedef struct vmh_arena_stats {
     size_t live, parked, free, extents_bytes, extents;
 } vmh_arena_stats_t;
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s);
+
+/* Bytes of the extents that hold no live block (free, or parked blocks a wait frees): what a
+ * trim can give back whole. Free space inside an extent that still holds a live block is not
+ * counted: no allocation of another kind can use it. O(extents). */
+size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a);
 
 /* The extent's owner and range. */
 void *vmh_extent_owner(const vmh_extent_t *e);

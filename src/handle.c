@@ -6,11 +6,14 @@
 #include "log.h"
 #include "stats.h"
 
+#include <assert.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Every driver call of this layer is counted (stats, and the fault-injection tests compare). */
-#define CALL(expr) (vmh_count(VMH_STAT_driver_calls, 1), (expr))
+/* A driver call; vmh_drv counts it (driver.h). */
+#define CALL(expr) (expr)
 
 /* An undo call that fails leaves the driver object alive: there is nothing better to do than
  * say so once per failure (the program goes on; the leak is visible). */
@@ -100,6 +103,99 @@ void vmh_resv_unref(vmh_resv_t *r)
     free(r);
 }
 
+/* ---- access ------------------------------------------------------------------------------ */
+
+#define ACCESS_DEVICES 64
+
+/* Held shared while a mapping is made and listed, exclusively while a grant changes: so a grant
+ * either reaches a new mapping through the list or the mapping is made with the grant. */
+static pthread_rwlock_t access_lock = PTHREAD_RWLOCK_INITIALIZER;
+static uint64_t granted[ACCESS_DEVICES]; /* bit p of [o]: device p may reach o's chunks */
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the list below */
+static vmh_map_t *maps;
+
+/* The chunk's own descriptors plus its device's grants; access_lock held (shared). */
+static int access_for(const vmh_alloc_t *a, CUmemAccessDesc *out)
+{
+    int n = 0;
+    uint64_t peers = a->device >= 0 && a->device < ACCESS_DEVICES ? granted[a->device] : 0;
+    for (int i = 0; i < a->naccess; i++) {
+        out[n++] = a->access[i];
+        if (a->access[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+            a->access[i].location.id >= 0 && a->access[i].location.id < ACCESS_DEVICES)
+            peers &= ~(1ull << a->access[i].location.id);
+    }
+    for (int p = 0; p < ACCESS_DEVICES; p++) {
+        if (!(peers & (1ull << p)))
+            continue;
+        memset(&out[n], 0, sizeof out[n]);
+        out[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        out[n].location.id = p;
+        out[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        n++;
+    }
+    return n;
+}
+
+static void maps_link(vmh_map_t *m)
+{
+    pthread_mutex_lock(&maps_lock);
+    m->prev = NULL;
+    m->next = maps;
+    if (maps)
+        maps->prev = m;
+    maps = m;
+    pthread_mutex_unlock(&maps_lock);
+}
+
+static void maps_unlink(vmh_map_t *m)
+{
+    pthread_mutex_lock(&maps_lock);
+    if (m->prev)
+        m->prev->next = m->next;
+    else
+        maps = m->next;
+    if (m->next)
+        m->next->prev = m->prev;
+    pthread_mutex_unlock(&maps_lock);
+}
+
+CUresult vmh_access_set_peer(int owner, int peer, bool grant)
+{
+    if (owner < 0 || owner >= ACCESS_DEVICES || peer < 0 || peer >= ACCESS_DEVICES ||
+        owner == peer)
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = peer;
+    desc.flags = grant ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_rwlock_wrlock(&access_lock);
+    if (grant)
+        granted[owner] |= 1ull << peer;
+    else
+        granted[owner] &= ~(1ull << peer);
+    /* A rare call that must reach every mapping at once: the list stays locked across the
+     * driver calls, so no mapping goes meanwhile (none is made: access_lock). */
+    pthread_mutex_lock(&maps_lock);
+    for (vmh_map_t *m = maps; m && rc == CUDA_SUCCESS; m = m->next)
+        if (m->alloc->device == owner)
+            rc = CALL(vmh_drv.cuMemSetAccess(m->ptr, m->size, &desc, 1));
+    pthread_mutex_unlock(&maps_lock);
+    pthread_rwlock_unlock(&access_lock);
+    return rc;
+}
+
+void vmh_access_reset(void)
+{
+    pthread_rwlock_wrlock(&access_lock);
+    memset(granted, 0, sizeof granted);
+    pthread_rwlock_unlock(&access_lock);
+}
+
+/* ---- mappings ---------------------------------------------------------------------------- */
+
 CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, vmh_map_t **out)
 {
     if (!out || !alloc || !resv)
@@ -111,17 +207,22 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
     vmh_map_t *m = calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_rwlock_rdlock(&access_lock);
     CUresult rc = CALL(vmh_drv.cuMemMap(ptr, alloc->size, 0, alloc->handle, 0));
     if (rc != CUDA_SUCCESS) {
+        pthread_rwlock_unlock(&access_lock);
         vmh_handle_last_failure = VMH_FAILED_MAP;
         free(m);
         return rc;
     }
-    /* A new mapping starts with no access; the chunk's descriptors travel with it. */
-    if (alloc->naccess) {
-        rc = CALL(vmh_drv.cuMemSetAccess(ptr, alloc->size, alloc->access,
-                                         (size_t)alloc->naccess));
+    /* A new mapping starts with no access; the chunk's descriptors travel with it, and the
+     * peers granted for its device join them. */
+    CUmemAccessDesc acc[VMH_MAX_ACCESS + ACCESS_DEVICES];
+    int nacc = access_for(alloc, acc);
+    if (nacc) {
+        rc = CALL(vmh_drv.cuMemSetAccess(ptr, alloc->size, acc, (size_t)nacc));
         if (rc != CUDA_SUCCESS) {
+            pthread_rwlock_unlock(&access_lock);
             vmh_handle_last_failure = VMH_FAILED_MAP;
             CUresult urc = CALL(vmh_drv.cuMemUnmap(ptr, alloc->size));
             if (urc != CUDA_SUCCESS)
@@ -135,6 +236,8 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
     m->size = alloc->size;
     m->alloc = vmh_alloc_ref(alloc);
     m->resv = vmh_resv_ref(resv);
+    maps_link(m);
+    pthread_rwlock_unlock(&access_lock);
     vmh_gauge_add(VMH_STAT_bytes_mapped, (int64_t)m->size);
     *out = m;
     return CUDA_SUCCESS;
@@ -150,6 +253,7 @@ void vmh_map_unref(vmh_map_t *m)
 {
     if (!m || atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) != 1)
         return;
+    maps_unlink(m);
     CUresult rc = CALL(vmh_drv.cuMemUnmap(m->ptr, m->size));
     if (rc != CUDA_SUCCESS)
         vmh_handle_report_failure("cuMemUnmap", rc);
@@ -159,4 +263,33 @@ void vmh_map_unref(vmh_map_t *m)
     vmh_alloc_unref(m->alloc);
     vmh_resv_unref(m->resv);
     free(m);
+}
+
+/* An allocation handle for a POSIX fd another process exported (CUDA IPC, ipc_import.c). Built
+ * like vmh_alloc_create's, so that vmh_alloc_unref's cuMemRelease + free is exactly right for
+ * it too: the driver releases an imported handle with cuMemRelease like a created one. */
+CUresult vmh_alloc_import(int fd, size_t size, int device, const CUmemAccessDesc *access,
+                          int naccess, vmh_alloc_t **out)
+{
+    if (!out || fd < 0 || size == 0 || naccess < 0 || naccess > VMH_MAX_ACCESS ||
+        (naccess && !access))
+        return CUDA_ERROR_INVALID_VALUE;
+    vmh_alloc_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CALL(vmh_drv.cuMemImportFromShareableHandle(
+        &a->handle, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    if (rc != CUDA_SUCCESS) {
+        free(a);
+        return rc;
+    }
+    atomic_init(&a->refs, 1);
+    a->size = size;
+    a->device = device; /* the device it is mapped for here (the importer's numbering) */
+    a->handle_type = (int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    a->naccess = naccess;
+    if (naccess)
+        memcpy(a->access, access, (size_t)naccess * sizeof *access);
+    *out = a;
+    return CUDA_SUCCESS;
 }

@@ -14,6 +14,7 @@
 
 #include <cuda.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Access descriptors an allocation carries with it (its device plus granted peers). */
@@ -41,6 +42,7 @@ typedef struct vmh_map {
     size_t size;
     vmh_alloc_t *alloc;
     vmh_resv_t *resv;
+    struct vmh_map *prev, *next; /* every live mapping (peer access reaches them all) */
 } vmh_map_t;
 
 /* cuMemCreate(size, prop); the descriptors are copied and applied wherever the chunk is
@@ -57,11 +59,23 @@ vmh_resv_t *vmh_resv_ref(vmh_resv_t *r);
 void vmh_resv_unref(vmh_resv_t *r);
 
 /* Maps the whole allocation at ptr, which must lie (with the allocation's size) inside the
- * reservation, then applies the allocation's access descriptors. On an access failure the
- * mapping is undone and nothing is held. */
+ * reservation, then applies the allocation's access descriptors and the peers granted for its
+ * device (vmh_access_set_peer). On an access failure the mapping is undone and nothing is
+ * held. */
 CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, vmh_map_t **out);
 vmh_map_t *vmh_map_ref(vmh_map_t *m);
 void vmh_map_unref(vmh_map_t *m);
+
+/* Peer access, the one place that sets it: from now on device `peer` may (grant) or may not
+ * read and write every mapping of a chunk of device `owner`, existing and future. Existing
+ * mappings get one cuMemSetAccess each; a mapping being made meanwhile is either reached here
+ * or made with the new grant (a mapping is made and listed under the same lock this edit takes
+ * exclusively). Returns the first failure (the grant is recorded anyway, as the driver's peer
+ * call that asked for it succeeded). */
+CUresult vmh_access_set_peer(int owner, int peer, bool grant);
+
+/* Forgets every grant (the heap's reset, for the tests). */
+void vmh_access_reset(void);
 
 /* Reports an undo call (release, free, unmap) that failed: the object stays alive. */
 void vmh_handle_report_failure(const char *call, CUresult rc);
@@ -76,5 +90,12 @@ typedef enum vmh_failed_call {
     VMH_FAILED_CALL_COUNT
 } vmh_failed_call_t;
 extern _Thread_local vmh_failed_call_t vmh_handle_last_failure;
+
+/* cuMemImportFromShareableHandle(fd, POSIX_FD) of a chunk another process exported: a handle of
+ * the given size (as the exporter created it) whose access descriptors are applied wherever it
+ * is mapped; its last reference calls cuMemRelease, as for a created chunk. The caller keeps
+ * and closes fd (the imported handle does not need it). */
+CUresult vmh_alloc_import(int fd, size_t size, int device, const CUmemAccessDesc *access,
+                          int naccess, vmh_alloc_t **out);
 
 #endif

@@ -1,34 +1,42 @@
-/* Layers 4 and 5 seen from above: serving, freeing and finding device buffers.
+/* Heap layer 6, the front: serving, freeing and finding device buffers.
  *
- * The interposed entry points (interpose.c) and the public API (api.c) call only this. A heap
- * exists per device; every call works on the current context's device unless it takes a
- * pointer, whose owner names its device. Buffers of at least VMMHOOK_PACK_BELOW bytes own a
- * range of whole chunks (see range.h); smaller ones are packed into shared chunks (arena.h).
- * Freed memory is not handed out again until work queued before the free has completed: frees
- * are parked, and one context synchronize releases every parked free of a device at once.
+ * The interposed entry points (interpose.c), the public API (api.c) and IPC (ipc.c) call only
+ * this; it routes to the layers below (docs/DESIGN.md): packing.c for small buffers, bigbuf.c
+ * for buffers with chunks of their own, cache.c for idle memory, reclaim.c for parked frees,
+ * device.c for each device's shape. A heap exists per device; every call works on the current
+ * context's device unless it takes a pointer, whose owner names its device. Freed memory is not
+ * handed out again until work queued before the free has completed.
+ *
+ * Its lifetime is lifetime.c's: configured once before any use, shut down at exit, switched to
+ * pass-through in a forked child.
  */
 #ifndef VMH_HEAP_H
 #define VMH_HEAP_H
+
+#include "device.h"
+#include "handle.h"
+#include "options.h"
 
 #include <cuda.h>
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Loads the options (once) and the driver; false when the library is disabled, shut down, or
- * no driver can be loaded: every entry point then passes through. Call before anything else. */
-bool vmh_heap_ready(void);
+/* The options the heap and its layers use (lifetime.c passes the snapshot; tests pass theirs).
+ * The snapshot must outlive the heap. */
+void vmh_heap_configure(const vmh_options_t *opt);
 
-/* Where the allocation being served was asked for (the return address of the interposed entry
- * point), for the leak report; set by the interposer, kept for buffers of their own (packed
- * buffers have no room for it). */
-extern _Thread_local void *vmh_alloc_site __attribute__((tls_model("initial-exec")));
+/* Serves size bytes (size > 0) on the current context's device, 256-byte aligned. site: where
+ * the program asked (the interposed entry point's return address; kept for buffers of their
+ * own, for the leak report; may be NULL). CUDA_ERROR_OUT_OF_MEMORY when the device (after
+ * trimming the cache) or the memory limit has no room; CUDA_ERROR_INVALID_CONTEXT without a
+ * current context; CUDA_ERROR_NOT_SUPPORTED after shutdown, in a forked child, or on a device
+ * without virtual memory management (the caller passes the request to the driver). */
+CUresult vmh_heap_alloc_at(size_t size, void *site, CUdeviceptr *out);
 
-/* Serves size bytes (size > 0) on the current context's device, 256-byte aligned.
- * CUDA_ERROR_OUT_OF_MEMORY when the device (after trimming the cache) or the memory limit has
- * no room; CUDA_ERROR_INVALID_CONTEXT without a current context; CUDA_ERROR_NOT_SUPPORTED after shutdown
- * or on a device without virtual memory management (the caller passes the request to the
- * driver). */
-CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out);
+static inline CUresult vmh_heap_alloc(size_t size, CUdeviceptr *out)
+{
+    return vmh_heap_alloc_at(size, NULL, out);
+}
 
 /* The same on a given device, whatever the calling thread's context (PyTorch's allocator
  * threads may have none): the device's primary context is used when needed. */
@@ -36,24 +44,19 @@ CUresult vmh_heap_alloc_on(int device, size_t size, CUdeviceptr *out);
 
 /* Pitched allocation with cudaMallocPitch's rules (pitch a multiple of the texture pitch
  * alignment the device reports). Returns CUDA_ERROR_INVALID_VALUE for bad element sizes. */
-CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, CUdeviceptr *out,
-                              size_t *pitch);
+CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, void *site,
+                              CUdeviceptr *out, size_t *pitch);
 
 /* Frees a served buffer. CUDA_ERROR_NOT_FOUND: p is not in any buffer the library serves
- * (the caller passes it to the driver); CUDA_ERROR_INVALID_VALUE: p is inside a served buffer
- * but not its start. stream is recorded for stream-ordered frees (async true); the memory is
- * reused only after work queued before the call has completed either way. */
+ * (the caller passes it to the driver; also every pointer in a forked child);
+ * CUDA_ERROR_INVALID_VALUE: p is inside a served buffer but not its start. stream is recorded
+ * for stream-ordered frees (async true); the memory is reused only after work queued before the
+ * call has completed either way. After shutdown a served pointer is accepted quietly, without
+ * a driver call (late frees from other destructors). */
 CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async);
 
 /* The live served buffer that contains p: its base, the size asked for, the usable size and
  * the device. false when p is not in a live served buffer. Lock-free on a miss. */
-typedef struct vmh_buffer_info {
-    CUdeviceptr base;
-    size_t size;    /* the size the program asked for (what native range queries answer) */
-    size_t usable;  /* bytes usable without moving */
-    int device;
-    bool packed;    /* lives in a shared chunk */
-} vmh_buffer_info_t;
 bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info);
 
 /* True when p lies in address space the library holds, live or idle (a freed buffer kept for
@@ -61,29 +64,35 @@ bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info);
 bool vmh_heap_holds(CUdeviceptr p);
 
 /* Realloc semantics of include/vmmhook.h on a served buffer (or NULL). stream NULL: the legacy
- * default stream. */
-CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream stream, bool async);
+ * default stream. CUDA_ERROR_NOT_FOUND: *p is not a live served buffer (foreign or freed);
+ * INVALID_VALUE: inside one but not its start. *no_address (may be NULL) is set when an
+ * out-of-memory result came from the address space budget, not from memory. */
+CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool async,
+                             bool *no_address);
+
+static inline CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream stream, bool async)
+{
+    return vmh_heap_realloc_ex(p, size, stream, async, NULL);
+}
 
 /* Sharing with other processes (ipc.c): the chunks behind the live served buffer that contains
- * p, each with a reference the caller drops with vmh_heap_export_release(). The buffer is
- * marked exported: once freed, its chunks (or its packed slot) are never handed out again, so
- * an importer keeps seeing the memory it mapped. offset is where the buffer starts in the
- * first chunk (non-zero for a packed buffer). CUDA_ERROR_NOT_FOUND when p is not served. */
-#include "handle.h"
-typedef struct vmh_export {
-    CUdeviceptr base;
-    size_t size;
-    size_t offset;
-    int device;
-    size_t nchunks;
-    vmh_alloc_t **chunks;
-} vmh_export_t;
+ * p, each with a reference the caller drops with vmh_heap_export_release(), and the export's
+ * serial: the same for every export of the buffer until it is freed. A freed exported buffer
+ * is recycled like any other (native semantics: memory the exporter frees may be reused, and
+ * importers must close first); the references keep the chunks themselves alive, not their
+ * contents. CUDA_ERROR_NOT_FOUND when p is not served. */
 CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out);
 void vmh_heap_export_release(vmh_export_t *ex);
 
+/* Whether the export (base, serial) is still alive: the buffer exported at base has not been
+ * freed since (a later buffer at the same address has another serial). The IPC layer checks it
+ * before it lets a process import, and to drop exports whose buffers are gone. Takes the
+ * owner's lock only: cheap, no driver call. */
+bool vmh_heap_export_alive(CUdeviceptr base, uint64_t serial);
+
 /* Several devices: from now on device `peer` may (grant) or may not read and write every
  * buffer of device `owner`, existing and future, as cuCtxEnablePeerAccess makes native memory
- * reachable. */
+ * reachable (handle.c applies it). */
 CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant);
 
 /* A function run when an allocation fails for want of memory, before the cache is trimmed and
@@ -91,18 +100,28 @@ CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant);
 typedef void (*vmh_pressure_fn)(void);
 void vmh_heap_on_pressure(vmh_pressure_fn fn);
 
-/* Releases idle cached memory of every device; returns the bytes given back. */
+/* Releases parked frees (waiting for the GPU) and idle cached memory of every device; returns
+ * the bytes given back. */
 size_t vmh_heap_trim(void);
 
-/* Idle bytes held for reuse on a device (reported as free by cuMemGetInfo). */
+/* Idle bytes held for reuse on a device, reported as free by cuMemGetInfo: only what an
+ * allocation would actually get, whatever its size: cached and parked buffers of their own
+ * (whole ranges) and packing extents with no live block (a trim gives them back). Free space
+ * beside live blocks in a packing extent is not counted. */
 size_t vmh_heap_idle_bytes(int device);
 
-/* Exit: reports leaks when asked, then forgets everything without calling the driver (the
- * driver may already be gone). Entry points stay safe afterwards and pass through. */
-void vmh_heap_shutdown(void);
+/* Exit (lifetime.c): reports leaks when report_leaks, then serves nothing more and forgets
+ * without calling the driver (the driver may already be gone). Entry points stay safe
+ * afterwards and pass through. */
+void vmh_heap_shutdown(bool report_leaks);
+
+/* In a forked child of a process that used the heap (lifetime.c's fork handler): every entry
+ * point passes through from now on, without taking any lock (another thread of the parent may
+ * have held one at the fork) and without a driver call. */
+void vmh_heap_forked_child(void);
 
 /* Tests: destroys every buffer and cache of every device through the driver (so that the
- * simulated driver's ledger can be checked empty). */
+ * simulated driver's ledger can be checked empty), and serves again. */
 void vmh_heap_reset(void);
 
 #ifdef VMH_TESTING

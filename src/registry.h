@@ -3,10 +3,11 @@
  * pointers (free, realloc) and interior pointers (address-range queries).
  *
  * Reads are lock-free (two atomic loads), so a pointer the library does not own costs next
- * to nothing on the pass-through path. Writers are serialized by the owner's device lock.
- * Owners are type-stable (heap.c recycles them and never frees them while the process runs),
- * so a reader may look at an owner it found even if it was released meanwhile, take the
- * owner's device lock, and check again. */
+ * to nothing on the pass-through path. Writers of a range of addresses are serialized by the
+ * lock of whoever holds that range (an owner's lock, the cache's lock, or the reclaim item that
+ * alone holds an old range). Owners are type-stable (device.h: their layers recycle them and
+ * never free them while the process runs), so a reader may look at an owner it found even if it
+ * was released meanwhile, take the owner's lock, and check again (vmh_owner_lock). */
 #ifndef VMH_REGISTRY_H
 #define VMH_REGISTRY_H
 

@@ -168,6 +168,44 @@ static CUresult run_heap_realloc_packed(fixture_t *f)
     return rc;
 }
 
+/* Peer access (handle.c): a second device, granted access to device 0's buffers. */
+static void setup_two_devices(void)
+{
+    sim_config_t cfg = {.devices = 2};
+    tu_reset(&cfg); /* nothing is allocated yet: the sweep's reset comes just before */
+}
+
+static void setup_heap_peer_granted(fixture_t *f)
+{
+    setup_two_devices();
+    setup_heap(f);
+    assert_int_equal(vmh_heap_set_peer_access(0, 1, true), CUDA_SUCCESS);
+}
+
+static CUdeviceptr peer_small; /* a packed buffer beside f->p: its extent is granted too */
+
+static void setup_heap_two_devices(fixture_t *f)
+{
+    setup_two_devices();
+    setup_heap(f);
+    assert_int_equal(vmh_heap_alloc(1000, &peer_small), CUDA_SUCCESS);
+}
+
+static CUresult run_heap_peer_grant(fixture_t *f)
+{
+    (void)f;
+    return vmh_heap_set_peer_access(0, 1, true);
+}
+
+static void release_heap_peer(fixture_t *f)
+{
+    assert_int_equal(vmh_heap_free(peer_small, NULL, false), CUDA_SUCCESS);
+    peer_small = 0;
+    release_heap(f);
+    /* The grant stays recorded (as the driver's peer call that asked for it succeeded); the
+     * next set-up resets it. */
+}
+
 static const op_t ops[] = {
     {"range create (3 chunks)", setup_range, run_create, release_range, false},
     {"range grow (headroom)", setup_range_headroom, run_grow, release_range, false},
@@ -181,6 +219,10 @@ static const op_t ops[] = {
     {"heap realloc grow (move)", setup_heap, run_heap_realloc_moving, release_heap, true},
     {"heap realloc packed -> own range (copy)", setup_heap_small, run_heap_realloc_packed,
      release_heap, true},
+    {"heap alloc (own range, a peer granted)", setup_heap_peer_granted, run_heap_alloc_big,
+     release_heap, true},
+    {"peer grant over existing buffers", setup_heap_two_devices, run_heap_peer_grant,
+     release_heap_peer, true},
 };
 
 /* The earlier buffer as the operation found it. */

@@ -17,6 +17,7 @@
 #include "driver.h"
 #include "handle.h"
 #include "heap.h"
+#include "lifetime.h"
 #include "options.h"
 #include "range.h"
 #include "simdrv.h"
@@ -33,6 +34,7 @@ static inline void tu_reset(const sim_config_t *cfg)
     sim_reset(cfg);
     vmh_driver_install(sim_table());
     vmh_options_defaults(&vmh_opt);
+    vmh_heap_configure(&vmh_opt); /* the tests change vmh_opt's fields after this */
     /* The suites use sizes of a few MiB for buffers of their own: pack only below 1 MiB here
      * (the packing tests of test_heap.c say what they pack). */
     vmh_opt.pack_below = MiB;

@@ -1,0 +1,467 @@
+/* Heap layer 5b: buffers with a range of their own (see bigbuf.h). */
+#include "bigbuf.h"
+
+#include "registry.h"
+#include "stats.h"
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+typedef enum big_state { BIG_UNUSED, BIG_LIVE, BIG_RESIZING, BIG_PARKED } big_state_t;
+
+struct vmh_big {
+    vmh_owner_t o;
+    vmh_bigbufs_t *set; /* never changes once set */
+    vmh_range_t *range;
+    size_t req;      /* the size asked for */
+    big_state_t state;
+    bool growable;   /* from vmm_realloc: reserve headroom when it grows */
+    uint64_t export_serial; /* shared with another process in this life (0: not exported) */
+    void *site;      /* where it was allocated (leak report) */
+    vmh_parked_t parked_item; /* while PARKED */
+    vmh_big_t *prev, *next;
+};
+
+/* What a move or shrink leaves behind, until the GPU has passed it. */
+typedef struct old_range {
+    vmh_parked_t parked_item;
+    vmh_bigbufs_t *set;
+    vmh_range_t *range;
+    CUdeviceptr dead; /* the part marked dead in the registry until it goes */
+    size_t dead_len;
+} old_range_t;
+
+static void idle_gauge(int64_t delta)
+{
+    vmh_gauge_add(VMH_STAT_bytes_cached, delta);
+}
+
+static void list_push(vmh_biglist_t *l, vmh_big_t *b)
+{
+    b->prev = NULL;
+    b->next = l->head;
+    if (l->head)
+        l->head->prev = b;
+    else
+        l->tail = b;
+    l->head = b;
+    l->count++;
+    l->bytes += b->range ? b->range->size : 0;
+}
+
+static void list_remove(vmh_biglist_t *l, vmh_big_t *b)
+{
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        l->head = b->next;
+    if (b->next)
+        b->next->prev = b->prev;
+    else
+        l->tail = b->prev;
+    b->prev = b->next = NULL;
+    assert(l->count > 0);
+    l->count--;
+    l->bytes -= b->range ? b->range->size : 0;
+}
+
+void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
+                     vmh_cache_t *cache)
+{
+    bb->dev = dev;
+    bb->reclaim = reclaim;
+    bb->cache = cache;
+    pthread_mutex_init(&bb->lock, NULL);
+    bb->live = bb->parked = bb->unused = (vmh_biglist_t){NULL, NULL, 0, 0};
+    atomic_init(&bb->old_ranges, 0);
+}
+
+/* ---- parked frees ------------------------------------------------------------------------ */
+
+/* A parked buffer's reclaim item: the GPU is past its free; its range goes to the cache (which
+ * marks it idle in the registry) before the record is recycled, so that a registry reader never
+ * finds the record serving another range at this address. */
+static void big_release(vmh_parked_t *item, uint64_t passed)
+{
+    (void)passed;
+    vmh_big_t *b = (vmh_big_t *)((char *)item - offsetof(vmh_big_t, parked_item));
+    vmh_bigbufs_t *bb = b->set;
+    pthread_mutex_lock(&bb->lock);
+    assert(b->state == BIG_PARKED);
+    list_remove(&bb->parked, b);
+    vmh_range_t *r = b->range;
+    pthread_mutex_unlock(&bb->lock);
+    vmh_cache_put(bb->cache, r);
+    pthread_mutex_lock(&bb->lock);
+    b->range = NULL;
+    b->state = BIG_UNUSED;
+    list_push(&bb->unused, b);
+    pthread_mutex_unlock(&bb->lock);
+}
+
+static void old_release(vmh_parked_t *item, uint64_t passed)
+{
+    (void)passed;
+    old_range_t *o = (old_range_t *)((char *)item - offsetof(old_range_t, parked_item));
+    vmh_registry_set(o->dead, o->dead_len, NULL);
+    vmh_range_destroy(o->range);
+    atomic_fetch_sub(&o->set->old_ranges, 1);
+    free(o);
+}
+
+/* Leaves range r to be destroyed once work queued so far is done, [dead, +dead_len) marked
+ * dead in the registry meanwhile; locked. */
+static CUresult park_range_locked(vmh_bigbufs_t *bb, vmh_range_t *r, CUdeviceptr dead,
+                                  size_t dead_len)
+{
+    old_range_t *o = calloc(1, sizeof *o);
+    if (!o)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->parked_item.release = old_release;
+    o->set = bb;
+    o->range = r;
+    o->dead = dead;
+    o->dead_len = dead_len;
+    vmh_registry_set(dead, dead_len, &vmh_owner_dead);
+    atomic_fetch_add(&bb->old_ranges, 1);
+    vmh_reclaim_park(bb->reclaim, &o->parked_item, vmh_reclaim_now(bb->reclaim));
+    return CUDA_SUCCESS;
+}
+
+/* ---- making ------------------------------------------------------------------------------ */
+
+static vmh_big_t *big_get_locked(vmh_bigbufs_t *bb)
+{
+    vmh_big_t *b = bb->unused.head;
+    if (b) {
+        list_remove(&bb->unused, b);
+        return b;
+    }
+    b = calloc(1, sizeof *b);
+    if (b) {
+        b->o.kind = VMH_OWN_BIG;
+        b->o.dev = bb->dev;
+        b->o.lock = &bb->lock;
+        b->set = bb;
+        b->parked_item.release = big_release;
+    }
+    return b;
+}
+
+static void make_live_locked(vmh_bigbufs_t *bb, vmh_big_t *b, vmh_range_t *r, size_t size,
+                             bool growable, void *site)
+{
+    b->range = r;
+    b->site = site;
+    b->state = BIG_LIVE;
+    b->req = size;
+    b->growable = growable;
+    b->export_serial = 0;
+    list_push(&bb->live, b); /* its usable bytes were taken by the caller */
+}
+
+/* Serves r (taken off the cache or new) as a live buffer; false (r untouched) when no record
+ * or registry entry could be had. */
+static bool serve_range(vmh_bigbufs_t *bb, vmh_range_t *r, size_t size, bool growable,
+                        void *site)
+{
+    pthread_mutex_lock(&bb->lock);
+    vmh_big_t *b = big_get_locked(bb);
+    assert(!b || (b->state == BIG_UNUSED && !b->range));
+    if (!b || !vmh_registry_set(r->base, r->size, b)) {
+        if (b)
+            list_push(&bb->unused, b);
+        pthread_mutex_unlock(&bb->lock);
+        return false;
+    }
+    make_live_locked(bb, b, r, size, growable, site);
+    pthread_mutex_unlock(&bb->lock);
+    return true;
+}
+
+CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *site,
+                          CUdeviceptr *out, bool *no_address)
+{
+    vmh_dev_t *d = bb->dev;
+    size_t rounded;
+    *no_address = false;
+    if (!vmh_round_up(size, d->gran, &rounded) || !vmh_dev_usable_take(d, rounded))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int attempt = 0;; attempt++) {
+        vmh_range_t *r = vmh_cache_take(bb->cache, rounded);
+        if (r) {
+            if (!serve_range(bb, r, size, growable, site)) {
+                /* The registry already covered it: only a record can be missing. */
+                vmh_dev_usable_give(d, r->size);
+                vmh_cache_put(bb->cache, r);
+                idle_gauge((int64_t)r->size);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            vmh_count(VMH_STAT_cache_hits, 1);
+            *out = r->base;
+            return CUDA_SUCCESS;
+        }
+        if (!vmh_reclaim_pending(bb->reclaim) || attempt > 0 ||
+            vmh_reclaim_wait(bb->reclaim) != CUDA_SUCCESS)
+            break;
+    }
+
+    /* A miss: recycle idle memory before asking for more (cache.h). */
+    vmh_cache_make_room(bb->cache, rounded);
+    vmh_range_t *r;
+    CUresult rc = vmh_dev_range_new(d, rounded, vmh_dev_reserve_for(rounded, growable), &r,
+                                    no_address);
+    if (rc != CUDA_SUCCESS) {
+        vmh_dev_usable_give(d, rounded);
+        return rc;
+    }
+    if (!serve_range(bb, r, size, growable, site)) {
+        vmh_range_destroy(r);
+        vmh_dev_usable_give(d, rounded);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = r->base;
+    return CUDA_SUCCESS;
+}
+
+/* ---- on a locked buffer ------------------------------------------------------------------ */
+
+CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
+{
+    vmh_bigbufs_t *bb = b->set;
+    if (b->state != BIG_LIVE || p != b->range->base)
+        return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
+    /* An exported buffer is recycled like any other (native semantics: importers must close
+     * before the exporter frees); its export dies here (vmh_bigbuf_export_alive_locked). */
+    b->export_serial = 0;
+    list_remove(&bb->live, b);
+    vmh_dev_usable_give(bb->dev, b->range->size);
+    b->state = BIG_PARKED;
+    list_push(&bb->parked, b);
+    idle_gauge((int64_t)b->range->size);
+    *req = b->req;
+    vmh_reclaim_park(bb->reclaim, &b->parked_item, vmh_reclaim_now(bb->reclaim));
+    return CUDA_SUCCESS;
+}
+
+bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info)
+{
+    if ((b->state != BIG_LIVE && b->state != BIG_RESIZING) || p < b->range->base ||
+        p >= b->range->base + b->req)
+        return false;
+    *info = (vmh_buffer_info_t){b->range->base, b->req, b->range->size, b->o.dev->ordinal,
+                                false};
+    return true;
+}
+
+CUresult vmh_bigbuf_export_locked(vmh_big_t *b, vmh_export_t *out, const vmh_range_t **range)
+{
+    if (b->state != BIG_LIVE && b->state != BIG_RESIZING)
+        return CUDA_ERROR_INVALID_VALUE;
+    out->base = b->range->base;
+    out->size = b->req;
+    out->offset = 0;
+    if (!b->export_serial)
+        b->export_serial = vmh_export_serial_new();
+    out->serial = b->export_serial;
+    *range = b->range;
+    return CUDA_SUCCESS;
+}
+
+bool vmh_bigbuf_export_alive_locked(vmh_big_t *b, CUdeviceptr base, uint64_t serial)
+{
+    return (b->state == BIG_LIVE || b->state == BIG_RESIZING) && b->range->base == base &&
+           b->export_serial == serial;
+}
+
+/* ---- resizing ---------------------------------------------------------------------------- */
+
+/* Shrinks b (locked, LIVE) to `rounded` bytes; the chunks past it are parked as an old range. */
+static CUresult shrink_locked(vmh_bigbufs_t *bb, vmh_big_t *b, size_t size, size_t rounded,
+                              bool *shrunk, vmh_range_t **drop)
+{
+    vmh_range_t *r = b->range, *nr = NULL;
+    CUresult rc = vmh_range_shrink(r, rounded, &nr);
+    if (rc == CUDA_SUCCESS && nr->size < r->size) {
+        rc = park_range_locked(bb, r, r->base + nr->size, r->size - nr->size);
+        if (rc == CUDA_SUCCESS) {
+            *shrunk = true;
+            vmh_dev_usable_give(bb->dev, r->size - nr->size);
+            bb->live.bytes -= r->size - nr->size;
+            b->range = nr;
+            nr = NULL;
+        }
+    }
+    vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)b->req);
+    if (rc == CUDA_SUCCESS)
+        b->req = size;
+    *drop = nr; /* only references: r keeps every mapping alive */
+    return rc;
+}
+
+/* Maps `extra` more bytes after b's range (b RESIZING, unlocked): in place or by a move. */
+static CUresult grow_unlocked(vmh_bigbufs_t *bb, const vmh_range_t *r, size_t rounded,
+                              vmh_range_t **nr, vmh_grow_kind_t *kind, bool *no_address)
+{
+    vmh_dev_t *d = bb->dev;
+    vmh_alloc_t *a;
+    vmh_handle_last_failure = VMH_FAILED_NONE;
+    CUresult rc = vmh_dev_chunk(d, rounded - r->size, &a);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && d->relieve(d))
+        rc = vmh_dev_chunk(d, rounded - r->size, &a);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    size_t reserve = vmh_dev_reserve_for(rounded, true);
+    if (vmh_dev_va_exhausted(reserve - r->size)) {
+        *no_address = true;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        rc = vmh_range_grow(r, &a, 1, reserve, 0, true, nr, kind);
+        *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY &&
+                      vmh_handle_last_failure == VMH_FAILED_RESERVE;
+    }
+    vmh_alloc_unref(a);
+    return rc;
+}
+
+CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old_size,
+                            bool *no_address)
+{
+    *no_address = false;
+    vmh_owner_t *o = vmh_owner_lock(*p);
+    if (!o)
+        return CUDA_ERROR_NOT_FOUND;
+    if (o->kind != VMH_OWN_BIG) { /* freed and reused by packing meanwhile */
+        vmh_owner_unlock(o);
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    vmh_big_t *b = (vmh_big_t *)o;
+    vmh_bigbufs_t *bb = b->set;
+    vmh_dev_t *d = bb->dev;
+    size_t rounded;
+    if (b->state == BIG_PARKED || b->state == BIG_UNUSED) {
+        pthread_mutex_unlock(&bb->lock);
+        return CUDA_ERROR_NOT_FOUND; /* freed: nobody's buffer, as for a foreign pointer */
+    }
+    if (b->state != BIG_LIVE || *p != b->range->base) {
+        pthread_mutex_unlock(&bb->lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *old_size = b->req;
+    if (!vmh_round_up(size, d->gran, &rounded)) {
+        pthread_mutex_unlock(&bb->lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    vmh_range_t *r = b->range;
+    if (rounded <= r->size) {
+        bool shrunk = false;
+        vmh_range_t *drop = NULL;
+        CUresult rc = shrink_locked(bb, b, size, rounded, &shrunk, &drop);
+        pthread_mutex_unlock(&bb->lock);
+        vmh_range_destroy(drop);
+        if (shrunk && !async)
+            vmh_reclaim_wait(bb->reclaim); /* the chunks past the new size go now */
+        return rc;
+    }
+    size_t extra = rounded - r->size; /* usable bytes taken for the growth */
+    if (!vmh_dev_usable_take(d, extra)) {
+        pthread_mutex_unlock(&bb->lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (atomic_load(&bb->old_ranges)) {
+        /* The tail of an earlier shrink may still be mapped in this buffer's headroom. */
+        pthread_mutex_unlock(&bb->lock);
+        vmh_reclaim_wait(bb->reclaim);
+        pthread_mutex_lock(&bb->lock);
+        if (b->state != BIG_LIVE || b->range != r) {
+            pthread_mutex_unlock(&bb->lock);
+            vmh_dev_usable_give(d, extra);
+            return CUDA_ERROR_INVALID_VALUE; /* freed or resized by another thread meanwhile */
+        }
+    }
+    /* The driver calls run without the lock; RESIZING keeps frees and other resizes off. */
+    b->state = BIG_RESIZING;
+    pthread_mutex_unlock(&bb->lock);
+
+    vmh_range_t *nr = NULL;
+    vmh_grow_kind_t kind = VMH_GROW_MOVED;
+    CUresult rc = grow_unlocked(bb, r, rounded, &nr, &kind, no_address);
+
+    pthread_mutex_lock(&bb->lock);
+    assert(b->state == BIG_RESIZING && b->range == r);
+    bool move = kind == VMH_GROW_MOVED;
+    if (rc == CUDA_SUCCESS) {
+        CUdeviceptr from = move ? nr->base : r->base + r->size;
+        size_t len = move ? nr->size : nr->size - r->size;
+        if (!vmh_registry_set(from, len, b) ||
+            (move && park_range_locked(bb, r, r->base, r->size) != CUDA_SUCCESS)) {
+            if (move)
+                vmh_registry_set(from, len, NULL);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    if (rc != CUDA_SUCCESS) {
+        b->state = BIG_LIVE;
+        pthread_mutex_unlock(&bb->lock);
+        vmh_range_destroy(nr);
+        vmh_dev_usable_give(d, extra);
+        return rc;
+    }
+    if (nr->size - r->size != extra) /* the range grows by exactly the chunk added */
+        vmh_dev_usable_adjust(d, (int64_t)(nr->size - r->size) - (int64_t)extra);
+    vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)b->req);
+    bb->live.bytes += nr->size - r->size;
+    b->range = nr;
+    b->req = size;
+    b->state = BIG_LIVE;
+    pthread_mutex_unlock(&bb->lock);
+    vmh_count(move ? VMH_STAT_moves : VMH_STAT_grows_in_place, 1);
+    if (!move)
+        vmh_range_destroy(r); /* references only: nr holds every mapping */
+    *p = nr->base;
+    if (move && !async)
+        vmh_reclaim_wait(bb->reclaim); /* the old address goes once queued work is done */
+    return CUDA_SUCCESS;
+}
+
+/* ---- walking and tearing down ------------------------------------------------------------ */
+
+void vmh_bigbuf_for_each_live(vmh_bigbufs_t *bb,
+                              void (*cb)(CUdeviceptr base, size_t size, void *site, void *arg),
+                              void *arg)
+{
+    pthread_mutex_lock(&bb->lock);
+    for (vmh_big_t *b = bb->live.head; b; b = b->next)
+        cb(b->range->base, b->req, b->site, arg);
+    pthread_mutex_unlock(&bb->lock);
+}
+
+size_t vmh_bigbuf_parked_bytes(vmh_bigbufs_t *bb)
+{
+    pthread_mutex_lock(&bb->lock);
+    size_t bytes = bb->parked.bytes;
+    pthread_mutex_unlock(&bb->lock);
+    return bytes;
+}
+
+static void free_list(vmh_biglist_t *l)
+{
+    for (vmh_big_t *b = l->head, *next; b; b = next) {
+        next = b->next;
+        if (b->range) {
+            vmh_registry_set(b->range->base, b->range->size, NULL);
+            vmh_range_destroy(b->range);
+        }
+        free(b);
+    }
+    *l = (vmh_biglist_t){NULL, NULL, 0, 0};
+}
+
+void vmh_bigbuf_destroy(vmh_bigbufs_t *bb)
+{
+    free_list(&bb->live);
+    free_list(&bb->parked);
+    free_list(&bb->unused);
+    pthread_mutex_destroy(&bb->lock);
+}

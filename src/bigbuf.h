@@ -1,0 +1,77 @@
+/* Heap layer 5b: buffers with a range of their own (chunks nobody else uses): made, grown,
+ * shrunk, moved, freed into the cache.
+ *
+ * A big buffer is LIVE while the program holds it, RESIZING while a grow runs its driver calls
+ * without the lock (frees and other resizes of it are refused meanwhile), PARKED once freed
+ * until the GPU has passed the free (its reclaim item then hands the range to the cache and the
+ * record to the unused list). What a move or a shrink leaves behind (the old address, the tail)
+ * is parked in reclaim.h as an old range: marked dead in the registry, unmapped once the GPU is
+ * past it. Records are recycled per device, never freed while the process runs.
+ *
+ * One mutex per device guards the records, their lists and their registry entries. No driver
+ * call is made under it; a function that needs a wait drops it first.
+ */
+#ifndef VMH_BIGBUF_H
+#define VMH_BIGBUF_H
+
+#include "cache.h"
+#include "device.h"
+#include "reclaim.h"
+
+#include <pthread.h>
+
+typedef struct vmh_big vmh_big_t;
+
+typedef struct vmh_biglist {
+    vmh_big_t *head, *tail;
+    size_t count, bytes;
+} vmh_biglist_t;
+
+typedef struct vmh_bigbufs {
+    vmh_dev_t *dev;
+    vmh_reclaim_t *reclaim;
+    vmh_cache_t *cache;
+    pthread_mutex_t lock;
+    vmh_biglist_t live, parked, unused;
+    _Atomic size_t old_ranges; /* parked old ranges not yet unmapped */
+} vmh_bigbufs_t;
+
+void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
+                     vmh_cache_t *cache);
+
+/* A buffer of `size` bytes (rounded to chunks): from the cache, after a wait for parked frees
+ * when that may help, or new. growable: address space headroom for later grows. site: where
+ * the program asked (leak report). *no_address: the address space budget ran out. */
+CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *site,
+                          CUdeviceptr *out, bool *no_address);
+
+/* On a big buffer found and locked with vmh_owner_lock (the caller unlocks): */
+/* Parks the live buffer starting at p; *req gets the size asked for. INVALID_VALUE for an
+ * interior pointer, a double free or a buffer being resized. */
+CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req);
+bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info);
+/* Fills base, size, offset, serial and the range for an export. A freed exported buffer is
+ * recycled like any other; its serial dies with it. */
+CUresult vmh_bigbuf_export_locked(vmh_big_t *b, vmh_export_t *out, const vmh_range_t **range);
+/* Whether b is still the live buffer exported at base with serial. */
+bool vmh_bigbuf_export_alive_locked(vmh_big_t *b, CUdeviceptr base, uint64_t serial);
+
+/* Resizes the live buffer starting at *p in place, by remapping, or by shrinking (locks by
+ * itself). CUDA_ERROR_NOT_FOUND when *p is not a live big buffer (foreign, or freed),
+ * INVALID_VALUE when it is not its start or it is being resized. *old_size: the size asked for
+ * before. */
+CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old_size,
+                            bool *no_address);
+
+/* Bytes of parked buffers (whole ranges: each serves an allocation once released). */
+size_t vmh_bigbuf_parked_bytes(vmh_bigbufs_t *bb);
+
+/* Walks the live buffers (leak report): base, size asked for, call site. */
+void vmh_bigbuf_for_each_live(vmh_bigbufs_t *bb,
+                              void (*cb)(CUdeviceptr base, size_t size, void *site, void *arg),
+                              void *arg);
+
+/* Tests: destroys everything (after vmh_reclaim_release_all). */
+void vmh_bigbuf_destroy(vmh_bigbufs_t *bb);
+
+#endif

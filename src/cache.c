@@ -1,0 +1,172 @@
+/* Heap layer 4c: idle ranges kept for reuse (see cache.h). */
+#include "cache.h"
+
+#include "registry.h"
+#include "stats.h"
+
+#include <assert.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define CACHE_FLOOR ((size_t)256 << 20) /* idle bytes a miss may leave in the cache */
+
+struct vmh_idle {
+    vmh_range_t *range;
+    vmh_idle_t *prev, *next;
+};
+
+static const vmh_options_t *opt;
+
+void vmh_cache_configure(const vmh_options_t *o)
+{
+    opt = o;
+}
+
+void vmh_cache_init(vmh_cache_t *c, vmh_dev_t *dev)
+{
+    c->dev = dev;
+    pthread_mutex_init(&c->lock, NULL);
+    c->head = c->tail = NULL;
+    c->count = c->bytes = 0;
+}
+
+static void unlink_locked(vmh_cache_t *c, vmh_idle_t *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        c->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        c->tail = e->prev;
+    assert(c->count > 0 && c->bytes >= e->range->size);
+    c->count--;
+    c->bytes -= e->range->size;
+}
+
+/* Takes up to `need` bytes of idle ranges (least recently freed first) off the cache and out
+ * of the registry; the caller destroys them without the lock (destroy_taken). */
+static vmh_idle_t *evict_locked(vmh_cache_t *c, size_t need)
+{
+    vmh_idle_t *taken = NULL;
+    size_t got = 0;
+    while (c->tail && got < need) {
+        vmh_idle_t *e = c->tail;
+        unlink_locked(c, e);
+        vmh_registry_set(e->range->base, e->range->size, NULL);
+        got += e->range->size;
+        e->next = taken;
+        taken = e;
+    }
+    return taken;
+}
+
+static size_t destroy_taken(vmh_idle_t *taken)
+{
+    size_t bytes = 0;
+    for (vmh_idle_t *e = taken, *next; e; e = next) {
+        next = e->next;
+        bytes += e->range->size;
+        vmh_gauge_add(VMH_STAT_bytes_cached, -(int64_t)e->range->size);
+        vmh_range_destroy(e->range);
+        free(e);
+    }
+    return bytes;
+}
+
+void vmh_cache_put(vmh_cache_t *c, vmh_range_t *r)
+{
+    vmh_idle_t *e = malloc(sizeof *e);
+    if (!e) { /* no host memory to remember it: give it back now (it is safe to) */
+        vmh_registry_set(r->base, r->size, NULL);
+        vmh_gauge_add(VMH_STAT_bytes_cached, -(int64_t)r->size);
+        vmh_range_destroy(r);
+        return;
+    }
+    e->range = r;
+    pthread_mutex_lock(&c->lock);
+    vmh_registry_set(r->base, r->size, &vmh_owner_idle);
+    e->prev = NULL;
+    e->next = c->head;
+    if (c->head)
+        c->head->prev = e;
+    else
+        c->tail = e;
+    c->head = e;
+    c->count++;
+    c->bytes += r->size;
+    vmh_idle_t *over =
+        c->bytes > opt->cache_limit ? evict_locked(c, c->bytes - opt->cache_limit) : NULL;
+    pthread_mutex_unlock(&c->lock);
+    destroy_taken(over);
+}
+
+/* An idle range of at least `rounded` bytes and at most `slack` more. */
+static vmh_idle_t *find_locked(vmh_cache_t *c, size_t rounded, size_t slack)
+{
+    vmh_idle_t *best = NULL;
+    for (vmh_idle_t *e = c->head; e; e = e->next) {
+        size_t s = e->range->size;
+        if (s >= rounded && s - rounded <= slack && (!best || s < best->range->size)) {
+            best = e;
+            if (s == rounded)
+                break;
+        }
+    }
+    return best;
+}
+
+vmh_range_t *vmh_cache_take(vmh_cache_t *c, size_t rounded)
+{
+    pthread_mutex_lock(&c->lock);
+    vmh_idle_t *best = find_locked(c, rounded, rounded / 8);
+    if (best && best->range->size > rounded &&
+        !vmh_dev_usable_take(c->dev, best->range->size - rounded))
+        best = find_locked(c, rounded, 0);
+    if (best)
+        unlink_locked(c, best);
+    pthread_mutex_unlock(&c->lock);
+    if (!best)
+        return NULL;
+    vmh_range_t *r = best->range;
+    assert(vmh_registry_get(r->base) == &vmh_owner_idle && "an idle range is registered idle");
+    free(best);
+    vmh_gauge_add(VMH_STAT_bytes_cached, -(int64_t)r->size);
+    return r;
+}
+
+void vmh_cache_make_room(vmh_cache_t *c, size_t rounded)
+{
+    pthread_mutex_lock(&c->lock);
+    size_t floor = opt->cache_limit < CACHE_FLOOR ? opt->cache_limit : CACHE_FLOOR;
+    size_t live = atomic_load_explicit(&c->dev->live_usable, memory_order_relaxed);
+    size_t allowance = live / 32 > floor ? live / 32 : floor;
+    vmh_idle_t *taken = c->bytes + rounded > allowance
+                            ? evict_locked(c, c->bytes + rounded - allowance)
+                            : NULL;
+    pthread_mutex_unlock(&c->lock);
+    destroy_taken(taken);
+}
+
+size_t vmh_cache_trim(vmh_cache_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    vmh_idle_t *taken = evict_locked(c, SIZE_MAX);
+    pthread_mutex_unlock(&c->lock);
+    return destroy_taken(taken);
+}
+
+size_t vmh_cache_bytes(vmh_cache_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    size_t bytes = c->bytes;
+    pthread_mutex_unlock(&c->lock);
+    return bytes;
+}
+
+void vmh_cache_destroy(vmh_cache_t *c)
+{
+    vmh_cache_trim(c);
+    pthread_mutex_destroy(&c->lock);
+}

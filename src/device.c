@@ -1,0 +1,232 @@
+/* Heap layer 4a: a device's shape and the owner records (see device.h). */
+#include "device.h"
+
+#include "driver.h"
+#include "log.h"
+#include "registry.h"
+#include "stats.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <string.h>
+
+static const vmh_options_t *opt;
+
+void vmh_device_configure(const vmh_options_t *o)
+{
+    opt = o;
+}
+
+vmh_owner_t vmh_owner_idle = {VMH_OWN_IDLE, NULL, NULL};
+vmh_owner_t vmh_owner_dead = {VMH_OWN_DEAD, NULL, NULL};
+
+/* The chunk granularity: the driver's, or VMMHOOK_GRANULARITY when the driver accepts it. */
+static size_t pick_granularity(size_t min_gran, size_t rec_gran)
+{
+    size_t g;
+    char why[160];
+    if (!vmh_options_check_granularity(opt, min_gran, rec_gran, &g, why, sizeof why)) {
+        char instead[80], b[32];
+        snprintf(instead, sizeof instead, "the recommended granularity %s",
+                 vmh_fmt_bytes(b, sizeof b, g));
+        vmh_options_refuse("VMMHOOK_GRANULARITY", why, instead);
+    }
+    return g;
+}
+
+/* Makes the device's allocation properties; checks the handle type once with a real chunk, so
+ * that a type the driver refuses is reported clearly at the start, not at some later grow. */
+CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
+{
+    assert(opt && "vmh_device_configure first");
+    d->ordinal = ordinal;
+    d->ctx = ctx;
+    int vmm = 0;
+    vmh_drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                 ordinal);
+    if (!vmm) {
+        vmh_debug("device %d has no virtual memory management: passing it through", ordinal);
+        d->unsupported = true;
+        return CUDA_SUCCESS;
+    }
+    memset(&d->prop, 0, sizeof d->prop);
+    d->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    d->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d->prop.location.id = ordinal;
+    static const CUmemAllocationHandleType types[VMH_HANDLE_KIND_COUNT] = {
+        [VMH_HANDLE_NONE] = CU_MEM_HANDLE_TYPE_NONE,
+        [VMH_HANDLE_POSIX_FD] = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        [VMH_HANDLE_FABRIC] = CU_MEM_HANDLE_TYPE_FABRIC,
+    };
+    d->prop.requestedHandleTypes = types[opt->handle];
+    if (opt->rdma) {
+        int rdma = 0;
+        vmh_drv.cuDeviceGetAttribute(
+            &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, ordinal);
+        if (rdma)
+            d->prop.allocFlags.gpuDirectRDMACapable = 1;
+        else
+            vmh_log("VMMHOOK_RDMA: device %d does not support GPUDirect RDMA with VMM memory; "
+                    "allocating without it", ordinal);
+    }
+
+    size_t min_gran = 0, rec_gran = 0;
+    CUresult rc = vmh_drv.cuMemGetAllocationGranularity(&min_gran, &d->prop,
+                                                         CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (rc == CUDA_SUCCESS)
+        rc = vmh_drv.cuMemGetAllocationGranularity(&rec_gran, &d->prop,
+                                                   CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (rc != CUDA_SUCCESS || min_gran == 0)
+        return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_NOT_SUPPORTED;
+    /* The registry works in 2 MiB granules: never use a smaller chunk. */
+    size_t floor = (size_t)1 << VMH_REGISTRY_SHIFT;
+    if (min_gran < floor && floor % min_gran == 0)
+        min_gran = floor;
+    if (rec_gran < min_gran || rec_gran % min_gran)
+        rec_gran = min_gran;
+    d->gran = pick_granularity(min_gran, rec_gran);
+
+    d->access.location = d->prop.location;
+    d->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (int peer = 0; peer < VMH_MAX_DEVICES; peer++) {
+        int can = 0;
+        if (peer == ordinal || !(opt->peers & (1ull << peer)))
+            continue;
+        if (vmh_drv.cuDeviceCanAccessPeer(&can, ordinal, peer) != CUDA_SUCCESS || !can) {
+            vmh_debug("VMMHOOK_PEERS: device %d cannot reach device %d; not granted", peer,
+                      ordinal);
+            continue;
+        }
+        vmh_access_set_peer(ordinal, peer, true); /* no mapping exists yet: no driver call */
+    }
+
+    if (d->prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+        vmh_alloc_t *probe;
+        rc = vmh_alloc_create(d->gran, &d->prop, NULL, 0, &probe);
+        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_OUT_OF_MEMORY) {
+            char why[96];
+            snprintf(why, sizeof why, "cuMemCreate on device %d answers CUDA error %d",
+                     ordinal, (int)rc);
+            vmh_options_refuse("VMMHOOK_HANDLE_TYPE", why, "none");
+            d->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        } else if (rc == CUDA_SUCCESS) {
+            vmh_alloc_unref(probe);
+        }
+    }
+
+    vmh_debug("device %d: chunk granularity %zu (minimum %zu), handle type %d", ordinal,
+              d->gran, min_gran, (int)d->prop.requestedHandleTypes);
+    return CUDA_SUCCESS;
+}
+
+/* ---- usable bytes (VMMHOOK_MEM_LIMIT) ---------------------------------------------------- */
+
+bool vmh_dev_usable_take(vmh_dev_t *d, size_t n)
+{
+    size_t limit = opt->mem_limit;
+    if (!limit) {
+        atomic_fetch_add_explicit(&d->live_usable, n, memory_order_relaxed);
+        return true;
+    }
+    size_t cur = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
+    do {
+        if (cur > limit || n > limit - cur)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&d->live_usable, &cur, cur + n,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+void vmh_dev_usable_give(vmh_dev_t *d, size_t n)
+{
+    size_t before = atomic_fetch_sub_explicit(&d->live_usable, n, memory_order_relaxed);
+    assert(before >= n && "more usable bytes given back than taken");
+    (void)before;
+}
+
+void vmh_dev_usable_adjust(vmh_dev_t *d, int64_t delta)
+{
+    atomic_fetch_add_explicit(&d->live_usable, (size_t)delta, memory_order_relaxed);
+}
+
+/* ---- address space (VMMHOOK_VA_LIMIT, VMMHOOK_HEADROOM) ---------------------------------- */
+
+size_t vmh_dev_reserve_for(size_t size, bool growable)
+{
+    size_t reserve = size;
+    if (growable && opt->headroom) {
+        size_t extra = size < opt->headroom ? size : opt->headroom;
+        if (extra <= SIZE_MAX - size)
+            reserve = size + extra;
+    }
+    if (vmh_dev_va_exhausted(reserve))
+        reserve = size;
+    return reserve;
+}
+
+bool vmh_dev_va_exhausted(size_t reserve)
+{
+    int64_t used = vmh_gauge_get(VMH_STAT_bytes_reserved);
+    return opt->va_limit && (size_t)used + reserve > opt->va_limit;
+}
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+CUresult vmh_dev_chunk(vmh_dev_t *d, size_t size, vmh_alloc_t **out)
+{
+    return vmh_alloc_create(size, &d->prop, &d->access, 1, out);
+}
+
+CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out,
+                           bool *no_address)
+{
+    *no_address = false;
+    for (int attempt = 0;; attempt++) {
+        if (vmh_dev_va_exhausted(reserve)) {
+            *no_address = true;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        vmh_alloc_t *a;
+        vmh_handle_last_failure = VMH_FAILED_NONE;
+        CUresult rc = vmh_dev_chunk(d, size, &a);
+        if (rc == CUDA_SUCCESS) {
+            rc = vmh_range_create(&a, 1, reserve, 0, 0, out);
+            vmh_alloc_unref(a);
+        }
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
+            *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY &&
+                          vmh_handle_last_failure == VMH_FAILED_RESERVE;
+            return rc;
+        }
+        vmh_count(VMH_STAT_oom_retries, 1);
+        assert(d->relieve && "the front sets relieve before publishing the device");
+        if (!d->relieve(d))
+            return rc; /* nothing was idle: the device really is full */
+    }
+}
+
+uint64_t vmh_export_serial_new(void)
+{
+    static _Atomic uint64_t next = 1;
+    return atomic_fetch_add_explicit(&next, 1, memory_order_relaxed);
+}
+
+/* ---- owners ----------------------------------------------------------------------------- */
+
+vmh_owner_t *vmh_owner_lock(CUdeviceptr p)
+{
+    vmh_owner_t *o = vmh_registry_get(p);
+    if (!o || !o->lock)
+        return NULL;
+    pthread_mutex_lock(o->lock);
+    if (vmh_registry_get(p) != o) { /* released meanwhile */
+        pthread_mutex_unlock(o->lock);
+        return NULL;
+    }
+    return o;
+}
+
+void vmh_owner_unlock(vmh_owner_t *o)
+{
+    pthread_mutex_unlock(o->lock);
+}

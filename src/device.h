@@ -1,0 +1,133 @@
+/* Heap layer 4a, the bottom of the heap: one device's shape and the owner records.
+ *
+ * A device record holds what every layer above needs and nothing of theirs: the ordinal, the
+ * context parked frees are waited for on, the allocation properties and chunk granularity, the
+ * usable bytes served (VMMHOOK_MEM_LIMIT) and how to make room when the driver runs out of
+ * memory (a function the front sets: ownership as data, so this file never calls upwards).
+ *
+ * Owner records: every 2 MiB granule the library serves from points (registry.h) to an owner.
+ * The owner says what kind of thing it is, which device it belongs to and which mutex guards it,
+ * so that a pointer can be found and locked here without knowing the layer that made it.
+ * Owners are recycled by their layer and never freed while the process runs (registry readers
+ * are lock-free), except by the tests' reset.
+ */
+#ifndef VMH_DEVICE_H
+#define VMH_DEVICE_H
+
+#include "handle.h"
+#include "options.h"
+#include "range.h"
+
+#include <cuda.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VMH_MAX_DEVICES 64
+
+typedef enum vmh_owner_kind {
+    VMH_OWN_BIG = 1, /* a buffer with a range of its own (bigbuf.c) */
+    VMH_OWN_EXTENT,  /* a packing extent shared by small buffers (packing.c) */
+    VMH_OWN_IDLE,    /* an idle range kept for reuse (cache.c): mapped, nobody's buffer */
+    VMH_OWN_DEAD,    /* still mapped until queued work is done (the old address of a moved
+                      * buffer, the tail of a shrunk one): queries must not pass it to the
+                      * driver, which would answer for it as if it were allocated */
+} vmh_owner_kind_t;
+
+typedef struct vmh_dev vmh_dev_t;
+
+typedef struct vmh_owner {
+    vmh_owner_kind_t kind;
+    vmh_dev_t *dev;        /* never changes once set: owners are recycled within their device */
+    pthread_mutex_t *lock; /* what guards the owner (NULL for IDLE and DEAD: never locked) */
+} vmh_owner_t;
+
+/* The registry's owner of idle and of dead address space. */
+extern vmh_owner_t vmh_owner_idle, vmh_owner_dead;
+
+/* Frees idle memory of the device after the driver ran out of memory; true when anything was
+ * (or may have been) given back, so that one more try makes sense. */
+typedef bool (*vmh_relieve_fn)(vmh_dev_t *d);
+
+struct vmh_dev {
+    int ordinal;
+    bool unsupported; /* no VMM on this device: everything passes through */
+    CUcontext ctx;    /* the context waited on for parked frees */
+    CUmemAllocationProp prop;
+    CUmemAccessDesc access; /* the device's own read-write access (peers: handle.h) */
+    size_t gran;            /* chunk granularity */
+    /* Usable bytes of live buffers (and of allocations in flight), for VMMHOOK_MEM_LIMIT:
+     * taken before a buffer is made (vmh_dev_usable_take), so the limit is never exceeded. */
+    _Atomic size_t live_usable;
+    vmh_relieve_fn relieve; /* set by the front before the device is published */
+};
+
+/* The options this layer uses (granularity, handle type, RDMA, peers, limits). */
+void vmh_device_configure(const vmh_options_t *opt);
+
+/* Fills d for device `ordinal` (ctx: the context to wait on): properties, granularity (a handle
+ * type the driver refuses is reported here, once), VMMHOOK_PEERS grants (handle.h). A device
+ * without VMM gets unsupported = true and CUDA_SUCCESS. */
+CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx);
+
+/* Reserves n usable bytes within VMMHOOK_MEM_LIMIT; false (nothing taken) when they do not fit.
+ * vmh_dev_usable_give returns them; adjust corrects by a signed amount. */
+bool vmh_dev_usable_take(vmh_dev_t *d, size_t n);
+void vmh_dev_usable_give(vmh_dev_t *d, size_t n);
+void vmh_dev_usable_adjust(vmh_dev_t *d, int64_t delta);
+
+/* Address space for a buffer of `size` bytes (headroom when it may grow, within the
+ * VMMHOOK_VA_LIMIT budget), and whether `reserve` more bytes would pass the budget. */
+size_t vmh_dev_reserve_for(size_t size, bool growable);
+bool vmh_dev_va_exhausted(size_t reserve);
+
+/* One chunk of `size` bytes on the device (its access applied wherever it is mapped). */
+CUresult vmh_dev_chunk(vmh_dev_t *d, size_t size, vmh_alloc_t **out);
+
+/* One chunk of `size` bytes mapped in a range of its own with `reserve` bytes of address
+ * space. On out of memory the device is relieved (d->relieve) and the creation tried once
+ * more: memory held idle by the library must never make the program fail. *no_address tells
+ * an exhausted address space budget from exhausted memory. */
+CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out,
+                           bool *no_address);
+
+/* Finds the owner of p and locks it; NULL (nothing locked) when p is not in a live owner.
+ * Unlock with vmh_owner_unlock(). */
+vmh_owner_t *vmh_owner_lock(CUdeviceptr p);
+void vmh_owner_unlock(vmh_owner_t *o);
+
+/* What the layers above fill for the front (heap.h): a live served buffer, and the chunks
+ * behind one for sharing with another process. */
+typedef struct vmh_buffer_info {
+    CUdeviceptr base;
+    size_t size;    /* the size the program asked for (what native range queries answer) */
+    size_t usable;  /* bytes usable without moving */
+    int device;
+    bool packed;    /* lives in a shared chunk */
+} vmh_buffer_info_t;
+
+typedef struct vmh_export {
+    CUdeviceptr base;
+    size_t size;
+    size_t offset; /* where the buffer starts in the first chunk (non-zero when packed) */
+    int device;
+    size_t nchunks;
+    vmh_alloc_t **chunks;
+    uint64_t serial; /* this life of the buffer: the same for every export until it is freed */
+} vmh_export_t;
+
+/* A new export serial (never 0, never repeated in the process). */
+uint64_t vmh_export_serial_new(void);
+
+/* n rounded up to a multiple of `to`; false on overflow. */
+static inline bool vmh_round_up(size_t n, size_t to, size_t *out)
+{
+    if (n > SIZE_MAX - (to - 1))
+        return false;
+    *out = (n + to - 1) / to * to;
+    return true;
+}
+
+#endif

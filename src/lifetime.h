@@ -1,0 +1,35 @@
+/* The library's lifetime, in one place: start, exit, fork, and what a call gets after each.
+ *
+ *   start   the first interposed or public call: options are read once into a snapshot, the
+ *           statistics start, each layer is configured from the snapshot (the layers below
+ *           never read options themselves), the fork handler is installed.
+ *   exit    the library's destructor: the leak report and statistics, then the heap serves
+ *           nothing more; late frees of served pointers (other libraries' destructors) are
+ *           accepted quietly without a driver call, everything else passes through.
+ *   fork    a child of a process that used the driver gets pass-through for everything: the
+ *           driver answers as it does natively (CUDA is not usable in such a child). The child
+ *           takes no lock another thread of the parent may have held, writes no report and
+ *           reports no leak.
+ */
+#ifndef VMH_LIFETIME_H
+#define VMH_LIFETIME_H
+
+#include "options.h"
+
+#include <stdbool.h>
+
+/* Starts the library once (see above); true while calls may be served: not disabled, not
+ * exited, not a forked child, and a driver loaded. Call before anything else; false means
+ * pass everything through. */
+bool vmh_lifetime_ready(void);
+
+/* The options snapshot (valid after vmh_lifetime_ready). */
+const vmh_options_t *vmh_lifetime_options(void);
+
+#ifdef VMH_TESTING
+/* Tests: what the destructor does at exit, and what the fork handler does in a child. */
+void vmh_lifetime_exit(void);
+void vmh_lifetime_fork_child(void);
+#endif
+
+#endif

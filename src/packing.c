@@ -1,0 +1,413 @@
+/* Heap layer 5a: packing small buffers into shared chunks (see packing.h). */
+#include "packing.h"
+
+#include "registry.h"
+#include "stats.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXTENT_MAX ((size_t)64 << 20)
+
+/* Free packed space and parked blocks are idle bytes (VMH_STAT_bytes_cached). */
+static void idle_gauge(int64_t delta)
+{
+    vmh_gauge_add(VMH_STAT_bytes_cached, delta);
+}
+
+/* The calling thread's packing shard: picked at its first packed allocation, kept for the
+ * thread's life, so that threads spread over the shards and a thread keeps its cache lines. */
+static _Atomic unsigned shard_next;
+static _Thread_local unsigned shard_mine __attribute__((tls_model("initial-exec"))); /* + 1 */
+
+unsigned vmh_packing_thread_shard(void)
+{
+    unsigned s = shard_mine;
+    if (!s) {
+        s = atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed) % VMH_SHARDS + 1;
+        shard_mine = s;
+    }
+    return s - 1;
+}
+
+/* Refreshes the shard's hints after a change; the shard is locked. */
+static void shard_note(vmh_shard_t *s)
+{
+    vmh_arena_stats_t st;
+    vmh_arena_stats(s->arena, &st);
+    atomic_store_explicit(&s->nparked, vmh_arena_parked(s->arena), memory_order_relaxed);
+    atomic_store_explicit(&s->free, st.free, memory_order_relaxed);
+    atomic_store_explicit(&s->extents, st.extents, memory_order_relaxed);
+}
+
+/* The shard's reclaim item: the GPU has passed `passed`; its blocks parked up to there become
+ * free. Blocks parked later keep the item queued for the next wait. */
+static void shard_release(vmh_parked_t *item, uint64_t passed)
+{
+    vmh_shard_t *s = (vmh_shard_t *)((char *)item - offsetof(vmh_shard_t, parked_item));
+    assert(&s->parked_item == item && s->pack);
+    pthread_mutex_lock(&s->lock);
+    vmh_arena_unpark_upto(s->arena, passed);
+    shard_note(s);
+    bool left = vmh_arena_parked(s->arena) != 0;
+    pthread_mutex_unlock(&s->lock);
+    if (left && passed != UINT64_MAX)
+        vmh_reclaim_park(s->pack->reclaim, item, passed + 1);
+}
+
+CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim)
+{
+    memset(pk, 0, sizeof *pk);
+    pk->dev = dev;
+    pk->reclaim = reclaim;
+    for (int i = 0; i < VMH_SHARDS; i++) {
+        vmh_shard_t *s = &pk->shards[i];
+        pthread_mutex_init(&s->lock, NULL);
+        s->pack = pk;
+        s->parked_item.release = shard_release;
+        s->extent_next = dev->gran;
+        s->arena = vmh_arena_new();
+        if (!s->arena)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Adds a packing extent large enough for `size` to shard s. */
+static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool *no_address)
+{
+    vmh_dev_t *d = pk->dev;
+    size_t want;
+    if (!vmh_round_up(size, d->gran, &want))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&s->lock);
+    if (want < s->extent_next)
+        want = s->extent_next;
+    if (s->extent_next < EXTENT_MAX)
+        s->extent_next *= 2;
+    pthread_mutex_unlock(&s->lock);
+
+    vmh_range_t *r;
+    CUresult rc = vmh_dev_range_new(d, want, want, &r, no_address);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&s->lock);
+    vmh_ext_t *e = s->spare;
+    if (e) {
+        s->spare = e->next;
+    } else if ((e = calloc(1, sizeof *e))) {
+        e->o.kind = VMH_OWN_EXTENT;
+        e->o.dev = d;
+        e->o.lock = &s->lock;
+        e->shard = s;
+    }
+    if (e) {
+        e->range = r;
+        e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
+    }
+    if (!e || !e->extent || !vmh_registry_set(r->base, r->size, e)) {
+        /* An extent the arena knows but the registry does not cannot happen: the arena
+         * only learns of it above, and add_extent failing leaves nothing behind. */
+        if (e) {
+            e->range = NULL;
+            e->extent = NULL;
+            e->prev = NULL;
+            e->next = s->spare;
+            s->spare = e;
+        }
+        pthread_mutex_unlock(&s->lock);
+        vmh_range_destroy(r);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    e->prev = NULL;
+    e->next = s->exts;
+    if (s->exts)
+        s->exts->prev = e;
+    s->exts = e;
+    shard_note(s);
+    pthread_mutex_unlock(&s->lock);
+    idle_gauge((int64_t)r->size);
+    return CUDA_SUCCESS;
+}
+
+/* Serves size bytes from shard s: 0, ENOMEM when it has no room, EBUSY when `try` and another
+ * thread holds the shard. One arena search, no registry lookup: the block's usable size is the
+ * size rounded to VMH_ARENA_ALIGN (arena.h). */
+static int shard_alloc(vmh_shard_t *s, size_t size, bool try, CUdeviceptr *out)
+{
+    if (try) {
+        if (pthread_mutex_trylock(&s->lock) != 0)
+            return EBUSY;
+    } else {
+        pthread_mutex_lock(&s->lock);
+    }
+    uintptr_t p;
+    int rc = vmh_arena_alloc(s->arena, size, &p);
+    if (rc == 0) {
+        *out = p;
+        shard_note(s);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc == 0 ? 0 : ENOMEM;
+}
+
+/* Free space in the other shards, before any memory is made. Shards whose free bytes (the
+ * hint) are fewer than `want` are not tried. Busy ones are waited for only when wait_busy:
+ * a thread whose own shard has no extent yet and meets contention elsewhere gives its shard
+ * a first extent instead, which is what spreads threads over the shards (at most one chunk
+ * per shard); beyond that, free space anywhere comes before growth. */
+static bool others_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t want,
+                         bool wait_busy, CUdeviceptr *out)
+{
+    unsigned busy = 0;
+    for (unsigned i = 1; i < VMH_SHARDS; i++) {
+        unsigned k = (home + i) % VMH_SHARDS;
+        if (atomic_load_explicit(&pk->shards[k].free, memory_order_relaxed) < want)
+            continue;
+        int rc = shard_alloc(&pk->shards[k], size, true, out);
+        if (rc == 0)
+            return true;
+        if (rc == EBUSY)
+            busy |= 1u << k;
+    }
+    for (unsigned k = 0; wait_busy && busy && k < VMH_SHARDS; k++)
+        if ((busy & (1u << k)) && shard_alloc(&pk->shards[k], size, false, out) == 0)
+            return true;
+    return false;
+}
+
+bool vmh_packing_has_parked(vmh_packing_t *pk)
+{
+    for (int i = 0; i < VMH_SHARDS; i++)
+        if (atomic_load_explicit(&pk->shards[i].nparked, memory_order_relaxed))
+            return true;
+    return false;
+}
+
+CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address)
+{
+    size_t want;
+    if (!vmh_round_up(size, VMH_ARENA_ALIGN, &want) || !vmh_dev_usable_take(pk->dev, want))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    unsigned home = vmh_packing_thread_shard();
+    bool synced = false;
+    /* The thread's own shard, then free space in the others, then parked frees released by
+     * a wait, and only then a new extent (in the thread's own shard). Other threads may take
+     * the space of an extent this thread just added before it gets to use it: then it adds
+     * another (each extent_add either makes memory or reports the driver's out of memory
+     * after relieving the device), within a bound that only a pathological race could reach. */
+    vmh_shard_t *mine = &pk->shards[home];
+    for (int grown = 0;; grown++) {
+        if ((atomic_load_explicit(&mine->free, memory_order_relaxed) >= want &&
+             shard_alloc(mine, size, false, out) == 0) ||
+            others_alloc(pk, home, size, want,
+                         atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0, out))
+            break;
+        if (vmh_packing_has_parked(pk) && !synced) {
+            synced = true;
+            if (vmh_reclaim_wait(pk->reclaim) == CUDA_SUCCESS)
+                continue;
+        }
+        CUresult rc = grown >= 64 ? CUDA_ERROR_OUT_OF_MEMORY
+                                  : extent_add(pk, mine, size, no_address);
+        if (rc != CUDA_SUCCESS) {
+            vmh_dev_usable_give(pk->dev, want);
+            return rc;
+        }
+        synced = false; /* frees parked meanwhile may be released by a later wait */
+    }
+    idle_gauge(-(int64_t)want);
+    return CUDA_SUCCESS;
+}
+
+/* Packed buffers of a shard that were exported: a small unsorted set (exports are rare);
+ * the shard is locked. NULL when p is not listed. */
+static vmh_packed_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
+{
+    for (size_t i = 0; i < s->nexported; i++)
+        if (s->exported[i].base == p)
+            return &s->exported[i];
+    return NULL;
+}
+
+CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req)
+{
+    vmh_shard_t *s = e->shard;
+    vmh_packing_t *pk = s->pack;
+    uint64_t gen = vmh_reclaim_now(pk->reclaim);
+    vmh_block_info_t info;
+    if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* An exported block is recycled like any other; its export dies here. */
+    vmh_packed_export_t *x = exported_find_locked(s, p);
+    if (x)
+        *x = s->exported[--s->nexported];
+    shard_note(s);
+    /* An item already queued is released by a wait that also covers this block, or parks
+     * itself again for it (shard_release runs under this shard's lock). */
+    if (!atomic_load(&s->parked_item.queued))
+        vmh_reclaim_park(pk->reclaim, &s->parked_item, gen);
+    vmh_dev_usable_give(pk->dev, info.usable);
+    idle_gauge((int64_t)info.usable);
+    *req = info.size;
+    return CUDA_SUCCESS;
+}
+
+bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info)
+{
+    vmh_block_info_t bi;
+    if (!vmh_arena_find(e->extent, p, &bi) || p >= bi.base + bi.size)
+        return false;
+    *info = (vmh_buffer_info_t){bi.base, bi.size, bi.usable, e->o.dev->ordinal, true};
+    return true;
+}
+
+CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size)
+{
+    vmh_shard_t *s = e->shard;
+    vmh_dev_t *d = e->o.dev;
+    vmh_block_info_t info;
+    if (!vmh_arena_find(e->extent, p, &info) || info.base != p)
+        return CUDA_ERROR_NOT_FOUND;
+    *old_size = info.size;
+    /* The growth's usable bytes are taken first (VMMHOOK_MEM_LIMIT). */
+    size_t want = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
+    size_t extra = want > info.usable ? want - info.usable : 0;
+    if (extra && !vmh_dev_usable_take(d, extra))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (vmh_arena_resize(s->arena, e->extent, p, size) != 0) {
+        if (extra)
+            vmh_dev_usable_give(d, extra);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    vmh_block_info_t now;
+    vmh_arena_find(e->extent, p, &now);
+    shard_note(s);
+    /* now.usable - info.usable in all, of which extra is taken already */
+    vmh_dev_usable_adjust(d, (int64_t)now.usable - (int64_t)info.usable - (int64_t)extra);
+    idle_gauge((int64_t)info.usable - (int64_t)now.usable);
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
+                                   const vmh_range_t **range)
+{
+    vmh_shard_t *s = e->shard;
+    vmh_block_info_t bi;
+    if (!vmh_arena_find(e->extent, p, &bi))
+        return CUDA_ERROR_INVALID_VALUE;
+    vmh_packed_export_t *x = exported_find_locked(s, bi.base); /* exported twice: listed once */
+    if (!x) {
+        if (s->nexported == s->exported_cap) {
+            size_t cap = s->exported_cap ? 2 * s->exported_cap : 16;
+            vmh_packed_export_t *grown = realloc(s->exported, cap * sizeof *grown);
+            if (!grown)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            s->exported = grown;
+            s->exported_cap = cap;
+        }
+        x = &s->exported[s->nexported++];
+        *x = (vmh_packed_export_t){bi.base, vmh_export_serial_new()};
+    }
+    out->serial = x->serial;
+    out->base = bi.base;
+    out->size = bi.size;
+    out->offset = bi.base - e->range->base;
+    *range = e->range;
+    return CUDA_SUCCESS;
+}
+
+bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial)
+{
+    const vmh_packed_export_t *x = exported_find_locked(e->shard, base);
+    return x && x->serial == serial;
+}
+
+size_t vmh_packing_trim(vmh_packing_t *pk)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < VMH_SHARDS; i++) {
+        vmh_shard_t *s = &pk->shards[i];
+        vmh_ext_t *empty = NULL, *last = NULL;
+        uintptr_t base;
+        size_t size;
+        vmh_ext_t *e;
+        pthread_mutex_lock(&s->lock);
+        while ((e = vmh_arena_take_empty_extent(s->arena, &base, &size))) {
+            vmh_registry_set(e->range->base, e->range->size, NULL);
+            if (e->prev)
+                e->prev->next = e->next;
+            else
+                s->exts = e->next;
+            if (e->next)
+                e->next->prev = e->prev;
+            e->prev = NULL;
+            e->next = empty;
+            if (!empty)
+                last = e;
+            empty = e;
+        }
+        shard_note(s);
+        pthread_mutex_unlock(&s->lock);
+        if (!empty)
+            continue;
+        for (e = empty; e; e = e->next) {
+            bytes += e->range->size;
+            idle_gauge(-(int64_t)e->range->size);
+            vmh_range_destroy(e->range);
+            e->range = NULL;
+            e->extent = NULL;
+        }
+        /* A registry reader may still hold one of these records: keep them (type-stable). */
+        pthread_mutex_lock(&s->lock);
+        last->next = s->spare;
+        s->spare = empty;
+        pthread_mutex_unlock(&s->lock);
+    }
+    return bytes;
+}
+
+size_t vmh_packing_idle_bytes(vmh_packing_t *pk)
+{
+    size_t idle = 0;
+    for (int i = 0; i < VMH_SHARDS; i++) {
+        pthread_mutex_lock(&pk->shards[i].lock);
+        idle += vmh_arena_unused_extent_bytes(pk->shards[i].arena);
+        pthread_mutex_unlock(&pk->shards[i].lock);
+    }
+    return idle;
+}
+
+void vmh_packing_for_each_live(vmh_packing_t *pk, void (*cb)(const vmh_block_info_t *b, void *arg),
+                               void *arg)
+{
+    for (int k = 0; k < VMH_SHARDS; k++) {
+        pthread_mutex_lock(&pk->shards[k].lock);
+        vmh_arena_for_each_live(pk->shards[k].arena, cb, arg);
+        pthread_mutex_unlock(&pk->shards[k].lock);
+    }
+}
+
+void vmh_packing_destroy(vmh_packing_t *pk)
+{
+    for (int k = 0; k < VMH_SHARDS; k++) {
+        vmh_shard_t *s = &pk->shards[k];
+        for (vmh_ext_t *e = s->exts, *next; e; e = next) {
+            next = e->next;
+            vmh_registry_set(e->range->base, e->range->size, NULL);
+            vmh_range_destroy(e->range);
+            free(e);
+        }
+        for (vmh_ext_t *e = s->spare, *next; e; e = next) {
+            next = e->next;
+            free(e);
+        }
+        if (s->arena)
+            vmh_arena_delete(s->arena, NULL, NULL);
+        pthread_mutex_destroy(&s->lock);
+        free(s->exported);
+    }
+}

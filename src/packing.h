@@ -1,0 +1,112 @@
+/* Heap layer 5a: small buffers packed into shared chunks (the glue between a device and the
+ * host-side sub-allocator of arena.h).
+ *
+ * Packed buffers live in VMH_SHARDS shards per device, each with its own mutex, arena, extents
+ * (one range, one chunk each), registry entries of those extents and set of exported packed
+ * buffers. A thread allocates in the shard it picked at its first allocation and looks at other
+ * shards' free space only when its own has none; a free goes to the shard that owns the extent.
+ * An exported block is listed with its export serial until it is freed; then it is recycled
+ * like any other and its export is dead. A freed block is parked in its arena with the reclaim generation; each shard parks one item
+ * in reclaim.h whose release unparks the shard's blocks up to the generation passed.
+ *
+ * Lock order: the reclaim wait lock, then one shard lock, then the reclaim queue lock. A thread
+ * never holds two shard locks at once. No driver call under a shard lock.
+ */
+#ifndef VMH_PACKING_H
+#define VMH_PACKING_H
+
+#include "arena.h"
+#include "device.h"
+#include "reclaim.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define VMH_SHARDS 8
+
+typedef struct vmh_ext vmh_ext_t;
+typedef struct vmh_packing vmh_packing_t;
+
+/* A live packed buffer that was exported, and the serial of its export. */
+typedef struct vmh_packed_export {
+    CUdeviceptr base;
+    uint64_t serial;
+} vmh_packed_export_t;
+
+typedef struct vmh_shard {
+    pthread_mutex_t lock;
+    vmh_packing_t *pack;
+    vmh_arena_t *arena;
+    vmh_ext_t *exts;    /* extents in the arena */
+    vmh_ext_t *spare;   /* records of trimmed extents, reused (registry readers may still look) */
+    size_t extent_next; /* size of the shard's next extent (doubles up to a limit) */
+    vmh_packed_export_t *exported; /* live packed buffers shared with other processes */
+    size_t nexported, exported_cap;
+    vmh_parked_t parked_item; /* queued in reclaim while the arena holds parked blocks */
+    /* Hints, stored under the lock (shard_note) and read without it. */
+    _Atomic size_t nparked; /* parked blocks */
+    _Atomic size_t free;    /* free bytes (not parked): a shard with less is not tried */
+    _Atomic size_t extents; /* extents in the arena */
+    char pad[64];           /* keeps shards off each other's cache lines */
+} vmh_shard_t;
+
+struct vmh_packing {
+    vmh_dev_t *dev;
+    vmh_reclaim_t *reclaim;
+    vmh_shard_t shards[VMH_SHARDS];
+};
+
+/* An extent's owner record (registry.h): the owner's lock is its shard's. */
+struct vmh_ext {
+    vmh_owner_t o;
+    vmh_shard_t *shard; /* never changes once set: records are recycled within their shard */
+    vmh_range_t *range;
+    vmh_extent_t *extent;
+    vmh_ext_t *prev, *next;
+};
+
+CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim);
+
+/* Serves size bytes: the thread's shard, then free space in the others, then parked frees
+ * released by a wait, and only then a new extent. *no_address: the address space budget, not
+ * memory, ran out. */
+CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address);
+
+/* On an extent found and locked with vmh_owner_lock (the caller unlocks): */
+/* Parks the live block starting at p; *req gets the size asked for. INVALID_VALUE for an
+ * interior pointer or a block that is not live. */
+CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req);
+/* The live block containing p. */
+bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info);
+/* Resizes the live block at p in place when the following space allows (within
+ * VMMHOOK_MEM_LIMIT); CUDA_ERROR_NOT_FOUND when p is not a block's start, OUT_OF_MEMORY when it
+ * does not fit in place. *old_size: the size asked for before. */
+CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size);
+/* Fills base, size, offset, serial and the range of the live block containing p for an
+ * export (the serial is kept until the block is freed). */
+CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
+                                   const vmh_range_t **range);
+/* Whether the block at base is still the live one exported with serial. */
+bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
+
+/* Whether any shard holds parked blocks (a hint). */
+bool vmh_packing_has_parked(vmh_packing_t *pk);
+
+/* Gives back every empty extent; returns the bytes. */
+size_t vmh_packing_trim(vmh_packing_t *pk);
+
+/* Bytes of whole extents that hold no live block: what an allocation of any size could get
+ * after a trim. Free space beside live blocks is not counted (see heap.h's idle bytes). */
+size_t vmh_packing_idle_bytes(vmh_packing_t *pk);
+
+/* Walks every live packed buffer (leak report). */
+void vmh_packing_for_each_live(vmh_packing_t *pk, void (*cb)(const vmh_block_info_t *b, void *arg),
+                               void *arg);
+
+/* Tests: destroys everything (after vmh_reclaim_release_all). */
+void vmh_packing_destroy(vmh_packing_t *pk);
+
+/* The calling thread's packing shard (picked at its first packed allocation). */
+unsigned vmh_packing_thread_shard(void);
+
+#endif
