@@ -28,6 +28,8 @@ static vmm_status to_status(CUresult rc, bool no_address)
         return VMM_ERR_INTERIOR;
     case CUDA_ERROR_OUT_OF_MEMORY:
         return no_address ? VMM_ERR_NO_ADDRESS : VMM_ERR_NO_MEMORY;
+    case CUDA_ERROR_NOT_PERMITTED: /* the heap's answer for a paused buffer (pause.c) */
+        return VMM_ERR_PAUSED;
     case CUDA_ERROR_INVALID_CONTEXT:
     case CUDA_ERROR_NOT_SUPPORTED:
     case CUDA_ERROR_NOT_INITIALIZED:

@@ -113,6 +113,13 @@ CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop
                           const CUmemAccessDesc *access, int naccess, const void *backup,
                           vmh_range_t **out);
 
+/* How the pause layer sees a heap record (a big buffer, a packing extent) during a visit,
+ * under the record's lock: the record's range slot (NULL while paused), its paused-description
+ * slot (NULL while running), and whether it is shared with another process. The function may
+ * swap one for the other; its failure stops the visit and is returned. */
+typedef CUresult (*vmh_pause_visit_fn)(vmh_range_t **range, vmh_paused_t **paused, bool exported,
+                                       void *arg);
+
 /* Destroys p->resumed (unmapping it), releases p->host, then drops the reservations'
  * references (freeing an address when no resumed range maps it). NULL is allowed. */
 void vmh_paused_destroy(vmh_paused_t *p);
