@@ -54,6 +54,8 @@
     X(cuMemcpyDtoD, (CUdeviceptr dst, CUdeviceptr src, size_t bytes))                              \
     X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))       \
     X(cuStreamSynchronize, (CUstream stream))                                                      \
+    X(cuMemcpyHtoD, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount))               \
+    X(cuMemcpyDtoH, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount))                     \
     /* Real versions of the interposed entry points, for pass-through and for our own use. */     \
     X(cuMemAlloc, (CUdeviceptr * dptr, size_t bytesize))                                           \
     X(cuMemAllocPitch, (CUdeviceptr * dptr, size_t *pitch, size_t width, size_t height,           \

@@ -4,7 +4,6 @@
 #include "range.h"
 
 #include "driver.h"
-#include "stats.h"
 
 #include <assert.h>
 #include <stdint.h>
@@ -267,7 +266,6 @@ CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_paused_t **out)
             seg_start(&p->segs[p->nsegs++], m);
     }
     if (backup) {
-        vmh_count(VMH_STAT_driver_calls, 1);
         CUresult rc = vmh_drv.cuMemcpyDtoH(backup, r->base, r->size);
         if (rc != CUDA_SUCCESS) {
             vmh_paused_destroy(p);
@@ -307,7 +305,6 @@ CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop
         r->size += rc == CUDA_SUCCESS ? s->size : 0;
     }
     if (rc == CUDA_SUCCESS && backup) {
-        vmh_count(VMH_STAT_driver_calls, 1);
         rc = vmh_drv.cuMemcpyHtoD(p->base, backup, p->size);
     }
     if (rc != CUDA_SUCCESS) {
