@@ -56,6 +56,8 @@
     X(cuStreamSynchronize, (CUstream stream))                                                      \
     X(cuMemcpyHtoD, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount))               \
     X(cuMemcpyDtoH, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount))                     \
+    X(cuMemHostRegister, (void *p, size_t bytesize, unsigned int Flags))                           \
+    X(cuMemHostUnregister, (void *p))                                                              \
     /* Real versions of the interposed entry points, for pass-through and for our own use. */     \
     X(cuMemAlloc, (CUdeviceptr * dptr, size_t bytesize))                                           \
     X(cuMemAllocPitch, (CUdeviceptr * dptr, size_t *pitch, size_t width, size_t height,           \

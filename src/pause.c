@@ -32,11 +32,14 @@
 #include "reclaim.h"
 #include "tags.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define VMM_API __attribute__((visibility("default")))
 
@@ -44,54 +47,84 @@ static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t pin_limit; /* VMMHOOK_PIN_LIMIT */
 
 /* ---- host memory for backups ---------------------------------------------------------------- *
- * Copies into host memory need no pinning to work; pinned memory copies several times faster,
- * but pinning costs more than one copy (driver-facts.md section 6). So a backup goes into plain
- * host memory, and up to VMMHOOK_PIN_LIMIT bytes of it are kept between pauses (allocated and
- * already touched) to serve the next backup of the same size. */
+ * Copies between the device and pinned host memory run several times faster than with pageable
+ * memory, but pinning costs about what one pageable copy costs (driver-facts.md section 6), so
+ * pinning pays only when the memory is used again. Backups therefore go to plain host memory,
+ * except that up to VMMHOOK_PIN_LIMIT bytes are pinned (cuMemHostRegister) when first used and
+ * kept for the process, serving every later backup that fits. */
 
-typedef struct kept {
+typedef struct pinned {
     void *host;
     size_t size;
-    struct kept *next;
-} kept_t;
+    bool in_use;
+    struct pinned *next;
+} pinned_t;
 
-static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
-static kept_t *kept_list;
-static size_t kept_bytes;
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+static pinned_t *pinned_list;
+static size_t pinned_bytes;
 
-static void *backup_get(size_t size)
+static size_t page_round(size_t n)
 {
-    pthread_mutex_lock(&kept_lock);
-    for (kept_t **pp = &kept_list; *pp; pp = &(*pp)->next) {
-        kept_t *k = *pp;
-        if (k->size == size) {
-            *pp = k->next;
-            kept_bytes -= size;
-            pthread_mutex_unlock(&kept_lock);
-            void *host = k->host;
-            free(k);
-            vmh_tags_pinned_add(-(int64_t)size);
-            return host;
-        }
-    }
-    pthread_mutex_unlock(&kept_lock);
-    return malloc(size);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + page - 1) / page * page;
 }
 
+/* Host memory for size bytes; the calling thread has the device's context current (pinning
+ * needs one). NULL when the system has none. */
+static void *backup_get(size_t size)
+{
+    pthread_mutex_lock(&pinned_lock);
+    pinned_t *best = NULL;
+    for (pinned_t *k = pinned_list; k; k = k->next)
+        if (!k->in_use && k->size >= size && (!best || k->size < best->size))
+            best = k;
+    if (best)
+        best->in_use = true;
+    /* Room to pin a new one: claimed now, given back below if pinning fails. */
+    bool pin = !best && pinned_bytes + page_round(size) <= pin_limit;
+    if (pin)
+        pinned_bytes += page_round(size);
+    pthread_mutex_unlock(&pinned_lock);
+    if (best)
+        return best->host;
+
+    size_t len = page_round(size);
+    void *host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (host == MAP_FAILED)
+        host = NULL;
+    pinned_t *k = pin && host ? malloc(sizeof *k) : NULL;
+    if (k && vmh_drv.cuMemHostRegister(host, len, 0) == CUDA_SUCCESS) {
+        *k = (pinned_t){host, len, true, NULL};
+        pthread_mutex_lock(&pinned_lock);
+        k->next = pinned_list;
+        pinned_list = k;
+        pthread_mutex_unlock(&pinned_lock);
+        vmh_tags_pinned_add((int64_t)len);
+        return host;
+    }
+    free(k);
+    if (pin) {
+        pthread_mutex_lock(&pinned_lock);
+        pinned_bytes -= len;
+        pthread_mutex_unlock(&pinned_lock);
+    }
+    return host; /* pageable (or NULL) */
+}
+
+/* Gives back a backup (vmh_host_release_fn): a pinned one stays pinned for the next backup,
+ * a pageable one goes back to the system. No driver call: it may run on any thread. */
 static void backup_put(void *host, size_t size)
 {
-    kept_t *k = NULL;
-    pthread_mutex_lock(&kept_lock);
-    if (kept_bytes + size <= pin_limit && (k = malloc(sizeof *k))) {
-        *k = (kept_t){host, size, kept_list};
-        kept_list = k;
-        kept_bytes += size;
-    }
-    pthread_mutex_unlock(&kept_lock);
+    pthread_mutex_lock(&pinned_lock);
+    pinned_t *k = pinned_list;
+    while (k && k->host != host)
+        k = k->next;
     if (k)
-        vmh_tags_pinned_add((int64_t)size);
-    else
-        free(host);
+        k->in_use = false;
+    pthread_mutex_unlock(&pinned_lock);
+    if (!k)
+        munmap(host, page_round(size));
 }
 
 /* ---- visits ---------------------------------------------------------------------------------- */
@@ -166,7 +199,7 @@ static CUresult visit_commit(vmh_range_t **range, vmh_paused_t **paused, bool ex
     *range = p->resumed;
     p->resumed = NULL;
     *paused = NULL;
-    vmh_paused_destroy(p); /* the backup goes back to the kept list or to the system */
+    vmh_paused_destroy(p); /* a pinned backup stays for the next pause, others go */
     return CUDA_SUCCESS;
 }
 
@@ -367,14 +400,17 @@ VMM_API vmm_status vmm_resume(const char *tag)
 #ifdef VMH_TESTING
 void vmh_pause_reset(void)
 {
-    pthread_mutex_lock(&kept_lock);
-    while (kept_list) {
-        kept_t *k = kept_list;
-        kept_list = k->next;
-        free(k->host);
+    pthread_mutex_lock(&pinned_lock);
+    while (pinned_list) {
+        pinned_t *k = pinned_list;
+        pinned_list = k->next;
+        assert(!k->in_use);
+        vmh_drv.cuMemHostUnregister(k->host);
+        munmap(k->host, k->size);
+        vmh_tags_pinned_add(-(int64_t)k->size);
         free(k);
     }
-    kept_bytes = 0;
-    pthread_mutex_unlock(&kept_lock);
+    pinned_bytes = 0;
+    pthread_mutex_unlock(&pinned_lock);
 }
 #endif
