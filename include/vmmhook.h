@@ -121,7 +121,7 @@ vmm_status vmm_pause(const char *tag, unsigned flags);
 vmm_status vmm_resume(const char *tag);
 
 /* The library's statistics as one JSON object, the per-tag figures under "tags" (requested,
- * mapped, paused and backed-up bytes; pause and resume counts and total seconds). Writes at
+ * mapped, paused and backed-up bytes; pause and resume counts and total nanoseconds). Writes at
  * most len bytes including the NUL (buf may be NULL when len is 0) and returns the length the
  * whole text needs without the NUL, as snprintf does; -1 when the library is not working. */
 int vmm_stats_json(char *buf, size_t len);

@@ -638,7 +638,8 @@ void vmh_heap_shutdown(bool report_leaks)
 
 bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out)
 {
-    if (device < 0 || device >= VMH_MAX_DEVICES || tag >= VMM_TAGS_MAX || !running())
+    /* Also after exit: the exit report counts the tags' memory (vmm_pause refuses by then). */
+    if (device < 0 || device >= VMH_MAX_DEVICES || tag >= VMM_TAGS_MAX || in_child())
         return false;
     hdev_t *h = atomic_load_explicit(&devs[device], memory_order_acquire);
     tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;

@@ -268,14 +268,16 @@ static void tags_json(jbuf_t *b, int indent)
                   (long long)vmh_tag_requested(t), (long long)vmh_tag_requested_peak(t), m.mapped,
                   m.paused, m.backed_up, m.kept);
         const tag_stats_t *s = &stats[t];
+        /* Integers only, as the rest of the report: durations in nanoseconds. */
         jb_printf(b,
-                  "\"pauses\": %llu, \"resumes\": %llu, \"pause_seconds\": %.6f, "
-                  "\"resume_seconds\": %.6f, \"last_pause_seconds\": %.6f, "
-                  "\"last_resume_seconds\": %.6f}%s\n",
+                  "\"pauses\": %llu, \"resumes\": %llu, \"pause_ns\": %llu, "
+                  "\"resume_ns\": %llu, \"last_pause_ns\": %llu, \"last_resume_ns\": %llu}%s\n",
                   (unsigned long long)atomic_load(&s->pauses),
-                  (unsigned long long)atomic_load(&s->resumes), seconds(atomic_load(&s->pause_ns)),
-                  seconds(atomic_load(&s->resume_ns)), seconds(atomic_load(&s->last_pause_ns)),
-                  seconds(atomic_load(&s->last_resume_ns)), t + 1 < n ? "," : "");
+                  (unsigned long long)atomic_load(&s->resumes),
+                  (unsigned long long)atomic_load(&s->pause_ns),
+                  (unsigned long long)atomic_load(&s->resume_ns),
+                  (unsigned long long)atomic_load(&s->last_pause_ns),
+                  (unsigned long long)atomic_load(&s->last_resume_ns), t + 1 < n ? "," : "");
     }
     jb_printf(b, "%*s}", indent > 2 ? indent - 2 : 0, "");
 }

@@ -114,7 +114,7 @@ class Common(unittest.TestCase):
         self.assertIn("pinned_host_bytes", s)
         for figures in s["tags"].values():
             for key in ("requested", "mapped", "paused", "backed_up", "pauses", "resumes",
-                        "pause_seconds", "resume_seconds"):
+                        "pause_ns", "resume_ns"):
                 self.assertIn(key, figures)
 
     def test_unknown_tag(self):

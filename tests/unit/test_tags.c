@@ -117,7 +117,7 @@ static void stats_json_api(void **state)
     snprintf(want, sizeof want,
              "\"k\\\"v\": {\"state\": \"running\", \"requested\": %zu, \"requested_peak\": %zu, "
              "\"mapped\": 0, \"paused\": 0, \"backed_up\": 0, \"kept_mapped\": 0, "
-             "\"pauses\": 1, \"resumes\": 0, \"pause_seconds\": 1.500000",
+             "\"pauses\": 1, \"resumes\": 0, \"pause_ns\": 1500000000",
              2 * GRAN, 3 * GRAN);
     if (!strstr(buf, want))
         fprintf(stderr, "%s\nwanted: %s\n", buf, want);
