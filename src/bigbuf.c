@@ -189,7 +189,10 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
     vmh_dev_t *d = bb->dev;
     size_t rounded;
     *no_address = false;
-    if (!vmh_round_up(size, d->gran, &rounded) || !vmh_dev_usable_take(d, rounded))
+    /* A paused tag takes no memory: refused before any memory is made (and again under the
+     * lock, in serve_range, for a pause that comes meanwhile). */
+    if (atomic_load(&bb->frozen) || !vmh_round_up(size, d->gran, &rounded) ||
+        !vmh_dev_usable_take(d, rounded))
         return CUDA_ERROR_OUT_OF_MEMORY;
     for (int attempt = 0;; attempt++) {
         vmh_range_t *r = vmh_cache_take(bb->cache, rounded);
