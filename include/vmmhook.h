@@ -104,12 +104,13 @@ vmm_status vmm_tag_pop(void);
  * while keeping every address reserved: pointers stay valid as numbers, but a kernel or a copy
  * that touches a paused buffer faults (an illegal address), as it would with any unmapped
  * memory. Waits first for all work queued on the tag's devices (a context synchronize), then
- * unmaps and releases; the tag's idle cached memory is released too. Buffers allocated in the
- * tag while it is paused are served normally (mapped) and paused by the next vmm_pause.
+ * unmaps and releases; idle cached memory is released too. While paused the tag takes no new
+ * memory: allocations in it are refused (out of memory); frees of its buffers work. Buffers
+ * exported to another process stay mapped (docs/SLEEP.md).
  * VMM_ERR_PAUSED: the named tag is paused already (nothing done; with NULL, paused tags are
- * skipped); VMM_ERR_UNKNOWN_TAG; VMM_ERR_NO_MEMORY: VMM_PAUSE_BACKUP could not get pinned host
- * memory (nothing paused for that tag); VMM_ERR_DRIVER: a copy failed (nothing paused for
- * that tag). */
+ * skipped); VMM_ERR_UNKNOWN_TAG; VMM_ERR_INVALID: unknown flags; VMM_ERR_NO_MEMORY: no host
+ * memory for a backup; VMM_ERR_DRIVER: a copy or the wait failed. After a failure the tag is
+ * running again with its contents (if even that fails, it stays paused: resume it). */
 vmm_status vmm_pause(const char *tag, unsigned flags);
 
 /* Maps new physical memory at exactly the addresses of the tag's paused buffers (NULL: every
