@@ -333,6 +333,46 @@ static void several_devices(void **state)
     sim_set_current_device(0);
 }
 
+/* Work queued before the pause lands before the memory goes (and is in the backup); a
+ * "kernel" that touches a paused buffer faults; work captured with the buffer's address (a
+ * CUDA graph replayed after resume) finds the same address mapped, with the same contents. */
+static unsigned char byte_at(CUdeviceptr p)
+{
+    unsigned char b = 0;
+    assert_int_equal(sim_read(&b, p, 1), CUDA_SUCCESS);
+    return b;
+}
+
+static void queued_work_and_replay(void **state)
+{
+    (void)state;
+    CUdeviceptr p = alloc_in("kv", 3 * MiB), s = alloc_in("kv", 512);
+    tu_fill(p, 3 * MiB, 61);
+    assert_int_equal(sim_launch_write(NULL, NULL, p + MiB, 4096, 0x5a), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(NULL, NULL, s, 512, 0x3c), CUDA_SUCCESS);
+    assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_hazards(), 0); /* the pause waited for the queued work */
+
+    assert_int_equal(sim_launch_write(NULL, NULL, p, 16, 1), CUDA_SUCCESS);
+    sim_flush();
+    assert_int_equal(sim_hazards(), 1); /* a kernel touching a paused buffer faults */
+
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    assert_int_equal(byte_at(p + MiB), 0x5a);
+    assert_int_equal(byte_at(p + MiB + 4095), 0x5a);
+    assert_int_equal(byte_at(s + 511), 0x3c);
+    assert_true(tu_check(p, MiB, 61));
+    /* The same "kernels" at the same addresses, as a graph replay: no fault. */
+    assert_int_equal(sim_launch_write(NULL, NULL, p + MiB, 4096, 0x77), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(NULL, NULL, s, 512, 0x78), CUDA_SUCCESS);
+    sim_flush();
+    assert_int_equal(sim_hazards(), 1);
+    assert_int_equal(byte_at(p + MiB), 0x77);
+    assert_int_equal(byte_at(s), 0x78);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(s, NULL, false), CUDA_SUCCESS);
+}
+
 /* ---- other threads allocate and free in the tag while it is paused and resumed ---- */
 
 typedef struct churn {
@@ -532,6 +572,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(exported_buffer_stays, setup, teardown),
         cmocka_unit_test_setup_teardown(peer_access_restored, setup, teardown),
         cmocka_unit_test_setup_teardown(several_devices, setup, teardown),
+        cmocka_unit_test_setup_teardown(queued_work_and_replay, setup, teardown),
         cmocka_unit_test_setup_teardown(pause_while_others_allocate, setup, teardown),
         cmocka_unit_test_setup_teardown(fault_sweep, setup, teardown),
     };
