@@ -347,6 +347,11 @@ static void queued_work_and_replay(void **state)
 {
     (void)state;
     CUdeviceptr p = alloc_in("kv", 3 * MiB), s = alloc_in("kv", 512);
+    /* Without a backup nothing else lands the work: the pause's own wait must. */
+    assert_int_equal(sim_launch_write(NULL, NULL, p, 4096, 0x11), CUDA_SUCCESS);
+    assert_int_equal(vmm_pause("kv", 0), VMM_OK);
+    assert_int_equal(sim_hazards(), 0);
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
     tu_fill(p, 3 * MiB, 61);
     assert_int_equal(sim_launch_write(NULL, NULL, p + MiB, 4096, 0x5a), CUDA_SUCCESS);
     assert_int_equal(sim_launch_write(NULL, NULL, s, 512, 0x3c), CUDA_SUCCESS);
