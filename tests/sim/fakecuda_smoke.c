@@ -43,6 +43,25 @@ int main(void)
     CHECK(dlsym(lib, "cuMemFreeAsync_ptsz") != NULL);
     CHECK(dlsym(lib, "cuMemcpyDtoD_v2_ptds") != NULL);
     CHECK(dlsym(lib, "cuMemAlloc") == NULL); /* v1 names are not simulated */
+    /* The round-10 entry points under the real driver's exported names. */
+    static const char *const exported[] = {
+        "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4", "cuCtxDestroy_v2",
+        "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxReset_v2", "cuStreamCreate",
+        "cuStreamDestroy_v2", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz",
+        "cuStreamEndCapture", "cuStreamEndCapture_ptsz", "cuStreamIsCapturing",
+        "cuStreamIsCapturing_ptsz", "cuThreadExchangeStreamCaptureMode", "cuGraphDestroy",
+        "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", "cuMemAllocManaged",
+        "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister_v2", "cuMemHostUnregister",
+        "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyHtoDAsync_v2",
+        "cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz",
+        "cuCtxSetCurrent", "sim_launch_write", "sim_range_mapped_bytes",
+    };
+    for (size_t i = 0; i < sizeof exported / sizeof exported[0]; i++)
+        if (!dlsym(lib, exported[i])) {
+            fprintf(stderr, "not exported: %s\n", exported[i]);
+            failures++;
+        }
+    CHECK(dlsym(lib, "reject") == NULL && dlsym(lib, "vec_find") == NULL); /* internals hidden */
     if (!gp)
         return 1;
 
@@ -71,6 +90,13 @@ int main(void)
     CHECK(gp("cuMemFreeAsync", (void **)&freeasync, 12000,
              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == CUDA_SUCCESS);
     CHECK(gp("cuGetProcAddress", &self, 12000, 0, &st) == CUDA_SUCCESS && self == (void *)gp);
+    void *create = NULL;
+    CHECK(gp("cuCtxCreate", &create, 13000, 0, &st) == CUDA_SUCCESS &&
+          create == dlsym(lib, "cuCtxCreate_v4"));
+    CHECK(gp("cuCtxCreate", &create, 11040, 0, &st) == CUDA_SUCCESS &&
+          create == dlsym(lib, "cuCtxCreate_v3"));
+    CHECK(gp("cuStreamBeginCapture", &create, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+             &st) == CUDA_SUCCESS && create != NULL);
     void *none = (void *)1;
     CHECK(gp("cuNoSuchSymbol", &none, 13000, 0, &st) == CUDA_ERROR_NOT_FOUND);
     CHECK(none == NULL && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);

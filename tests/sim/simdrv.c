@@ -1,165 +1,45 @@
-/* simdrv: the strict simulated CUDA driver. See simdrv.h for what is simulated. */
+/* simdrv: the strict simulated CUDA driver. See simdrv.h for what is simulated, simint.h for
+ * how the sources divide it. This file: the state, helpers, ledger, control API, devices, VMM,
+ * the native allocator, pointer queries, IPC, errors, the table, cuGetProcAddress and fork. */
 #include "simint.h"
 
 #include <errno.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define KiB (1024ULL)
-#define MiB (1024ULL * KiB)
-#define GiB (1024ULL * MiB)
-#define TiB (1024ULL * GiB)
-
 #define VA_BASE 0x100000000000ULL /* 16 TiB: reservations */
 #define VA_MAX_SIZE (64ULL * TiB)
 #define NAT_BASE 0x500000000000ULL /* 80 TiB: native blocks */
 #define NAT_SPAN (4ULL * TiB)
 #define NAT_ALIGN 512ULL
-#define CTX_MAGIC 0x51dc7a11u
-#define CTX_DEPTH 32
-#define MAX_FAULTS 64
+#define MAX_FAULTS (sizeof S.faults / sizeof S.faults[0])
 #define TRACE_MAX (1u << 20)
 #define DRIVER_VERSION 13000
 
-/* ---------------------------------------------------------------------------------------- */
-/* Objects                                                                                   */
-
-struct CUctx_st {
-    unsigned magic;
-    int device;
-};
-
-typedef struct sim_iv { /* an interval of the fake address space (or a key) */
-    CUdeviceptr ptr;
-    size_t span;
-} sim_iv_t;
-
-typedef struct sim_alloc {
-    struct sim_alloc *prev, *next;
-    unsigned long long id;
-    size_t size;
-    CUmemAllocationProp prop;
-    int device; /* -1: host */
-    unsigned nhandles, nmaps;
-    unsigned char *bytes; /* contents, mapped on first write */
-} sim_alloc_t;
-
-typedef struct sim_handle {
-    sim_iv_t iv; /* ptr = handle value */
-    sim_alloc_t *a;
-} sim_handle_t;
-
-typedef struct sim_resv {
-    sim_iv_t iv;
-    unsigned long long id;
-} sim_resv_t;
-
-typedef struct sim_map {
-    sim_iv_t iv;
-    sim_alloc_t *a;
-    sim_resv_t *r;
-    unsigned char *acc; /* [granule * ndev + dev]: CU_MEM_ACCESS_FLAGS_PROT_* */
-} sim_map_t;
-
-typedef struct sim_native {
-    sim_iv_t iv; /* span: address space taken */
-    size_t size; /* bytes the caller may touch (requested, or pitch * height) */
-    size_t charged;
-    int device;
-    unsigned long long id;
-    unsigned char *bytes;
-} sim_native_t;
-
-struct CUstream_st {
-    sim_iv_t iv; /* ptr = the stream's address */
-    int device;
-};
-
-typedef struct sim_export {
-    dev_t dev;
-    ino_t ino;
-    sim_alloc_t *a;
-} sim_export_t;
-
-typedef struct sim_op { /* a queued async copy */
-    CUdeviceptr dst, src;
-    size_t n;
-    int device;
-} sim_op_t;
-
-typedef struct sim_fault {
-    int fn; /* -1: any entry point */
-    unsigned long from, to; /* counts (inclusive) that fail */
-    CUresult code;
-} sim_fault_t;
-
-typedef struct sim_vec { /* sorted by iv.ptr */
-    sim_iv_t **v;
-    size_t n, cap;
-} sim_vec_t;
-
 static const char *const fn_names[SIM_E_COUNT] = {
 #define SIM_NAME(name, params) #name,
-    SIM_ALL_FUNCS(SIM_NAME)
+    SIM_FUNCS(SIM_NAME)
 #undef SIM_NAME
 };
 
-static struct {
-    pthread_mutex_t mu;
-    bool initialized;
-    unsigned gen;
-    sim_config_t cfg;
-    struct CUctx_st ctx[SIM_MAX_DEVICES];
-    unsigned primary_refs[SIM_MAX_DEVICES];
-    bool peer[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
-    size_t used[SIM_MAX_DEVICES];
-    sim_alloc_t *allocs;
-    size_t nallocs;
-    sim_vec_t handles, resvs, maps, natives, streams;
-    sim_export_t *exports;
-    size_t nexports, capexports;
-    sim_op_t *ops;
-    size_t nops, capops;
-    CUdeviceptr res_rover, nat_rover;
-    bool refuse_hints;
-    bool verbose;
-    unsigned long long next_id;
-    unsigned long long next_handle;
-    unsigned long hazards;
-    unsigned long total;
-    unsigned long calls[SIM_E_COUNT];
-    sim_fault_t faults[MAX_FAULTS];
-    size_t nfaults;
-    unsigned long fired;
-    bool tracing;
-    const char **trace;
-    size_t ntrace;
-    unsigned long trace_calls;
-} S = {
+sim_state_t S = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .next_id = 1,
     .next_handle = 0x51d000000000ULL,
 };
 
-static __thread struct {
-    unsigned gen;
-    int depth;
-    CUcontext stack[CTX_DEPTH];
-} T;
+__thread sim_thread_t T;
 static __thread char last_reason[256];
 
 /* ---------------------------------------------------------------------------------------- */
 /* Helpers                                                                                   */
 
-static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-static void die(const char *fmt, ...)
+void die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -170,8 +50,7 @@ static void die(const char *fmt, ...)
     abort();
 }
 
-static CUresult reject(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static CUresult reject(CUresult code, const char *fmt, ...)
+CUresult reject(CUresult code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -182,21 +61,19 @@ static CUresult reject(CUresult code, const char *fmt, ...)
     return code;
 }
 
-static int sim_lock(void)
+int sim_lock(void)
 {
     pthread_mutex_lock(&S.mu);
     return 1;
 }
 
-static void sim_unlock_cleanup(int *unused)
+void sim_unlock_cleanup(int *held)
 {
-    (void)unused;
+    (void)held;
     pthread_mutex_unlock(&S.mu);
 }
 
-#define LOCKED __attribute__((cleanup(sim_unlock_cleanup))) int sim_locked_ = sim_lock()
-
-static void *xcalloc(size_t n, size_t sz)
+void *xcalloc(size_t n, size_t sz)
 {
     void *p = calloc(n ? n : 1, sz ? sz : 1);
     if (!p)
@@ -204,7 +81,7 @@ static void *xcalloc(size_t n, size_t sz)
     return p;
 }
 
-static void *xrealloc(void *p, size_t sz)
+void *xrealloc(void *p, size_t sz)
 {
     p = realloc(p, sz ? sz : 1);
     if (!p)
@@ -214,15 +91,22 @@ static void *xrealloc(void *p, size_t sz)
 
 static bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
 static CUdeviceptr align_up(CUdeviceptr x, size_t a) { return (x + a - 1) & ~(CUdeviceptr)(a - 1); }
-static size_t gran(void) { return S.cfg.granularity; }
-static int ndev(void) { return S.cfg.devices; }
-static bool overlaps(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn)
+size_t gran(void) { return S.cfg.granularity; }
+int ndev(void) { return S.cfg.devices; }
+bool overlaps(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn)
 {
     return a < b + bn && b < a + an;
 }
 
+/* Entry points a forked child may still call: they touch no driver state. */
+static bool works_after_fork(enum sim_fn fn)
+{
+    return fn == SIM_E_cuDriverGetVersion || fn == SIM_E_cuGetProcAddress ||
+           fn == SIM_E_cuGetErrorString || fn == SIM_E_cuGetErrorName;
+}
+
 /* Counts the call, records it in the trace and fires a matching fault. */
-static CUresult sim_enter(enum sim_fn fn)
+CUresult sim_enter(enum sim_fn fn)
 {
     S.total++;
     S.calls[fn]++;
@@ -231,6 +115,11 @@ static CUresult sim_enter(enum sim_fn fn)
             S.trace[S.ntrace++] = fn_names[fn];
         S.trace_calls++;
     }
+    /* CUDA is not usable in a child of a process that initialized it: the real driver answers
+     * an error at once (measured: no child hung, driver-facts.md section 5). */
+    if (S.forked_child && !works_after_fork(fn))
+        return reject(CUDA_ERROR_NOT_INITIALIZED, "%s: forked child of an initialized process",
+                      fn_names[fn]);
     CUresult rc = CUDA_SUCCESS;
     size_t j = 0;
     for (size_t i = 0; i < S.nfaults; i++) {
@@ -255,67 +144,42 @@ static CUresult sim_enter(enum sim_fn fn)
     return rc;
 }
 
-#define SIM_ENTER(id)                                          \
-    LOCKED;                                                    \
-    do {                                                       \
-        CUresult sim_frc_ = sim_enter(SIM_E_##id);             \
-        if (sim_frc_ != CUDA_SUCCESS)                          \
-            return sim_frc_;                                   \
-    } while (0)
+/* fork: the child gets a fresh lock (the parent's may have been held by a thread that does not
+ * exist in the child; prepare takes it so that the child's copy of the state is consistent) and,
+ * in strict mode when the parent had initialized, answers NOT_INITIALIZED from then on, as the
+ * real driver does. Strict mode is opt-in (sim_set_fork_strict, SIM_FORK_STRICT=1) because the
+ * IPC tests use forked children as stand-ins for other processes. */
+static void fork_prepare(void) { pthread_mutex_lock(&S.mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&S.mu); }
+static void fork_child(void)
+{
+    pthread_mutex_init(&S.mu, NULL);
+    if (S.initialized && S.fork_strict)
+        S.forked_child = true;
+}
 
-#define NEED_INIT()                                                          \
-    do {                                                                     \
-        if (!S.initialized)                                                  \
-            return reject(CUDA_ERROR_NOT_INITIALIZED, "%s", "not initialized"); \
-    } while (0)
-
-CUresult sim_unimplemented(enum sim_fn fn)
+void sim_set_fork_strict(bool strict)
 {
     LOCKED;
-    CUresult rc = sim_enter(fn);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    fprintf(stderr, "simdrv: %s is not implemented by the simulation\n", fn_names[fn]);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    S.fork_strict = strict;
 }
 
-/* Thread's current context (a reset invalidates every thread's stack). */
-static CUcontext cur_ctx(void)
+__attribute__((constructor)) static void sim_register_fork_handlers(void)
 {
-    if (T.gen != S.gen) {
-        T.gen = S.gen;
-        T.depth = 0;
-    }
-    return T.depth ? T.stack[T.depth - 1] : NULL;
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
-static int cur_dev(void)
+bool sim_in_forked_child(void)
 {
-    CUcontext c = cur_ctx();
-    return c ? c->device : -1;
-}
-
-#define NEED_CTX(devvar)                                                          \
-    NEED_INIT();                                                                  \
-    int devvar = cur_dev();                                                       \
-    do {                                                                          \
-        if (devvar < 0)                                                           \
-            return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "no current context"); \
-    } while (0)
-
-static bool ctx_valid(CUcontext c)
-{
-    for (int d = 0; d < ndev(); d++)
-        if (c == &S.ctx[d])
-            return c->magic == CTX_MAGIC;
-    return false;
+    LOCKED;
+    return S.forked_child;
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Sorted vectors of intervals                                                               */
 
 /* Index of the first element with ptr > p. */
-static size_t vec_upper(const sim_vec_t *s, CUdeviceptr p)
+size_t vec_upper(const sim_vec_t *s, CUdeviceptr p)
 {
     size_t lo = 0, hi = s->n;
     while (lo < hi) {
@@ -329,7 +193,7 @@ static size_t vec_upper(const sim_vec_t *s, CUdeviceptr p)
 }
 
 /* Element whose [ptr, ptr + span) holds p. */
-static void *vec_find(const sim_vec_t *s, CUdeviceptr p)
+void *vec_find(const sim_vec_t *s, CUdeviceptr p)
 {
     size_t i = vec_upper(s, p);
     if (i == 0)
@@ -338,7 +202,7 @@ static void *vec_find(const sim_vec_t *s, CUdeviceptr p)
     return p - e->ptr < e->span ? e : NULL;
 }
 
-static void *vec_exact(const sim_vec_t *s, CUdeviceptr p)
+void *vec_exact(const sim_vec_t *s, CUdeviceptr p)
 {
     size_t i = vec_upper(s, p);
     if (i == 0 || s->v[i - 1]->ptr != p)
@@ -346,7 +210,7 @@ static void *vec_exact(const sim_vec_t *s, CUdeviceptr p)
     return s->v[i - 1];
 }
 
-static void vec_insert(sim_vec_t *s, void *obj)
+void vec_insert(sim_vec_t *s, void *obj)
 {
     sim_iv_t *e = obj;
     if (s->n == s->cap) {
@@ -359,7 +223,7 @@ static void vec_insert(sim_vec_t *s, void *obj)
     s->n++;
 }
 
-static void vec_remove(sim_vec_t *s, void *obj)
+void vec_remove(sim_vec_t *s, void *obj)
 {
     sim_iv_t *e = obj;
     size_t i = vec_upper(s, e->ptr);
@@ -372,7 +236,7 @@ static void vec_remove(sim_vec_t *s, void *obj)
     s->n--;
 }
 
-static bool vec_range_free(const sim_vec_t *s, CUdeviceptr p, size_t size)
+bool vec_range_free(const sim_vec_t *s, CUdeviceptr p, size_t size)
 {
     size_t i = vec_upper(s, p);
     if (i > 0 && s->v[i - 1]->ptr + s->v[i - 1]->span > p)
@@ -457,7 +321,7 @@ static CUresult resolve(CUdeviceptr p, int dev, bool write, loc_t *out)
     return reject(CUDA_ERROR_ILLEGAL_ADDRESS, "0x%llx is not mapped", (unsigned long long)p);
 }
 
-static CUresult check_range(CUdeviceptr p, size_t n, int dev, bool write)
+CUresult check_range(CUdeviceptr p, size_t n, int dev, bool write)
 {
     if (p + n < p)
         return reject(CUDA_ERROR_ILLEGAL_ADDRESS, "%s", "range wraps");
@@ -474,7 +338,7 @@ static CUresult check_range(CUdeviceptr p, size_t n, int dev, bool write)
 }
 
 /* The three below assume check_range passed. src NULL writes zeroes (fill = value). */
-static void do_write(CUdeviceptr p, const unsigned char *src, int fill, size_t n, int dev)
+void do_write(CUdeviceptr p, const unsigned char *src, int fill, size_t n, int dev)
 {
     while (n) {
         loc_t l;
@@ -495,7 +359,7 @@ static void do_write(CUdeviceptr p, const unsigned char *src, int fill, size_t n
     }
 }
 
-static void do_read(unsigned char *dst, CUdeviceptr p, size_t n, int dev)
+void do_read(unsigned char *dst, CUdeviceptr p, size_t n, int dev)
 {
     while (n) {
         loc_t l;
@@ -527,7 +391,7 @@ static bool unbacked(CUdeviceptr p, size_t n, int dev)
     return true;
 }
 
-static void do_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, int dev)
+void do_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, int dev)
 {
     enum { CH = 1 << 20 };
     static unsigned char buf[CH]; /* under the lock */
@@ -543,41 +407,6 @@ static void do_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, int dev)
         do_read(buf, src + off, k, dev);
         do_write(dst + off, buf, 0, k, dev);
         done += k;
-    }
-}
-
-/* Runs the queued async copies. */
-static void flush_ops(void)
-{
-    for (size_t i = 0; i < S.nops; i++) {
-        sim_op_t *o = &S.ops[i];
-        if (check_range(o->src, o->n, o->device, false) ||
-            check_range(o->dst, o->n, o->device, true)) {
-            S.hazards++;
-            fprintf(stderr,
-                    "simdrv: HAZARD: a queued copy 0x%llx <- 0x%llx (%zu bytes) ran after its "
-                    "memory went: %s\n",
-                    (unsigned long long)o->dst, (unsigned long long)o->src, o->n, last_reason);
-            continue;
-        }
-        do_copy(o->dst, o->src, o->n, o->device);
-    }
-    S.nops = 0;
-}
-
-/* Memory [p, p + n) is going away: a queued copy touching it is a hazard. */
-static void hazard_check(const char *what, CUdeviceptr p, size_t n)
-{
-    for (size_t i = 0; i < S.nops; i++) {
-        sim_op_t *o = &S.ops[i];
-        if (overlaps(o->src, o->n, p, n) || overlaps(o->dst, o->n, p, n)) {
-            S.hazards++;
-            fprintf(stderr,
-                    "simdrv: HAZARD: %s of [0x%llx, +%zu) while a queued copy 0x%llx <- 0x%llx "
-                    "(%zu bytes) may still touch it\n",
-                    what, (unsigned long long)p, n, (unsigned long long)o->dst,
-                    (unsigned long long)o->src, o->n);
-        }
     }
 }
 
@@ -628,7 +457,7 @@ static void map_destroy(sim_map_t *m)
     free(m);
 }
 
-static void native_destroy(sim_native_t *n)
+void native_destroy(sim_native_t *n)
 {
     vec_remove(&S.natives, n);
     S.used[n->device] -= n->charged;
@@ -656,13 +485,10 @@ static void wipe(void)
     }
     while (S.natives.n)
         native_destroy((sim_native_t *)S.natives.v[S.natives.n - 1]);
-    while (S.streams.n) {
-        sim_iv_t *st = S.streams.v[S.streams.n - 1];
-        vec_remove(&S.streams, st);
-        free(st);
-    }
+    work_wipe();
+    contexts_wipe();
+    hosts_wipe();
     S.nexports = 0;
-    S.nops = 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -713,8 +539,11 @@ static void reset_locked(const sim_config_t *cfg)
     S.cfg = c;
     memset(S.ctx, 0, sizeof S.ctx);
     for (int d = 0; d < c.devices; d++) {
+        S.ctx[d].iv.ptr = (CUdeviceptr)(uintptr_t)&S.ctx[d];
+        S.ctx[d].iv.span = 1;
         S.ctx[d].magic = CTX_MAGIC;
         S.ctx[d].device = d;
+        S.ctx[d].primary = true;
     }
     memset(S.primary_refs, 0, sizeof S.primary_refs);
     memset(S.peer, 0, sizeof S.peer);
@@ -732,8 +561,10 @@ static void reset_locked(const sim_config_t *cfg)
     S.trace_calls = 0;
     S.gen++;
     S.initialized = true;
+    S.forked_child = false; /* a test may start afresh in a child */
     T.gen = S.gen;
     T.depth = 0;
+    T.capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
     if (!c.no_current_context)
         T.stack[T.depth++] = &S.ctx[0];
 }
@@ -750,28 +581,6 @@ sim_config_t sim_get_config(void)
     return S.cfg;
 }
 
-void sim_set_current_device(int dev)
-{
-    LOCKED;
-    cur_ctx(); /* revalidates the stack */
-    if (dev < 0) {
-        T.depth = 0;
-        return;
-    }
-    if (!S.initialized || dev >= ndev())
-        die("sim_set_current_device(%d): no such device", dev);
-    if (T.depth)
-        T.stack[T.depth - 1] = &S.ctx[dev];
-    else
-        T.stack[T.depth++] = &S.ctx[dev];
-}
-
-int sim_current_device(void)
-{
-    LOCKED;
-    return cur_dev();
-}
-
 void sim_refuse_hints(bool refuse)
 {
     LOCKED;
@@ -785,61 +594,6 @@ void sim_set_verbose(bool verbose)
 }
 
 const char *sim_last_reason(void) { return last_reason; }
-
-static CUresult access_op(CUdeviceptr p, const void *src, void *dst, int fill, size_t n,
-                          bool write)
-{
-    NEED_CTX(dev);
-    flush_ops();
-    CUresult rc = check_range(p, n, dev, write);
-    if (rc)
-        return rc;
-    if (!write)
-        do_read(dst, p, n, dev);
-    else
-        do_write(p, src, fill, n, dev);
-    return CUDA_SUCCESS;
-}
-
-CUresult sim_write(CUdeviceptr dst, const void *src, size_t n)
-{
-    LOCKED;
-    if (!src && n)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "sim_write: src NULL");
-    return access_op(dst, src, NULL, 0, n, true);
-}
-
-CUresult sim_read(void *dst, CUdeviceptr src, size_t n)
-{
-    LOCKED;
-    if (!dst && n)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "sim_read: dst NULL");
-    return access_op(src, NULL, dst, 0, n, false);
-}
-
-CUresult sim_memset(CUdeviceptr dst, int value, size_t n)
-{
-    LOCKED;
-    return access_op(dst, NULL, NULL, value & 0xff, n, true);
-}
-
-void sim_flush(void)
-{
-    LOCKED;
-    flush_ops();
-}
-
-size_t sim_pending_ops(void)
-{
-    LOCKED;
-    return S.nops;
-}
-
-unsigned long sim_hazards(void)
-{
-    LOCKED;
-    return S.hazards;
-}
 
 size_t sim_live_allocations(void)
 {
@@ -871,25 +625,25 @@ size_t sim_live_native(void)
     return S.natives.n;
 }
 
-size_t sim_live_streams(void)
-{
-    LOCKED;
-    return S.streams.n;
-}
-
 bool sim_ledger_empty(void)
 {
     LOCKED;
-    return !S.nallocs && !S.handles.n && !S.resvs.n && !S.maps.n && !S.natives.n;
+    return !S.nallocs && !S.handles.n && !S.resvs.n && !S.maps.n && !S.natives.n && !S.hosts.n;
 }
 
 void sim_ledger_fdump(FILE *out)
 {
     LOCKED;
     fprintf(out, "simdrv ledger: %zu allocations, %zu handles, %zu reservations, %zu mappings, "
-                 "%zu native, %zu streams, %zu queued copies, %lu hazards\n",
-            S.nallocs, S.handles.n, S.resvs.n, S.maps.n, S.natives.n, S.streams.n, S.nops,
-            S.hazards);
+                 "%zu native, %zu pinned host ranges, %zu streams, %zu created contexts, "
+                 "%zu graphs, %zu queued operations, %lu hazards\n",
+            S.nallocs, S.handles.n, S.resvs.n, S.maps.n, S.natives.n, S.hosts.n, S.streams.n,
+            S.ctxs_live, S.graphs.n, S.nops, S.hazards);
+    for (size_t i = 0; i < S.hosts.n; i++) {
+        sim_host_t *h = (sim_host_t *)S.hosts.v[i];
+        fprintf(out, "  pinned host %p: %zu bytes (%s)\n", (void *)(uintptr_t)h->iv.ptr,
+                h->iv.span, h->registered ? "cuMemHostRegister" : "cuMemHostAlloc");
+    }
     for (sim_alloc_t *a = S.allocs; a; a = a->next)
         fprintf(out, "  allocation #%llu: %zu bytes on %s %d, %u handles, %u mappings\n", a->id,
                 a->size, a->device >= 0 ? "device" : "host", a->device, a->nhandles, a->nmaps);
@@ -921,6 +675,25 @@ bool sim_is_mapped(CUdeviceptr p)
 {
     LOCKED;
     return vec_find(&S.maps, p) != NULL;
+}
+
+size_t sim_range_mapped_bytes(CUdeviceptr p, size_t n)
+{
+    LOCKED;
+    size_t total = 0;
+    if (p + n < p)
+        n = (size_t)(~(CUdeviceptr)0 - p);
+    size_t i = vec_upper(&S.maps, p);
+    if (i > 0)
+        i--;
+    for (; i < S.maps.n && S.maps.v[i]->ptr < p + n; i++) {
+        sim_iv_t *m = S.maps.v[i];
+        CUdeviceptr lo = m->ptr > p ? m->ptr : p;
+        CUdeviceptr hi = m->ptr + m->span < p + n ? m->ptr + m->span : p + n;
+        if (hi > lo)
+            total += hi - lo;
+    }
+    return total;
 }
 
 bool sim_is_reserved(CUdeviceptr p)
@@ -991,7 +764,7 @@ void sim_reset_counters(void)
 static void add_fault(int fn, unsigned long nth, unsigned long times, CUresult code)
 {
     if (S.nfaults == MAX_FAULTS)
-        die("more than %d pending faults", MAX_FAULTS);
+        die("more than %zu pending faults", MAX_FAULTS);
     if (!nth)
         nth = 1;
     unsigned long base = fn < 0 ? S.total : S.calls[fn];
@@ -1082,6 +855,9 @@ CUresult SIM_IMPL(cuInit)(unsigned int flags)
         const char *v = getenv("SIM_VERBOSE");
         if (v && *v && *v != '0')
             S.verbose = true;
+        v = getenv("SIM_FORK_STRICT");
+        if (v && *v && *v != '0')
+            S.fork_strict = true;
     }
     return CUDA_SUCCESS;
 }
@@ -1105,11 +881,6 @@ CUresult SIM_IMPL(cuDeviceGetCount)(int *count)
     return CUDA_SUCCESS;
 }
 
-#define NEED_DEVICE(d, what)                                                               \
-    do {                                                                                   \
-        if ((d) < 0 || (d) >= ndev())                                                      \
-            return reject(CUDA_ERROR_INVALID_DEVICE, "%s: no device %d", what, (int)(d)); \
-    } while (0)
 
 CUresult SIM_IMPL(cuDeviceGet)(CUdevice *dev, int ordinal)
 {
@@ -1192,179 +963,6 @@ CUresult SIM_IMPL(cuDeviceGetName)(char *name, int len, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-CUresult SIM_IMPL(cuCtxGetCurrent)(CUcontext *pctx)
-{
-    SIM_ENTER(cuCtxGetCurrent);
-    NEED_INIT();
-    if (!pctx)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuCtxGetCurrent: NULL");
-    *pctx = cur_ctx();
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxSetCurrent)(CUcontext ctx)
-{
-    SIM_ENTER(cuCtxSetCurrent);
-    NEED_INIT();
-    cur_ctx();
-    if (!ctx) {
-        if (T.depth)
-            T.depth--;
-        return CUDA_SUCCESS;
-    }
-    if (!ctx_valid(ctx))
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuCtxSetCurrent: invalid context");
-    if (T.depth)
-        T.stack[T.depth - 1] = ctx;
-    else
-        T.stack[T.depth++] = ctx;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxPushCurrent)(CUcontext ctx)
-{
-    SIM_ENTER(cuCtxPushCurrent);
-    NEED_INIT();
-    cur_ctx();
-    if (!ctx)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuCtxPushCurrent: NULL");
-    if (!ctx_valid(ctx))
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuCtxPushCurrent: invalid context");
-    if (T.depth == CTX_DEPTH)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuCtxPushCurrent: stack full");
-    T.stack[T.depth++] = ctx;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxPopCurrent)(CUcontext *pctx)
-{
-    SIM_ENTER(cuCtxPopCurrent);
-    NEED_INIT();
-    CUcontext c = cur_ctx();
-    if (!c)
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuCtxPopCurrent: no current context");
-    T.depth--;
-    if (pctx)
-        *pctx = c;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxGetDevice)(CUdevice *device)
-{
-    SIM_ENTER(cuCtxGetDevice);
-    NEED_CTX(dev);
-    if (!device)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuCtxGetDevice: NULL");
-    *device = dev;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxSynchronize)(void)
-{
-    SIM_ENTER(cuCtxSynchronize);
-    NEED_CTX(dev);
-    (void)dev;
-    flush_ops();
-    return CUDA_SUCCESS;
-}
-
-/* CUDA 13's forms with a context argument (cuGetProcAddress answers them for the plain names
- * from 13000 on). ctx NULL means the current context; anything else must be a context exactly:
- * a caller that fetched these at 13000 but calls the plain ABI passes a stray register as ctx,
- * which is rejected here instead of silently working. */
-static CUresult ctx_arg(CUcontext ctx, const char *what, int *dev)
-{
-    if (!ctx) {
-        *dev = cur_dev();
-        if (*dev < 0)
-            return reject(CUDA_ERROR_INVALID_CONTEXT, "%s(NULL): no current context", what);
-        return CUDA_SUCCESS;
-    }
-    if (!ctx_valid(ctx))
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s: %p is not a context", what, (void *)ctx);
-    *dev = ctx->device;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxGetDevice_v2)(CUdevice *device, CUcontext ctx)
-{
-    SIM_ENTER(cuCtxGetDevice_v2);
-    NEED_INIT();
-    int dev;
-    CUresult rc = ctx_arg(ctx, "cuCtxGetDevice_v2", &dev);
-    if (rc)
-        return rc;
-    if (!device)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuCtxGetDevice_v2: NULL");
-    *device = dev;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxSynchronize_v2)(CUcontext ctx)
-{
-    SIM_ENTER(cuCtxSynchronize_v2);
-    NEED_INIT();
-    int dev;
-    CUresult rc = ctx_arg(ctx, "cuCtxSynchronize_v2", &dev);
-    if (rc)
-        return rc;
-    flush_ops();
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuDevicePrimaryCtxRetain)(CUcontext *pctx, CUdevice dev)
-{
-    SIM_ENTER(cuDevicePrimaryCtxRetain);
-    NEED_INIT();
-    if (!pctx)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuDevicePrimaryCtxRetain: NULL");
-    NEED_DEVICE(dev, "cuDevicePrimaryCtxRetain");
-    S.primary_refs[dev]++;
-    *pctx = &S.ctx[dev];
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuDevicePrimaryCtxRelease)(CUdevice dev)
-{
-    SIM_ENTER(cuDevicePrimaryCtxRelease);
-    NEED_INIT();
-    NEED_DEVICE(dev, "cuDevicePrimaryCtxRelease");
-    if (!S.primary_refs[dev])
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuDevicePrimaryCtxRelease: not retained");
-    S.primary_refs[dev]--;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxEnablePeerAccess)(CUcontext peer, unsigned int flags)
-{
-    SIM_ENTER(cuCtxEnablePeerAccess);
-    NEED_CTX(dev);
-    if (flags)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuCtxEnablePeerAccess: flags");
-    if (!peer || !ctx_valid(peer))
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuCtxEnablePeerAccess: invalid peer");
-    if (peer->device == dev)
-        return reject(CUDA_ERROR_INVALID_DEVICE, "%s", "cuCtxEnablePeerAccess: same device");
-    if (S.cfg.no_peer_access)
-        return reject(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "%s", "peer access unsupported");
-    if (S.peer[dev][peer->device])
-        return reject(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "%s", "already enabled");
-    S.peer[dev][peer->device] = true;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuCtxDisablePeerAccess)(CUcontext peer)
-{
-    SIM_ENTER(cuCtxDisablePeerAccess);
-    NEED_CTX(dev);
-    if (!peer || !ctx_valid(peer))
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuCtxDisablePeerAccess: invalid peer");
-    if (!S.peer[dev][peer->device])
-        return reject(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "%s", "peer access not enabled");
-    S.peer[dev][peer->device] = false;
-    return CUDA_SUCCESS;
-}
-
 CUresult SIM_IMPL(cuMemGetInfo)(size_t *free_bytes, size_t *total)
 {
     SIM_ENTER(cuMemGetInfo);
@@ -1373,76 +971,6 @@ CUresult SIM_IMPL(cuMemGetInfo)(size_t *free_bytes, size_t *total)
         return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemGetInfo: NULL");
     *free_bytes = S.cfg.memory - S.used[dev];
     *total = S.cfg.memory;
-    return CUDA_SUCCESS;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Streams                                                                                   */
-
-static bool stream_ok(CUstream s)
-{
-    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
-        return true;
-    return vec_exact(&S.streams, (CUdeviceptr)(uintptr_t)s) != NULL;
-}
-
-#define NEED_STREAM(s, what)                                                           \
-    do {                                                                               \
-        if (!stream_ok(s))                                                             \
-            return reject(CUDA_ERROR_INVALID_HANDLE, "%s: unknown stream %p", what,    \
-                          (void *)(s));                                                \
-    } while (0)
-
-CUresult SIM_IMPL(cuStreamCreate)(CUstream *phStream, unsigned int Flags)
-{
-    SIM_ENTER(cuStreamCreate);
-    NEED_CTX(dev);
-    if (!phStream)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuStreamCreate: NULL");
-    if (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING)
-        return reject(CUDA_ERROR_INVALID_VALUE, "cuStreamCreate: flags %u", Flags);
-    struct CUstream_st *s = xcalloc(1, sizeof *s);
-    s->iv.ptr = (CUdeviceptr)(uintptr_t)s;
-    s->iv.span = 1;
-    s->device = dev;
-    vec_insert(&S.streams, s);
-    *phStream = s;
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuStreamDestroy)(CUstream hStream)
-{
-    SIM_ENTER(cuStreamDestroy);
-    NEED_INIT();
-    sim_iv_t *s = hStream ? vec_exact(&S.streams, (CUdeviceptr)(uintptr_t)hStream) : NULL;
-    if (!s)
-        return reject(CUDA_ERROR_INVALID_HANDLE, "%s", "cuStreamDestroy: unknown stream");
-    vec_remove(&S.streams, s);
-    free(s);
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuStreamSynchronize)(CUstream stream)
-{
-    SIM_ENTER(cuStreamSynchronize);
-    NEED_INIT();
-    if ((stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) &&
-        cur_dev() < 0)
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuStreamSynchronize: no context");
-    NEED_STREAM(stream, "cuStreamSynchronize");
-    flush_ops();
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuStreamQuery)(CUstream stream)
-{
-    SIM_ENTER(cuStreamQuery);
-    NEED_INIT();
-    if ((stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) &&
-        cur_dev() < 0)
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuStreamQuery: no context");
-    NEED_STREAM(stream, "cuStreamQuery");
-    flush_ops(); /* the work is done by the time anyone asks */
     return CUDA_SUCCESS;
 }
 
@@ -1872,9 +1400,11 @@ CUresult SIM_IMPL(cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *
 /* ---------------------------------------------------------------------------------------- */
 /* Native allocator                                                                          */
 
-static CUresult native_new(const char *what, int dev, size_t size, size_t charged,
-                           CUdeviceptr *out)
+/* A new native block in ctx (freed with it), charged to ctx's device. */
+CUresult native_new(const char *what, CUcontext ctx, size_t size, size_t charged,
+                    sim_native_kind_t kind, CUdeviceptr *out)
 {
+    int dev = ctx->device;
     if (charged > S.cfg.memory - S.used[dev])
         return reject(CUDA_ERROR_OUT_OF_MEMORY, "%s: %zu bytes, %zu free on device %d", what,
                       size, S.cfg.memory - S.used[dev], dev);
@@ -1892,6 +1422,8 @@ static CUresult native_new(const char *what, int dev, size_t size, size_t charge
     n->size = size;
     n->charged = charged;
     n->device = dev;
+    n->ctx = ctx;
+    n->kind = kind;
     n->id = S.next_id++;
     vec_insert(&S.natives, n);
     S.used[dev] += charged;
@@ -1900,12 +1432,15 @@ static CUresult native_new(const char *what, int dev, size_t size, size_t charge
     return CUDA_SUCCESS;
 }
 
-static size_t round512(size_t n) { return (n + NAT_ALIGN - 1) & ~(size_t)(NAT_ALIGN - 1); }
+size_t round512(size_t n) { return (n + NAT_ALIGN - 1) & ~(size_t)(NAT_ALIGN - 1); }
 
 CUresult SIM_IMPL(cuMemAlloc)(CUdeviceptr *dptr, size_t bytesize)
 {
     SIM_ENTER(cuMemAlloc);
     NEED_CTX(dev);
+    CUresult rc = capture_allows("cuMemAlloc");
+    if (rc)
+        return rc;
     if (!dptr)
         return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAlloc: dptr NULL");
     if (!bytesize)
@@ -1914,24 +1449,69 @@ CUresult SIM_IMPL(cuMemAlloc)(CUdeviceptr *dptr, size_t bytesize)
         *dptr = 0; /* the H200 wrote 0 to the pointer of a failed cuMemAlloc(1 PiB) */
         return reject(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc: %zu bytes", bytesize);
     }
-    CUresult rc = native_new("cuMemAlloc", dev, bytesize, round512(bytesize), dptr);
+    rc = native_new("cuMemAlloc", cur_ctx(), bytesize, round512(bytesize), NATIVE_DEVICE, dptr);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY)
         *dptr = 0;
+    (void)dev;
     return rc;
+}
+
+/* The stream-ordered allocators: a plain native block (pools are not simulated), in the
+ * stream's context. */
+static CUresult alloc_async(const char *what, CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+    CUcontext ctx;
+    CUresult rc = stream_ctx(s, what, &ctx);
+    if (rc)
+        return rc;
+    if (!dptr)
+        return reject(CUDA_ERROR_INVALID_VALUE, "%s: dptr NULL", what);
+    if (!bytesize)
+        return reject(CUDA_ERROR_INVALID_VALUE, "%s: size 0", what);
+    if (bytesize > S.cfg.memory)
+        return reject(CUDA_ERROR_OUT_OF_MEMORY, "%s: %zu bytes", what, bytesize);
+    return native_new(what, ctx, bytesize, round512(bytesize), NATIVE_DEVICE, dptr);
 }
 
 CUresult SIM_IMPL(cuMemAllocAsync)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     SIM_ENTER(cuMemAllocAsync);
     NEED_CTX(dev);
-    NEED_STREAM(hStream, "cuMemAllocAsync");
+    (void)dev;
+    return alloc_async("cuMemAllocAsync", dptr, bytesize, hStream);
+}
+
+CUresult SIM_IMPL(cuMemAllocFromPoolAsync)(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                            CUstream hStream)
+{
+    SIM_ENTER(cuMemAllocFromPoolAsync);
+    NEED_CTX(dev);
+    (void)dev;
+    if (!pool) /* any other value is taken as a pool: pools are not simulated */
+        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAllocFromPoolAsync: pool NULL");
+    return alloc_async("cuMemAllocFromPoolAsync", dptr, bytesize, hStream);
+}
+
+CUresult SIM_IMPL(cuMemAllocManaged)(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    SIM_ENTER(cuMemAllocManaged);
+    NEED_CTX(dev);
+    (void)dev;
+    CUresult rc = capture_allows("cuMemAllocManaged");
+    if (rc)
+        return rc;
     if (!dptr)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAllocAsync: dptr NULL");
+        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAllocManaged: dptr NULL");
     if (!bytesize)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAllocAsync: size 0");
+        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAllocManaged: size 0");
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return reject(CUDA_ERROR_INVALID_VALUE, "cuMemAllocManaged: flags %u", flags);
+    /* Charged to the current device like cuMemAlloc, so that a test can exhaust it (the real
+     * driver can oversubscribe managed memory; the simulation does not). */
     if (bytesize > S.cfg.memory)
-        return reject(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocAsync: %zu bytes", bytesize);
-    return native_new("cuMemAllocAsync", dev, bytesize, round512(bytesize), dptr);
+        return reject(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocManaged: %zu bytes", bytesize);
+    return native_new("cuMemAllocManaged", cur_ctx(), bytesize, round512(bytesize),
+                      NATIVE_MANAGED, dptr);
 }
 
 CUresult SIM_IMPL(cuMemAllocPitch)(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
@@ -1939,6 +1519,10 @@ CUresult SIM_IMPL(cuMemAllocPitch)(CUdeviceptr *dptr, size_t *pitch, size_t widt
 {
     SIM_ENTER(cuMemAllocPitch);
     NEED_CTX(dev);
+    (void)dev;
+    CUresult rc = capture_allows("cuMemAllocPitch");
+    if (rc)
+        return rc;
     if (!dptr || !pitch)
         return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemAllocPitch: NULL");
     if (elementSize != 4 && elementSize != 8 && elementSize != 16)
@@ -1950,13 +1534,13 @@ CUresult SIM_IMPL(cuMemAllocPitch)(CUdeviceptr *dptr, size_t *pitch, size_t widt
     size_t p = round512(width);
     if (height > S.cfg.memory / p)
         return reject(CUDA_ERROR_OUT_OF_MEMORY, "%s", "cuMemAllocPitch: too large");
-    CUresult rc = native_new("cuMemAllocPitch", dev, p * height, p * height, dptr);
+    rc = native_new("cuMemAllocPitch", cur_ctx(), p * height, p * height, NATIVE_DEVICE, dptr);
     if (rc == CUDA_SUCCESS)
         *pitch = p;
     return rc;
 }
 
-static CUresult native_free(const char *what, CUdeviceptr dptr)
+static CUresult native_find(const char *what, CUdeviceptr dptr, sim_native_t **out)
 {
     sim_native_t *n = vec_exact(&S.natives, dptr);
     if (!n) {
@@ -1969,9 +1553,14 @@ static CUresult native_free(const char *what, CUdeviceptr dptr)
         return reject(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx was not allocated (or was freed)",
                       what, (unsigned long long)dptr);
     }
+    *out = n;
+    return CUDA_SUCCESS;
+}
+
+static void native_free(const char *what, sim_native_t *n)
+{
     hazard_check(what, n->iv.ptr, n->size);
     native_destroy(n);
-    return CUDA_SUCCESS;
 }
 
 CUresult SIM_IMPL(cuMemFree)(CUdeviceptr dptr)
@@ -1979,24 +1568,49 @@ CUresult SIM_IMPL(cuMemFree)(CUdeviceptr dptr)
     SIM_ENTER(cuMemFree);
     NEED_CTX(dev);
     (void)dev;
+    CUresult rc = capture_allows("cuMemFree"); /* cudaFree(0) too is refused during capture */
+    if (rc)
+        return rc;
     if (!dptr)
         return CUDA_SUCCESS;
-    flush_ops(); /* cuMemFree synchronizes */
-    return native_free("cuMemFree", dptr);
+    sim_native_t *n = NULL;
+    rc = native_find("cuMemFree", dptr, &n);
+    if (rc)
+        return rc;
+    /* cuMemFree synchronizes: the work of the calling thread's context and of the block's own
+     * context lands first (other contexts' work does not). */
+    work_land_ctx(cur_ctx());
+    if (n->ctx != cur_ctx())
+        work_land_ctx(n->ctx);
+    native_free("cuMemFree", n);
+    return CUDA_SUCCESS;
 }
 
 CUresult SIM_IMPL(cuMemFreeAsync)(CUdeviceptr dptr, CUstream stream)
 {
     SIM_ENTER(cuMemFreeAsync);
     NEED_INIT();
-    if ((stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) &&
-        cur_dev() < 0)
-        return reject(CUDA_ERROR_INVALID_CONTEXT, "%s", "cuMemFreeAsync: no context");
-    NEED_STREAM(stream, "cuMemFreeAsync");
+    CUcontext ctx;
+    CUresult rc = stream_ctx(stream, "cuMemFreeAsync", &ctx);
+    if (rc)
+        return rc;
     if (!dptr)
         return CUDA_SUCCESS;
-    flush_ops(); /* stream-ordered: the work before it is done when the memory goes */
-    return native_free("cuMemFreeAsync", dptr);
+    sim_native_t *n = NULL;
+    rc = native_find("cuMemFreeAsync", dptr, &n);
+    if (rc)
+        return rc;
+    if (stream_capturing(stream)) {
+        stream->captured_ops++; /* a free node of the graph: nothing is freed now */
+        return CUDA_SUCCESS;
+    }
+    /* stream-ordered: the stream's work before it is done when the memory goes */
+    if (is_default_stream(stream))
+        work_land_ctx(ctx);
+    else
+        work_land_stream(stream);
+    native_free("cuMemFreeAsync", n);
+    return CUDA_SUCCESS;
 }
 
 CUresult SIM_IMPL(cuMemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
@@ -2043,7 +1657,7 @@ static CUresult pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr p
     unsigned long long id = n ? n->id : m->a->id;
     switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = n ? &S.ctx[n->device] : NULL;
+        *(CUcontext *)data = n ? n->ctx : NULL;
         break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *(unsigned *)data = dev >= 0 ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
@@ -2061,7 +1675,7 @@ static CUresult pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr p
         *(unsigned long long *)data = id;
         break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-        *(unsigned *)data = 0;
+        *(unsigned *)data = n && n->kind == NATIVE_MANAGED;
         break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
         *(int *)data = dev >= 0 ? dev : -1;
@@ -2174,84 +1788,6 @@ CUresult SIM_IMPL(cuPointerGetAttributes)(unsigned int n, CUpointer_attribute *a
         }
         memcpy(data[i], tmp, attr_size(attributes[i]));
     }
-    return CUDA_SUCCESS;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Copies                                                                                    */
-
-CUresult SIM_IMPL(cuMemcpyDtoD)(CUdeviceptr dst, CUdeviceptr src, size_t bytes)
-{
-    SIM_ENTER(cuMemcpyDtoD);
-    NEED_CTX(dev);
-    flush_ops();
-    CUresult rc = check_range(src, bytes, dev, false);
-    if (!rc)
-        rc = check_range(dst, bytes, dev, true);
-    if (rc)
-        return rc;
-    do_copy(dst, src, bytes, dev);
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuMemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
-                                      CUstream stream)
-{
-    SIM_ENTER(cuMemcpyDtoDAsync);
-    NEED_CTX(dev);
-    NEED_STREAM(stream, "cuMemcpyDtoDAsync");
-    CUresult rc = check_range(src, bytes, dev, false);
-    if (!rc)
-        rc = check_range(dst, bytes, dev, true);
-    if (rc)
-        return rc;
-    if (!bytes)
-        return CUDA_SUCCESS;
-    if (S.nops == S.capops) {
-        S.capops = S.capops ? 2 * S.capops : 64;
-        S.ops = xrealloc(S.ops, S.capops * sizeof *S.ops);
-    }
-    S.ops[S.nops++] = (sim_op_t){.dst = dst, .src = src, .n = bytes, .device = dev};
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuMemcpyHtoD)(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
-{
-    SIM_ENTER(cuMemcpyHtoD);
-    NEED_CTX(dev);
-    if (!srcHost && ByteCount)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemcpyHtoD: src NULL");
-    flush_ops();
-    CUresult rc = check_range(dstDevice, ByteCount, dev, true);
-    if (rc)
-        return rc;
-    do_write(dstDevice, srcHost, 0, ByteCount, dev);
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuMemcpyDtoH)(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
-{
-    SIM_ENTER(cuMemcpyDtoH);
-    NEED_CTX(dev);
-    if (!dstHost && ByteCount)
-        return reject(CUDA_ERROR_INVALID_VALUE, "%s", "cuMemcpyDtoH: dst NULL");
-    flush_ops();
-    CUresult rc = check_range(srcDevice, ByteCount, dev, false);
-    if (rc)
-        return rc;
-    do_read(dstHost, srcDevice, ByteCount, dev);
-    return CUDA_SUCCESS;
-}
-
-CUresult SIM_IMPL(cuMemsetD8)(CUdeviceptr dstDevice, unsigned char uc, size_t N)
-{
-    SIM_ENTER(cuMemsetD8);
-    NEED_CTX(dev);
-    flush_ops();
-    CUresult rc = check_range(dstDevice, N, dev, true);
-    if (rc)
-        return rc;
-    do_write(dstDevice, NULL, uc, N, dev);
     return CUDA_SUCCESS;
 }
 
@@ -2377,6 +1913,7 @@ CUresult SIM_IMPL(cuGetErrorName)(CUresult error, const char **pStr)
 /* ---------------------------------------------------------------------------------------- */
 /* The table and cuGetProcAddress                                                            */
 
+/* Filled by name: every row of the library's table must be one of SIM_FUNCS (see simint.h). */
 static const vmh_driver_t table = {
 #define SIM_FILL(name, params) .name = SIM_IMPL(name),
     VMH_DRIVER_FUNCS(SIM_FILL)
@@ -2390,7 +1927,7 @@ static const struct {
     void *fn;
 } procs[] = {
 #define SIM_PROC(name, params) {#name, (void *)SIM_IMPL(name)},
-    SIM_ALL_FUNCS(SIM_PROC)
+    SIM_FUNCS(SIM_PROC)
 #undef SIM_PROC
 };
 
@@ -2405,20 +1942,27 @@ static int min_version(const char *name)
         {"cuMemAlloc", 3020}, {"cuMemAllocPitch", 3020}, {"cuMemFree", 3020},
         {"cuMemGetAddressRange", 3020}, {"cuMemGetInfo", 3020}, {"cuDeviceTotalMem", 3020},
         {"cuMemcpyDtoD", 3020}, {"cuMemcpyDtoDAsync", 3020}, {"cuMemcpyHtoD", 3020},
-        {"cuMemcpyDtoH", 3020}, {"cuMemsetD8", 3020}, {"cuCtxPushCurrent", 4000},
-        {"cuCtxPopCurrent", 4000}, {"cuStreamDestroy", 4000}, {"cuCtxGetCurrent", 4000},
-        {"cuCtxSetCurrent", 4000}, {"cuCtxEnablePeerAccess", 4000},
+        {"cuMemcpyDtoH", 3020}, {"cuMemcpyHtoDAsync", 3020}, {"cuMemcpyDtoHAsync", 3020},
+        {"cuMemsetD8", 3020}, {"cuCtxCreate", 3020}, {"cuCtxDestroy", 4000},
+        {"cuCtxPushCurrent", 4000}, {"cuCtxPopCurrent", 4000}, {"cuStreamDestroy", 4000},
+        {"cuCtxGetCurrent", 4000}, {"cuCtxSetCurrent", 4000}, {"cuCtxEnablePeerAccess", 4000},
         {"cuCtxDisablePeerAccess", 4000}, {"cuDeviceCanAccessPeer", 4000},
         {"cuIpcGetMemHandle", 4010}, {"cuIpcCloseMemHandle", 4010},
         {"cuIpcOpenMemHandle", 11000}, {"cuDevicePrimaryCtxRetain", 7000},
-        {"cuDevicePrimaryCtxRelease", 11000}, {"cuPointerGetAttributes", 7000},
+        {"cuDevicePrimaryCtxRelease", 11000}, {"cuDevicePrimaryCtxReset", 11000},
+        {"cuPointerGetAttributes", 7000}, {"cuMemHostAlloc", 2020},
+        {"cuMemHostRegister", 6050}, {"cuMemHostUnregister", 4000},
+        {"cuMemAllocManaged", 6000}, {"cuStreamBeginCapture", 10010},
+        {"cuStreamEndCapture", 10000}, {"cuStreamIsCapturing", 10000},
+        {"cuThreadExchangeStreamCaptureMode", 10010}, {"cuGraphDestroy", 10000},
         {"cuMemCreate", 10020}, {"cuMemRelease", 10020}, {"cuMemAddressReserve", 10020},
         {"cuMemAddressFree", 10020}, {"cuMemMap", 10020}, {"cuMemUnmap", 10020},
         {"cuMemSetAccess", 10020}, {"cuMemGetAllocationGranularity", 10020},
         {"cuMemExportToShareableHandle", 10020}, {"cuMemImportFromShareableHandle", 10020},
         {"cuMemRetainAllocationHandle", 11000},
         {"cuMemGetAllocationPropertiesFromHandle", 10020}, {"cuMemFreeAsync", 11020},
-        {"cuMemAllocAsync", 11020}, {"cuGetProcAddress", 12000},
+        {"cuMemAllocAsync", 11020}, {"cuMemAllocFromPoolAsync", 11020},
+        {"cuGetProcAddress", 12000},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         if (!strcmp(v[i].name, name))
@@ -2426,37 +1970,47 @@ static int min_version(const char *name)
     return 2000;
 }
 
-/* Entry points whose newest ABI is not the one cuda.h declares under the plain name: cuda.h
- * declares cuCtxGetDevice(CUdevice *) and cuCtxSynchronize(void) with no versioning macro, and
- * also cuCtxGetDevice_v2(CUdevice *, CUcontext) and cuCtxSynchronize_v2(CUcontext)
- * (PFN_..._v13000). Like the real driver, cuGetProcAddress answers the _v2 from `since` on and
- * the plain function below. The _v2 names themselves are not cuGetProcAddress symbols (it takes
- * base names); they are exported for dlsym and the linker. */
+/* Entry points whose ABI depends on the cudaVersion asked for, as the real driver answers
+ * (cudaTypedefs.h's PFN_<name>_v<version>): from `since` on, cuGetProcAddress(name) answers fn.
+ * The newest row of a name that cuda.h maps (cuCtxCreate -> cuCtxCreate_v4) is procs' own entry;
+ * the others are exported under their own names for dlsym, which cuGetProcAddress does not take
+ * (it takes base names): those names answer NOT_FOUND there.
+ *   - cuCtxGetDevice / cuCtxSynchronize: cuda.h declares the plain ABI with no versioning macro
+ *     and the _v2 beside it (PFN_..._v13000); as on the H200 (driver 580) the _v2 is answered from
+ *     13000 on, for every flag set.
+ *   - cuCtxCreate: _v2 (flags, dev) at 3020, _v3 (exec affinity) at 11040, _v4 (params) at 12050. */
 static const struct {
     const char *name;
     int since;
     void *fn;
-} sim_newer_abi[] = {
-    {"cuCtxGetDevice", 13000, (void *)SIM_IMPL(cuCtxGetDevice_v2)},
-    {"cuCtxSynchronize", 13000, (void *)SIM_IMPL(cuCtxSynchronize_v2)},
+    const char *own_name; /* the procs name of fn when it is not the plain name's own entry */
+} sim_abi_versions[] = {
+    {"cuCtxGetDevice", 13000, (void *)SIM_IMPL(cuCtxGetDevice_v2), "cuCtxGetDevice_v2"},
+    {"cuCtxSynchronize", 13000, (void *)SIM_IMPL(cuCtxSynchronize_v2), "cuCtxSynchronize_v2"},
+    {"cuCtxCreate", 3020, (void *)SIM_IMPL(cuCtxCreate_v2), "cuCtxCreate_v2"},
+    {"cuCtxCreate", 11040, (void *)SIM_IMPL(cuCtxCreate_v3), "cuCtxCreate_v3"},
+    {"cuCtxCreate", 12050, (void *)SIM_IMPL(cuCtxCreate), NULL},
 };
+#define N_ABI_VERSIONS (sizeof sim_abi_versions / sizeof sim_abi_versions[0])
 
-/* Whether fn is only reachable as a newer ABI of another name. */
-static bool newer_abi_only(const void *fn)
+/* Whether procs' name is only an export for dlsym, not a cuGetProcAddress symbol. */
+static bool not_a_proc_symbol(const char *name)
 {
-    for (size_t i = 0; i < sizeof sim_newer_abi / sizeof sim_newer_abi[0]; i++)
-        if (sim_newer_abi[i].fn == fn)
+    for (size_t i = 0; i < N_ABI_VERSIONS; i++)
+        if (sim_abi_versions[i].own_name && !strcmp(sim_abi_versions[i].own_name, name))
             return true;
     return false;
 }
 
-/* The function answered for symbol at cudaVersion (procs' one when no newer ABI applies). */
+/* The function answered for symbol at cudaVersion (procs' one when no versioned row applies). */
 static void *versioned_fn(const char *symbol, int cudaVersion, void *fn)
 {
-    for (size_t i = 0; i < sizeof sim_newer_abi / sizeof sim_newer_abi[0]; i++)
-        if (!strcmp(sim_newer_abi[i].name, symbol) && cudaVersion >= sim_newer_abi[i].since)
-            return sim_newer_abi[i].fn;
-    return fn;
+    int best = -1;
+    for (size_t i = 0; i < N_ABI_VERSIONS; i++)
+        if (!strcmp(sim_abi_versions[i].name, symbol) && cudaVersion >= sim_abi_versions[i].since &&
+            (best < 0 || sim_abi_versions[i].since > sim_abi_versions[best].since))
+            best = (int)i;
+    return best < 0 ? fn : sim_abi_versions[best].fn;
 }
 
 #ifdef SIM_SHARED
@@ -2476,7 +2030,7 @@ CUresult SIM_IMPL(cuGetProcAddress)(const char *symbol, void **pfn, int cudaVers
                       (unsigned long long)flags);
     }
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
-        if (strcmp(procs[i].name, symbol) || newer_abi_only(procs[i].fn))
+        if (strcmp(procs[i].name, symbol) || not_a_proc_symbol(procs[i].name))
             continue;
         if (cudaVersion < min_version(symbol)) {
 #ifdef SIM_SHARED
@@ -2528,11 +2082,9 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
     return getproc_v1(symbol, pfn, cudaVersion, flags);
 }
 
-#define SIM_PT_EXPORT(plain, exported, params) \
-    CUresult exported params;                  \
-    CUresult exported params __attribute__((alias(SIM_STR(SIM_IMPL(plain)))));
-#define SIM_STR(x) SIM_STR_(x)
-#define SIM_STR_(x) #x
-SIM_PT_FUNCS(SIM_PT_EXPORT)
-#undef SIM_PT_EXPORT
+/* Per-thread-default-stream exports of this file's entry points (see SIM_PT_ALIAS). */
+SIM_PT_ALIAS(cuMemFreeAsync, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream))
+SIM_PT_ALIAS(cuMemAllocAsync, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t n, CUstream s))
+SIM_PT_ALIAS(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
+             (CUdeviceptr * dptr, size_t n, CUmemoryPool pool, CUstream stream))
 #endif

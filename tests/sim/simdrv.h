@@ -23,8 +23,48 @@
  *     the _v2 of these two given NULL, cuIpc*, cuCtxEnable/DisablePeerAccess, sim_read/write/
  *     memset) answer CUDA_ERROR_INVALID_CONTEXT without one. The VMM calls do not need a
  *     context (as real).
- *   - contexts: one primary context per device, a per-thread context stack
- *     (Push/Pop/GetCurrent/SetCurrent), peer access recorded per device pair.
+ *   - contexts: one primary context per device and any number made by cuCtxCreate (_v4 with
+ *     CUctxCreateParams, which cuda.h maps the plain name to; _v2 and _v3 exported too and answered
+ *     by cuGetProcAddress("cuCtxCreate") below 11040 / 12050; execution affinity and CIG ->
+ *     NOT_SUPPORTED), which pushes the new context on the calling thread. A per-thread context
+ *     stack (Push/Pop/GetCurrent/SetCurrent), peer access recorded per device pair. cuCtxDestroy:
+ *     NULL -> INVALID_VALUE, a primary or unknown or destroyed context -> INVALID_CONTEXT; it
+ *     lands the context's work, frees its native blocks and streams, pops it from the calling
+ *     thread; a thread that still has it current gets CUDA_ERROR_CONTEXT_IS_DESTROYED from every
+ *     call needing a context. cuDevicePrimaryCtxRelease of the last reference and
+ *     cuDevicePrimaryCtxReset reset the primary context the same way (its handle stays valid).
+ *   - work in flight per context (simwork.c): async copies and sim_launch_write "kernels" land
+ *     at their context's next synchronization only (see below, "asynchrony").
+ *   - stream capture (simctx.c): cuStreamBeginCapture_v2 on a created stream (NULL / legacy ->
+ *     STREAM_CAPTURE_UNSUPPORTED; the per-thread default stream -> NOT_SUPPORTED, not simulated;
+ *     twice -> ILLEGAL_STATE), modes GLOBAL / THREAD_LOCAL / RELAXED and the per-thread
+ *     interaction mode (cuThreadExchangeStreamCaptureMode, default GLOBAL). A potentially
+ *     unsafe call made by a thread the documented rule prohibits (its own capture not begun
+ *     RELAXED; or, in GLOBAL interaction mode, another thread's GLOBAL capture; never in RELAXED
+ *     interaction mode) answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, does nothing, and
+ *     invalidates those captures: cuStreamEndCapture then answers
+ *     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (graph NULL). The unsafe calls here:
+ *     cuCtxSynchronize[_v2], cuStreamSynchronize of a default stream, cuMemAlloc,
+ *     cuMemAllocPitch, cuMemAllocManaged, cuMemFree (also of 0), cuMemFreeHost, the synchronous
+ *     cuMemcpyDtoD/HtoD/DtoH. cuStreamSynchronize / cuStreamQuery of a capturing stream are
+ *     refused in every mode (and invalidate it); cuStreamIsCapturing of the legacy stream while
+ *     a blocking stream of its context captures -> STREAM_CAPTURE_IMPLICIT. VMM calls, the async
+ *     allocators, cuMemsetD8, host registration are never refused. Work issued to a capturing
+ *     stream (async copies, cuMemFreeAsync, sim_launch_write) is recorded, not run; graphs are
+ *     only made (cuStreamEndCapture) and destroyed (cuGraphDestroy, unknown -> INVALID_VALUE).
+ *     cuStreamEndCapture from another thread than the one that began a non-RELAXED capture ->
+ *     STREAM_CAPTURE_WRONG_THREAD; of a stream not capturing -> ILLEGAL_STATE. Assumed where
+ *     the documentation is silent (re-measure on a GPU): the error codes of the legacy-stream
+ *     begin and of cuCtxDestroy(primary), and that synchronizing another, non-capturing stream
+ *     is allowed.
+ *   - fork: pthread_atfork gives the child a fresh lock (never a hang). In strict mode
+ *     (sim_set_fork_strict(true), or SIM_FORK_STRICT=1 read at the first cuInit), in a child of
+ *     a process that had initialized, every entry point except cuDriverGetVersion,
+ *     cuGetProcAddress* and cuGetError* answers CUDA_ERROR_NOT_INITIALIZED at once (cuInit too):
+ *     CUDA is not usable after fork and the real driver answers an error instead of blocking
+ *     (driver-facts.md section 5; the exact code is assumed). Not strict (the default, for the
+ *     IPC tests that use children as other processes): the child goes on with a copy of the
+ *     parent's state. sim_reset in the child starts afresh.
  *   - the CUDA 13 context-taking ABIs: cuda.h declares cuCtxGetDevice(CUdevice *) and
  *     cuCtxSynchronize(void) with no versioning macro, and beside them cuCtxGetDevice_v2(CUdevice
  *     *, CUcontext) and cuCtxSynchronize_v2(CUcontext) (PFN_..._v13000). As on the H200 (driver
@@ -55,10 +95,20 @@
  *     CUDA_ERROR_INVALID_VALUE.
  *   - native allocator: cuMemAlloc (512-byte aligned, 2 MiB aligned from 2 MiB; charged
  *     rounded up to 512), cuMemAllocPitch (elementSize 4/8/16; pitch = width rounded up to 512:
- *     width 1000 -> 1024 as measured; range = pitch * height), cuMemAllocAsync (extra export),
- *     cuMemFree (0 -> success; unknown, interior, freed or VMM pointer -> INVALID_VALUE;
- *     synchronizes), cuMemFreeAsync. Native memory lives in its own fake VA region
- *     (0x500000000000) and shares the device capacity with VMM memory.
+ *     width 1000 -> 1024 as measured; range = pitch * height), cuMemAllocAsync and
+ *     cuMemAllocFromPoolAsync (pool NULL -> INVALID_VALUE, any other value is taken as a pool:
+ *     pools are not simulated), cuMemAllocManaged (flags GLOBAL or HOST; charged to the current
+ *     device like cuMemAlloc so that a test can exhaust it; IS_MANAGED answers 1), cuMemFree (0 ->
+ *     success; unknown, interior, freed or VMM pointer -> INVALID_VALUE; lands the work of the
+ *     calling thread's context and of the block's context first), cuMemFreeAsync (lands its
+ *     stream's work). Every block belongs to the context it was allocated in and goes with it.
+ *     Native memory lives in its own fake VA region (0x500000000000) and shares the device
+ *     capacity with VMM memory.
+ *   - pinned host memory (simhost.c): cuMemHostAlloc (real, zeroed host memory; flags PORTABLE|
+ *     DEVICEMAP|WRITECOMBINED; size 0 -> INVALID_VALUE), cuMemFreeHost (only such a pointer,
+ *     else INVALID_VALUE), cuMemHostRegister_v2 (flags PORTABLE|DEVICEMAP|IOMEMORY|READ_ONLY;
+ *     overlap -> HOST_MEMORY_ALREADY_REGISTERED), cuMemHostUnregister (only the start of a
+ *     registered range, else HOST_MEMORY_NOT_REGISTERED). Both kinds are in the ledger.
  *   - queries: cuMemGetAddressRange answers a native block exactly (base, requested size) and
  *     for VMM the one mapping holding the pointer; an unknown pointer is CUDA_ERROR_NOT_FOUND
  *     (500, as the real driver answers; cuda.h lists it). cuPointerGetAttribute: RANGE_* answer
@@ -73,14 +123,22 @@
  *     never-written memory reads as zeroes). sim_read/sim_write/sim_memset and the copies go
  *     through the mappings: CUDA_ERROR_ILLEGAL_ADDRESS when a byte is unmapped or the current
  *     device lacks the access (native blocks are reachable from every device, as through UVA).
- *   - asynchrony: cuMemcpyDtoDAsync is queued and runs at the next synchronizing call
- *     (cuCtxSynchronize[_v2], cuStreamSynchronize, cuMemcpyDtoD/HtoD/DtoH, cuMemFree, sim_read/
- *     sim_write/sim_memset, sim_flush). Unmapping, freeing or releasing memory that a queued
- *     copy touches is counted as a hazard (sim_hazards()); the real driver does not fail then,
- *     the program is just wrong.
+ *   - asynchrony: cuMemcpyDtoDAsync, cuMemcpyHtoDAsync_v2 (pageable source: staged at the call;
+ *     pinned: read when it runs), cuMemcpyDtoHAsync_v2 (pinned destination: written when it
+ *     runs; pageable: done before returning) and sim_launch_write are queued with their context
+ *     and stream, and run in order when THAT context is synchronized: cuCtxSynchronize with it
+ *     current, cuCtxSynchronize_v2(it), cuStreamSynchronize / cuStreamQuery of its stream (of a
+ *     default stream: the whole context), the synchronous copies, cuMemsetD8 and sim_read/
+ *     sim_write/sim_memset in it, cuMemFree there, its destruction or reset, sim_flush (all).
+ *     Another context's synchronization never runs them. Work whose memory is unmapped or
+ *     inaccessible when it runs, and unmapping, freeing or releasing memory (device or pinned
+ *     host) that queued work touches, count as hazards (sim_hazards()); the real driver does not
+ *     fail then, the program is just wrong. Synchronizations are counted per context
+ *     (sim_sync_count).
  *   - bookkeeping for tests: call counts, fault injection, trace, ledger, hazards.
- * NOT SIMULATED: kernels, events, graphs, memory pools (cuMemAllocAsync is a plain native
- *   allocation), managed/host-registered memory, the v1 (32-bit) entry points (cuGetProcAddress
+ * NOT SIMULATED: real kernels (sim_launch_write stands for one), events, graph launch, memory
+ *   pools (the stream-ordered allocators give plain native blocks), managed memory migration,
+ *   capture of the per-thread default stream, the v1 (32-bit) entry points (cuGetProcAddress
  *   for a version below a symbol's _v2 answers NOT_FOUND with VERSION_NOT_SUFFICIENT; dlsym of
  *   the plain legacy names such as "cuMemAlloc" finds nothing; cuCtxGetDevice and
  *   cuCtxSynchronize are no such case: their plain ABI is the current one below 13000), sticky
@@ -126,7 +184,24 @@ sim_config_t sim_get_config(void);
 
 /* Contexts. dev < 0 leaves this thread with no context; an invalid dev aborts. */
 void sim_set_current_device(int dev);
-int sim_current_device(void); /* -1 when none */
+int sim_current_device(void); /* -1 when none (or the current context was destroyed) */
+CUcontext sim_primary_context(int dev); /* aborts on an invalid dev */
+/* cuCtxSynchronize[_v2] and cuStreamSynchronize calls that waited on ctx (NULL: on any context)
+ * since sim_reset; refused ones do not count. */
+unsigned long sim_sync_count(CUcontext ctx);
+/* Calls refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED by the capture rule since sim_reset. */
+unsigned long sim_capture_refusals(void);
+/* Strict fork mode (see "fork" above); kept across sim_reset. */
+void sim_set_fork_strict(bool strict);
+/* Whether this process is a child that answers NOT_INITIALIZED (strict mode). */
+bool sim_in_forked_child(void);
+
+/* A "kernel" in ctx (NULL: the current context) on stream (NULL / legacy: ctx's default
+ * stream; otherwise a stream of ctx, else INVALID_HANDLE) that writes n bytes of value byte at
+ * p when it runs: at ctx's next synchronization (not another context's). Addresses are checked
+ * only then (a hazard when unmapped or inaccessible to ctx's device). On a capturing stream it is
+ * recorded into the capture and never runs. Not an entry point (not counted, no faults). */
+CUresult sim_launch_write(CUcontext ctx, CUstream stream, CUdeviceptr p, size_t n, int byte);
 
 /* Switches. */
 void sim_refuse_hints(bool refuse);
@@ -137,8 +212,9 @@ const char *sim_last_reason(void);       /* this thread's last rejection, "" if 
 CUresult sim_write(CUdeviceptr dst, const void *src, size_t n);
 CUresult sim_read(void *dst, CUdeviceptr src, size_t n);
 CUresult sim_memset(CUdeviceptr dst, int value, size_t n);
-void sim_flush(void);                    /* runs queued async copies */
+void sim_flush(void);                    /* lands every context's queued work */
 size_t sim_pending_ops(void);
+size_t sim_pending_ops_ctx(CUcontext ctx); /* queued operations of one context */
 unsigned long sim_hazards(void);         /* unmap/free/release under a queued copy */
 
 /* Ledger. */
@@ -148,11 +224,19 @@ size_t sim_live_reservations(void);
 size_t sim_live_mappings(void);
 size_t sim_live_native(void);            /* cuMemAlloc* blocks not yet freed */
 size_t sim_live_streams(void);           /* cuStreamCreate streams (not in the ledger check) */
-bool sim_ledger_empty(void);             /* no allocation, reservation, mapping, native */
+size_t sim_live_contexts(void);          /* cuCtxCreate contexts not destroyed (not in it) */
+size_t sim_live_graphs(void);            /* graphs not destroyed (not in it) */
+size_t sim_live_host(void);              /* pinned host ranges (in the ledger check) */
+size_t sim_host_pinned_bytes(void);      /* bytes of them */
+bool sim_ledger_empty(void);             /* no allocation, reservation, mapping, native,
+                                            pinned host range */
 void sim_ledger_dump(void);              /* prints what is left to stderr */
 void sim_ledger_fdump(FILE *out);
 bool sim_is_mapped(CUdeviceptr p);
 bool sim_is_reserved(CUdeviceptr p);
+/* Bytes of [p, p + n) covered by mappings (0: the range holds no mapping at all; for checking
+ * that a paused range was unmapped, and a resumed one mapped throughout). */
+size_t sim_range_mapped_bytes(CUdeviceptr p, size_t n);
 unsigned sim_access_flags(CUdeviceptr p, int device); /* CU_MEM_ACCESS_FLAGS_PROT_* */
 size_t sim_device_used(int device);      /* bytes charged on the device */
 size_t sim_device_capacity(int device);

@@ -1,52 +1,141 @@
-/* simdrv internals shared by the sim's own sources (not for tests). */
+/* simdrv internals shared by the sim's own sources (not for tests).
+ *
+ * Files: simdrv.c (state, ledger, control, devices, VMM, native allocator, queries, IPC, the
+ * table and cuGetProcAddress, fork), simctx.c (contexts, streams, stream capture, graphs),
+ * simwork.c (work in flight per context: queued copies and "kernels", the synchronizing calls
+ * that land them, copies), simhost.c (pinned host memory, managed memory, pool allocations).
+ * One mutex (S.mu) guards everything; every entry point takes it for its whole run. */
 #ifndef SIMINT_H
 #define SIMINT_H
 
 #include "simdrv.h"
 
-/* Entry points the fake libcuda exports beyond the library's driver table (same X format:
- * plain cuda.h name, which cuda.h's macros turn into the exported versioned name). */
-#define SIM_EXTRA_FUNCS(X)                                                                         \
-    X(cuGetProcAddress, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,       \
-                         CUdriverProcAddressQueryResult *symbolStatus))                            \
-    X(cuCtxSetCurrent, (CUcontext ctx))                                                            \
-    X(cuDevicePrimaryCtxRelease, (CUdevice dev))                                                   \
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Every entry point the simulation implements: X(plain cuda.h name, params); cuda.h's
+ * versioning macros turn the name into the versioned one (cuMemAlloc -> cuMemAlloc_v2) wherever
+ * it is not stringified. This is the simulation's own list, a superset of the library's
+ * driver table (src/driver.h VMH_DRIVER_FUNCS): sim_table() fills the table by name from it, so
+ * a row added to VMH_DRIVER_FUNCS compiles as soon as it is listed here (and fails to compile,
+ * naming the missing sim_ function, when it is not). */
+#define SIM_FUNCS(X)                                                                               \
+    /* initialisation and devices */                                                              \
+    X(cuInit, (unsigned int flags))                                                                \
+    X(cuDriverGetVersion, (int *version))                                                          \
+    X(cuDeviceGetCount, (int *count))                                                              \
+    X(cuDeviceGet, (CUdevice * dev, int ordinal))                                                  \
+    X(cuDeviceGetAttribute, (int *pi, CUdevice_attribute attrib, CUdevice dev))                    \
+    X(cuDeviceTotalMem, (size_t * bytes, CUdevice dev))                                            \
+    X(cuDeviceCanAccessPeer, (int *can, CUdevice dev, CUdevice peer))                              \
     X(cuDeviceGetName, (char *name, int len, CUdevice dev))                                        \
-    X(cuMemcpyHtoD, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount))               \
-    X(cuMemcpyDtoH, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount))                     \
-    X(cuMemsetD8, (CUdeviceptr dstDevice, unsigned char uc, size_t N))                             \
-    X(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream))                    \
+    /* contexts */                                                                                 \
+    X(cuCtxGetCurrent, (CUcontext * pctx))                                                         \
+    X(cuCtxSetCurrent, (CUcontext ctx))                                                            \
+    X(cuCtxPushCurrent, (CUcontext ctx))                                                           \
+    X(cuCtxPopCurrent, (CUcontext * pctx))                                                         \
+    X(cuCtxGetDevice, (CUdevice * device))                                                         \
+    X(cuCtxSynchronize, (void))                                                                    \
+    X(cuCtxCreate, (CUcontext * pctx, CUctxCreateParams * params, unsigned int flags,              \
+                    CUdevice dev))                                                                 \
+    X(cuCtxDestroy, (CUcontext ctx))                                                               \
+    X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))                                  \
+    X(cuDevicePrimaryCtxRelease, (CUdevice dev))                                                   \
+    X(cuDevicePrimaryCtxReset, (CUdevice dev))                                                     \
+    X(cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags))                                 \
+    X(cuCtxDisablePeerAccess, (CUcontext peer))                                                    \
+    /* VMM */                                                                                      \
+    X(cuMemGetInfo, (size_t * free, size_t *total))                                                \
+    X(cuMemGetAllocationGranularity, (size_t * granularity, const CUmemAllocationProp *prop,       \
+                                      CUmemAllocationGranularity_flags option))                    \
+    X(cuMemCreate, (CUmemGenericAllocationHandle * handle, size_t size,                            \
+                    const CUmemAllocationProp *prop, unsigned long long flags))                    \
+    X(cuMemRelease, (CUmemGenericAllocationHandle handle))                                         \
+    X(cuMemAddressReserve, (CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr,   \
+                            unsigned long long flags))                                             \
+    X(cuMemAddressFree, (CUdeviceptr ptr, size_t size))                                            \
+    X(cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, \
+                 unsigned long long flags))                                                        \
+    X(cuMemUnmap, (CUdeviceptr ptr, size_t size))                                                  \
+    X(cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count))   \
+    X(cuMemExportToShareableHandle, (void *shareable, CUmemGenericAllocationHandle handle,         \
+                                     CUmemAllocationHandleType type, unsigned long long flags))    \
+    X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle * handle, void *os_handle,     \
+                                       CUmemAllocationHandleType type))                            \
     X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle * handle, void *addr))           \
     X(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp * prop,                         \
                                                CUmemGenericAllocationHandle handle))               \
+    /* copies */                                                                                   \
+    X(cuMemcpyDtoD, (CUdeviceptr dst, CUdeviceptr src, size_t bytes))                              \
+    X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))       \
+    X(cuMemcpyHtoD, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount))               \
+    X(cuMemcpyDtoH, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount))                     \
+    X(cuMemcpyHtoDAsync, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,           \
+                          CUstream hStream))                                                       \
+    X(cuMemcpyDtoHAsync, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,                 \
+                          CUstream hStream))                                                       \
+    X(cuMemsetD8, (CUdeviceptr dstDevice, unsigned char uc, size_t N))                             \
+    /* streams, capture, graphs */                                                                 \
     X(cuStreamCreate, (CUstream * phStream, unsigned int Flags))                                   \
     X(cuStreamDestroy, (CUstream hStream))                                                         \
+    X(cuStreamSynchronize, (CUstream stream))                                                      \
     X(cuStreamQuery, (CUstream hStream))                                                           \
+    X(cuStreamBeginCapture, (CUstream hStream, CUstreamCaptureMode mode))                          \
+    X(cuStreamEndCapture, (CUstream hStream, CUgraph * phGraph))                                   \
+    X(cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus * captureStatus))              \
+    X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode * mode))                             \
+    X(cuGraphDestroy, (CUgraph hGraph))                                                            \
+    /* native allocators */                                                                        \
+    X(cuMemAlloc, (CUdeviceptr * dptr, size_t bytesize))                                           \
+    X(cuMemAllocPitch, (CUdeviceptr * dptr, size_t *pitch, size_t width, size_t height,           \
+                        unsigned int elementSize))                                                 \
+    X(cuMemFree, (CUdeviceptr dptr))                                                               \
+    X(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream hStream))                    \
+    X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream))                                         \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool,            \
+                                CUstream hStream))                                                 \
+    X(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags))                \
+    X(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags))                            \
+    X(cuMemFreeHost, (void *p))                                                                    \
+    X(cuMemHostRegister, (void *p, size_t bytesize, unsigned int Flags))                           \
+    X(cuMemHostUnregister, (void *p))                                                              \
+    /* queries */                                                                                  \
+    X(cuMemGetAddressRange, (CUdeviceptr * base, size_t *size, CUdeviceptr dptr))                 \
+    X(cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr ptr))         \
+    X(cuPointerGetAttributes, (unsigned int n, CUpointer_attribute *attributes, void **data,       \
+                               CUdeviceptr ptr))                                                   \
+    X(cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr dptr))                              \
+    X(cuIpcOpenMemHandle, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int flags))        \
+    X(cuIpcCloseMemHandle, (CUdeviceptr dptr))                                                     \
+    X(cuGetProcAddress, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,       \
+                         CUdriverProcAddressQueryResult *symbolStatus))                            \
     X(cuGetErrorString, (CUresult error, const char **pStr))                                       \
     X(cuGetErrorName, (CUresult error, const char **pStr))                                         \
-    /* CUDA 13's context-taking ABIs, which cuGetProcAddress answers for the plain names from      \
-     * 13000 on (cuda.h has no macro for them; see sim_newer_abi in simdrv.c). */                  \
+    /* Older or newer ABIs that cuGetProcAddress answers for a plain name by cudaVersion (see      \
+     * sim_abi_versions in simdrv.c); counted under these names. cuda.h has no macro for them. */  \
     X(cuCtxGetDevice_v2, (CUdevice * device, CUcontext ctx))                                       \
-    X(cuCtxSynchronize_v2, (CUcontext ctx))
+    X(cuCtxSynchronize_v2, (CUcontext ctx))                                                        \
+    X(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev))                        \
+    X(cuCtxCreate_v3, (CUcontext * pctx, CUexecAffinityParam * paramsArray, int numParams,         \
+                       unsigned int flags, CUdevice dev))
 
-/* Per-thread-default-stream variants the real driver exports: (plain name, exported name,
- * params). They are aliases of the plain entry (counted under the plain name). */
-#define SIM_PT_FUNCS(X)                                                                            \
-    X(cuMemcpyDtoD, cuMemcpyDtoD_v2_ptds, (CUdeviceptr dst, CUdeviceptr src, size_t bytes))       \
-    X(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2_ptsz,                                                \
-      (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))                           \
-    X(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream stream))                            \
-    X(cuMemFreeAsync, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream))                    \
-    X(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, (CUdeviceptr dst, const void *src, size_t n))           \
-    X(cuMemcpyDtoH, cuMemcpyDtoH_v2_ptds, (void *dst, CUdeviceptr src, size_t n))                 \
-    X(cuMemsetD8, cuMemsetD8_v2_ptds, (CUdeviceptr dst, unsigned char uc, size_t n))              \
-    X(cuMemAllocAsync, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t n, CUstream stream))     \
-    X(cuStreamQuery, cuStreamQuery_ptsz, (CUstream stream))
-
-#define SIM_ALL_FUNCS(X) VMH_DRIVER_FUNCS(X) SIM_EXTRA_FUNCS(X)
+/* The per-thread-default-stream variants the real driver exports (cuMemcpyDtoD_v2_ptds,
+ * cuStreamSynchronize_ptsz ...) are, in the fake libcuda, aliases of the plain entry (counted
+ * under the plain name; a NULL stream is the legacy one there too). An alias must sit in the
+ * file that defines its target: SIM_PT_ALIAS(plain name, exported name, params) after it. */
+#ifdef SIM_SHARED
+#define SIM_PT_ALIAS(plain, exported, params) \
+    CUresult exported params;                 \
+    CUresult exported params __attribute__((alias(SIM_STR(SIM_IMPL(plain)))));
+#define SIM_STR(x) SIM_STR_(x)
+#define SIM_STR_(x) #x
+#else
+#define SIM_PT_ALIAS(plain, exported, params)
+#endif
 
 #define SIM_ENUM(name, params) SIM_E_##name,
-enum sim_fn { SIM_ALL_FUNCS(SIM_ENUM) SIM_E_COUNT };
+enum sim_fn { SIM_FUNCS(SIM_ENUM) SIM_E_COUNT };
 #undef SIM_ENUM
 
 /* The implementations. Their names go through cuda.h's versioning macros first: in the static
@@ -60,10 +149,271 @@ enum sim_fn { SIM_ALL_FUNCS(SIM_ENUM) SIM_E_COUNT };
 #endif
 
 #define SIM_PROTO(name, params) CUresult SIM_IMPL(name) params;
-SIM_ALL_FUNCS(SIM_PROTO)
+SIM_FUNCS(SIM_PROTO)
 #undef SIM_PROTO
 
-/* Counts and fault-checks a call of an entry point that has no implementation (simweak.c). */
-CUresult sim_unimplemented(enum sim_fn fn);
+/* Everything below is internal to the simulation: hidden, so that the fake libcuda exports
+ * only driver names and the sim_* test API. */
+#pragma GCC visibility push(hidden)
+
+#define KiB (1024ULL)
+#define MiB (1024ULL * KiB)
+#define GiB (1024ULL * MiB)
+#define TiB (1024ULL * GiB)
+
+#define CTX_MAGIC 0x51dc7a11u /* a live context */
+#define CTX_DEAD 0x51dc0dedu  /* destroyed: kept (never freed before sim_reset) so that a stale
+                                 handle on some thread's stack reads as destroyed */
+#define CTX_DEPTH 32
+
+/* ---- objects ---- */
+
+typedef struct sim_iv { /* an interval of the fake address space (or a key) */
+    CUdeviceptr ptr;
+    size_t span;
+} sim_iv_t;
+
+typedef struct sim_vec { /* sorted by iv.ptr */
+    sim_iv_t **v;
+    size_t n, cap;
+} sim_vec_t;
+
+struct CUctx_st {
+    sim_iv_t iv; /* ptr = the context's address (created contexts live in S.ctxs) */
+    unsigned magic;
+    int device;
+    bool primary;
+    unsigned long syncs; /* cuCtxSynchronize[_v2] / cuStreamSynchronize that waited on it */
+};
+
+typedef struct sim_alloc {
+    struct sim_alloc *prev, *next;
+    unsigned long long id;
+    size_t size;
+    CUmemAllocationProp prop;
+    int device; /* -1: host */
+    unsigned nhandles, nmaps;
+    unsigned char *bytes; /* contents, mapped on first write */
+} sim_alloc_t;
+
+typedef struct sim_handle {
+    sim_iv_t iv; /* ptr = handle value */
+    sim_alloc_t *a;
+} sim_handle_t;
+
+typedef struct sim_resv {
+    sim_iv_t iv;
+    unsigned long long id;
+} sim_resv_t;
+
+typedef struct sim_map {
+    sim_iv_t iv;
+    sim_alloc_t *a;
+    sim_resv_t *r;
+    unsigned char *acc; /* [granule * ndev + dev]: CU_MEM_ACCESS_FLAGS_PROT_* */
+} sim_map_t;
+
+typedef enum sim_native_kind { NATIVE_DEVICE, NATIVE_MANAGED } sim_native_kind_t;
+
+typedef struct sim_native {
+    sim_iv_t iv; /* span: address space taken */
+    size_t size; /* bytes the caller may touch (requested, or pitch * height) */
+    size_t charged;
+    int device;
+    CUcontext ctx; /* the context it was allocated in: destroying that frees it */
+    sim_native_kind_t kind;
+    unsigned long long id;
+    unsigned char *bytes;
+} sim_native_t;
+
+typedef enum sim_capture { CAPTURE_NONE, CAPTURE_ACTIVE, CAPTURE_INVALIDATED } sim_capture_t;
+
+struct CUstream_st {
+    sim_iv_t iv; /* ptr = the stream's address */
+    CUcontext ctx;
+    unsigned flags;
+    sim_capture_t capture;
+    CUstreamCaptureMode capture_mode;
+    pthread_t capture_thread;
+    unsigned long captured_ops; /* work recorded into the capture (not run) */
+};
+
+struct CUgraph_st {
+    sim_iv_t iv;
+    unsigned long nodes;
+};
+
+typedef struct sim_host { /* pinned host memory: cuMemHostAlloc'd or cuMemHostRegister'ed */
+    sim_iv_t iv;
+    bool registered;
+} sim_host_t;
+
+typedef struct sim_export {
+    dev_t dev;
+    ino_t ino;
+    sim_alloc_t *a;
+} sim_export_t;
+
+typedef enum sim_op_kind { OP_COPY, OP_FILL, OP_HTOD, OP_DTOH } sim_op_kind_t;
+
+typedef struct sim_op { /* work in flight: lands at its context's next synchronization */
+    sim_op_kind_t kind;
+    CUcontext ctx;
+    CUstream stream; /* NULL: the context's legacy default stream */
+    CUdeviceptr dst, src; /* device addresses (dst for COPY/FILL/HTOD, src for COPY/DTOH) */
+    size_t n;
+    int fill;
+    void *host;             /* HTOD source (pinned) or DTOH destination */
+    unsigned char *staged;  /* HTOD from pageable memory: the bytes staged at the call */
+} sim_op_t;
+
+typedef struct sim_fault {
+    int fn; /* -1: any entry point */
+    unsigned long from, to; /* counts (inclusive) that fail */
+    CUresult code;
+} sim_fault_t;
+
+typedef struct sim_state {
+    pthread_mutex_t mu;
+    bool initialized;
+    bool fork_strict;  /* children of an initialized process answer NOT_INITIALIZED */
+    bool forked_child; /* this process is such a child */
+    unsigned gen;
+    sim_config_t cfg;
+    struct CUctx_st ctx[SIM_MAX_DEVICES]; /* primary contexts */
+    unsigned primary_refs[SIM_MAX_DEVICES];
+    bool peer[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
+    size_t used[SIM_MAX_DEVICES];
+    sim_alloc_t *allocs;
+    size_t nallocs;
+    sim_vec_t handles, resvs, maps, natives, streams, ctxs, graphs, hosts;
+    size_t ctxs_live;
+    unsigned long capture_refusals; /* calls refused with STREAM_CAPTURE_UNSUPPORTED */
+    size_t host_pinned; /* bytes of cuMemHostAlloc + cuMemHostRegister */
+    sim_export_t *exports;
+    size_t nexports, capexports;
+    sim_op_t *ops;
+    size_t nops, capops;
+    CUdeviceptr res_rover, nat_rover;
+    bool refuse_hints;
+    bool verbose;
+    unsigned long long next_id;
+    unsigned long long next_handle;
+    unsigned long hazards;
+    unsigned long total;
+    unsigned long calls[SIM_E_COUNT];
+    sim_fault_t faults[64];
+    size_t nfaults;
+    unsigned long fired;
+    bool tracing;
+    const char **trace;
+    size_t ntrace;
+    unsigned long trace_calls;
+} sim_state_t;
+
+typedef struct sim_thread {
+    unsigned gen;
+    int depth;
+    CUcontext stack[CTX_DEPTH];
+    CUstreamCaptureMode capture_mode; /* cuThreadExchangeStreamCaptureMode; reset with gen */
+} sim_thread_t;
+
+extern sim_state_t S;
+extern __thread sim_thread_t T;
+
+/* ---- helpers (simdrv.c) ---- */
+void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+CUresult reject(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int sim_lock(void);
+void sim_unlock_cleanup(int *held);
+/* Holds S.mu until the end of the enclosing block. */
+#define LOCKED __attribute__((cleanup(sim_unlock_cleanup), unused)) int sim_locked_ = sim_lock()
+CUresult sim_enter(enum sim_fn fn);
+void *xcalloc(size_t n, size_t sz);
+void *xrealloc(void *p, size_t sz);
+size_t gran(void);
+int ndev(void);
+bool overlaps(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn);
+
+#define SIM_ENTER(id)                                          \
+    LOCKED;                                                    \
+    do {                                                       \
+        CUresult sim_frc_ = sim_enter(SIM_E_##id);             \
+        if (sim_frc_ != CUDA_SUCCESS)                          \
+            return sim_frc_;                                   \
+    } while (0)
+
+#define NEED_INIT()                                                             \
+    do {                                                                        \
+        if (!S.initialized)                                                     \
+            return reject(CUDA_ERROR_NOT_INITIALIZED, "%s", "not initialized"); \
+    } while (0)
+
+#define NEED_DEVICE(d, what)                                                               \
+    do {                                                                                   \
+        if ((d) < 0 || (d) >= ndev())                                                      \
+            return reject(CUDA_ERROR_INVALID_DEVICE, "%s: no device %d", what, (int)(d)); \
+    } while (0)
+
+size_t vec_upper(const sim_vec_t *s, CUdeviceptr p);
+void *vec_find(const sim_vec_t *s, CUdeviceptr p);
+void *vec_exact(const sim_vec_t *s, CUdeviceptr p);
+void vec_insert(sim_vec_t *s, void *obj);
+void vec_remove(sim_vec_t *s, void *obj);
+bool vec_range_free(const sim_vec_t *s, CUdeviceptr p, size_t size);
+
+/* contents (simdrv.c) */
+CUresult check_range(CUdeviceptr p, size_t n, int dev, bool write);
+void do_write(CUdeviceptr p, const unsigned char *src, int fill, size_t n, int dev);
+void do_read(unsigned char *dst, CUdeviceptr p, size_t n, int dev);
+void do_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, int dev);
+
+/* native blocks (simdrv.c) */
+CUresult native_new(const char *what, CUcontext ctx, size_t size, size_t charged,
+                    sim_native_kind_t kind, CUdeviceptr *out);
+void native_destroy(sim_native_t *n);
+size_t round512(size_t n);
+
+/* contexts and capture (simctx.c) */
+CUcontext cur_ctx(void);          /* top of this thread's stack, live or destroyed; NULL: none */
+int cur_dev(void);                /* the current live context's device, -1 when none */
+CUresult need_ctx(CUcontext *out); /* INVALID_CONTEXT / CONTEXT_IS_DESTROYED */
+bool ctx_valid(CUcontext c);      /* a live context (primary or created) */
+#define NEED_CTX(devvar)                         \
+    NEED_INIT();                                 \
+    int devvar;                                  \
+    do {                                         \
+        CUcontext sim_c_;                        \
+        CUresult sim_crc_ = need_ctx(&sim_c_);   \
+        if (sim_crc_ != CUDA_SUCCESS)            \
+            return sim_crc_;                     \
+        devvar = sim_c_->device;                 \
+    } while (0)
+bool is_default_stream(CUstream s);
+/* The context a stream's work belongs to; INVALID_HANDLE for an unknown stream,
+ * INVALID_CONTEXT when a default stream is named with no current context. */
+CUresult stream_ctx(CUstream s, const char *what, CUcontext *out);
+/* Whether the calling thread may make a "potentially unsafe" call now; if not, invalidates the
+ * capture(s) that forbid it and answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
+CUresult capture_allows(const char *what);
+bool stream_capturing(CUstream s); /* a named stream with a capture under way (or invalidated) */
+void contexts_wipe(void);          /* frees created contexts, graphs, streams (sim_reset) */
+void ctx_release_resources(CUcontext c); /* lands its work, frees its natives and streams */
+
+/* work in flight (simwork.c) */
+void work_land_ctx(CUcontext c);      /* every op of that context, in order */
+void work_land_stream(CUstream s);    /* every op of that stream */
+void work_land_all(void);
+void work_forget_stream(CUstream s);  /* ops of a destroyed stream stay with its context */
+void hazard_check(const char *what, CUdeviceptr p, size_t n);
+void hazard_check_host(const char *what, const void *p, size_t n, bool drop);
+CUresult work_queue(const sim_op_t *op);
+void work_wipe(void);
+
+/* host memory (simhost.c) */
+bool host_range_pinned(const void *p, size_t n); /* inside one pinned host range */
+void hosts_wipe(void);
+
+#pragma GCC visibility pop
 
 #endif
