@@ -767,6 +767,25 @@ static void shards_reuse_each_others_space(void **state)
     assert_int_equal(vmh_heap_free(q.p, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- the packed fast path (issue 13) ---- */
+
+/* Once the device and a packing extent exist, a packed allocation on the current context and
+ * its stream-ordered free make no driver call at all (a928081 made two per allocation to find
+ * the current device). */
+static void packed_fast_path_makes_no_driver_call(void **state)
+{
+    (void)state;
+    CUdeviceptr keep, p;
+    assert_int_equal(vmh_heap_alloc(4096, &keep), CUDA_SUCCESS);
+    sim_reset_counters();
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(vmh_heap_alloc((size_t)256 << (i % 6), &p), CUDA_SUCCESS);
+        assert_int_equal(vmh_heap_free(p, NULL, true), CUDA_SUCCESS);
+    }
+    assert_int_equal(sim_call_count(), 0);
+    assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
+}
+
 /* ---- trace of vmm_realloc (issue 16) ---- */
 
 /* The number of lines of the trace at path whose action and pointer are as given, and their
@@ -947,6 +966,8 @@ int main(void)
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(export_free_rounds_hold_nothing, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(packed_fast_path_makes_no_driver_call, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_is_traced, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(idle_bytes_count_only_whole_chunks, tu_setup, tu_teardown),
