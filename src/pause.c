@@ -129,10 +129,10 @@ static void backup_put(void *host, size_t size)
 
 /* ---- visits ---------------------------------------------------------------------------------- */
 
+/* What a visit of one tag needs: the device being visited, whether to back up. */
 typedef struct job {
     const vmh_dev_t *dev;
     bool backup;
-    size_t paused; /* bytes paused by this call */
 } job_t;
 
 static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
@@ -159,7 +159,6 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
     p->host_release = host ? backup_put : NULL;
     *range = NULL;
     *paused = p;
-    j->paused += size;
     return CUDA_SUCCESS;
 }
 
