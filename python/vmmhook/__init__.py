@@ -98,14 +98,14 @@ def _installed_path():
 
 
 def library_path():
-    """Path of libvmmhook.so: the loaded one if any, else $VMM_LIBRARY_PATH, else the installed
+    """Path of libvmmhook.so: the loaded one if any, else $LIBVMMHOOK, else the installed
     one; None when none is found."""
     process = _preloaded()
     if process is not None:
         path = _path_of_loaded(process)
         if path:
             return path
-    env = os.environ.get("VMM_LIBRARY_PATH")
+    env = os.environ.get("LIBVMMHOOK")
     if env:
         return env
     return _installed_path()

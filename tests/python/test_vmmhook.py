@@ -4,7 +4,7 @@ Run by meson test in one of three modes (argv[1]):
   preloaded  LD_PRELOAD=libvmmhook.so, the fake libcuda.so.1 on LD_LIBRARY_PATH: allocations
              made through the fake driver are served by the library; tags, pause, resume and
              statistics are checked against the fake's own view (sim_is_mapped, sim_read).
-  loaded     no preload, VMM_LIBRARY_PATH names the library: the package loads it itself.
+  loaded     no preload, LIBVMMHOOK names the library: the package loads it itself.
   absent     neither: available() is False and the calls raise VmmError.
 """
 
