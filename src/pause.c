@@ -24,6 +24,7 @@
 #include "pause.h"
 
 #include "bigbuf.h"
+#include "contexts.h"
 #include "driver.h"
 #include "heap.h"
 #include "lifetime.h"
@@ -365,6 +366,10 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
 {
     if (!vmh_lifetime_ready())
         return VMM_ERR_NO_DRIVER;
+    /* The device wait (and the unmapping of memory a capture may be recording) would break
+     * a capture in progress: the driver refuses the wait and invalidates the capture. */
+    if (vmh_capture_any())
+        return VMM_ERR_CAPTURING;
     unsigned one = VMH_TAG_NONE;
     if (name && (one = vmh_tag_lookup(name)) == VMH_TAG_NONE)
         return VMM_ERR_UNKNOWN_TAG;
