@@ -230,15 +230,21 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
     return CUDA_SUCCESS;
 }
 
-/* Both steps of a resume; on failure nothing of the tag is left mapped by the call. */
+/* Both steps of a resume; on failure nothing of the tag is left mapped by the call. Out of
+ * memory first gives back the library's idle memory (cached buffers of any tag, empty packing
+ * chunks) and tries once more: memory held idle must not keep a tag paused. */
 static CUresult resume_records(unsigned tag)
 {
-    job_t j = {0};
-    CUresult rc = visit_tag(tag, visit_prepare, &j, true);
-    job_t k = {0};
-    /* Neither step can fail: they only swap pointers and undo (unmap, release, free). */
-    visit_tag(tag, rc == CUDA_SUCCESS ? visit_commit : visit_abort, &k, false);
-    return rc;
+    CUresult rc;
+    for (int attempt = 0;; attempt++) {
+        job_t j = {0};
+        rc = visit_tag(tag, visit_prepare, &j, true);
+        job_t k = {0};
+        /* Neither step can fail: they only swap pointers and undo (unmap, release, free). */
+        visit_tag(tag, rc == CUDA_SUCCESS ? visit_commit : visit_abort, &k, false);
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0 || vmh_heap_trim() == 0)
+            return rc;
+    }
 }
 
 /* *stays_paused: the pause failed and so did resuming what it had paused. */
