@@ -95,7 +95,8 @@ static void *backup_get(size_t size)
     if (host == MAP_FAILED)
         host = NULL;
     pinned_t *k = pin && host ? malloc(sizeof *k) : NULL;
-    if (k && vmh_drv.cuMemHostRegister(host, len, 0) == CUDA_SUCCESS) {
+    /* PORTABLE: pinned for every context, as a kept buffer may serve another device later. */
+    if (k && vmh_drv.cuMemHostRegister(host, len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
         *k = (pinned_t){host, len, true, NULL};
         pthread_mutex_lock(&pinned_lock);
         k->next = pinned_list;
