@@ -19,6 +19,7 @@
 
 #include "bigbuf.h"
 #include "cache.h"
+#include "contexts.h"
 #include "driver.h"
 #include "log.h"
 #include "packing.h"
@@ -159,20 +160,16 @@ static CUresult dev_by_ordinal(int ordinal, CUcontext ctx, hdev_t **out)
     return rc;
 }
 
-/* The current context's device. */
+/* The current context's device: no driver call in steady state (contexts.h keeps the calling
+ * thread's current context as the interposer sees it change). */
 static CUresult dev_current(hdev_t **out)
 {
     CUcontext ctx = NULL;
-    CUdevice dev;
-    CUresult rc = vmh_drv.cuCtxGetCurrent(&ctx);
+    int dev;
+    CUresult rc = vmh_ctx_current(&ctx, &dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!ctx)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    rc = vmh_drv.cuCtxGetDevice(&dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    return dev_by_ordinal((int)dev, ctx, out);
+    return dev_by_ordinal(dev, ctx, out);
 }
 
 static bool running(void)
