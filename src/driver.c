@@ -1,8 +1,10 @@
-/* Layer 1: the driver table (see driver.h). Owns the dlopen of libcuda.so.1 and the one
- * resolution of every entry point the library calls. */
+/* Layer 1: the driver table (see driver.h). The only file that finds, opens or calls into
+ * libcuda on its own: the dlopen of libcuda.so.1, the one resolution of every entry point the
+ * library calls, the real dlsym, and the real definitions the interposer passes calls to. */
 #include "driver.h"
 
 #include "log.h"
+#include "stats.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -10,35 +12,114 @@
 #include <stddef.h>
 #include <string.h>
 
-vmh_driver_t vmh_drv;
+/* The table itself; vmh_drv (driver.h) reaches it through vmh_driver_call(). */
+static vmh_driver_t drv_table;
 
 enum { DRV_UNLOADED, DRV_READY, DRV_MISSING };
 static atomic_int drv_state = DRV_UNLOADED;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
-static void *drv_handle;
-static vmh_getproc_fn drv_getproc;
 
-typedef void *(*dlsym_fn)(void *, const char *);
-static _Atomic(dlsym_fn) real_dlsym_ptr;
+/* The driver's cuGetProcAddress in the ABI of CUDA 12 (with a status), and of CUDA 11.3. */
+typedef CUresult (*getproc_v2_fn)(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                  CUdriverProcAddressQueryResult *status);
+typedef CUresult (*getproc_v1_fn)(const char *symbol, void **pfn, int cudaVersion,
+                                  cuuint64_t flags);
 
-/* dlsym itself is interposed by the library, so the C library's own is fetched by version:
- * GLIBC_2.2.5 on x86-64 and GLIBC_2.17 on aarch64 exist in every glibc (2.34 moved them into
- * libc and added GLIBC_2.34 beside them). */
+const vmh_driver_t *vmh_driver_call(void)
+{
+    vmh_count(VMH_STAT_driver_calls, 1);
+    return &drv_table;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The real dlsym and the real definitions of driver symbols.
+ */
+static _Atomic(vmh_dlsym_fn) real_dlsym_ptr;
+
+/* Used only if the C library's dlsym cannot be found, which does not happen with glibc. */
+static void *dlsym_unavailable(void *handle, const char *symbol)
+{
+    (void)handle;
+    (void)symbol;
+    return NULL;
+}
+
+/* dlsym itself is interposed by the library, so the C library's own is fetched by version
+ * (dlvsym is not interposed). The architecture's base version first: it exists in every glibc
+ * (in libdl before 2.34, as a compat alias of the same function in libc since), so the lookup
+ * succeeds at once and never takes dlerror's allocating path, which matters because this runs
+ * inside the program's dlsym. */
+vmh_dlsym_fn vmh_real_dlsym_fn(void)
+{
+    vmh_dlsym_fn f = atomic_load_explicit(&real_dlsym_ptr, memory_order_acquire);
+    if (__builtin_expect(f != NULL, 1))
+        return f;
+    static const char *const versions[] = {
+#if defined(__x86_64__)
+        "GLIBC_2.2.5",
+#elif defined(__aarch64__) || defined(__powerpc64__)
+        "GLIBC_2.17",
+#elif defined(__i386__)
+        "GLIBC_2.0",
+#endif
+        "GLIBC_2.34",
+    };
+    for (size_t i = 0; f == NULL && i < sizeof versions / sizeof versions[0]; i++)
+        f = (vmh_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    if (f == NULL)
+        return dlsym_unavailable;
+    /* Two threads may race here; both store the same pointer. */
+    atomic_store_explicit(&real_dlsym_ptr, f, memory_order_release);
+    return f;
+}
+
 void *vmh_real_dlsym(void *handle, const char *symbol)
 {
-    dlsym_fn f = atomic_load_explicit(&real_dlsym_ptr, memory_order_acquire);
-    if (!f) {
-        /* The architecture's base version first: a miss goes through dlerror's malloc. */
-        static const char *const versions[] = {"GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.34",
-                                               "GLIBC_2.0"};
-        for (size_t i = 0; !f && i < sizeof versions / sizeof versions[0]; i++)
-            f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-        if (!f)
-            return NULL;
-        atomic_store_explicit(&real_dlsym_ptr, f, memory_order_release);
-    }
-    return f(handle, symbol);
+    return vmh_real_dlsym_fn()(handle, symbol);
 }
+
+bool vmh_dlsym_pseudo_handle(const void *handle)
+{
+    return handle == RTLD_DEFAULT || handle == RTLD_NEXT;
+}
+
+/* libcuda.so.1 if someone loaded it (RTLD_LOCAL, as cudart does), without loading it. NOLOAD
+ * takes a reference that is never dropped, which keeps the functions found there valid. */
+static void *loaded_libcuda(void)
+{
+    return dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_LAZY);
+}
+
+void *vmh_driver_next_symbol(const char *symbol)
+{
+    void *p = vmh_real_dlsym(RTLD_NEXT, symbol);
+    if (p == NULL) {
+        void *h = loaded_libcuda();
+        if (h != NULL)
+            p = vmh_real_dlsym(h, symbol);
+    }
+    return p;
+}
+
+void *vmh_driver_proc(const char *symbol, int version, cuuint64_t flags)
+{
+    void *fn = NULL;
+    getproc_v2_fn v2 = (getproc_v2_fn)vmh_driver_next_symbol("cuGetProcAddress_v2");
+    if (v2 != NULL) {
+        CUdriverProcAddressQueryResult st;
+        if (v2(symbol, &fn, version, flags, &st) != CUDA_SUCCESS)
+            return NULL;
+        return fn;
+    }
+    getproc_v1_fn v1 = (getproc_v1_fn)vmh_driver_next_symbol("cuGetProcAddress");
+    if (v1 == NULL || v1(symbol, &fn, version, flags) != CUDA_SUCCESS)
+        return NULL;
+    return fn;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The table.
+ */
 
 /* cuGetProcAddress answers the newest ABI at the version asked for. For most entries that is
  * the one cuda.h declares (through its _v2 macros), but CUDA 13 added cuCtxGetDevice_v2 and
@@ -65,12 +146,12 @@ static int abi_version(const char *name)
  * whatever the program asked for: these are the library's own calls. */
 static void drv_load(void)
 {
-    drv_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NODELETE);
-    if (!drv_handle) {
+    void *handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NODELETE);
+    if (!handle) {
         atomic_store(&drv_state, DRV_MISSING);
         return;
     }
-    drv_getproc = (vmh_getproc_fn)vmh_real_dlsym(drv_handle, "cuGetProcAddress_v2");
+    getproc_v2_fn drv_getproc = (getproc_v2_fn)vmh_real_dlsym(handle, "cuGetProcAddress_v2");
     if (!drv_getproc) {
         vmh_log("libcuda.so.1 has no cuGetProcAddress_v2 (driver older than CUDA 12.5?): "
                 "passing everything through");
@@ -94,11 +175,13 @@ static void drv_load(void)
     } while (0);
     VMH_DRIVER_FUNCS(VMH_RESOLVE)
 #undef VMH_RESOLVE
+    if (ok)
+        vmh_count(VMH_STAT_driver_calls, 1); /* the cuInit below, made before the table is set */
     if (!ok || t.cuInit(0) != CUDA_SUCCESS) {
         atomic_store(&drv_state, DRV_MISSING);
         return;
     }
-    vmh_drv = t;
+    drv_table = t;
     atomic_store_explicit(&drv_state, DRV_READY, memory_order_release);
 }
 
@@ -119,16 +202,6 @@ bool vmh_driver_loaded(void)
 
 void vmh_driver_install(const vmh_driver_t *table)
 {
-    vmh_drv = *table;
+    drv_table = *table;
     atomic_store_explicit(&drv_state, DRV_READY, memory_order_release);
-}
-
-void *vmh_driver_handle(void)
-{
-    return drv_handle;
-}
-
-vmh_getproc_fn vmh_driver_real_getproc(void)
-{
-    return drv_getproc;
 }

@@ -76,8 +76,12 @@ typedef struct vmh_driver {
 } vmh_driver_t;
 #undef VMH_DRIVER_FIELD
 
-/* The table. Read it only after vmh_driver_ready() returned true. */
-extern vmh_driver_t vmh_drv;
+/* The one way the library calls the driver: vmh_drv.cuMemMap(...). vmh_drv names the table
+ * through vmh_driver_call(), which counts the call (the statistic "driver calls made by the
+ * library" then counts every call exactly once, wherever it is made) and returns the table.
+ * Read it only after vmh_driver_ready() returned true. */
+#define vmh_drv (*vmh_driver_call())
+const vmh_driver_t *vmh_driver_call(void);
 
 /* Loads libcuda.so.1 and fills the table, once (thread-safe). Returns false when no driver can
  * be loaded (no GPU machine); the library then passes everything through. */
@@ -89,15 +93,29 @@ bool vmh_driver_loaded(void);
 /* Tests and the simulated driver: install a complete table instead of loading libcuda. */
 void vmh_driver_install(const vmh_driver_t *table);
 
-/* The real dlsym of the C library (never the interposed one), resolved once with dlvsym. */
+/* --- For the interposer: the real functions behind the program's calls. -------------------
+ * Nothing below loads the driver, takes a lock of the library, allocates or prints: these run
+ * inside the program's dlsym and cuGetProcAddress lookups. */
+
+/* The C library's dlsym (never the interposed one), resolved once with dlvsym. Never NULL: a
+ * C library without it (not glibc) gets a function that finds nothing. */
+typedef void *(*vmh_dlsym_fn)(void *handle, const char *symbol);
+vmh_dlsym_fn vmh_real_dlsym_fn(void);
 void *vmh_real_dlsym(void *handle, const char *symbol);
 
-/* The handle of the real libcuda.so.1 once loaded (NULL before, or under a test table). */
-void *vmh_driver_handle(void);
+/* Whether a dlsym handle is one of the pseudo-handles (RTLD_DEFAULT, RTLD_NEXT), whose answer
+ * depends on the caller, rather than an object's. */
+bool vmh_dlsym_pseudo_handle(const void *handle);
 
-/* The real cuGetProcAddress_v2 from libcuda (NULL when not loaded). */
-typedef CUresult (*vmh_getproc_fn)(const char *symbol, void **pfn, int cudaVersion,
-                                   cuuint64_t flags, CUdriverProcAddressQueryResult *status);
-vmh_getproc_fn vmh_driver_real_getproc(void);
+/* The definition of a driver symbol that the program would have bound without the library:
+ * the next one after the library in the lookup order, else libcuda.so.1's when someone loaded
+ * it (RTLD_LOCAL, as cudart does). NULL when neither has it. */
+void *vmh_driver_next_symbol(const char *symbol);
+
+/* The real driver's answer to cuGetProcAddress(symbol, version, flags) (symbol the base name,
+ * as cuGetProcAddress takes it), through the driver's own cuGetProcAddress_v2 or, in a driver
+ * older than CUDA 12, cuGetProcAddress. NULL when the driver has no answer or no libcuda is in
+ * the process. */
+void *vmh_driver_proc(const char *symbol, int version, cuuint64_t flags);
 
 #endif

@@ -2,6 +2,7 @@
  * after": the layers below are told (vmh_heap_shutdown, vmh_heap_forked_child) and keep no
  * flags of their own about it. */
 #include "lifetime.h"
+#include "contexts.h"
 
 #include "driver.h"
 #include "heap.h"
@@ -24,6 +25,7 @@ VMH_TESTABLE void vmh_lifetime_fork_child(void)
     if (!atomic_load(&start_done) || !vmh_driver_loaded())
         return; /* the parent never used the driver: the child may, natively or through us */
     atomic_store(&phase, LIFE_CHILD);
+    vmh_contexts_after_fork_child(); /* no context or capture report may block the child */
     vmh_heap_forked_child();
 }
 

@@ -13,8 +13,9 @@
  *    printed by lookups (VMMHOOK_VERBOSE=1 is set: option parsing would print);
  *  - allocations are served (VMM mappings in the simulated driver, vmm_owns) or native;
  *  - interior pointer queries answer the buffer (base, requested size), not a chunk;
- *  - bad inputs give the native codes; the application's own cuMemCreate/cuMemMap pass through;
- *  - stream-ordered frees in both stream flavours, cuMemAllocAsync untouched;
+ *  - bad inputs give the native codes; the application's own cuMemCreate/cuMemMap pass through
+ *    (cuMemCreate through the library's wrapper, which only retries it when out of memory);
+ *  - stream-ordered frees in both stream flavours, cuMemAllocAsync passed through (wrapped);
  *  - cuMemGetInfo counts the library's idle cache as free; IPC on served memory; peer access;
  *  - a fork child that does not use CUDA is fine; at exit, after vmm_trim, nothing is left in
  *    the simulated driver (no allocation, reservation, mapping or native block).
@@ -144,13 +145,18 @@ static const struct {
     {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle", "cuIpcCloseMemHandle", 4010},
     {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", 4000},
     {"cuCtxDisablePeerAccess", "cuCtxDisablePeerAccess", "cuCtxDisablePeerAccess", 4000},
+    {"cuCtxSetCurrent", "cuCtxSetCurrent", "cuCtxSetCurrent", 4000},
+    {"cuCtxPushCurrent", "cuCtxPushCurrent_v2", "cuCtxPushCurrent_v2", 4000},
+    {"cuCtxPopCurrent", "cuCtxPopCurrent_v2", "cuCtxPopCurrent_v2", 4000},
+    {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 7000},
+    {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease_v2",
+     11000},
+    {"cuMemCreate", "cuMemCreate", "cuMemCreate", 10020},
+    {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", 11020},
     {"cuInit", NULL, NULL, 2000},
     {"cuDeviceGet", NULL, NULL, 2000},
-    {"cuCtxSetCurrent", NULL, NULL, 4000},
-    {"cuMemCreate", NULL, NULL, 10020},
     {"cuMemMap", NULL, NULL, 10020},
     {"cuMemAddressReserve", NULL, NULL, 10020},
-    {"cuMemAllocAsync", NULL, NULL, 11020},
     {"cuStreamSynchronize", NULL, NULL, 2000},
     {"cuNoSuchEntryPoint", NULL, NULL, 2000},
 };
@@ -226,8 +232,10 @@ static void check_lookups(void)
     CHECK(ip_in_hook(dlsym(libcuda, "cuMemFreeAsync_ptsz")) &&
               dlsym(libcuda, "cuMemFreeAsync_ptsz") != dlsym(libcuda, "cuMemFreeAsync"),
           "dlsym(libcuda, cuMemFreeAsync_ptsz) is ours and differs from the legacy one");
-    CHECK(ip_in_libcuda(dlsym(libcuda, "cuInit")) && ip_in_libcuda(dlsym(libcuda, "cuMemCreate")),
-          "dlsym(libcuda, cuInit / cuMemCreate) are the driver's");
+    CHECK(ip_in_libcuda(dlsym(libcuda, "cuInit")) && ip_in_libcuda(dlsym(libcuda, "cuMemMap")),
+          "dlsym(libcuda, cuInit / cuMemMap) are the driver's");
+    CHECK(ip_in_hook(dlsym(libcuda, "cuMemCreate")) && ip_in_hook(dlsym(libcuda, "cuCtxSetCurrent")),
+          "dlsym(libcuda, cuMemCreate / cuCtxSetCurrent) are the library's wrappers");
     CHECK(ip_in_hook(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")),
           "dlsym(RTLD_DEFAULT, cuMemAlloc_v2) finds the exported symbol");
 
@@ -444,7 +452,7 @@ static void check_async(void)
 
     size_t native0 = sim.sim_live_native();
     CHECK_RC(p_cuMemAllocAsync_ptsz(&n, 4096, s), CUDA_SUCCESS,
-             "cuMemAllocAsync_ptsz (not interposed)");
+             "cuMemAllocAsync_ptsz (passed through)");
     CHECK(!owned(n) && sim.sim_live_native() == native0 + 1,
           "cuMemAllocAsync gives a native block in both modes");
     CUipcMemHandle ih;

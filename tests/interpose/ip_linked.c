@@ -45,8 +45,10 @@ int main(int argc, char **argv)
               ip_in_hook((void *)cuMemFreeAsync_ptsz) && ip_in_hook((void *)cuGetProcAddress_v2),
           "the program's cuMemAlloc_v2 / cuMemFree_v2 / cuMemFreeAsync_ptsz / "
           "cuGetProcAddress_v2 bind to the library");
-    CHECK(ip_in_libcuda((void *)cuInit) && ip_in_libcuda((void *)cuMemCreate),
-          "cuInit / cuMemCreate bind to the driver");
+    CHECK(ip_in_libcuda((void *)cuInit) && ip_in_libcuda((void *)cuMemMap),
+          "cuInit / cuMemMap bind to the driver");
+    CHECK(ip_in_hook((void *)cuMemCreate) && ip_in_hook((void *)cuCtxSetCurrent),
+          "cuMemCreate / cuCtxSetCurrent bind to the library (retried on OOM / reported)");
 
     CUdevice dev;
     CUcontext ctx;
@@ -114,9 +116,11 @@ int main(int argc, char **argv)
                            &st) == CUDA_SUCCESS &&
               fn == (void *)cuMemFreeAsync_ptsz,
           "cuGetProcAddress_v2(\"cuMemFreeAsync\", per-thread) -> cuMemFreeAsync_ptsz");
+    CHECK(cuGetProcAddress("cuMemMap", &fn, 12000, 0, &st) == CUDA_SUCCESS && ip_in_libcuda(fn),
+          "cuGetProcAddress_v2(\"cuMemMap\") -> the driver's");
     CHECK(cuGetProcAddress("cuMemCreate", &fn, 12000, 0, &st) == CUDA_SUCCESS &&
-              ip_in_libcuda(fn),
-          "cuGetProcAddress_v2(\"cuMemCreate\") -> the driver's");
+              fn == (void *)cuMemCreate,
+          "cuGetProcAddress_v2(\"cuMemCreate\") -> the library's cuMemCreate");
 
     size_t f0, t0, f1, t1;
     CHECK_RC(cuMemGetInfo(&f0, &t0), CUDA_SUCCESS, "cuMemGetInfo");

@@ -1,0 +1,395 @@
+/* The process's contexts and stream captures, as the interposer reports them (contexts.h).
+ *
+ * Above the driver table, below the heap: the heap asks which contexts of a device to wait for
+ * and whether it may wait at all; the interposer tells, after each context or capture call of
+ * the program, what changed. Three kinds of state:
+ *   - the known contexts, per device, under ctx_lock; each counts the library's waits in
+ *     progress on it, which vmh_ctx_forget (the program destroying it) waits out, because the
+ *     driver must not destroy a context another thread has pushed for a synchronize;
+ *   - each thread's current context, cached in a thread-local and trusted while the global
+ *     generation is unchanged (the interposer invalidates the thread's own cache on every call
+ *     that changes it; a destroy anywhere bumps the generation, so every thread asks the driver
+ *     again once);
+ *   - the captures in progress (stream, mode, thread) under cap_lock, with a count read without
+ *     the lock, so that the question "may I synchronize?" costs one atomic load when nothing
+ *     captures (the steady state), and each thread's capture interaction mode.
+ *
+ * Lock order: ctx_lock and cap_lock are never held together, nor across a driver call.
+ */
+#include "contexts.h"
+
+#include "driver.h"
+#include "log.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Known contexts.
+ */
+typedef struct ctx_rec {
+    CUcontext ctx;
+    int device;
+    unsigned waits;  /* vmh_ctx_sync_device calls between their push and their pop */
+    bool forgetting; /* vmh_ctx_forget waits for `waits` to reach 0: start no new wait */
+} ctx_rec_t;
+
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ctx_waits_done = PTHREAD_COND_INITIALIZER;
+static ctx_rec_t *ctx_recs;
+static size_t ctx_count, ctx_capacity;
+
+/* Bumped when a context is forgotten: every thread's cached current context is checked again
+ * (it may be the one destroyed, or a new context may now have its address). Starts at 1: a
+ * thread's cache with generation 0 is empty. */
+static atomic_uint ctx_generation = 1;
+
+static ctx_rec_t *ctx_find_locked(CUcontext ctx)
+{
+    for (size_t i = 0; i < ctx_count; i++)
+        if (ctx_recs[i].ctx == ctx)
+            return &ctx_recs[i];
+    return NULL;
+}
+
+void vmh_ctx_seen(CUcontext ctx, int device)
+{
+    if (ctx == NULL || device < 0)
+        return;
+    pthread_mutex_lock(&ctx_lock);
+    ctx_rec_t *r = ctx_find_locked(ctx);
+    if (r != NULL) {
+        r->device = device; /* the same address, a context made again after a destroy */
+    } else {
+        if (ctx_count == ctx_capacity) {
+            size_t cap = ctx_capacity ? 2 * ctx_capacity : 8;
+            ctx_rec_t *grown = realloc(ctx_recs, cap * sizeof *grown);
+            if (grown == NULL) {
+                pthread_mutex_unlock(&ctx_lock);
+                vmh_log("out of host memory: context %p of device %d is not waited for on reuse",
+                        (void *)ctx, device);
+                return;
+            }
+            ctx_recs = grown;
+            ctx_capacity = cap;
+        }
+        ctx_recs[ctx_count++] = (ctx_rec_t){.ctx = ctx, .device = device};
+    }
+    pthread_mutex_unlock(&ctx_lock);
+}
+
+void vmh_ctx_forget(CUcontext ctx)
+{
+    if (ctx == NULL)
+        return;
+    pthread_mutex_lock(&ctx_lock);
+    ctx_rec_t *r = ctx_find_locked(ctx);
+    if (r != NULL) {
+        r->forgetting = true;
+        while (r->waits > 0) {
+            pthread_cond_wait(&ctx_waits_done, &ctx_lock);
+            r = ctx_find_locked(ctx); /* the array may have moved or shrunk meanwhile */
+            assert(r != NULL && r->forgetting);
+        }
+        *r = ctx_recs[--ctx_count];
+    }
+    atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
+    pthread_mutex_unlock(&ctx_lock);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The calling thread's current context.
+ */
+typedef struct current_cache {
+    CUcontext ctx;
+    int device;
+    unsigned generation; /* 0: nothing cached */
+} current_cache_t;
+
+static __thread current_cache_t tl_current __attribute__((tls_model("initial-exec")));
+
+void vmh_ctx_current_changed(void)
+{
+    tl_current.generation = 0;
+}
+
+CUresult vmh_ctx_current(CUcontext *ctx, int *device)
+{
+    unsigned g = atomic_load_explicit(&ctx_generation, memory_order_acquire);
+    if (__builtin_expect(tl_current.generation == g, 1)) {
+        *ctx = tl_current.ctx;
+        *device = tl_current.device;
+        return CUDA_SUCCESS;
+    }
+    CUcontext c = NULL;
+    CUresult rc = vmh_drv.cuCtxGetCurrent(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    /* No context is not cached: a thread without one is rare on the paths that ask, and a
+     * context made current behind the interposer's back (a test, a driver callback) is then
+     * still found. */
+    if (c == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUdevice dev;
+    rc = vmh_drv.cuCtxGetDevice(&dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    vmh_ctx_seen(c, (int)dev);
+    /* g was read before the driver was asked: a destroy meanwhile makes the next call ask
+     * again. */
+    tl_current = (current_cache_t){.ctx = c, .device = (int)dev, .generation = g};
+    *ctx = c;
+    *device = (int)dev;
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Captures.
+ */
+typedef struct capture_rec {
+    CUstream stream;
+    CUstreamCaptureMode mode;
+    pthread_t thread; /* the thread that began it */
+} capture_rec_t;
+
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static capture_rec_t *cap_recs;
+static size_t cap_capacity;
+/* Written under cap_lock, read without it: the number of captures in progress. A capture that
+ * could not be recorded (no host memory) counts in cap_unrecorded as a global capture of an
+ * unknown thread, so that the library errs on the side of not synchronizing. */
+static atomic_size_t cap_count;
+static atomic_size_t cap_unrecorded;
+
+/* The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode); zero is
+ * CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's default. */
+static __thread CUstreamCaptureMode tl_mode __attribute__((tls_model("initial-exec")));
+
+_Static_assert(CU_STREAM_CAPTURE_MODE_GLOBAL == 0, "a thread's mode starts as global");
+
+/* The per-thread default stream is one handle for every thread: it names the calling thread's
+ * own stream. */
+static bool cap_same_stream(const capture_rec_t *c, CUstream stream, pthread_t self)
+{
+    return c->stream == stream &&
+           (stream != CU_STREAM_PER_THREAD || pthread_equal(c->thread, self));
+}
+
+void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode)
+{
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&cap_lock);
+    size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
+    for (size_t i = 0; i < n; i++) {
+        if (cap_same_stream(&cap_recs[i], stream, self)) {
+            /* The driver refuses a second capture on a stream; a record left by a capture
+             * whose end we did not see (its stream destroyed) is replaced. */
+            cap_recs[i].mode = mode;
+            cap_recs[i].thread = self;
+            pthread_mutex_unlock(&cap_lock);
+            return;
+        }
+    }
+    if (n == cap_capacity) {
+        size_t cap = cap_capacity ? 2 * cap_capacity : 8;
+        capture_rec_t *grown = realloc(cap_recs, cap * sizeof *grown);
+        if (grown == NULL) {
+            atomic_fetch_add_explicit(&cap_unrecorded, 1, memory_order_release);
+            pthread_mutex_unlock(&cap_lock);
+            vmh_log("out of host memory: a stream capture is not tracked; the library will not "
+                    "synchronize until the process ends");
+            return;
+        }
+        cap_recs = grown;
+        cap_capacity = cap;
+    }
+    cap_recs[n] = (capture_rec_t){.stream = stream, .mode = mode, .thread = self};
+    atomic_store_explicit(&cap_count, n + 1, memory_order_release);
+    pthread_mutex_unlock(&cap_lock);
+}
+
+void vmh_capture_ended(CUstream stream)
+{
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&cap_lock);
+    size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
+    for (size_t i = 0; i < n; i++) {
+        if (cap_same_stream(&cap_recs[i], stream, self)) {
+            cap_recs[i] = cap_recs[n - 1];
+            atomic_store_explicit(&cap_count, n - 1, memory_order_release);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&cap_lock);
+}
+
+void vmh_capture_thread_mode(CUstreamCaptureMode mode)
+{
+    tl_mode = mode;
+}
+
+bool vmh_capture_any(void)
+{
+    return atomic_load_explicit(&cap_count, memory_order_acquire) != 0 ||
+           atomic_load_explicit(&cap_unrecorded, memory_order_acquire) != 0;
+}
+
+/* The driver's rule (cuThreadExchangeStreamCaptureMode): in global mode a thread may not make a
+ * potentially unsafe call while it has a capture of its own not begun in relaxed mode, or while
+ * another thread has a capture begun in global mode; in thread-local mode only its own
+ * non-relaxed capture counts; in relaxed mode nothing does. */
+bool vmh_capture_forbids_unsafe(void)
+{
+    if (!vmh_capture_any())
+        return false;
+    CUstreamCaptureMode mine = tl_mode;
+    if (mine == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return false;
+    if (mine == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+        atomic_load_explicit(&cap_unrecorded, memory_order_acquire) != 0)
+        return true;
+    pthread_t self = pthread_self();
+    bool forbidden = false;
+    pthread_mutex_lock(&cap_lock);
+    size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
+    for (size_t i = 0; i < n && !forbidden; i++) {
+        const capture_rec_t *c = &cap_recs[i];
+        if (pthread_equal(c->thread, self))
+            forbidden = c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+        else
+            forbidden =
+                mine == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    }
+    pthread_mutex_unlock(&cap_lock);
+    return forbidden;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Waiting for a device.
+ */
+
+/* Synchronizes one context from the calling thread, whose current context is `current`. */
+static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
+{
+    if (ctx == current)
+        return vmh_drv.cuCtxSynchronize();
+    CUresult rc = vmh_drv.cuCtxPushCurrent(ctx);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = vmh_drv.cuCtxSynchronize();
+    CUcontext popped;
+    CUresult prc = vmh_drv.cuCtxPopCurrent(&popped);
+    assert(prc != CUDA_SUCCESS || popped == ctx);
+    return rc != CUDA_SUCCESS ? rc : prc;
+}
+
+CUresult vmh_ctx_sync_device(int device)
+{
+    if (vmh_capture_forbids_unsafe())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    /* The calling thread's current context, from the driver (a wait is costly anyway, and a
+     * stale cache here would synchronize the wrong context); known from here on, so that a
+     * program that never went through an interposed context call (the unit tests) still has
+     * it waited for. */
+    CUcontext current = NULL;
+    CUresult rc = vmh_drv.cuCtxGetCurrent(&current);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (current != NULL) {
+        pthread_mutex_lock(&ctx_lock);
+        bool known = ctx_find_locked(current) != NULL;
+        pthread_mutex_unlock(&ctx_lock);
+        CUdevice dev;
+        if (!known && vmh_drv.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+            vmh_ctx_seen(current, (int)dev);
+    }
+
+    /* Take a wait on each context of the device, so that none is destroyed under us. */
+    pthread_mutex_lock(&ctx_lock);
+    size_t n = 0;
+    for (size_t i = 0; i < ctx_count; i++)
+        n += ctx_recs[i].device == device && !ctx_recs[i].forgetting;
+    CUcontext one;
+    CUcontext *list = n <= 1 ? &one : malloc(n * sizeof *list);
+    if (list == NULL) {
+        pthread_mutex_unlock(&ctx_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < ctx_count; i++) {
+        if (ctx_recs[i].device == device && !ctx_recs[i].forgetting) {
+            ctx_recs[i].waits++;
+            list[k++] = ctx_recs[i].ctx;
+        }
+    }
+    assert(k == n);
+    pthread_mutex_unlock(&ctx_lock);
+
+    CUresult first_error = CUDA_SUCCESS;
+    for (size_t i = 0; i < n; i++) {
+        rc = ctx_sync_one(list[i], current);
+        /* A context the driver no longer knows (a primary context released to zero by a
+         * thread that bypassed the interposer) has no work left to wait for. */
+        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_CONTEXT_IS_DESTROYED &&
+            first_error == CUDA_SUCCESS)
+            first_error = rc;
+    }
+
+    pthread_mutex_lock(&ctx_lock);
+    for (size_t i = 0; i < n; i++) {
+        ctx_rec_t *r = ctx_find_locked(list[i]);
+        assert(r != NULL && r->waits > 0); /* forget waits for us */
+        r->waits--;
+    }
+    pthread_cond_broadcast(&ctx_waits_done);
+    pthread_mutex_unlock(&ctx_lock);
+    if (list != &one)
+        free(list);
+    return first_error;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Lifetime.
+ */
+void vmh_contexts_after_fork_child(void)
+{
+    /* Only this thread exists now: nothing else can hold or wait on anything. */
+    pthread_mutex_init(&ctx_lock, NULL);
+    pthread_cond_init(&ctx_waits_done, NULL);
+    for (size_t i = 0; i < ctx_count; i++) {
+        ctx_recs[i].waits = 0;
+        ctx_recs[i].forgetting = false;
+    }
+    atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
+    pthread_mutex_init(&cap_lock, NULL);
+    pthread_t self = pthread_self();
+    size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed), kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (pthread_equal(cap_recs[i].thread, self))
+            cap_recs[kept++] = cap_recs[i];
+    atomic_store_explicit(&cap_count, kept, memory_order_release);
+    atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
+}
+
+#ifdef VMH_TESTING
+void vmh_contexts_reset(void)
+{
+    pthread_mutex_lock(&ctx_lock);
+    assert(ctx_count == 0 || ctx_recs != NULL);
+    for (size_t i = 0; i < ctx_count; i++)
+        assert(ctx_recs[i].waits == 0);
+    ctx_count = 0;
+    atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
+    pthread_mutex_unlock(&ctx_lock);
+    pthread_mutex_lock(&cap_lock);
+    atomic_store_explicit(&cap_count, 0, memory_order_release);
+    atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
+    pthread_mutex_unlock(&cap_lock);
+    tl_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    tl_current.generation = 0;
+}
+#endif

@@ -1,0 +1,285 @@
+/* Layer 6: the interposed context and stream-capture entry points. Each passes the call to the
+ * real driver, untouched, and reports what changed to contexts.c, so that the library knows
+ * every context it must wait for before reusing freed memory, each thread's current context
+ * without asking the driver, and when the driver forbids it to synchronize (a capture in
+ * progress).
+ *
+ * Reports follow the real call's success (a failed call changed nothing), with two exceptions
+ * the driver's rules impose: a context is forgotten *before* it is destroyed (the library may
+ * be waiting on it from another thread, and the driver must not destroy it under that wait),
+ * and a capture is over once cuStreamEndCapture returns, whatever it answers (an invalidated
+ * capture ends too). A destroy that then fails loses nothing: the context, if still current
+ * somewhere, is found again when that thread's cache is checked (forgetting bumps the
+ * generation).
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "contexts.h"
+#include "interpose.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Contexts.
+ */
+
+/* cuCtxCreate* makes the new context current on the calling thread. */
+static CUresult ip_ctx_created(CUresult r, const CUcontext *pctx, CUdevice dev)
+{
+    if (r == CUDA_SUCCESS) {
+        vmh_ctx_seen(*pctx, (int)dev);
+        vmh_ctx_current_changed();
+    }
+    return r;
+}
+
+CUresult vmh_ip_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuCtxCreate, pctx, flags, dev);
+    return ip_ctx_created(r, pctx, dev);
+}
+
+CUresult vmh_ip_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuCtxCreate_v2, pctx, flags, dev);
+    return ip_ctx_created(r, pctx, dev);
+}
+
+CUresult vmh_ip_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                               unsigned int flags, CUdevice dev)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuCtxCreate_v3, pctx, paramsArray, numParams, flags, dev);
+    return ip_ctx_created(r, pctx, dev);
+}
+
+CUresult vmh_ip_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                               unsigned int flags, CUdevice dev)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuCtxCreate_v4, pctx, ctxCreateParams, flags, dev);
+    return ip_ctx_created(r, pctx, dev);
+}
+
+/* Destroying a context pops it from the calling thread if it was current there. */
+CUresult vmh_ip_cuCtxDestroy(CUcontext ctx)
+{
+    vmh_ctx_forget(ctx);
+    CUresult r;
+    IP_CALL_REAL(r, cuCtxDestroy, ctx);
+    vmh_ctx_current_changed();
+    return r;
+}
+
+CUresult vmh_ip_cuCtxDestroy_v2(CUcontext ctx)
+{
+    vmh_ctx_forget(ctx);
+    CUresult r;
+    IP_CALL_REAL(r, cuCtxDestroy_v2, ctx);
+    vmh_ctx_current_changed();
+    return r;
+}
+
+/* The calls that only change which context is current on the calling thread. */
+#define IP_CURRENT_CHANGING(sym, ...)                                                              \
+    do {                                                                                           \
+        CUresult r_;                                                                               \
+        IP_CALL_REAL(r_, sym, __VA_ARGS__);                                                        \
+        if (r_ == CUDA_SUCCESS)                                                                    \
+            vmh_ctx_current_changed();                                                             \
+        return r_;                                                                                 \
+    } while (0)
+
+CUresult vmh_ip_cuCtxSetCurrent(CUcontext ctx)
+{
+    IP_CURRENT_CHANGING(cuCtxSetCurrent, ctx);
+}
+
+CUresult vmh_ip_cuCtxPushCurrent(CUcontext ctx)
+{
+    IP_CURRENT_CHANGING(cuCtxPushCurrent, ctx);
+}
+
+CUresult vmh_ip_cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    IP_CURRENT_CHANGING(cuCtxPushCurrent_v2, ctx);
+}
+
+CUresult vmh_ip_cuCtxPopCurrent(CUcontext *pctx)
+{
+    IP_CURRENT_CHANGING(cuCtxPopCurrent, pctx);
+}
+
+CUresult vmh_ip_cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    IP_CURRENT_CHANGING(cuCtxPopCurrent_v2, pctx);
+}
+
+/* Primary contexts. Release and reset take a device, not the context: the primary context of
+ * each device is remembered from its retains (a device's primary context keeps its handle).
+ * Devices past the table's end are not forgotten on release; their waits then skip a context
+ * the driver says is destroyed. */
+#define IP_PRIMARY_DEVICES 64
+static _Atomic(CUcontext) ip_primary[IP_PRIMARY_DEVICES];
+
+CUresult vmh_ip_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuDevicePrimaryCtxRetain, pctx, dev);
+    if (r == CUDA_SUCCESS) {
+        if (dev >= 0 && dev < IP_PRIMARY_DEVICES)
+            atomic_store_explicit(&ip_primary[dev], *pctx, memory_order_release);
+        vmh_ctx_seen(*pctx, (int)dev);
+    }
+    return r;
+}
+
+/* A release may destroy the primary context (its last reference) and a reset does: forgotten
+ * first, as a destroy. Released while other references remain, it is seen again as soon as a
+ * thread that has it current asks for its context. */
+static void ip_primary_going(CUdevice dev)
+{
+    if (dev >= 0 && dev < IP_PRIMARY_DEVICES)
+        vmh_ctx_forget(atomic_load_explicit(&ip_primary[dev], memory_order_acquire));
+}
+
+CUresult vmh_ip_cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    ip_primary_going(dev);
+    CUresult r;
+    IP_CALL_REAL(r, cuDevicePrimaryCtxRelease, dev);
+    vmh_ctx_current_changed();
+    return r;
+}
+
+CUresult vmh_ip_cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    ip_primary_going(dev);
+    CUresult r;
+    IP_CALL_REAL(r, cuDevicePrimaryCtxRelease_v2, dev);
+    vmh_ctx_current_changed();
+    return r;
+}
+
+CUresult vmh_ip_cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    ip_primary_going(dev);
+    CUresult r;
+    IP_CALL_REAL(r, cuDevicePrimaryCtxReset, dev);
+    vmh_ctx_current_changed();
+    return r;
+}
+
+CUresult vmh_ip_cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    ip_primary_going(dev);
+    CUresult r;
+    IP_CALL_REAL(r, cuDevicePrimaryCtxReset_v2, dev);
+    vmh_ctx_current_changed();
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Stream capture.
+ *
+ * In the per-thread-default-stream ABIs (_ptsz) stream 0 is the calling thread's default
+ * stream; it is recorded as CU_STREAM_PER_THREAD, which contexts.c pairs with the thread.
+ */
+static CUstream ip_ptsz_stream(CUstream s)
+{
+    return s != NULL ? s : CU_STREAM_PER_THREAD;
+}
+
+static CUresult ip_capture_began(CUresult r, CUstream stream, CUstreamCaptureMode mode)
+{
+    if (r == CUDA_SUCCESS)
+        vmh_capture_began(stream, mode);
+    return r;
+}
+
+/* The first ABI (CUDA 10.0) has no mode. Recorded as global, the strictest: the library then
+ * refrains from whatever any mode could forbid. */
+CUresult vmh_ip_cuStreamBeginCapture(CUstream hStream)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamBeginCapture, hStream);
+    return ip_capture_began(r, hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+CUresult vmh_ip_cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamBeginCapture_ptsz, hStream);
+    return ip_capture_began(r, ip_ptsz_stream(hStream), CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+CUresult vmh_ip_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamBeginCapture_v2, hStream, mode);
+    return ip_capture_began(r, hStream, mode);
+}
+
+CUresult vmh_ip_cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamBeginCapture_v2_ptsz, hStream, mode);
+    return ip_capture_began(r, ip_ptsz_stream(hStream), mode);
+}
+
+CUresult vmh_ip_cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                            const CUgraphNode *dependencies,
+                                            const CUgraphEdgeData *dependencyData,
+                                            size_t numDependencies, CUstreamCaptureMode mode)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamBeginCaptureToGraph, hStream, hGraph, dependencies, dependencyData,
+                 numDependencies, mode);
+    return ip_capture_began(r, hStream, mode);
+}
+
+CUresult vmh_ip_cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                 const CUgraphNode *dependencies,
+                                                 const CUgraphEdgeData *dependencyData,
+                                                 size_t numDependencies, CUstreamCaptureMode mode)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamBeginCaptureToGraph_ptsz, hStream, hGraph, dependencies, dependencyData,
+                 numDependencies, mode);
+    return ip_capture_began(r, ip_ptsz_stream(hStream), mode);
+}
+
+CUresult vmh_ip_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamEndCapture, hStream, phGraph);
+    vmh_capture_ended(hStream);
+    return r;
+}
+
+CUresult vmh_ip_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamEndCapture_ptsz, hStream, phGraph);
+    vmh_capture_ended(ip_ptsz_stream(hStream));
+    return r;
+}
+
+/* *mode holds the mode asked for before the call and the previous one after it. */
+CUresult vmh_ip_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    CUstreamCaptureMode wanted = mode != NULL ? *mode : CU_STREAM_CAPTURE_MODE_GLOBAL;
+    CUresult r;
+    IP_CALL_REAL(r, cuThreadExchangeStreamCaptureMode, mode);
+    if (r == CUDA_SUCCESS)
+        vmh_capture_thread_mode(wanted);
+    return r;
+}
+
+/* The exported symbols (src/vmmhook.map), for programs linked with -lcuda and for RTLD_DEFAULT
+ * lookups. */
+VMH_HOOKED_CTX(IP_EXPORT_ALIAS)

@@ -1,0 +1,487 @@
+/* contexts.c on the simulated driver: the known contexts per device and the wait on all of them,
+ * the per-thread current-context cache (no driver call in steady state), the capture rule of
+ * the driver (which thread may make a potentially unsafe call), forgetting a context while the
+ * library waits on it, and the driver-call statistic counting every call once. */
+#ifndef VMH_TESTING
+#define VMH_TESTING 1 /* vmh_contexts_reset, declared in contexts.h */
+#endif
+#include "testutil.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "contexts.h"
+
+static int ctx_setup(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    tu_reset(&cfg);
+    vmh_contexts_reset();
+    return 0;
+}
+
+static int ctx_teardown(void **state)
+{
+    vmh_contexts_reset();
+    return tu_teardown(state);
+}
+
+static CUcontext primary(int device)
+{
+    CUcontext c = NULL;
+    assert_int_equal(sim_table()->cuDevicePrimaryCtxRetain(&c, device), CUDA_SUCCESS);
+    assert_non_null(c);
+    return c;
+}
+
+static CUcontext driver_current(void)
+{
+    CUcontext c = (CUcontext)1;
+    assert_int_equal(sim_table()->cuCtxGetCurrent(&c), CUDA_SUCCESS);
+    return c;
+}
+
+/* Runs fn(arg) on a new thread and returns its result. */
+typedef struct thread_call {
+    bool (*fn)(void *);
+    void *arg;
+    bool result;
+} thread_call_t;
+
+static void *thread_main(void *p)
+{
+    thread_call_t *t = p;
+    t->result = t->fn(t->arg);
+    return NULL;
+}
+
+static bool on_thread(bool (*fn)(void *), void *arg)
+{
+    thread_call_t t = {fn, arg, false};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, thread_main, &t), 0);
+    pthread_join(th, NULL);
+    return t.result;
+}
+
+/* --------------------------------------------------------------------------------------------- */
+/* The current context                                                                           */
+
+static void current_cached_without_driver_calls(void **state)
+{
+    (void)state;
+    CUcontext c0 = driver_current();
+    sim_reset_counters();
+    CUcontext c = NULL;
+    int dev = -1;
+    assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS);
+    assert_ptr_equal(c, c0);
+    assert_int_equal(dev, 0);
+    unsigned long first = sim_call_count();
+    assert_true(first > 0); /* asked the driver once */
+    for (int i = 0; i < 1000; i++) {
+        assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS);
+        assert_ptr_equal(c, c0);
+    }
+    assert_int_equal(sim_call_count(), first); /* steady state: no driver call */
+
+    /* A context change reported by the interposer: asked again, and the new one is known. */
+    sim_set_current_device(1);
+    vmh_ctx_current_changed();
+    assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS);
+    assert_ptr_equal(c, driver_current());
+    assert_int_equal(dev, 1);
+    assert_true(sim_call_count() > first);
+}
+
+static void current_none_is_invalid_context(void **state)
+{
+    (void)state;
+    sim_set_current_device(-1);
+    vmh_ctx_current_changed();
+    CUcontext c;
+    int dev;
+    assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_ERROR_INVALID_CONTEXT);
+    /* Not cached: the context made current afterwards is found without a report. */
+    sim_set_current_device(0);
+    assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS);
+    assert_ptr_equal(c, driver_current());
+}
+
+static bool other_thread_sees_device1(void *arg)
+{
+    CUcontext *ctx1 = arg;
+    sim_set_current_device(1);
+    CUcontext c;
+    int dev;
+    return vmh_ctx_current(&c, &dev) == CUDA_SUCCESS && c == *ctx1 && dev == 1;
+}
+
+typedef struct cache_probe {
+    atomic_int step;
+    unsigned long calls_before, calls_after;
+    CUcontext got;
+} cache_probe_t;
+
+static void wait_step(atomic_int *step, int want)
+{
+    while (atomic_load(step) < want)
+        usleep(100);
+}
+
+/* A thread caches its context; another thread's forget (a destroy) makes it ask again. */
+static void *probe_thread(void *p)
+{
+    cache_probe_t *pr = p;
+    CUcontext c;
+    int dev;
+    sim_set_current_device(0);
+    vmh_ctx_current(&c, &dev);
+    atomic_store(&pr->step, 1);
+    wait_step(&pr->step, 2);
+    pr->calls_before = sim_calls("cuCtxGetCurrent");
+    vmh_ctx_current(&pr->got, &dev);
+    pr->calls_after = sim_calls("cuCtxGetCurrent");
+    atomic_store(&pr->step, 3);
+    return NULL;
+}
+
+static void forget_bumps_every_thread_cache(void **state)
+{
+    (void)state;
+    CUcontext ctx1 = primary(1);
+    assert_true(on_thread(other_thread_sees_device1, &ctx1));
+
+    cache_probe_t pr = {.step = 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, probe_thread, &pr), 0);
+    wait_step(&pr.step, 1);
+    vmh_ctx_forget(ctx1); /* another context destroyed somewhere */
+    atomic_store(&pr.step, 2);
+    pthread_join(th, NULL);
+    assert_int_equal(pr.calls_after, pr.calls_before + 1);
+    assert_ptr_equal(pr.got, driver_current()); /* same device 0 primary context */
+}
+
+/* --------------------------------------------------------------------------------------------- */
+/* Waiting for a device                                                                          */
+
+static void sync_device_waits_every_context_of_the_device_only(void **state)
+{
+    (void)state;
+    CUcontext ctx0 = primary(0), ctx1 = primary(1);
+    vmh_ctx_seen(ctx0, 0);
+    vmh_ctx_seen(ctx1, 1);
+    vmh_ctx_seen(ctx1, 1); /* idempotent */
+    sim_set_current_device(0);
+
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(1), CUDA_SUCCESS);
+    /* Device 1's context synchronized from this thread, pushed and popped; device 0's not. */
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 1);
+    assert_int_equal(sim_calls("cuCtxPushCurrent"), 1);
+    assert_int_equal(sim_calls("cuCtxPopCurrent"), 1);
+    assert_ptr_equal(driver_current(), ctx0); /* the thread's context is restored */
+
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 1);
+    assert_int_equal(sim_calls("cuCtxPushCurrent"), 0); /* already current: no push */
+    assert_ptr_equal(driver_current(), ctx0);
+}
+
+static void sync_device_learns_the_callers_context(void **state)
+{
+    (void)state;
+    /* Nothing reported: the calling thread's own context is still waited for. */
+    sim_set_current_device(1);
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(1), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 1);
+    sim_set_current_device(0);
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(1), CUDA_SUCCESS); /* learnt: pushed and waited */
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 1);
+    assert_int_equal(sim_calls("cuCtxPushCurrent"), 1);
+}
+
+static void sync_device_of_a_forgotten_context_skips_it(void **state)
+{
+    (void)state;
+    CUcontext ctx1 = primary(1);
+    vmh_ctx_seen(ctx1, 1);
+    vmh_ctx_forget(ctx1);
+    sim_set_current_device(0);
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(1), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 0);
+}
+
+static void sync_device_reports_the_drivers_error(void **state)
+{
+    (void)state;
+    vmh_ctx_seen(primary(1), 1);
+    sim_set_current_device(0);
+    sim_fail_function("cuCtxSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
+    assert_int_equal(vmh_ctx_sync_device(1), CUDA_ERROR_LAUNCH_FAILED);
+    sim_clear_faults();
+    assert_ptr_equal(driver_current(), primary(0)); /* popped even so */
+}
+
+/* A table whose cuCtxSynchronize blocks until released, to hold a wait in progress. */
+static vmh_driver_t blocking_table;
+static atomic_int sync_entered, sync_release;
+
+static CUresult blocking_sync(void)
+{
+    atomic_store(&sync_entered, 1);
+    wait_step(&sync_release, 1);
+    return sim_table()->cuCtxSynchronize();
+}
+
+typedef struct forget_arg {
+    CUcontext ctx;
+    atomic_int done;
+} forget_arg_t;
+
+static void *sync_thread(void *p)
+{
+    sim_set_current_device(0);
+    *(CUresult *)p = vmh_ctx_sync_device(1);
+    return NULL;
+}
+
+static void *forget_thread(void *p)
+{
+    forget_arg_t *f = p;
+    vmh_ctx_forget(f->ctx);
+    atomic_store(&f->done, 1);
+    return NULL;
+}
+
+static void forget_waits_for_a_wait_in_progress(void **state)
+{
+    (void)state;
+    CUcontext ctx1 = primary(1);
+    vmh_ctx_seen(ctx1, 1);
+    blocking_table = *sim_table();
+    blocking_table.cuCtxSynchronize = blocking_sync;
+    vmh_driver_install(&blocking_table);
+    atomic_store(&sync_entered, 0);
+    atomic_store(&sync_release, 0);
+
+    CUresult sync_rc = CUDA_ERROR_UNKNOWN;
+    pthread_t waiter, forgetter;
+    assert_int_equal(pthread_create(&waiter, NULL, sync_thread, &sync_rc), 0);
+    wait_step(&sync_entered, 1);
+    forget_arg_t f = {.ctx = ctx1, .done = 0};
+    assert_int_equal(pthread_create(&forgetter, NULL, forget_thread, &f), 0);
+    usleep(50 * 1000);
+    assert_int_equal(atomic_load(&f.done), 0); /* still waiting for the synchronize */
+    atomic_store(&sync_release, 1);
+    pthread_join(waiter, NULL);
+    pthread_join(forgetter, NULL);
+    assert_int_equal(atomic_load(&f.done), 1);
+    assert_int_equal(sync_rc, CUDA_SUCCESS);
+    vmh_driver_install(sim_table());
+
+    /* Forgotten: device 1 has no context left to wait for. */
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(1), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 0);
+}
+
+/* --------------------------------------------------------------------------------------------- */
+/* Captures                                                                                      */
+
+#define S1 ((CUstream)0x1001)
+#define S2 ((CUstream)0x1002)
+
+static bool forbidden_on_thread(void *mode)
+{
+    vmh_capture_thread_mode(*(CUstreamCaptureMode *)mode);
+    return vmh_capture_forbids_unsafe();
+}
+
+static bool other_forbidden(CUstreamCaptureMode mode)
+{
+    return on_thread(forbidden_on_thread, &mode);
+}
+
+static void capture_rule_global(void **state)
+{
+    (void)state;
+    assert_false(vmh_capture_any());
+    assert_false(vmh_capture_forbids_unsafe());
+    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    assert_true(vmh_capture_any());
+    assert_true(vmh_capture_forbids_unsafe()); /* own capture */
+    assert_true(other_forbidden(CU_STREAM_CAPTURE_MODE_GLOBAL));
+    assert_false(other_forbidden(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    assert_false(other_forbidden(CU_STREAM_CAPTURE_MODE_RELAXED));
+    vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_false(vmh_capture_forbids_unsafe()); /* relaxed: never */
+    vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    assert_true(vmh_capture_forbids_unsafe()); /* its own non-relaxed capture */
+    vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_GLOBAL);
+    vmh_capture_ended(S1);
+    assert_false(vmh_capture_any());
+    assert_false(vmh_capture_forbids_unsafe());
+    assert_false(other_forbidden(CU_STREAM_CAPTURE_MODE_GLOBAL));
+}
+
+static void capture_rule_thread_local_and_relaxed(void **state)
+{
+    (void)state;
+    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    assert_true(vmh_capture_forbids_unsafe());
+    assert_false(other_forbidden(CU_STREAM_CAPTURE_MODE_GLOBAL)); /* not a global capture */
+    vmh_capture_ended(S1);
+
+    vmh_capture_began(S2, CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_true(vmh_capture_any());
+    assert_false(vmh_capture_forbids_unsafe());
+    assert_false(other_forbidden(CU_STREAM_CAPTURE_MODE_GLOBAL));
+    vmh_capture_ended(S2);
+    assert_false(vmh_capture_any());
+}
+
+static bool capture_per_thread_stream(void *arg)
+{
+    (void)arg;
+    vmh_capture_began(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    bool mine = vmh_capture_forbids_unsafe();
+    vmh_capture_ended(CU_STREAM_PER_THREAD);
+    return mine && !vmh_capture_forbids_unsafe();
+}
+
+static void capture_per_thread_stream_is_per_thread(void **state)
+{
+    (void)state;
+    vmh_capture_began(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    /* Another thread captures and ends its own per-thread stream: this thread's stays. */
+    assert_true(on_thread(capture_per_thread_stream, NULL));
+    assert_true(vmh_capture_any());
+    assert_true(vmh_capture_forbids_unsafe());
+    vmh_capture_ended(CU_STREAM_PER_THREAD);
+    assert_false(vmh_capture_any());
+}
+
+static void sync_refused_during_capture_without_a_driver_call(void **state)
+{
+    (void)state;
+    vmh_ctx_seen(primary(0), 0);
+    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(sim_call_count(), 0);
+    /* A relaxed thread may wait (the driver allows it). */
+    vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    vmh_capture_ended(S1);
+}
+
+/* --------------------------------------------------------------------------------------------- */
+/* fork                                                                                          */
+
+static bool capture_global_s2(void *arg)
+{
+    (void)arg;
+    vmh_capture_began(S2, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return true;
+}
+
+/* Forked while another thread waits on a context and has a capture in progress: in the child,
+ * after the lifetime module's call, forgetting that context and reporting captures return at
+ * once, and only this thread's own capture is left. */
+static void child_after_fork_never_blocks(void **state)
+{
+    (void)state;
+    CUcontext ctx1 = primary(1);
+    vmh_ctx_seen(ctx1, 1);
+    blocking_table = *sim_table();
+    blocking_table.cuCtxSynchronize = blocking_sync;
+    vmh_driver_install(&blocking_table);
+    atomic_store(&sync_entered, 0);
+    atomic_store(&sync_release, 0);
+    CUresult sync_rc = CUDA_ERROR_UNKNOWN;
+    pthread_t waiter;
+    assert_int_equal(pthread_create(&waiter, NULL, sync_thread, &sync_rc), 0);
+    wait_step(&sync_entered, 1);
+    assert_true(on_thread(capture_global_s2, NULL)); /* another thread's, still in progress */
+    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(10); /* a hang ends the child with SIGALRM */
+        vmh_contexts_after_fork_child();
+        vmh_ctx_forget(ctx1);
+        int code = 0;
+        if (!vmh_capture_any())
+            code = 2; /* own capture lost */
+        vmh_capture_ended(S1);
+        if (vmh_capture_any())
+            code = 3; /* the other thread's capture kept */
+        vmh_capture_began(S2, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        vmh_capture_ended(S2);
+        _exit(code);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    atomic_store(&sync_release, 1);
+    pthread_join(waiter, NULL);
+    vmh_driver_install(sim_table());
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(sync_rc, CUDA_SUCCESS);
+}
+
+/* --------------------------------------------------------------------------------------------- */
+/* The driver-call statistic                                                                     */
+
+static void driver_calls_counted_once(void **state)
+{
+    (void)state;
+    vmh_ctx_seen(primary(1), 1);
+    sim_reset_counters();
+    uint64_t before = vmh_counter_get(VMH_STAT_driver_calls);
+    CUdeviceptr p = 0, q = 0;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS); /* a buffer of its own */
+    assert_int_equal(vmh_heap_alloc(4096, &q), CUDA_SUCCESS);    /* a packed one */
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_ctx_sync_device(1), CUDA_SUCCESS);
+    vmh_heap_trim();
+    unsigned long made = sim_call_count();
+    assert_true(made > 0);
+    /* Every call the library made into the (simulated) driver, counted exactly once. */
+    assert_int_equal(vmh_counter_get(VMH_STAT_driver_calls) - before, made);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+#define T(name) cmocka_unit_test_setup_teardown(name, ctx_setup, ctx_teardown)
+        T(current_cached_without_driver_calls),
+        T(current_none_is_invalid_context),
+        T(forget_bumps_every_thread_cache),
+        T(sync_device_waits_every_context_of_the_device_only),
+        T(sync_device_learns_the_callers_context),
+        T(sync_device_of_a_forgotten_context_skips_it),
+        T(sync_device_reports_the_drivers_error),
+        T(forget_waits_for_a_wait_in_progress),
+        T(capture_rule_global),
+        T(capture_rule_thread_local_and_relaxed),
+        T(capture_per_thread_stream_is_per_thread),
+        T(sync_refused_during_capture_without_a_driver_call),
+        T(child_after_fork_never_blocks),
+        T(driver_calls_counted_once),
+#undef T
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
