@@ -19,6 +19,7 @@
 
 #include "bigbuf.h"
 #include "cache.h"
+#include "contexts.h"
 #include "driver.h"
 #include "log.h"
 #include "packing.h"
@@ -62,6 +63,7 @@ void vmh_heap_configure(const vmh_options_t *o)
     opt = o;
     vmh_device_configure(o);
     vmh_cache_configure(o);
+    vmh_reclaim_configure(o);
 }
 
 #ifdef VMH_TESTING
@@ -73,7 +75,9 @@ unsigned vmh_heap_thread_shard(void)
 
 /* ---- devices ---------------------------------------------------------------------------- */
 
-/* Gives back idle memory of the device after the driver ran out of memory (device.h). */
+/* Gives back idle memory of the device after the driver ran out of memory (device.h): waits
+ * for parked frees (not while the calling thread may not synchronize: a capture; the caller
+ * then answers out of memory, as the driver would), and trims. */
 static bool dev_relieve(vmh_dev_t *d)
 {
     hdev_t *h = hdev_of(d);
@@ -81,7 +85,7 @@ static bool dev_relieve(vmh_dev_t *d)
     if (hook)
         hook(); /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
     if (vmh_reclaim_pending(&h->reclaim))
-        vmh_reclaim_wait(&h->reclaim);
+        vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
     size_t bytes = vmh_cache_trim(&h->cache) + vmh_packing_trim(&h->pack);
     if (bytes)
         vmh_count(VMH_STAT_trims, 1);
@@ -105,6 +109,7 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
         return CUDA_ERROR_OUT_OF_MEMORY;
     h->dev.relieve = dev_relieve;
     CUresult rc = vmh_dev_setup(&h->dev, ordinal, ctx);
+    vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
     vmh_reclaim_init(&h->reclaim, &h->dev);
     vmh_cache_init(&h->cache, &h->dev);
     vmh_bigbuf_init(&h->big, &h->dev, &h->reclaim, &h->cache);
@@ -140,6 +145,19 @@ static CUresult dev_by_ordinal(int ordinal, CUcontext ctx, hdev_t **out)
     return rc;
 }
 
+/* Makes sure contexts.c knows ctx, the calling thread's current context, so that waits before
+ * reuse cover it: one thread-local comparison in steady state. A context made current behind
+ * the interposer's back (a driver callback, the unit tests) is found here too. */
+static void note_current_context(CUcontext ctx, int dev)
+{
+    CUcontext cached;
+    int cached_dev;
+    if (vmh_ctx_current(&cached, &cached_dev) != CUDA_SUCCESS || cached != ctx) {
+        vmh_ctx_current_changed();
+        vmh_ctx_seen(ctx, dev);
+    }
+}
+
 /* The current context's device. */
 static CUresult dev_current(hdev_t **out)
 {
@@ -153,6 +171,7 @@ static CUresult dev_current(hdev_t **out)
     rc = vmh_drv.cuCtxGetDevice(&dev);
     if (rc != CUDA_SUCCESS)
         return rc;
+    note_current_context(ctx, (int)dev);
     return dev_by_ordinal((int)dev, ctx, out);
 }
 
@@ -182,6 +201,7 @@ static CUresult alloc_on(hdev_t *h, size_t size, bool growable, void *site, CUde
                          bool *no_address)
 {
     assert(running() && size > 0);
+    vmh_reclaim_throttle(&h->reclaim); /* past VMMHOOK_PARK_LIMIT the allocating thread waits */
     CUresult rc = size < pack_below(h, growable)
                       ? vmh_packing_alloc(&h->pack, size, out, no_address)
                       : vmh_bigbuf_alloc(&h->big, size, growable, site, out, no_address);
@@ -270,6 +290,14 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
 {
     if (in_child())
         return CUDA_ERROR_NOT_FOUND; /* the driver answers as it does natively; no lock */
+    if (running() && vmh_registry_get(p)) {
+        /* The freeing thread's context may have used the buffer: known from now on (no driver
+         * call in steady state, and none under the owner's lock), so that the wait before
+         * reuse covers it even when no interposed call reported it. */
+        CUcontext cur;
+        int cur_dev;
+        (void)vmh_ctx_current(&cur, &cur_dev);
+    }
     vmh_owner_t *o = vmh_owner_lock(p);
     if (!o)
         return CUDA_ERROR_NOT_FOUND;
@@ -290,8 +318,10 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     vmh_count(VMH_STAT_served_frees, 1);
     vmh_gauge_add(VMH_STAT_bytes_requested, -(int64_t)req);
     vmh_trace("free", p, req, stream);
+    /* Natively cudaFree waits for the device; here the reclaim thread does, unless the program
+     * asked for native blocking frees (DESIGN.md, "Frees"). */
     if (opt->free_sync && !async)
-        vmh_reclaim_wait(&hdev_of(o->dev)->reclaim);
+        vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
     return CUDA_SUCCESS;
 }
 
@@ -346,7 +376,7 @@ static CUresult realloc_by_copy(hdev_t *h, CUdeviceptr *p, size_t old_size, size
     } else {
         /* Work on any stream may still write the old buffer: wait for it, as cudaFree
          * would, then copy. */
-        rc = vmh_reclaim_wait(&h->reclaim);
+        rc = vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
         if (rc == CUDA_SUCCESS)
             rc = vmh_drv.cuMemcpyDtoD(np, *p, n);
     }
@@ -508,7 +538,7 @@ size_t vmh_heap_trim(void)
         if (!h || h->dev.unsupported)
             continue;
         if (vmh_reclaim_pending(&h->reclaim))
-            vmh_reclaim_wait(&h->reclaim);
+            vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP); /* not during a capture (reclaim.h) */
         size_t b = vmh_cache_trim(&h->cache) + vmh_packing_trim(&h->pack);
         if (b)
             vmh_count(VMH_STAT_trims, 1);
@@ -546,7 +576,11 @@ static void report_packed_leak(const vmh_block_info_t *b, void *arg)
 void vmh_heap_shutdown(bool report_leaks)
 {
     int expected = HEAP_RUNNING;
-    if (!atomic_compare_exchange_strong(&mode, &expected, HEAP_EXITED) || !report_leaks)
+    if (!atomic_compare_exchange_strong(&mode, &expected, HEAP_EXITED))
+        return;
+    /* No driver call after this returns: the driver may be torn down next. */
+    vmh_reclaim_stop(true);
+    if (!report_leaks)
         return;
     vmh_leak_report_begin();
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
@@ -562,10 +596,12 @@ void vmh_heap_shutdown(bool report_leaks)
 void vmh_heap_forked_child(void)
 {
     atomic_store(&mode, HEAP_CHILD);
+    vmh_reclaim_forked_child();
 }
 
 void vmh_heap_reset(void)
 {
+    vmh_reclaim_stop(false); /* its waits use the queues destroyed here */
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         hdev_t *h = atomic_exchange(&devs[i], NULL);
         if (h)
