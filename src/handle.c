@@ -264,3 +264,32 @@ void vmh_map_unref(vmh_map_t *m)
     vmh_resv_unref(m->resv);
     free(m);
 }
+
+/* An allocation handle for a POSIX fd another process exported (CUDA IPC, ipc_import.c). Built
+ * like vmh_alloc_create's, so that vmh_alloc_unref's cuMemRelease + free is exactly right for
+ * it too: the driver releases an imported handle with cuMemRelease like a created one. */
+CUresult vmh_alloc_import(int fd, size_t size, int device, const CUmemAccessDesc *access,
+                          int naccess, vmh_alloc_t **out)
+{
+    if (!out || fd < 0 || size == 0 || naccess < 0 || naccess > VMH_MAX_ACCESS ||
+        (naccess && !access))
+        return CUDA_ERROR_INVALID_VALUE;
+    vmh_alloc_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CALL(vmh_drv.cuMemImportFromShareableHandle(
+        &a->handle, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    if (rc != CUDA_SUCCESS) {
+        free(a);
+        return rc;
+    }
+    atomic_init(&a->refs, 1);
+    a->size = size;
+    a->device = device; /* the device it is mapped for here (the importer's numbering) */
+    a->handle_type = (int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    a->naccess = naccess;
+    if (naccess)
+        memcpy(a->access, access, (size_t)naccess * sizeof *access);
+    *out = a;
+    return CUDA_SUCCESS;
+}

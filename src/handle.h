@@ -91,4 +91,11 @@ typedef enum vmh_failed_call {
 } vmh_failed_call_t;
 extern _Thread_local vmh_failed_call_t vmh_handle_last_failure;
 
+/* cuMemImportFromShareableHandle(fd, POSIX_FD) of a chunk another process exported: a handle of
+ * the given size (as the exporter created it) whose access descriptors are applied wherever it
+ * is mapped; its last reference calls cuMemRelease, as for a created chunk. The caller keeps
+ * and closes fd (the imported handle does not need it). */
+CUresult vmh_alloc_import(int fd, size_t size, int device, const CUmemAccessDesc *access,
+                          int naccess, vmh_alloc_t **out);
+
 #endif

@@ -23,20 +23,20 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "optparse.h"
 #include "testable.h"
 #include "vmmhook.h"
 
 vmh_options_t vmh_opt;
 
-typedef enum opt_kind {
-    K_SIZE,    /* size_t: bytes with an optional suffix */
-    K_BOOL,    /* bool */
-    K_ENUM,    /* an int-sized enum, one word per value */
-    K_GRAN,    /* vmh_gran_mode_t + gran_bytes: a word or a size */
-    K_DEVMASK, /* uint64_t bit mask of device ordinals */
-    K_STRING,  /* char[]: a path */
-    K_COUNT
-} opt_kind_t;
+/* The kinds of row (vmh_option_kind_t in options.h), by their short names here. */
+typedef vmh_option_kind_t opt_kind_t;
+#define K_SIZE VMH_OPTION_SIZE
+#define K_BOOL VMH_OPTION_BOOL
+#define K_ENUM VMH_OPTION_WORD
+#define K_GRAN VMH_OPTION_GRANULARITY
+#define K_DEVMASK VMH_OPTION_DEVICES
+#define K_STRING VMH_OPTION_PATH
 
 typedef struct opt_row {
     const char *name;
@@ -45,9 +45,11 @@ typedef struct opt_row {
     size_t size;              /* sizeof the field (the buffer size of strings) */
     const char *def;          /* the default, in a form the row accepts */
     size_t min;               /* K_SIZE: the smallest accepted value */
+    size_t max;               /* K_SIZE, K_GRAN (as a size): the largest, 0 = no bound */
     const char *const *words; /* K_ENUM, K_GRAN: the word of each enum value, in order */
     unsigned nwords;
-    const char *help;
+    const char *help;   /* one plain line: the launcher's help, vmmhook-config */
+    const char *detail; /* markdown added after help in docs/OPTIONS.md ("" = none) */
 } opt_row_t;
 
 /* Enums are stored through an int pointer: gcc and clang give these enums int size. */
@@ -62,53 +64,101 @@ _Static_assert(VMH_GRAN_RECOMMENDED == 0 && VMH_GRAN_MIN == 1 && VMH_GRAN_BYTES 
 
 #define FIELD(f) offsetof(vmh_options_t, f), sizeof(((vmh_options_t *)0)->f)
 #define WORDS(w) w, (unsigned)(sizeof(w) / sizeof(w[0]))
+#define NO_WORDS NULL, 0
 
-/* THE options table. Keep docs/OPTIONS.md and tools/launcher/vmmhook in step with it. */
+/* THE options table: the single source of every option's name, default, bounds and text. The
+ * launcher's help (vmmhook --help) and the table of docs/OPTIONS.md are generated from it by
+ * tools/launcher/vmmhook-config, and a test fails when the committed page differs. */
 static const opt_row_t rows[] = {
-    {"VMMHOOK_GRANULARITY", K_GRAN, FIELD(gran_mode), "recommended", 0, WORDS(gran_words),
-     "chunk size of device memory: the driver's minimum or recommended granularity for the "
-     "allocation properties in use, or a size that is a multiple of the minimum"},
-    {"VMMHOOK_HANDLE_TYPE", K_ENUM, FIELD(handle), "posix_fd", 0, WORDS(handle_words),
-     "shareable handle type requested for every chunk; refused with a message when the driver "
-     "rejects it on this machine"},
-    {"VMMHOOK_HEADROOM", K_SIZE, FIELD(headroom), "1G", 0, NULL, 0,
-     "address space reserved past the end of a growing buffer so that it can grow in place "
-     "(address space only, no memory)"},
-    {"VMMHOOK_VA_LIMIT", K_SIZE, FIELD(va_limit), "64T", 1, NULL, 0,
-     "total virtual address space the library may reserve"},
-    {"VMMHOOK_CACHE_LIMIT", K_SIZE, FIELD(cache_limit), "1G", 0, NULL, 0,
-     "idle device memory kept for reuse, per device; 0 keeps none"},
-    {"VMMHOOK_MEM_LIMIT", K_SIZE, FIELD(mem_limit), "0", 0, NULL, 0,
-     "device memory served per device; an allocation over it fails with the native "
-     "out-of-memory code; 0 is no limit"},
-    {"VMMHOOK_PACK_BELOW", K_SIZE, FIELD(pack_below), "8M", 0, NULL, 0,
-     "requests smaller than this are packed into shared chunks; 0 packs none"},
-    {"VMMHOOK_RDMA", K_BOOL, FIELD(rdma), "off", 0, NULL, 0,
-     "request GPUDirect RDMA capable chunks"},
-    {"VMMHOOK_PEERS", K_DEVMASK, FIELD(peers), "none", 0, NULL, 0,
-     "devices granted access to every chunk up front"},
-    {"VMMHOOK_DISABLE", K_BOOL, FIELD(disable), "off", 0, NULL, 0,
-     "pure pass-through: every call goes to the driver untouched"},
-    {"VMMHOOK_VERBOSE", K_BOOL, FIELD(verbose), "off", 0, NULL, 0,
-     "print every resolved option at start, and debug messages"},
-    {"VMMHOOK_STATS", K_BOOL, FIELD(stats), "off", 0, NULL, 0, "print a table of counters at exit"},
-    {"VMMHOOK_STATS_JSON", K_STRING, FIELD(stats_json), "", 0, NULL, 0,
-     "write the counters at exit as JSON to this file (owner-only permissions)"},
-    {"VMMHOOK_TRACE", K_STRING, FIELD(trace), "", 0, NULL, 0,
-     "write one CSV line per allocation event to this file, in RMM's logging format "
-     "(owner-only permissions)"},
-    {"VMMHOOK_LEAKS", K_BOOL, FIELD(leaks), "off", 0, NULL, 0,
-     "at exit, list the buffers still allocated"},
-    {"VMMHOOK_STRICT", K_BOOL, FIELD(strict), "off", 0, NULL, 0,
-     "a bad value stops the program (exit status 2) instead of a warning"},
-    {"VMMHOOK_FREE_SYNC", K_BOOL, FIELD(free_sync), "off", 0, NULL, 0,
-     "every free synchronizes the context like cudaFree instead of being deferred"},
-    {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "256M", 0, NULL, 0,
-     "freed bytes not yet reusable (the GPU may still use them) past which an allocating thread "
-     "waits for the GPU itself instead of leaving the wait to the background reclaim"},
-    {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "0", 0, NULL, 0,
-     "pinned host memory kept between pauses for the backups of vmm_pause(VMM_PAUSE_BACKUP); "
-     "0 keeps none (each pause pins and releases its own)"},
+    {"VMMHOOK_GRANULARITY", K_GRAN, FIELD(gran_mode), "recommended", 0, VMH_GRANULARITY_MAX,
+     WORDS(gran_words),
+     "Chunk size of device memory: the driver's minimum or recommended granularity, or a size "
+     "that is a multiple of the minimum, at most 1T.",
+     "The granularities are those the driver gives for the exact allocation properties in use "
+     "(handle type, RDMA flag). An explicit size above 1T is refused when the options are read "
+     "(no GPU has that much memory, and every chunk would fail); whether it is a multiple of "
+     "the minimum is checked when the first chunk is made, and one that is not gets a warning "
+     "naming the minimum, and the recommended granularity is used instead."},
+    {"VMMHOOK_HANDLE_TYPE", K_ENUM, FIELD(handle), "posix_fd", 0, 0, WORDS(handle_words),
+     "Shareable handle type requested for every chunk, so that CUDA IPC works on served memory.",
+     "It is the `requestedHandleTypes` of `cuMemCreate`; CUDA IPC is `cudaIpcGetMemHandle` "
+     "(docs/IPC.md). `posix_fd` is the default because without it IPC on served memory fails; "
+     "it costs a little: on the H200 (docs/GPU-RUNS.md, run of 4f60da2, cache off) a 2 MiB "
+     "alloc+free took 1.60 us with it against 1.44 us with `none` (+11%), a 64 MiB one 191.3 us "
+     "against 190.7 us. When the driver rejects the type on this machine (`fabric` needs IMEX; "
+     "the H200 refused it with error 800), a warning says so and `none` is used."},
+    {"VMMHOOK_HEADROOM", K_SIZE, FIELD(headroom), "1G", 0, 0, NO_WORDS,
+     "Address space reserved past the end of a buffer made by vmm_realloc, so that it can grow "
+     "in place.",
+     "Up to the buffer's own size, and within `VMMHOOK_VA_LIMIT`. Address space only: it costs "
+     "no device memory. `0` reserves none (growth then relies on the adjacent address space, "
+     "or moves)."},
+    {"VMMHOOK_VA_LIMIT", K_SIZE, FIELD(va_limit), "64T", 1, 0, NO_WORDS,
+     "Total virtual address space the library may reserve, all devices together.", ""},
+    {"VMMHOOK_CACHE_LIMIT", K_SIZE, FIELD(cache_limit), "1G", 0, 0, NO_WORDS,
+     "Idle device memory kept per device for reuse after frees; 0 keeps none.",
+     "Cached memory is given back when an allocation fails, so it never makes the program run "
+     "out of memory."},
+    {"VMMHOOK_MEM_LIMIT", K_SIZE, FIELD(mem_limit), "0", 0, 0, NO_WORDS,
+     "Device memory served per device; an allocation over it fails with the native "
+     "out-of-memory code; 0 is no limit.",
+     "The code is `CUDA_ERROR_OUT_OF_MEMORY`, which cudart reports as "
+     "`cudaErrorMemoryAllocation`."},
+    {"VMMHOOK_PACK_BELOW", K_SIZE, FIELD(pack_below), "8M", 0, 0, NO_WORDS,
+     "Requests smaller than this are packed into shared chunks; 0 packs none.",
+     "Packed buffers are 256-byte aligned, like `cudaMalloc`'s, so that a small `cudaMalloc` "
+     "does not cost a whole chunk, and freed space is reused for any size without a driver "
+     "call. Buffers made by `vmm_realloc` are packed only below half a chunk (or this value if "
+     "smaller), so that they can grow in place."},
+    {"VMMHOOK_RDMA", K_BOOL, FIELD(rdma), "off", 0, 0, NO_WORDS,
+     "Request GPUDirect RDMA capable chunks.",
+     "Sets `gpuDirectRDMACapable` in the allocation properties, on devices that support it "
+     "with VMM memory (a warning on the others)."},
+    {"VMMHOOK_PEERS", K_DEVMASK, FIELD(peers), "none", 0, 0, NO_WORDS,
+     "Devices granted read/write access to every chunk up front.",
+     "Access is granted when a chunk is mapped, so that kernels on those devices can use it."},
+    {"VMMHOOK_DISABLE", K_BOOL, FIELD(disable), "off", 0, 0, NO_WORDS,
+     "Pure pass-through: every call goes to the driver untouched.", ""},
+    {"VMMHOOK_VERBOSE", K_BOOL, FIELD(verbose), "off", 0, 0, NO_WORDS,
+     "One line when the library is loaded, every resolved option at the first CUDA call, and "
+     "debug messages.",
+     "The load line names the version and the options not at their default; it is printed "
+     "in every process the library is loaded into, CUDA or not."},
+    {"VMMHOOK_STATS", K_BOOL, FIELD(stats), "off", 0, 0, NO_WORDS,
+     "Print a table of counters at exit.",
+     "Served and passed-through calls, bytes requested, mapped, reserved and cached with the "
+     "peak of each, driver calls, synchronizations, grows in place and moves."},
+    {"VMMHOOK_STATS_JSON", K_STRING, FIELD(stats_json), "", 0, 0, NO_WORDS,
+     "Write the counters at exit as JSON to this file (owner-only); %p is the process id.",
+     "See \"Output files\" below for what is accepted at the path."},
+    {"VMMHOOK_TRACE", K_STRING, FIELD(trace), "", 0, 0, NO_WORDS,
+     "Write one CSV line per allocation event to this file, in RMM's logging format "
+     "(owner-only); %p is the process id.",
+     "The format is that of RAPIDS RMM's `logging_resource_adaptor` (see \"Trace format\"), so "
+     "that RMM's `REPLAY_BENCHMARK` (and `tools/replay`) can replay it. Beside it, "
+     "`<path>.gauges.csv` records the bytes requested, mapped, reserved and cached at every "
+     "event, for `tools/replay/plot-trace.py`."},
+    {"VMMHOOK_LEAKS", K_BOOL, FIELD(leaks), "off", 0, 0, NO_WORDS,
+     "At exit, list the buffers still allocated, then their total.",
+     "Each with its pointer, size and device; for buffers with chunks of their own (at least "
+     "`VMMHOOK_PACK_BELOW`) also the code that called the allocation entry point, e.g. "
+     "`myprog+0x11da` or a place in cudart."},
+    {"VMMHOOK_STRICT", K_BOOL, FIELD(strict), "off", 0, 0, NO_WORDS,
+     "A bad or refused value stops the program (abort) instead of a warning.",
+     "See \"When values are read, and bad values\" below."},
+    {"VMMHOOK_FREE_SYNC", K_BOOL, FIELD(free_sync), "off", 0, 0, NO_WORDS,
+     "Every free synchronizes the context like cudaFree instead of being deferred.",
+     "Without it frees are deferred and batched: the memory is reused once the GPU has passed "
+     "the free."},
+    {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "256M", 0, 0, NO_WORDS,
+     "Freed bytes not yet reusable past which an allocating thread waits for the GPU itself "
+     "instead of leaving the wait to the background reclaim.",
+     "Freed memory is parked until the GPU has passed the free (it may still be in use by "
+     "queued work)."},
+    {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "0", 0, 0, NO_WORDS,
+     "Pinned host memory kept between pauses for the backups of vmm_pause(VMM_PAUSE_BACKUP); "
+     "0 keeps none.",
+     "With `0` each pause pins and releases its own backup memory."},
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 _Static_assert(NROWS <= 32, "refused_mask has 32 bits");
@@ -126,7 +176,7 @@ static const char *forms(const opt_row_t *r)
         return "none, posix_fd, fabric"; /* the only enum row */
     case K_GRAN:
         return "min, recommended, or a size such as 2M or 64M that is a multiple of the "
-               "driver's minimum granularity";
+               "driver's minimum granularity, at most 1T";
     case K_DEVMASK:
         return "all, none, or a comma-separated list of device ordinals 0 to 63, e.g. 0,1,3";
     case K_STRING:
@@ -136,138 +186,10 @@ static const char *forms(const opt_row_t *r)
     }
 }
 
-/* ---- value parsers ---------------------------------------------------------------------- */
-
-static char lower(char c)
-{
-    return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
-}
-
-/* s[0..len) equals word (NUL-terminated), ignoring ASCII case. */
-static bool word_eq(const char *s, size_t len, const char *word)
-{
-    size_t i = 0;
-    for (; i < len; i++)
-        if (word[i] == '\0' || lower(s[i]) != word[i])
-            return false;
-    return word[i] == '\0';
-}
-
-static bool is_blank(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-static void trim(const char **s, size_t *len)
-{
-    while (*len > 0 && is_blank(**s)) {
-        (*s)++;
-        (*len)--;
-    }
-    while (*len > 0 && is_blank((*s)[*len - 1]))
-        (*len)--;
-}
-
-/* Decimal digits, no sign: strtoull would accept "-1" (as 2^64-1), "+5", " 5" and "0x10". */
-static int parse_uint(const char *s, size_t len, size_t *used, unsigned long long max,
-                      unsigned long long *out)
-{
-    unsigned long long v = 0;
-    size_t i = 0;
-    for (; i < len && s[i] >= '0' && s[i] <= '9'; i++) {
-        unsigned d = (unsigned)(s[i] - '0');
-        if (v > (max - d) / 10)
-            return ERANGE;
-        v = v * 10 + d;
-    }
-    if (i == 0)
-        return EINVAL;
-    *used = i;
-    *out = v;
-    return 0;
-}
-
-VMH_TESTABLE int vmh_parse_size(const char *s, size_t len, size_t *out)
-{
-    static const struct {
-        const char *word;
-        unsigned shift;
-    } suffixes[] = {
-        {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
-        {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40},
-    };
-    unsigned long long v;
-    size_t used;
-    int rc = parse_uint(s, len, &used, SIZE_MAX, &v);
-    if (rc != 0)
-        return rc;
-    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
-        if (!word_eq(s + used, len - used, suffixes[i].word))
-            continue;
-        if (suffixes[i].shift > 0 && v > (SIZE_MAX >> suffixes[i].shift))
-            return ERANGE;
-        *out = (size_t)(v << suffixes[i].shift);
-        return 0;
-    }
-    return EINVAL;
-}
-
-VMH_TESTABLE int vmh_parse_bool(const char *s, size_t len, bool *out)
-{
-    static const char *const yes[] = {"1", "true", "yes", "on"};
-    static const char *const no[] = {"0", "false", "no", "off"};
-    for (size_t i = 0; i < 4; i++) {
-        if (word_eq(s, len, yes[i])) {
-            *out = true;
-            return 0;
-        }
-        if (word_eq(s, len, no[i])) {
-            *out = false;
-            return 0;
-        }
-    }
-    return EINVAL;
-}
-
-VMH_TESTABLE int vmh_parse_devices(const char *s, size_t len, uint64_t *out)
-{
-    if (word_eq(s, len, "all")) {
-        *out = UINT64_MAX;
-        return 0;
-    }
-    if (word_eq(s, len, "none")) {
-        *out = 0;
-        return 0;
-    }
-    uint64_t mask = 0;
-    size_t pos = 0;
-    for (;;) {
-        size_t end = pos;
-        while (end < len && s[end] != ',')
-            end++;
-        const char *item = s + pos;
-        size_t n = end - pos;
-        trim(&item, &n);
-        unsigned long long dev;
-        size_t used;
-        int rc = parse_uint(item, n, &used, ULLONG_MAX, &dev);
-        if (rc == EINVAL || (rc == 0 && used != n))
-            return EINVAL; /* empty item ("0,,1", "0,") or not a number */
-        if (rc == ERANGE || dev > 63)
-            return ERANGE;
-        mask |= 1ULL << dev;
-        if (end == len)
-            break;
-        pos = end + 1;
-    }
-    *out = mask;
-    return 0;
-}
-
 static int parse_word(const opt_row_t *r, const char *s, size_t len, int *out)
 {
     for (unsigned i = 0; i < r->nwords; i++) {
-        if (word_eq(s, len, r->words[i])) {
+        if (vmh_word_eq(s, len, r->words[i])) {
             *out = (int)i;
             return 0;
         }
@@ -295,7 +217,7 @@ static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, cons
     const char *s = value;
     int rc;
     if (r->kind != K_STRING)
-        trim(&s, &len);
+        vmh_trim(&s, &len);
     *reason = "not one of the accepted forms";
 
     switch (r->kind) {
@@ -306,6 +228,10 @@ static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, cons
             *reason = "too large";
         if (rc == 0 && v < r->min) {
             *reason = "too small";
+            rc = ERANGE;
+        }
+        if (rc == 0 && r->max != 0 && v > r->max) {
+            *reason = "too large";
             rc = ERANGE;
         }
         if (rc == 0)
@@ -339,6 +265,10 @@ static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, cons
             *reason = "too large";
         if (rc == 0 && bytes == 0) {
             *reason = "a granularity of 0";
+            rc = ERANGE;
+        }
+        if (rc == 0 && r->max != 0 && bytes > r->max) {
+            *reason = "larger than any GPU's memory; at most 1T";
             rc = ERANGE;
         }
         if (rc == 0) {
@@ -440,7 +370,19 @@ static const opt_row_t *find_row(const char *name)
 
 /* ---- the table, as a whole ---------------------------------------------------------------- */
 
-VMH_TESTABLE void (*vmh_options_exit)(int status) = _exit;
+/* How VMMHOOK_STRICT stops the program: the C library's buffers are flushed (what the program
+ * printed so far is not lost), then abort(). Not exit(): the stop can come from inside the
+ * library (its first use runs inside a pthread_once, a refusal inside a device lock), and
+ * exit handlers, cudart's among them, call CUDA and would re-enter it and wait forever. Not
+ * _exit(): that loses the program's buffered output. */
+static void stop_program(int status)
+{
+    (void)status; /* abort's status is SIGABRT's */
+    fflush(NULL);
+    abort();
+}
+
+VMH_TESTABLE void (*vmh_options_exit)(int status) = stop_program;
 
 void vmh_options_defaults(vmh_options_t *o)
 {
@@ -468,7 +410,8 @@ static void warn_bad(const opt_row_t *r, const char *value, const char *reason, 
     }
 }
 
-VMH_TESTABLE int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *arg, unsigned *nbad)
+/* Every row from get() into *o; a bad value leaves its field and, when warn, gets a warning. */
+static unsigned parse_rows(vmh_options_t *o, vmh_getenv_fn get, void *arg, bool warn)
 {
     unsigned bad = 0;
     /* VMMHOOK_STRICT first: the warnings of the other rows say whether the program stops. */
@@ -483,17 +426,24 @@ VMH_TESTABLE int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *ar
                 continue; /* empty is unset: `VMMHOOK_X= prog` restores the default */
             const char *reason;
             if (set_row(o, r, v, &reason) != 0) {
-                warn_bad(r, v, reason, o->strict && r != strict_row);
+                if (warn)
+                    warn_bad(r, v, reason, o->strict && r != strict_row);
                 bad++;
             }
         }
     }
+    return bad;
+}
+
+int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *arg, unsigned *nbad)
+{
+    unsigned bad = parse_rows(o, get, arg, true);
     if (nbad)
         *nbad = bad;
     return (int)bad;
 }
 
-VMH_TESTABLE void vmh_options_print(const vmh_options_t *o)
+void vmh_options_print(const vmh_options_t *o)
 {
     vmh_options_t d;
     vmh_options_defaults(&d);
@@ -511,7 +461,7 @@ VMH_TESTABLE void vmh_options_print(const vmh_options_t *o)
     }
 }
 
-VMH_TESTABLE int vmh_options_check_unknown(char *const *envp)
+int vmh_options_check_unknown(char *const *envp)
 {
     static const char prefix[] = "VMMHOOK_";
     int unknown = 0;
@@ -554,17 +504,59 @@ VMH_TESTABLE int vmh_options_apply(vmh_options_t *o, vmh_getenv_fn get, void *ar
     return bad ? -1 : 0;
 }
 
-static const char *env_get(const char *name, void *arg)
+const char *vmh_options_env_get(const char *name, void *arg)
 {
     (void)arg;
     return secure_getenv(name);
+}
+
+size_t vmh_options_changed(const vmh_options_t *o, char *buf, size_t len)
+{
+    vmh_options_t d;
+    vmh_options_defaults(&d);
+    size_t n = 0;
+    if (len == 0)
+        return 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < NROWS; i++) {
+        if (row_equal(o, &d, &rows[i]))
+            continue;
+        char v[300], q[80];
+        fmt_row(o, &rows[i], v, sizeof(v));
+        /* Quoted: a path could hold a newline that would forge a log line. */
+        vmh_fmt_quoted(q, sizeof(q), v, 64);
+        int w = snprintf(buf + n, len - n, "%s%s=%s", n ? " " : "", rows[i].name,
+                         rows[i].kind == K_STRING ? q : v);
+        if (w < 0 || (size_t)w >= len - n) {
+            buf[n] = '\0';
+            return n; /* what fits, whole items only */
+        }
+        n += (size_t)w;
+    }
+    return n;
+}
+
+void vmh_options_announce(vmh_getenv_fn get, void *arg)
+{
+    vmh_options_t o;
+    vmh_options_defaults(&o);
+    /* Quietly: warnings and the strict stop belong to the first use by a CUDA program (a
+     * process that never uses CUDA is not stopped for a value it never uses). */
+    unsigned bad = parse_rows(&o, get, arg, false);
+    if (!o.verbose)
+        return;
+    char changed[700];
+    size_t n = vmh_options_changed(&o, changed, sizeof(changed));
+    vmh_log("libvmmhook %d.%d.%d loaded (pid %d); options not at their default: %s%s",
+            VMM_VERSION_MAJOR, VMM_VERSION_MINOR, VMM_VERSION_PATCH, (int)getpid(),
+            n ? changed : "none", bad ? " (and bad values, reported at the first CUDA call)" : "");
 }
 
 static void load_once(void)
 {
     vmh_options_t o;
     /* Parse into a local, publish whole: a reader never sees a half-parsed table. */
-    vmh_options_apply(&o, env_get, NULL);
+    vmh_options_apply(&o, vmh_options_env_get, NULL);
     if (!getauxval(AT_SECURE))
         vmh_options_check_unknown(environ);
     vmh_opt = o;
@@ -659,8 +651,8 @@ void vmh_options_refuse(const char *name, const char *why, const char *instead)
             instead);
 }
 
-#ifdef VMH_TESTING
-/* Row accessors for the unit tests and the fuzzer only. */
+/* ---- the table, row by row (vmmhook-config, the tests, the fuzzer) ----------------------------
+ */
 
 size_t vmh_options_count(void)
 {
@@ -675,6 +667,16 @@ const char *vmh_options_name(size_t row)
 const char *vmh_options_default_text(size_t row)
 {
     return row < NROWS ? rows[row].def : NULL;
+}
+
+bool vmh_options_info(size_t row, vmh_option_info_t *out)
+{
+    if (row >= NROWS)
+        return false;
+    const opt_row_t *r = &rows[row];
+    *out = (vmh_option_info_t){r->name,  r->kind, r->def, r->help,  r->detail,
+                               forms(r), r->min,  r->max, r->words, r->nwords};
+    return true;
 }
 
 int vmh_options_set(vmh_options_t *o, size_t row, const char *value)
@@ -695,6 +697,7 @@ size_t vmh_options_format(const vmh_options_t *o, size_t row, char *buf, size_t 
     return fmt_row(o, &rows[row], buf, len);
 }
 
+#ifdef VMH_TESTING
 void vmh_options_refuse_reset(void)
 {
     atomic_store(&refused_mask, 0);

@@ -1,6 +1,8 @@
-/* Layer 7: options. Every VMMHOOK_* environment variable is one row of the table in options.c;
- * they are read once, at the first use of the library by a CUDA program (never in a process
- * that does not use CUDA), into vmh_opt. */
+/* Utility layer: options. Every VMMHOOK_* environment variable is one row of the table in
+ * options.c. They are read once, at the first use of the library by a CUDA program, into a
+ * snapshot (vmh_options_load) that the front passes down to the modules below it through their
+ * configure calls; only the load line of VMMHOOK_VERBOSE (vmh_options_announce) reads them
+ * earlier, quietly. Below: log only. */
 #ifndef VMH_OPTIONS_H
 #define VMH_OPTIONS_H
 
@@ -21,6 +23,10 @@ typedef enum vmh_handle_kind {
     VMH_HANDLE_FABRIC,
     VMH_HANDLE_KIND_COUNT
 } vmh_handle_kind_t;
+
+/* The largest VMMHOOK_GRANULARITY accepted: 1 TiB, more than any GPU's memory (the H200 has
+ * 141 GiB): a larger chunk could never be created, and every allocation would fail. */
+#define VMH_GRANULARITY_MAX ((size_t)1 << 40)
 
 typedef struct vmh_options {
     vmh_gran_mode_t gran_mode; /* VMMHOOK_GRANULARITY */
@@ -49,26 +55,82 @@ typedef struct vmh_options {
 
 extern vmh_options_t vmh_opt;
 
+/* Where the parser reads a variable: secure_getenv in the library (vmh_options_env_get), a
+ * fake environment in the tests and the fuzzer. Returns NULL when the variable is unset. */
+typedef const char *(*vmh_getenv_fn)(const char *name, void *arg);
+const char *vmh_options_env_get(const char *name, void *arg);
+
+/* The kinds of value a row takes. */
+typedef enum vmh_option_kind {
+    VMH_OPTION_SIZE,        /* size_t: bytes with an optional suffix */
+    VMH_OPTION_BOOL,        /* bool */
+    VMH_OPTION_WORD,        /* an int-sized enum, one word per value */
+    VMH_OPTION_GRANULARITY, /* vmh_gran_mode_t + gran_bytes: a word or a size */
+    VMH_OPTION_DEVICES,     /* uint64_t bit mask of device ordinals */
+    VMH_OPTION_PATH,        /* char[]: a file path */
+    VMH_OPTION_KIND_COUNT
+} vmh_option_kind_t;
+
+/* One row of the table, as vmmhook-config presents it (help and docs are generated from it). */
+typedef struct vmh_option_info {
+    const char *name; /* "VMMHOOK_..." */
+    vmh_option_kind_t kind;
+    const char *def;          /* the default, in a form the row accepts ("" = none) */
+    const char *help;         /* one plain sentence */
+    const char *detail;       /* markdown for docs/OPTIONS.md after help ("" = none) */
+    const char *forms;        /* the accepted forms, as the warnings state them */
+    size_t min, max;          /* sizes: bounds (max 0 = none) */
+    const char *const *words; /* words: the accepted ones, in enum order */
+    unsigned nwords;
+} vmh_option_info_t;
+
+/* The table, row by row: count, name, default text, everything; set a row from text as the
+ * environment would (0, or an errno and the field untouched); format a row's value in a form
+ * the setter accepts again. */
+size_t vmh_options_count(void);
+const char *vmh_options_name(size_t row);
+const char *vmh_options_default_text(size_t row);
+bool vmh_options_info(size_t row, vmh_option_info_t *out);
+int vmh_options_set(vmh_options_t *o, size_t row, const char *value);
+size_t vmh_options_format(const vmh_options_t *o, size_t row, char *buf, size_t len);
+
+/* Parses every row of the table from get() into *o (which holds defaults or earlier values); a
+ * bad value gets one warning and leaves its field untouched. Returns the number of bad values,
+ * also stored in *nbad when non-NULL. Never exits. */
+int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *arg, unsigned *nbad);
+
+/* Prints every resolved option with vmh_log, marking those equal to the default. */
+void vmh_options_print(const vmh_options_t *o);
+
+/* Warns about VMMHOOK_* names in envp that are not in the table; returns how many. */
+int vmh_options_check_unknown(char *const *envp);
+
+/* "VMMHOOK_A=v VMMHOOK_B=w": the options of *o that differ from the defaults (paths quoted),
+ * into buf; whole items only. Returns the length. */
+size_t vmh_options_changed(const vmh_options_t *o, char *buf, size_t len);
+
+/* With VMMHOOK_VERBOSE on in get(): one log line "libvmmhook X.Y.Z loaded (pid N); options not
+ * at their default: ...". Reads quietly: no warning, no strict stop, nothing kept (those come
+ * with vmh_options_load at the first CUDA call). For the library's load-time constructor. */
+void vmh_options_announce(vmh_getenv_fn get, void *arg);
+
 /* Defaults into *o. */
 void vmh_options_defaults(vmh_options_t *o);
 
-/* Reads the environment once (thread-safe); prints warnings, and with VMMHOOK_STRICT exits on a
- * bad value; with VMMHOOK_VERBOSE prints every resolved option. Returns the snapshot, which the
- * front passes down to the modules below it (their configure calls). vmh_opt holds zeros, not
+/* Reads the environment once (thread-safe); prints warnings, and with VMMHOOK_STRICT stops the
+ * program on a bad value (vmh_options_exit); sets the log's verbosity; with VMMHOOK_VERBOSE
+ * prints every resolved option. Returns the snapshot, which the front passes down to the
+ * modules below it (their configure calls). vmh_opt holds zeros, not
  * the defaults, until this has run: every reader calls it first (after the first call it costs
  * one pthread_once check). The vmh_opt global stays until every module below the front takes
  * its configuration from the snapshot. */
 const vmh_options_t *vmh_options_load(void);
 
-/* Where the parser reads a variable: secure_getenv in the library, a fake environment in the
- * tests and the fuzzer. Returns NULL when the variable is unset. */
-typedef const char *(*vmh_getenv_fn)(const char *name, void *arg);
-
 /* For heap.c: the chunk granularity to use for one set of allocation properties, given the
  * driver's minimum and recommended granularity queried for exactly those properties (handle
  * type, RDMA flag). An explicit VMMHOOK_GRANULARITY that is not a multiple of min_gran is a bad
  * value: one warning naming the variable, its value and the minimum, and the recommended
- * granularity is used instead; with VMMHOOK_STRICT the program stops (exit status 2). */
+ * granularity is used instead; with VMMHOOK_STRICT the program stops (vmh_options_exit). */
 size_t vmh_options_granularity(size_t min_gran, size_t rec_gran);
 
 /* The check behind vmh_options_granularity, without the warning: true and *out, or false, *out
@@ -79,7 +141,7 @@ bool vmh_options_check_granularity(const vmh_options_t *o, size_t min_gran, size
 /* A value the parser accepted but that the machine refuses later, e.g. VMMHOOK_HANDLE_TYPE=fabric
  * when cuMemCreate answers CUDA_ERROR_NOT_PERMITTED: prints one warning (once per variable)
  * "VMMHOOK_X=value is refused: <why>; accepted: <forms>; using <instead>", or with
- * VMMHOOK_STRICT stops the program (exit status 2). The caller then applies `instead` itself. */
+ * VMMHOOK_STRICT stops the program (vmh_options_exit). The caller then applies `instead` itself. */
 void vmh_options_refuse(const char *name, const char *why, const char *instead);
 
 /* "none", "posix_fd", "fabric". */
@@ -88,37 +150,12 @@ const char *vmh_handle_kind_name(vmh_handle_kind_t k);
 #ifdef VMH_TESTING
 /* Internal to options.c (static in the shipped library, see testable.h). */
 
-/* Parses every row of the table from get() into *o (which holds defaults or earlier values); a
- * bad value gets one warning and leaves its field untouched. Returns the number of bad values,
- * also stored in *nbad when non-NULL. Never exits. */
-int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *arg, unsigned *nbad);
-
 /* What vmh_options_load does once: defaults, parse, strict stop (through vmh_options_exit),
  * verbose listing. Returns 0 when every value was good, else -1. */
 int vmh_options_apply(vmh_options_t *o, vmh_getenv_fn get, void *arg);
 
-/* Prints every resolved option with vmh_log, marking those equal to the default. */
-void vmh_options_print(const vmh_options_t *o);
-
-/* Warns about VMMHOOK_* names in envp that are not in the table; returns how many. */
-int vmh_options_check_unknown(char *const *envp);
-
-/* The value parsers. Exact text: no surrounding blanks (the row setter trims them). 0, EINVAL
- * (syntax) or ERANGE (overflow / out of range). */
-int vmh_parse_size(const char *s, size_t len, size_t *out);
-int vmh_parse_bool(const char *s, size_t len, bool *out);
-int vmh_parse_devices(const char *s, size_t len, uint64_t *out);
-
-/* The table, row by row: count, name, default text; set a row from text as the environment
- * would (0, or an errno and the field untouched); format a row's value in a form the setter
- * accepts again. */
-size_t vmh_options_count(void);
-const char *vmh_options_name(size_t row);
-const char *vmh_options_default_text(size_t row);
-int vmh_options_set(vmh_options_t *o, size_t row, const char *value);
-size_t vmh_options_format(const vmh_options_t *o, size_t row, char *buf, size_t len);
-
-/* How strict mode stops the program: _exit in the library; tests replace it (it may return). */
+/* How strict mode stops the program: in the library, flush stdio then abort() (options.c says
+ * why not exit); tests replace it (it may return). */
 extern void (*vmh_options_exit)(int status);
 
 /* Forgets which variables vmh_options_refuse already warned about. */

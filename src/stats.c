@@ -101,10 +101,10 @@ int64_t vmh_gauge_peak(vmh_gauge_t g)
  * never reads the options' global). Written once before any event, read without a lock after:
  * the front configures inside its one-time start, which every traced call has passed. */
 static struct {
-    bool stats;                 /* the table at exit */
-    bool leaks;                 /* list leaks at exit */
-    char trace[VMH_PATH_MAX];   /* path template ("" = no trace) */
-    char json[VMH_PATH_MAX];    /* path template ("" = no JSON) */
+    bool stats;               /* the table at exit */
+    bool leaks;               /* list leaks at exit */
+    char trace[VMH_PATH_MAX]; /* path template ("" = no trace) */
+    char json[VMH_PATH_MAX];  /* path template ("" = no JSON) */
 } cfg;
 
 VMH_TESTABLE bool vmh_stats_expand_path(const char *tmpl, long pid, char *out, size_t len)
@@ -181,6 +181,11 @@ static int open_existing(const char *path, int flags, char *why, size_t whylen)
         errno = EIO;
         return -1;
     }
+    /* A regular file: O_NONBLOCK did its job (no wait at the open) and means nothing for its
+     * writes; cleared all the same, keeping O_APPEND. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     return fd;
 }
 

@@ -88,9 +88,9 @@ void vmh_stats_configure(const vmh_options_t *o);
 void vmh_stats_report(void);
 
 /* Leak report at exit: the heap walks its live buffers and calls begin, one per live buffer,
- * then end. With leaks configured (VMMHOOK_LEAKS) each leak is listed (pointer, size, device, call site resolved
- * with dladdr; the first 256), then a total; without it nothing is printed, but the totals still
- * go into the JSON. Not thread-safe against itself: one walk at a time. */
+ * then end. With leaks configured (VMMHOOK_LEAKS) each leak is listed (pointer, size, device, call
+ * site resolved with dladdr; the first 256), then a total; without it nothing is printed, but the
+ * totals still go into the JSON. Not thread-safe against itself: one walk at a time. */
 void vmh_leak_report_begin(void);
 void vmh_leak_report_one(CUdeviceptr p, size_t size, int device, void *call_site);
 void vmh_leak_report_end(void);

@@ -24,6 +24,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "optparse.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -179,6 +180,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         vmh_options_t one = d;
         if (vmh_options_set(&one, i, e.value[i]) != 0)
             CHECK(memcmp(&one, &d, sizeof(d)) == 0);
+    }
+
+    /* The bound of VMMHOOK_GRANULARITY holds for whatever was accepted. */
+    CHECK(o.gran_mode != VMH_GRAN_BYTES ||
+          (o.gran_bytes > 0 && o.gran_bytes <= VMH_GRANULARITY_MAX));
+
+    /* The load line's list: terminated, whole items only, whatever the buffer size. */
+    for (size_t cap = 1; cap <= 1024; cap *= 4) {
+        char changed[1024];
+        memset(changed, 'x', sizeof(changed));
+        size_t n = vmh_options_changed(&o, changed, cap);
+        CHECK(n < cap && changed[n] == '\0' && strlen(changed) == n);
+        CHECK(n == 0 || strncmp(changed, "VMMHOOK_", 8) == 0);
     }
 
     /* The granularity check. */

@@ -166,8 +166,8 @@ typedef struct wire_result {
     bool fds_are_memfds;
 } wire_result_t;
 
-/* One request to the exporter named by h, for export id `id` (the handle's, or another). */
-static wire_result_t ask(const CUipcMemHandle *hp, uint64_t id)
+/* One request to the exporter named by h, for export token `token` (the handle's, or another). */
+static wire_result_t ask(const CUipcMemHandle *hp, vmh_ipc_token_t token)
 {
     wire_result_t r;
     memset(&r, 0, sizeof r);
@@ -178,14 +178,14 @@ static wire_result_t ask(const CUipcMemHandle *hp, uint64_t id)
     sa.sun_family = AF_UNIX;
     /* The documented name: "vmmhook-ipc.<pid>.<token, 16 hex digits>", abstract. */
     int n = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "vmmhook-ipc.%u.%016llx", h.pid,
-                     (unsigned long long)h.token);
+                     (unsigned long long)h.socket_token);
     if (connect(s, (struct sockaddr *)&sa,
                 (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) != 0) {
         r.connect_errno = errno;
         close(s);
         return r;
     }
-    vmh_ipc_request_t req = {VMH_IPC_MAGIC, VMH_IPC_VERSION, h.token, id};
+    vmh_ipc_request_t req = {VMH_IPC_MAGIC, VMH_IPC_VERSION, token};
     send(s, &req, sizeof req, MSG_NOSIGNAL);
     if (recv(s, &r.rep, sizeof r.rep, 0) != (ssize_t)sizeof r.rep) {
         r.rep.status = 99;
@@ -241,7 +241,7 @@ static void child_speaks_the_protocol(void *arg)
     const handles_t *hs = arg;
     printf("  [child %d: the protocol by hand]\n", (int)getpid());
     int fds0 = count_fds();
-    wire_result_t r = ask(&hs->big, decode(&hs->big).id);
+    wire_result_t r = ask(&hs->big, decode(&hs->big).export);
     CHECK(r.connect_errno == 0, "connected to the exporter's abstract socket (%s)",
           strerror(r.connect_errno));
     CHECK(r.rep.status == VMH_IPC_OK && r.rep.nchunks == 1 && r.rep.size == hs->big_size &&
@@ -252,14 +252,16 @@ static void child_speaks_the_protocol(void *arg)
     CHECK(r.nfds == 1 && r.fds_are_memfds && r.sizes[0] == 8 * MiB,
           "one descriptor crossed by SCM_RIGHTS, a memfd, chunk of %llu bytes",
           (unsigned long long)r.sizes[0]);
-    r = ask(&hs->small, decode(&hs->small).id);
+    r = ask(&hs->small, decode(&hs->small).export);
     CHECK(r.rep.status == VMH_IPC_OK && r.rep.nchunks == 1 && r.rep.size == hs->small_size &&
               r.rep.offset == decode(&hs->small).offset && r.rep.offset > 0 && r.nfds == 1 &&
               r.fds_are_memfds && r.sizes[0] == 2 * MiB,
           "packed buffer: its chunk (%llu bytes) and its offset in it (%llu)",
           (unsigned long long)r.sizes[0], (unsigned long long)r.rep.offset);
-    r = ask(&hs->big, 987654321);
-    CHECK(r.rep.status == VMH_IPC_UNKNOWN_ID && r.nfds == 0, "an unknown export id: status %u",
+    vmh_ipc_token_t other = decode(&hs->big).export;
+    other.b[0] ^= 1;
+    r = ask(&hs->big, other);
+    CHECK(r.rep.status == VMH_IPC_UNKNOWN_EXPORT && r.nfds == 0, "an unknown export token: status %u",
           r.rep.status);
     CHECK(count_fds() == fds0, "no descriptor left open in the importer (%d, was %d)", count_fds(),
           fds0);
@@ -301,7 +303,7 @@ static void child_of_another_user(void *arg)
     CUdeviceptr q = 0;
     CHECK_RC(p_cuIpcOpenMemHandle(&q, hs->big, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
              CUDA_ERROR_INVALID_HANDLE, "cuIpcOpenMemHandle as uid 65534");
-    wire_result_t r = ask(&hs->big, decode(&hs->big).id);
+    wire_result_t r = ask(&hs->big, decode(&hs->big).export);
     CHECK(r.rep.status == VMH_IPC_REFUSED_USER && r.nfds == 0,
           "the exporter refuses uid 65534 by hand too (status %u, %zu fds)", r.rep.status, r.nfds);
 }
@@ -336,9 +338,10 @@ static void check_posix_fd(ip_capture_t *cap)
     CHECK_RC(p_cuIpcGetMemHandle(&hs.small, small), CUDA_SUCCESS, "cuIpcGetMemHandle(small)");
     vmh_ipc_handle_t wb = decode(&hs.big), ws = decode(&hs.small);
     CHECK(wb.magic == VMH_IPC_MAGIC && wb.pid == (uint32_t)getpid() && wb.size == 8 * MiB &&
-              wb.token != 0 && wb.token == ws.token && wb.id != ws.id && ws.size == 4096 &&
+              wb.socket_token != 0 && wb.socket_token == ws.socket_token &&
+              memcmp(&wb.export, &ws.export, sizeof wb.export) != 0 && ws.size == 4096 &&
               ws.offset > 0,
-          "the handles: magic, pid, one token, two ids, sizes, the packed offset %llu",
+          "the handles: magic, pid, one socket, two export tokens, sizes, the packed offset %llu",
           (unsigned long long)ws.offset);
     CHECK(count_threads() == threads0 + 1, "one listener thread started (%d threads, were %d)",
           count_threads(), threads0);
@@ -362,7 +365,7 @@ static void check_posix_fd(ip_capture_t *cap)
              open_drv(&q, junk, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
              "a handle without our magic goes to the driver");
     CUipcMemHandle forged = hs.big;
-    forged.reserved[24] ^= 1; /* another export id, without the check to match */
+    forged.reserved[24] ^= 1; /* another export token, without the check to match */
     CHECK_RC(p_cuIpcOpenMemHandle(&q, forged, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
              open_drv(&q, forged, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
              "our magic with a wrong check goes to the driver");

@@ -13,10 +13,22 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <grp.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc.h"
+#include "ipc_export.h"
+#include "ipc_import.h"
+#include "ipc_listener.h"
+#include "ipc_wire.h"
 #include "log.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -110,7 +122,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    vmh_ipc_accept_uid = -1;
+    vmh_ipc_peer_cred = vmh_ipc_so_peercred;
+    vmh_ipc_request_timeout_ms = 2000;
+    vmh_ipc_send_timeout_ms = 10000;
+    vmh_ipc_exchange_timeout_ms = 10000;
     vmh_ipc_reset();
     assert_false(vmh_ipc_listening());
     assert_int_equal(vmh_ipc_export_count(), 0);
@@ -189,7 +204,7 @@ static void foreign_and_bad_handles_are_not_ours(void **state)
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
     CUipcMemHandle h = get_handle(p);
-    for (size_t i = 0; i < offsetof(vmh_ipc_handle_t, reserved); i++) {
+    for (size_t i = 0; i < offsetof(vmh_ipc_handle_t, check) + 8; i++) {
         CUipcMemHandle bad = h;
         bad.reserved[i] ^= 0x10;
         assert_false(vmh_ipc_handle_is_ours(&bad));
@@ -328,7 +343,9 @@ static void importer_keeps_its_view_through_grow_and_free(void **state)
     assert_true(tu_check(q2, 20 * MiB, 7));
     /* q1 maps the first chunk, which the grown buffer still uses. */
     assert_true(tu_check(q1, 4 * MiB, 7));
-    assert_int_equal(vmh_ipc_export_count(), 2);
+    /* The move freed the old address: h1's entry went (h1 opens nothing new any more; q1 is
+     * the importer's own). */
+    assert_int_equal(vmh_ipc_export_count(), 1);
 
     /* The exporter frees: the importer's mappings stay. */
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
@@ -382,7 +399,7 @@ static void freed_before_open_is_an_invalid_handle(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     vmh_heap_trim();
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
-    assert_int_equal(captured("no longer has that buffer"), 1);
+    assert_int_equal(captured("has no such export"), 1);
     assert_int_equal(vmh_ipc_export_count(), 0);
 }
 
@@ -397,25 +414,576 @@ static void closed_exporter_socket(void **state)
     assert_int_equal(captured("cannot be reached"), 1);
     /* A new export gets a new token: the old handle still names nothing. */
     CUipcMemHandle h2 = get_handle(p);
-    assert_true(decode(&h2).token != decode(&h).token);
+    assert_true(decode(&h2).socket_token != decode(&h).socket_token);
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
-static void other_users_are_refused(void **state)
+/* ---- hardening (issue 16): each of these failed before the round-10 rewrite ---------------- */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A raw connection to the exporter named by h, as any local process can make one. */
+static int raw_connect(const vmh_ipc_handle_t *h)
+{
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(s >= 0);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t n = vmh_ipc_socket_name(sa.sun_path + 1, sizeof sa.sun_path - 1, h->pid,
+                                   h->socket_token);
+    if (connect(s, (struct sockaddr *)&sa,
+                (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) != 0) {
+        close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* Waits up to ms for what the exporter says on s: 1 a reply (in *rep), 0 the connection
+ * closed without one, -1 nothing in time. */
+static int await_reply(int s, int ms, vmh_ipc_reply_t *rep)
+{
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    if (poll(&p, 1, ms) <= 0)
+        return -1;
+    ssize_t n = recv(s, rep, sizeof *rep, MSG_DONTWAIT);
+    return n == (ssize_t)sizeof *rep ? 1 : 0;
+}
+
+/* Simulated credentials: the peer of every connection runs as another uid when `side` asks. */
+static vmh_ipc_side_t foreign_side;
+static int foreign_cred(int fd, vmh_ipc_side_t side, uid_t *uid, pid_t *pid)
+{
+    int err = vmh_ipc_so_peercred(fd, side, uid, pid);
+    if (!err && side == foreign_side)
+        *uid = geteuid() + 1000;
+    return err;
+}
+
+/* The exporter checks who connected as it accepts, before it waits for anything: a peer of
+ * another uid that sends nothing is answered at once, nothing is exported for it, and a
+ * neighbour connecting in a loop gets one log line, not one per attempt. */
+static void exporter_refuses_another_user_before_waiting(void **state)
 {
     (void)state;
     CUdeviceptr p, q = 0;
     assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
     CUipcMemHandle h = get_handle(p);
-    vmh_ipc_accept_uid = (long)geteuid() + 1; /* the exporter sees us as another user */
+    vmh_ipc_handle_t w = decode(&h);
+    foreign_side = VMH_IPC_EXPORTER_ASKS;
+    vmh_ipc_peer_cred = foreign_cred;
     sim_reset_counters();
+    for (int i = 0; i < 5; i++) {
+        int s = raw_connect(&w);
+        assert_true(s >= 0);
+        vmh_ipc_reply_t rep;
+        memset(&rep, 0, sizeof rep);
+        int64_t t0 = now_ms();
+        assert_int_equal(await_reply(s, 1000, &rep), 1); /* nothing was sent */
+        assert_true(now_ms() - t0 < 1000);
+        assert_int_equal(rep.status, VMH_IPC_REFUSED_USER);
+        close(s);
+    }
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
     assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
     assert_int_equal(captured("refused a CUDA IPC request"), 1);
     assert_int_equal(captured("runs as another user"), 1);
-    vmh_ipc_accept_uid = -1;
+    vmh_ipc_peer_cred = vmh_ipc_so_peercred;
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_SUCCESS);
+    assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+/* The importer checks who owns the socket before it sends the token: an exporter of another
+ * uid never learns it (so never exports), and cannot hand over memory. */
+static void importer_refuses_an_exporter_of_another_user(void **state)
+{
+    (void)state;
+    CUdeviceptr p, q = 0;
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
+    CUipcMemHandle h = get_handle(p);
+    foreign_side = VMH_IPC_IMPORTER_ASKS;
+    vmh_ipc_peer_cred = foreign_cred;
+    sim_reset_counters();
+    assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(q, 0);
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
+    assert_int_equal(sim_calls("cuMemImportFromShareableHandle"), 0);
+    assert_int_equal(captured("not to this user"), 1);
+    assert_int_equal(vmh_ipc_import_count(), 0);
+    vmh_ipc_peer_cred = vmh_ipc_so_peercred;
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+/* Runs fn in a child that has become uid/gid 65534; returns its exit status (fn's result). */
+static int as_nobody(int (*fn)(void *), void *arg)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(77);
+        _exit(fn(arg));
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* As uid 65534: connect to the exporter, send nothing, expect the refusal within a second. */
+static int nobody_connects(void *arg)
+{
+    const vmh_ipc_handle_t *w = arg;
+    int s = raw_connect(w);
+    if (s < 0)
+        return 10;
+    vmh_ipc_reply_t rep;
+    memset(&rep, 0, sizeof rep);
+    int r = await_reply(s, 1000, &rep);
+    close(s);
+    if (r != 1)
+        return 11; /* no answer in time: the exporter waited for a request first */
+    return rep.status == VMH_IPC_REFUSED_USER ? 0 : 12;
+}
+
+typedef struct squatter {
+    uint64_t token; /* the socket name's token the squatter binds */
+    int ready[2];   /* the squatter writes one byte once it listens */
+} squatter_t;
+
+/* As uid 65534: a fake exporter that offers memory (a memfd) to whoever asks. Exit 0 when the
+ * importer never sent its request, 20 when it did. */
+static int nobody_squats(void *arg)
+{
+    squatter_t *sq = arg;
+    int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t n = vmh_ipc_socket_name(sa.sun_path + 1, sizeof sa.sun_path - 1, (uint32_t)getpid(),
+                                   sq->token);
+    if (l < 0 || bind(l, (struct sockaddr *)&sa,
+                      (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) != 0 ||
+        listen(l, 4) != 0)
+        return 30;
+    char one = 1;
+    if (write(sq->ready[1], &one, 1) != 1)
+        return 31;
+    struct pollfd p = {.fd = l, .events = POLLIN};
+    if (poll(&p, 1, 5000) != 1)
+        return 32;
+    int c = accept(l, NULL, NULL);
+    p = (struct pollfd){.fd = c, .events = POLLIN};
+    char req[256];
+    ssize_t got = poll(&p, 1, 2000) == 1 ? recv(c, req, sizeof req, 0) : 0;
+    if (got <= 0)
+        return 0; /* closed without a word: the importer checked us first */
+    /* It asked: answer as an exporter would, with memory of ours. */
+    vmh_ipc_reply_t rep;
+    memset(&rep, 0, sizeof rep);
+    rep.magic = VMH_IPC_MAGIC;
+    rep.nchunks = 1;
+    rep.size = GRAN;
+    send(c, &rep, sizeof rep, MSG_NOSIGNAL);
+    vmh_ipc_batch_t b;
+    memset(&b, 0, sizeof b);
+    b.count = 1;
+    b.sizes[0] = GRAN;
+    int mfd = memfd_create("squatter", 0);
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {&b, sizeof b};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &mfd, sizeof mfd);
+    sendmsg(c, &msg, MSG_NOSIGNAL);
+    return 20;
+}
+
+/* Another real uid on both sides, where the tests run as root (CI containers usually do). */
+static void another_real_user_is_refused_both_ways(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        printf("SKIP another_real_user_is_refused_both_ways: not root, cannot become uid 65534 "
+               "(the simulated-credential tests above cover the same checks)\n");
+        skip();
+    }
+    CUdeviceptr p, q = 0;
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
+    CUipcMemHandle h = get_handle(p);
+    vmh_ipc_handle_t w = decode(&h);
+    sim_reset_counters();
+    /* Importer of another user: refused at once, nothing exported. */
+    assert_int_equal(as_nobody(nobody_connects, &w), 0);
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
+    assert_int_equal(captured("refused a CUDA IPC request"), 1);
+
+    /* Exporter of another user: a socket squatted under a name a made-up handle points to. */
+    squatter_t sq = {.token = 0x5eedull};
+    assert_int_equal(pipe(sq.ready), 0);
+    fflush(stdout);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(sq.ready[0]);
+        if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(77);
+        _exit(nobody_squats(&sq));
+    }
+    close(sq.ready[1]);
+    char one;
+    assert_int_equal(read(sq.ready[0], &one, 1), 1);
+    close(sq.ready[0]);
+    vmh_ipc_handle_t forged = w;
+    forged.pid = (uint32_t)child;
+    forged.socket_token = sq.token;
+    CUipcMemHandle fh;
+    vmh_ipc_handle_encode(&forged, &fh);
+    assert_true(vmh_ipc_handle_is_ours(&fh)); /* the check recognizes; it does not authenticate */
+    assert_int_equal(vmh_ipc_open_remote(&fh, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(sim_calls("cuMemImportFromShareableHandle"), 0);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0); /* the squatter never got the token */
+    assert_int_equal(captured("not to this user"), 1);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+static int popcount_xor(const vmh_ipc_token_t *a, const vmh_ipc_token_t *b)
+{
+    int n = 0;
+    for (size_t i = 0; i < sizeof a->b; i++)
+        n += __builtin_popcount((unsigned)(a->b[i] ^ b->b[i]));
+    return n;
+}
+
+/* Export names are 128 random bits: one handle says nothing about another, and a guess near a
+ * real one opens nothing. */
+static void export_tokens_are_unguessable(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    CUdeviceptr p[N];
+    vmh_ipc_handle_t w[N];
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(vmh_heap_alloc(2 * MiB, &p[i]), CUDA_SUCCESS);
+        CUipcMemHandle h = get_handle(p[i]);
+        w[i] = decode(&h);
+    }
+    for (int i = 0; i < N; i++)
+        for (int j = i + 1; j < N; j++) /* sequential ids differ in a bit or two; random in ~64 */
+            assert_true(popcount_xor(&w[i].export, &w[j].export) >= 24);
+    sim_reset_counters();
+    for (int bit = 0; bit < 128; bit += 9) {
+        vmh_ipc_handle_t guess = w[0];
+        guess.export.b[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        CUipcMemHandle gh;
+        vmh_ipc_handle_encode(&guess, &gh);
+        CUdeviceptr q = 0;
+        assert_int_equal(vmh_ipc_open_remote(&gh, &q), CUDA_ERROR_INVALID_HANDLE);
+    }
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
+    assert_true(captured("has no such export") >= 1);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+}
+
+typedef struct timed_open {
+    CUipcMemHandle h;
+    CUdeviceptr q;
+    CUresult rc;
+    int64_t took_ms;
+} timed_open_t;
+
+static void *timed_open_thread(void *arg)
+{
+    timed_open_t *o = arg;
+    sim_set_current_device(0);
+    int64_t t0 = now_ms();
+    o->rc = vmh_ipc_open_remote(&o->h, &o->q);
+    o->took_ms = now_ms() - t0;
+    return NULL;
+}
+
+/* A peer that connects and says nothing neither holds the listener nor other importers, and is
+ * dropped after a short time; more silent peers than the listener's slots only delay others
+ * by that short time. */
+static void silent_peers_do_not_block_importers(void **state)
+{
+    (void)state;
+    vmh_ipc_request_timeout_ms = 300;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
+    tu_fill(p, 2 * MiB, 12);
+    CUipcMemHandle h = get_handle(p);
+    vmh_ipc_handle_t w = decode(&h);
+
+    int silent = raw_connect(&w);
+    assert_true(silent >= 0);
+    usleep(50 * 1000); /* accepted and waiting for its request */
+    timed_open_t o = {.h = h};
+    timed_open_thread(&o);
+    assert_int_equal(o.rc, CUDA_SUCCESS);
+    assert_true(o.took_ms < 250); /* served while the silent one waits (was: 10 s behind it) */
+    assert_true(tu_check(o.q, 2 * MiB, 12));
+    assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
+    /* The silent one is told and dropped shortly. */
+    vmh_ipc_reply_t rep;
+    memset(&rep, 0, sizeof rep);
+    int64_t t0 = now_ms();
+    int r = await_reply(silent, 3000, &rep);
+    assert_true(r >= 0);
+    assert_true(now_ms() - t0 < 1500);
+    if (r == 1)
+        assert_int_equal(rep.status, VMH_IPC_TIMED_OUT);
+    close(silent);
+
+    /* More silent peers than slots: the importer behind them waits about one timeout. */
+    enum { CROWD = VMH_IPC_MAX_PEERS + 4 };
+    int crowd[CROWD];
+    for (int i = 0; i < CROWD; i++) {
+        crowd[i] = raw_connect(&w);
+        assert_true(crowd[i] >= 0);
+    }
+    usleep(50 * 1000);
+    pthread_t t;
+    o = (timed_open_t){.h = h};
+    assert_int_equal(pthread_create(&t, NULL, timed_open_thread, &o), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(o.rc, CUDA_SUCCESS);
+    assert_true(o.took_ms < 2000);
+    assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
+    for (int i = 0; i < CROWD; i++)
+        close(crowd[i]);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+/* An exporter that accepts nothing and says nothing (stopped, or a process of ours that only
+ * bound the name) holds an importer for the exchange's bound only. */
+static void unanswering_exporter_is_given_up(void **state)
+{
+    (void)state;
+    vmh_ipc_exchange_timeout_ms = 300;
+    int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(l >= 0);
+    vmh_ipc_handle_t w;
+    memset(&w, 0, sizeof w);
+    w.magic = VMH_IPC_MAGIC;
+    w.version = VMH_IPC_VERSION;
+    w.pid = (uint32_t)getpid();
+    w.socket_token = 0x5157u;
+    w.size = GRAN;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t n = vmh_ipc_socket_name(sa.sun_path + 1, sizeof sa.sun_path - 1, w.pid,
+                                   w.socket_token);
+    assert_int_equal(bind(l, (struct sockaddr *)&sa,
+                          (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)),
+                     0);
+    assert_int_equal(listen(l, 4), 0);
+    CUipcMemHandle h;
+    vmh_ipc_handle_encode(&w, &h);
+    CUdeviceptr q = 0;
+    int64_t t0 = now_ms();
+    assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_MAP_FAILED);
+    int64_t took = now_ms() - t0;
+    assert_true(took >= 250 && took < 1500); /* was: 10 s per receive */
+    assert_int_equal(captured("did not answer in time"), 1);
+    close(l);
+}
+
+/* An importer that asks and then stops reading holds neither the listener nor other importers,
+ * and is dropped after the send bound; the exporter keeps no descriptor of it. */
+static void importer_that_stops_reading_holds_nobody(void **state)
+{
+    (void)state;
+    vmh_ipc_send_timeout_ms = 300;
+    vmh_opt.headroom = 1 * GiB;
+    enum { CHUNKS = 400 };
+    CUdeviceptr big = 0, other;
+    for (size_t i = 1; i <= CHUNKS; i++)
+        assert_int_equal(vmh_heap_realloc(&big, i * GRAN, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &other), CUDA_SUCCESS);
+    CUipcMemHandle hb = get_handle(big), ho = get_handle(other);
+    vmh_ipc_handle_t wb = decode(&hb);
+    int s = raw_connect(&wb);
+    assert_true(s >= 0);
+    vmh_ipc_request_t req;
+    memset(&req, 0, sizeof req);
+    req.magic = VMH_IPC_MAGIC;
+    req.version = VMH_IPC_VERSION;
+    req.export = wb.export;
+    assert_int_equal(send(s, &req, sizeof req, MSG_NOSIGNAL), (ssize_t)sizeof req);
+    usleep(100 * 1000); /* the listener answers until the socket is full, then waits */
+    timed_open_t o = {.h = ho};
+    timed_open_thread(&o);
+    assert_int_equal(o.rc, CUDA_SUCCESS);
+    assert_true(o.took_ms < 250);
+    assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
+    /* Dropped: after what was queued, the connection ends short of the whole buffer. */
+    usleep(500 * 1000);
+    size_t batches = 0;
+    for (;;) {
+        char buf[sizeof(vmh_ipc_batch_t)];
+        union {
+            char c[CMSG_SPACE(VMH_IPC_BATCH * sizeof(int))];
+            struct cmsghdr align;
+        } ctl;
+        struct iovec iov = {buf, sizeof buf};
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = ctl.c,
+                             .msg_controllen = sizeof ctl};
+        ssize_t got = recvmsg(s, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (got <= 0) {
+            assert_int_equal(got, 0); /* the end, not "nothing yet" */
+            break;
+        }
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+            for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+                close(fd);
+            }
+        batches += got == (ssize_t)sizeof(vmh_ipc_batch_t);
+    }
+    assert_true(batches < (CHUNKS + VMH_IPC_BATCH - 1) / VMH_IPC_BATCH);
+    close(s);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(other, NULL, false), CUDA_SUCCESS);
+}
+
+static int64_t cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (int64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+}
+
+/* At the descriptor limit the listener cannot accept: it waits instead of spinning, says so
+ * once, and serves the importer once descriptors are free again. */
+static void descriptor_limit_backs_off(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
+    CUipcMemHandle h = get_handle(p);
+    struct rlimit old;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    /* One descriptor left: the importer's socket takes it, the listener's accept finds none. */
+    int lowest = dup(0);
+    assert_true(lowest >= 0);
+    close(lowest);
+    struct rlimit tight = {.rlim_cur = (rlim_t)lowest + 1, .rlim_max = old.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &tight), 0);
+    pthread_t t;
+    timed_open_t o = {.h = h};
+    assert_int_equal(pthread_create(&t, NULL, timed_open_thread, &o), 0);
+    usleep(200 * 1000);
+    int64_t c0 = cpu_ms();
+    usleep(1000 * 1000);
+    int64_t spent = cpu_ms() - c0;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    pthread_join(t, NULL);
+    printf("  CPU time of the process during 1 s at the descriptor limit: %lld ms\n",
+           (long long)spent);
+    assert_true(spent < 100); /* was: a listener spinning on poll, a whole core */
+    assert_int_equal(captured("cannot accept an importer"), 1);
+    assert_int_equal(o.rc, CUDA_SUCCESS); /* served once descriptors were free again */
+    assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+/* A freed buffer's export opens nothing, packed or not, before or after the heap unmapped it;
+ * the table lets go of it at once. A grow in place keeps the handle (a snapshot); a move ends
+ * it, as the move frees the old address. */
+static void freed_buffers_exports_are_refused(void **state)
+{
+    (void)state;
+    CUdeviceptr a, b, big, q = 0;
+    assert_int_equal(vmh_heap_alloc(5000, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(3000, &b), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &big), CUDA_SUCCESS);
+    CUipcMemHandle hb = get_handle(b), hbig = get_handle(big);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS); /* its chunk lives on (a) */
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS); /* parked, not trimmed */
+    sim_reset_counters();
+    assert_int_equal(vmh_ipc_open_remote(&hb, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(vmh_ipc_open_remote(&hbig, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
+    assert_int_equal(vmh_ipc_export_count(), 0);
+
+    /* Grown in place: the old handle still opens its snapshot. */
+    vmh_opt.headroom = 64 * MiB;
+    CUdeviceptr g;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &g), CUDA_SUCCESS);
+    CUipcMemHandle hg = get_handle(g);
+    CUdeviceptr g0 = g;
+    assert_int_equal(vmh_heap_realloc(&g, 8 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(g, g0);
+    assert_int_equal(vmh_ipc_open_remote(&hg, &q), CUDA_SUCCESS);
+    assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+    /* Moved: the old address is freed, its handle opens nothing. */
+    sim_refuse_hints(true);
+    vmh_opt.headroom = 0;
+    assert_int_equal(vmh_heap_realloc(&g, 64 * MiB, NULL, false), CUDA_SUCCESS);
+    sim_refuse_hints(false);
+    assert_int_not_equal(g, g0);
+    vmh_ipc_reset(); /* a fresh listener: the import above is not reused from the table */
+    hg = get_handle(g); /* (the new buffer's handle, to restart the listener) */
+    assert_int_equal(vmh_heap_free(g, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_ipc_open_remote(&hg, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+}
+
+/* A buffer of 1500 chunks crosses although the process may hold only 1024 descriptors: each
+ * side holds one batch at a time. (Chunks of the suite's 2 MiB: the heap keeps a device's
+ * granularity across resets; the simulated driver maps contents only where written.) */
+static void many_more_chunks_than_descriptors(void **state)
+{
+    (void)state;
+    vmh_opt.headroom = 4 * GiB;
+    enum { CHUNKS = 1500 };
+    CUdeviceptr p = 0;
+    for (size_t i = 1; i <= CHUNKS; i++)
+        assert_int_equal(vmh_heap_realloc(&p, i * GRAN, NULL, false), CUDA_SUCCESS);
+    const size_t n = CHUNKS * GRAN;
+    tu_fill(p, GRAN, 13);
+    tu_fill(p + n - GRAN, GRAN, 14);
+    CUipcMemHandle h = get_handle(p);
+    struct rlimit old;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_true(count_fds() < 900);
+    struct rlimit tight = {.rlim_cur = 1024, .rlim_max = old.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &tight), 0);
+    sim_reset_counters();
+    CUdeviceptr q = 0;
+    CUresult rc = vmh_ipc_open_remote(&h, &q);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_int_equal(rc, CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), CHUNKS);
+    assert_int_equal(sim_calls("cuMemImportFromShareableHandle"), CHUNKS);
+    assert_true(tu_check(q, GRAN, 13));
+    assert_true(tu_check(q + n - GRAN, GRAN, 14));
     assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
@@ -452,6 +1020,49 @@ static void driver_failures_leave_nothing(void **state)
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_SUCCESS);
     assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
     assert_int_equal(sim_live_handles(), handles);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+/* The failure sweep over the import path of a buffer of two batches: the nth driver call of
+ * the exchange fails (on either side: the exporter's exports run on the listener thread), for
+ * every n until an open makes no call that can fail. Each failure leaves nothing held and no
+ * descriptor open, and the next open works. */
+static void failure_sweep_over_the_exchange(void **state)
+{
+    (void)state;
+    vmh_opt.headroom = 256 * MiB;
+    const size_t chunks = VMH_IPC_BATCH + 8;
+    CUdeviceptr p = 0;
+    for (size_t i = 1; i <= chunks; i++)
+        assert_int_equal(vmh_heap_realloc(&p, i * GRAN, NULL, false), CUDA_SUCCESS);
+    tu_fill(p, chunks * GRAN, 15);
+    CUipcMemHandle h = get_handle(p);
+    size_t maps = sim_live_mappings(), resv = sim_live_reservations(), handles = sim_live_handles();
+    int fds = fds_at_start + 2; /* the listener's socket and eventfd */
+    unsigned long n;
+    for (n = 1; n < 1000; n++) {
+        sim_reset_counters();
+        sim_fail_call(n, CUDA_ERROR_OUT_OF_MEMORY);
+        CUdeviceptr q = 0;
+        CUresult rc = vmh_ipc_open_remote(&h, &q);
+        unsigned long fired = sim_faults_fired();
+        sim_clear_faults();
+        if (!fired) {
+            assert_int_equal(rc, CUDA_SUCCESS); /* past the last call: the sweep is done */
+            assert_true(tu_check(q, chunks * GRAN, 15));
+            assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+            break;
+        }
+        assert_int_not_equal(rc, CUDA_SUCCESS);
+        assert_int_equal(sim_live_mappings(), maps);
+        assert_int_equal(sim_live_reservations(), resv);
+        assert_int_equal(sim_live_handles(), handles);
+        assert_int_equal(vmh_ipc_import_count(), 0);
+        assert_int_equal(settled_fds(fds), fds);
+    }
+    printf("  the exchange of %zu chunks failed cleanly at each of its %lu driver calls\n",
+           chunks, n - 1);
+    assert_true(n > 2 * chunks); /* an export and an import per chunk at least */
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
@@ -568,8 +1179,21 @@ int main(void)
         cmocka_unit_test_setup_teardown(many_chunks_cross_in_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_before_open_is_an_invalid_handle, setup, teardown),
         cmocka_unit_test_setup_teardown(closed_exporter_socket, setup, teardown),
-        cmocka_unit_test_setup_teardown(other_users_are_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(exporter_refuses_another_user_before_waiting, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(importer_refuses_an_exporter_of_another_user, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(another_real_user_is_refused_both_ways, setup, teardown),
+        cmocka_unit_test_setup_teardown(export_tokens_are_unguessable, setup, teardown),
+        cmocka_unit_test_setup_teardown(silent_peers_do_not_block_importers, setup, teardown),
+        cmocka_unit_test_setup_teardown(unanswering_exporter_is_given_up, setup, teardown),
+        cmocka_unit_test_setup_teardown(importer_that_stops_reading_holds_nobody, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(descriptor_limit_backs_off, setup, teardown),
+        cmocka_unit_test_setup_teardown(freed_buffers_exports_are_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(many_more_chunks_than_descriptors, setup, teardown),
         cmocka_unit_test_setup_teardown(driver_failures_leave_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(failure_sweep_over_the_exchange, setup, teardown),
         cmocka_unit_test_setup_teardown(concurrent_opens_share_one_mapping, setup, teardown),
         cmocka_unit_test_setup_teardown(peer_access_follows_the_contexts, setup, teardown),
     };

@@ -10,17 +10,23 @@
 #include <errno.h>
 #include <limits.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "log.h"
 #include "options.h"
+#include "optparse.h"
+#include "vmmhook.h"
 
 /* ---- fixtures: captured log, fake environment, exit hook ---------------------------------- */
 
@@ -69,6 +75,7 @@ static void env_set(fake_env_t *e, const char *name, const char *value)
     e->n++;
 }
 
+static void (*real_exit)(int status); /* the library's strict stop, saved before setup */
 static int exit_calls, exit_status;
 static void fake_exit(int status)
 {
@@ -755,6 +762,97 @@ static void test_load_returns_snapshot(void **state)
     assert_int_equal(a->va_limit != 0, 1); /* parsed (defaults at least), not zeros */
 }
 
+/* VMMHOOK_GRANULARITY has an upper bound, checked when the options are read: 1T is accepted,
+ * anything above gets the warning and the default. */
+static void test_granularity_upper_bound(void **state)
+{
+    (void)state;
+    fake_env_t e = {0};
+    env_set(&e, "VMMHOOK_GRANULARITY", "2T");
+    vmh_options_t o;
+    assert_int_equal(vmh_options_apply(&o, fake_get, &e), -1);
+    assert_int_equal(o.gran_mode, VMH_GRAN_RECOMMENDED);
+    assert_non_null(strstr(logbuf, "VMMHOOK_GRANULARITY=\"2T\" is not valid (larger than any "
+                                   "GPU's memory; at most 1T)"));
+    assert_non_null(strstr(logbuf, "using the default recommended"));
+
+    log_reset();
+    fake_env_t f = {0};
+    env_set(&f, "VMMHOOK_GRANULARITY", "1T");
+    assert_int_equal(vmh_options_apply(&o, fake_get, &f), 0);
+    assert_int_equal(o.gran_mode, VMH_GRAN_BYTES);
+    assert_int_equal(o.gran_bytes, VMH_GRANULARITY_MAX);
+    assert_int_equal(loglines, 0);
+}
+
+/* The real strict stop: the program's buffered output is flushed, then it aborts (it used to
+ * _exit(2), losing that output). Run in a child whose stdout is a pipe. */
+static void test_strict_stop_flushes_and_aborts(void **state)
+{
+    (void)state;
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        setvbuf(stdout, NULL, _IOFBF, 4096);
+        vmh_options_exit = real_exit;
+        vmh_opt.strict = true;
+        printf("output the program buffered");
+        vmh_options_refuse("VMMHOOK_TRACE", "a test", "no trace");
+        _exit(0); /* not reached when the stop works */
+    }
+    close(fds[1]);
+    char buf[128];
+    ssize_t n = read(fds[0], buf, sizeof(buf) - 1);
+    close(fds[0]);
+    buf[n > 0 ? n : 0] = '\0';
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+    assert_string_equal(buf, "output the program buffered");
+}
+
+/* VMMHOOK_VERBOSE's load line: version, pid, the options not at their default; quiet about
+ * bad values (noted only), no strict stop, nothing when VMMHOOK_VERBOSE is off. */
+static void test_announce(void **state)
+{
+    (void)state;
+    fake_env_t e = {0};
+    env_set(&e, "VMMHOOK_CACHE_LIMIT", "2G");
+    env_set(&e, "VMMHOOK_TRACE", "/tmp/t\n.csv");
+    vmh_options_announce(fake_get, &e);
+    assert_int_equal(loglines, 0);
+
+    env_set(&e, "VMMHOOK_VERBOSE", "1");
+    vmh_options_announce(fake_get, &e);
+    char want[200];
+    snprintf(want, sizeof(want),
+             "vmmhook: libvmmhook %d.%d.%d loaded (pid %d); options not at their default: "
+             "VMMHOOK_CACHE_LIMIT=2G VMMHOOK_VERBOSE=on VMMHOOK_TRACE=\"/tmp/t\\x0a.csv\"\n",
+             VMM_VERSION_MAJOR, VMM_VERSION_MINOR, VMM_VERSION_PATCH, (int)getpid());
+    assert_string_equal(logbuf, want);
+
+    log_reset();
+    fake_env_t b = {0};
+    env_set(&b, "VMMHOOK_VERBOSE", "yes");
+    env_set(&b, "VMMHOOK_STRICT", "1");
+    env_set(&b, "VMMHOOK_HEADROOM", "lots");
+    vmh_options_announce(fake_get, &b);
+    assert_int_equal(loglines, 1);
+    assert_int_equal(exit_calls, 0);
+    assert_non_null(strstr(logbuf, "options not at their default: VMMHOOK_VERBOSE=on "
+                                   "VMMHOOK_STRICT=on (and bad values, reported at the first CUDA "
+                                   "call)\n"));
+}
+
 /* ---- docs/OPTIONS.md documents every row with its default -------------------------------------
  */
 
@@ -778,13 +876,21 @@ static void test_docs_table(void **state)
     doc[n] = '\0';
     fclose(f);
     for (size_t i = 0; i < vmh_options_count(); i++) {
-        /* The table row: "| `VMMHOOK_X` | `default` |" */
-        char want[128];
+        /* The table row: "| `VMMHOOK_X` | `--flag...` | `default` |" (the whole text is checked
+         * by the tools suite's check-docs.sh; this checks the default without a build). */
+        char start[64], def[64];
         const char *d = vmh_options_default_text(i);
-        snprintf(want, sizeof(want), "| `%s` | %s%s%s |", vmh_options_name(i), d[0] ? "`" : "",
-                 d[0] ? d : "(none)", d[0] ? "`" : "");
-        if (strstr(doc, want) == NULL)
-            fail_msg("docs/OPTIONS.md lacks the row \"%s\"", want);
+        snprintf(start, sizeof(start), "| `%s` | `--", vmh_options_name(i));
+        snprintf(def, sizeof(def), "` | %s%s%s | ", d[0] ? "`" : "", d[0] ? d : "(none)",
+                 d[0] ? "`" : "");
+        const char *row = strstr(doc, start);
+        if (row == NULL)
+            fail_msg("docs/OPTIONS.md lacks the row of %s", vmh_options_name(i));
+        const char *end = strchr(row, '\n');
+        const char *at = strstr(row, def);
+        if (at == NULL || (end && at > end))
+            fail_msg("docs/OPTIONS.md: the row of %s lacks the default \"%s\"", vmh_options_name(i),
+                     def);
     }
 }
 
@@ -854,6 +960,7 @@ static void test_fmt_bytes(void **state)
 
 int main(void)
 {
+    real_exit = vmh_options_exit;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_defaults, setup),
         cmocka_unit_test_setup(test_defaults_parse, setup),
@@ -880,6 +987,9 @@ int main(void)
         cmocka_unit_test_setup(test_handle_type_refused, setup),
         cmocka_unit_test_setup(test_park_pin_limits, setup),
         cmocka_unit_test_setup(test_load_returns_snapshot, setup),
+        cmocka_unit_test_setup(test_granularity_upper_bound, setup),
+        cmocka_unit_test_setup(test_strict_stop_flushes_and_aborts, setup),
+        cmocka_unit_test_setup(test_announce, setup),
         cmocka_unit_test_setup(test_docs_table, setup),
         cmocka_unit_test_setup(test_log_line, setup),
         cmocka_unit_test_setup(test_log_truncates, setup),

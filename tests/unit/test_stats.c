@@ -8,12 +8,11 @@
 
 #include <ctype.h>
 #include <dirent.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -526,7 +526,7 @@ static void test_gauges_companion(void **state)
         {-((int64_t)5 << 32) - 512, 0, 0, -7},
     };
     static const char *const action[GEVENTS] = {"allocate", "allocate", "allocate failure",
-                                                "free", "allocate", "free"};
+                                                "free",     "allocate", "free"};
     static const vmh_gauge_t g[4] = {VMH_STAT_bytes_requested, VMH_STAT_bytes_mapped,
                                      VMH_STAT_bytes_reserved, VMH_STAT_bytes_cached};
     long long want[GEVENTS][4];
@@ -536,13 +536,12 @@ static void test_gauges_companion(void **state)
             want[e][k] = vmh_gauge_get(g[k]);
         }
         errno = 4242;
-        vmh_trace(action[e], e == 2 ? 0 : 0x7f0000000000ULL + (uint64_t)e * 0x100000, 4096,
-                  NULL);
+        vmh_trace(action[e], e == 2 ? 0 : 0x7f0000000000ULL + (uint64_t)e * 0x100000, 4096, NULL);
         assert_int_equal(errno, 4242);
     }
     assert_int_equal(loglines, 0);
-    assert_true(want[3][3] == 1048576 && want[5][3] == -7 && want[4][2] == ((int64_t)6 << 32) +
-                                                                               (1 << 30));
+    assert_true(want[3][3] == 1048576 && want[5][3] == -7 &&
+                want[4][2] == ((int64_t)6 << 32) + (1 << 30));
 
     /* The RMM CSV is as before: its header and one 6-field line per event. */
     static char trace_copy[1 << 16];
@@ -714,7 +713,10 @@ static int json_at(const char *path)
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
     vmh_stats_configure(&opt);
     vmh_stats_report();
-    return loglines == 1 && strstr(logbuf, "it is not a regular file") && strstr(logbuf, "; no JSON report") ? 0 : 3;
+    return loglines == 1 && strstr(logbuf, "it is not a regular file") &&
+                   strstr(logbuf, "; no JSON report")
+               ? 0
+               : 3;
 }
 
 static void test_fifo_refused(void **state)
@@ -805,17 +807,21 @@ static void test_expand_path(void **state)
     static const struct {
         const char *tmpl, *want;
     } cases[] = {
-        {"/tmp/t.csv", "/tmp/t.csv"},     {"/tmp/t.%p.csv", "/tmp/t.4711.csv"},
-        {"%p-%p", "4711-4711"},           {"100%%", "100%"},
-        {"%%p", "%p"},                    {"a%xb", "a%xb"},
-        {"end%", "end%"},                 {"", ""},
+        {"/tmp/t.csv", "/tmp/t.csv"},
+        {"/tmp/t.%p.csv", "/tmp/t.4711.csv"},
+        {"%p-%p", "4711-4711"},
+        {"100%%", "100%"},
+        {"%%p", "%p"},
+        {"a%xb", "a%xb"},
+        {"end%", "end%"},
+        {"", ""},
     };
     char out[64];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         assert_true(vmh_stats_expand_path(cases[i].tmpl, 4711, out, sizeof(out)));
         assert_string_equal(out, cases[i].want);
     }
-    assert_false(vmh_stats_expand_path("abc%p", 4711, out, 7));  /* "abc4711" needs 8 */
+    assert_false(vmh_stats_expand_path("abc%p", 4711, out, 7)); /* "abc4711" needs 8 */
     assert_true(vmh_stats_expand_path("abc%p", 4711, out, 8));
     assert_false(vmh_stats_expand_path("abcdefgh", 1, out, 8));
 }

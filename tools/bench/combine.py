@@ -136,6 +136,14 @@ def main(argv):
         P("| %s | %s | %s | %s | %s | %s |" % (label, fmt(n), fmt(a), fmt(h), fmt(rn), fmt(ra)))
     sc = get(res, "hook", "churn16.scaling")
     targets.append(("churn16.scaling>=4", verdict(None if sc is None else sc >= 4), fmt(sc) + "x", ">= 4x"))
+    # Issue 14: one thread no slower than the async pool's warm path; 16 threads faster than
+    # the async pool on 16 threads (one stream each).
+    r1 = ratio(get(res, "hook", "churn1.us_per_step.p50"), get(res, "async", "churn1.us_per_step.p50"))
+    targets.append(("churn1.hook_time_over_async<=1", verdict(None if r1 is None else r1 <= 1.0),
+                    fmt(r1) + "x", "<= 1x"))
+    r16 = ratio(get(res, "hook", "churn16.steps_per_s"), get(res, "async", "churn16.steps_per_s"))
+    targets.append(("churn16.hook_over_async_steps_per_s>1", verdict(None if r16 is None else r16 > 1.0),
+                    fmt(r16) + "x", "> 1x"))
     P("")
     P("Threads: the 1000 live blocks are split over the 16 threads (62-63 each), so the live "
       "memory matches the 1-thread run.")

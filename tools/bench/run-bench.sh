@@ -6,7 +6,8 @@
 #   2. LD_PRELOAD=lib     -> the hook (the binary checks vmm_hook_available()),
 # then joins both into markdown tables with PASS/MISS per target (combine.py).
 #
-# Defaults: lib = <repo>/build/src/libvmmhook.so (when absent and not given: plain run only);
+# Defaults: lib = <repo>/build/src/libvmmhook.so, or PREFIX/lib*/libvmmhook.so when installed
+# (when absent and not given: plain run only);
 # out dir = ./bench-out. Writes OUT/plain.txt, OUT/hook.txt, OUT/summary.md.
 # The bench binary: $BENCH_BIN, else <lib dir>/../tools/bench/bench (meson build), else
 # <repo>/build/tools/bench/bench, else compiled here with nvcc into OUT/bench.
@@ -33,6 +34,11 @@ if [ -n "$lib_arg" ]; then
     lib=$(cd "$(dirname "$lib_arg")" && pwd)/$(basename "$lib_arg")
 elif [ -f "$root/build/src/libvmmhook.so" ]; then
     lib="$root/build/src/libvmmhook.so"
+else
+    # Installed (meson install): this script in PREFIX/libexec/vmmhook, the library in PREFIX/lib*.
+    for c in "$root/lib/libvmmhook.so" "$root/lib64/libvmmhook.so" "$root"/lib/*-linux-gnu/libvmmhook.so; do
+        if [ -f "$c" ]; then lib=$c; break; fi
+    done
 fi
 
 mkdir -p "$out" || exit 2

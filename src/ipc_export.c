@@ -1,0 +1,251 @@
+/* CUDA IPC, the export table (see ipc_export.h).
+ *
+ * Owns: the entries (token -> the buffer's chunks, with references), and the exit flag after
+ * which nothing of the exporting side calls the driver.
+ *
+ * Locks: table_lock guards the table and the exit flag. It is held across every driver call of
+ * the table (exports, releases), never across socket I/O or a wait, so that the exit handler,
+ * which takes it, knows no such call is in flight when it sets the flag. The heap's locks are
+ * taken inside it (export release, find); the heap never calls here with one of its own held
+ * (its pressure hook runs unlocked).
+ */
+#include "ipc.h"
+#include "ipc_export.h"
+
+#include "driver.h"
+#include "heap.h"
+#include "log.h"
+#include "stats.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A driver call; vmh_drv counts it (driver.h). */
+#define CALL(expr) (expr)
+
+typedef struct export_entry {
+    vmh_ipc_token_t token;
+    vmh_export_t ex;
+    CUcontext ctx; /* current at cuIpcGetMemHandle: tried when an export needs a context */
+} export_entry_t;
+
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static export_entry_t *exports;
+static size_t nexports, exports_cap;
+static bool table_shut; /* exit began: no more driver calls from here */
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+
+/* Runs before libcuda's own teardown (registered after the driver was loaded, and atexit
+ * handlers run in reverse order of registration, before the loader's destructors). */
+static void table_atexit(void)
+{
+    pthread_mutex_lock(&table_lock);
+    table_shut = true;
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* fork: the child must not inherit table_lock held by the listener (it prunes every second and
+ * exports under it). */
+static void table_prefork(void)
+{
+    pthread_mutex_lock(&table_lock);
+}
+
+static void table_postfork(void)
+{
+    pthread_mutex_unlock(&table_lock);
+}
+
+static void register_hooks(void)
+{
+    atexit(table_atexit);
+    pthread_atfork(table_prefork, table_postfork, table_postfork);
+}
+
+/* The heap says whether the exported buffer is still the one exported: a free ends it, and a
+ * later buffer at the same address has another serial (heap.h). */
+bool vmh_ipc_buffer_live(const vmh_export_t *ex)
+{
+    return vmh_heap_export_alive(ex->base, ex->serial);
+}
+
+/* Drops the entries whose buffers are no longer live; their references go, and with the last
+ * one the memory. table_lock held. */
+static size_t prune_locked(void)
+{
+    if (table_shut)
+        return 0;
+    size_t w = 0, dropped = 0;
+    for (size_t i = 0; i < nexports; i++) {
+        if (vmh_ipc_buffer_live(&exports[i].ex)) {
+            exports[w++] = exports[i];
+            continue;
+        }
+        vmh_debug("IPC export of %zu bytes at 0x%llx released: the buffer was freed",
+                  exports[i].ex.size, (unsigned long long)exports[i].ex.base);
+        vmh_heap_export_release(&exports[i].ex);
+        dropped++;
+    }
+    nexports = w;
+    return dropped;
+}
+
+size_t vmh_ipc_prune(void)
+{
+    pthread_mutex_lock(&table_lock);
+    size_t n = prune_locked();
+    pthread_mutex_unlock(&table_lock);
+    return n;
+}
+
+static bool same_export(const vmh_export_t *a, const vmh_export_t *b)
+{
+    if (a->base != b->base || a->size != b->size || a->offset != b->offset ||
+        a->device != b->device || a->nchunks != b->nchunks)
+        return false;
+    /* Pointer identity is safe: the table's references keep every chunk it names alive. */
+    for (size_t i = 0; i < a->nchunks; i++)
+        if (a->chunks[i] != b->chunks[i])
+            return false;
+    return true;
+}
+
+CUresult vmh_ipc_export_record(vmh_export_t *ex, CUcontext ctx, vmh_ipc_token_t *token)
+{
+    pthread_once(&hooks_once, register_hooks);
+    pthread_mutex_lock(&table_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (table_shut) {
+        rc = CUDA_ERROR_DEINITIALIZED;
+        goto out;
+    }
+    prune_locked(); /* an entry of a freed buffer is never matched again */
+    for (size_t i = 0; i < nexports; i++) {
+        if (same_export(&exports[i].ex, ex)) {
+            *token = exports[i].token;
+            vmh_heap_export_release(ex); /* the same buffer as before: the same handle */
+            goto out;
+        }
+    }
+    if (!vmh_ipc_random(token, sizeof *token)) {
+        vmh_log("CUDA IPC: no random bytes for an export token (getrandom and /dev/urandom "
+                "failed): cuIpcGetMemHandle answers CUDA_ERROR_OPERATING_SYSTEM");
+        rc = CUDA_ERROR_OPERATING_SYSTEM;
+        goto out;
+    }
+    if (nexports == exports_cap) {
+        size_t cap = exports_cap ? 2 * exports_cap : 16;
+        export_entry_t *grown = realloc(exports, cap * sizeof *grown);
+        if (!grown) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+            goto out;
+        }
+        exports = grown;
+        exports_cap = cap;
+    }
+    exports[nexports++] = (export_entry_t){.token = *token, .ex = *ex, .ctx = ctx};
+out:
+    pthread_mutex_unlock(&table_lock);
+    return rc;
+}
+
+vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t *ex,
+                                     CUcontext *ctx, int32_t *driver_rc)
+{
+    memset(ex, 0, sizeof *ex);
+    *ctx = NULL;
+    *driver_rc = 0;
+    pthread_mutex_lock(&table_lock);
+    vmh_ipc_status_t st = VMH_IPC_UNKNOWN_EXPORT;
+    export_entry_t *e = NULL;
+    for (size_t i = 0; i < nexports; i++) /* every entry compared: no early exit to time */
+        if (vmh_ipc_token_equal(&exports[i].token, token))
+            e = &exports[i];
+    if (table_shut) {
+        st = VMH_IPC_SHUT_DOWN;
+    } else if (e && !vmh_ipc_buffer_live(&e->ex)) {
+        prune_locked(); /* freed: the entry goes now, not at the next idle second */
+    } else if (e) {
+        /* References for the exchange: a prune or reset meanwhile cannot release the chunks. */
+        *ex = e->ex;
+        *ctx = e->ctx;
+        ex->chunks = malloc(e->ex.nchunks * sizeof *ex->chunks);
+        if (!ex->chunks) {
+            st = VMH_IPC_EXPORT_FAILED;
+            *driver_rc = CUDA_ERROR_OUT_OF_MEMORY;
+            memset(ex, 0, sizeof *ex);
+        } else {
+            for (size_t i = 0; i < e->ex.nchunks; i++)
+                ex->chunks[i] = vmh_alloc_ref(e->ex.chunks[i]);
+            st = VMH_IPC_OK;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    return st;
+}
+
+/* The VMM calls need no context; should a driver want one, the context current at
+ * cuIpcGetMemHandle is tried. */
+CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first, size_t count,
+                            int *fds)
+{
+    assert(count <= VMH_IPC_BATCH && first + count <= ex->nchunks);
+    pthread_mutex_lock(&table_lock);
+    CUresult rc = table_shut ? CUDA_ERROR_DEINITIALIZED : CUDA_SUCCESS;
+    size_t done = 0;
+    while (rc == CUDA_SUCCESS && done < count) {
+        CUmemGenericAllocationHandle h = ex->chunks[first + done]->handle;
+        rc = CALL(vmh_drv.cuMemExportToShareableHandle(
+            &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        if (rc == CUDA_ERROR_INVALID_CONTEXT && ctx &&
+            CALL(vmh_drv.cuCtxPushCurrent(ctx)) == CUDA_SUCCESS) {
+            rc = CALL(vmh_drv.cuMemExportToShareableHandle(
+                &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+            CUcontext popped;
+            CALL(vmh_drv.cuCtxPopCurrent(&popped));
+        }
+        if (rc == CUDA_SUCCESS)
+            done++;
+    }
+    pthread_mutex_unlock(&table_lock);
+    if (rc != CUDA_SUCCESS)
+        for (size_t i = 0; i < done; i++)
+            close(fds[i]);
+    return rc;
+}
+
+void vmh_ipc_export_untake(vmh_export_t *ex)
+{
+    if (!ex->chunks)
+        return;
+    pthread_mutex_lock(&table_lock);
+    if (!table_shut)
+        vmh_heap_export_release(ex);
+    else
+        free(ex->chunks);
+    pthread_mutex_unlock(&table_lock);
+    ex->chunks = NULL;
+}
+
+#ifdef VMH_TESTING
+void vmh_ipc_export_reset(void)
+{
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < nexports; i++)
+        vmh_heap_export_release(&exports[i].ex);
+    nexports = 0;
+    table_shut = false;
+    pthread_mutex_unlock(&table_lock);
+}
+
+size_t vmh_ipc_export_count(void)
+{
+    pthread_mutex_lock(&table_lock);
+    size_t n = nexports;
+    pthread_mutex_unlock(&table_lock);
+    return n;
+}
+#endif

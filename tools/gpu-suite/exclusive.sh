@@ -1,0 +1,88 @@
+# shellcheck shell=bash
+# Sourced by tools/gpu-suite.sh (uses its W, LOG, launch, judge, row, info_row, note, tmo, say,
+# rc_of, rcname, stats_of, first_fail, and quickstart_wait of quickstart.sh): the programs that
+# need the GPU to themselves, one at a time, static cudart only:
+#   mallocasync_after_free  (issue 14) takes 70% of the device, then 30% from other allocators;
+#   pause_resume            (issue 15) 40 GiB paused and resumed, a second process takes it; its
+#                           "T" lines (timings against the issue's targets) become a table;
+#   torch_sleep.py          (issue 15) a second process fills the whole GPU while paused.
+# Natively pause_resume and torch_sleep only skip (the API is the hook's): pause_resume's native
+# run checks that (a second); torch_sleep's native run is left out (a PyTorch start for a skip).
+
+exclusive_run() {
+    local ex=$W/bin/mallocasync_after_free.static t
+    quickstart_wait 90
+    if [ -x "$ex" ]; then
+        t=$(tmo 90 60)
+        if [ "$t" = 0 ]; then
+            row "mallocasync_after_free" static "-" "-" SKIP "no time left in the budget"
+        else
+            say "mallocasync_after_free: native, then hooked, alone on the GPU, timeout ${t}s ($(elapsed) s)"
+            launch mallocasync_after_free.static.native native "$t" "$ex"
+            wait
+            launch mallocasync_after_free.static.hooked hooked "$t" "$ex"
+            wait
+            judge "mallocasync_after_free" static mallocasync_after_free.static.native \
+                mallocasync_after_free.static.hooked 0 served 1
+        fi
+    fi
+
+    local pr=$W/bin/pause_resume.static
+    if [ -x "$pr" ]; then
+        t=$(tmo 150 60)
+        if [ "$t" = 0 ]; then
+            row "pause_resume" static "-" "-" SKIP "no time left in the budget"
+        else
+            say "pause_resume: hooked (VMMHOOK_PIN_LIMIT=9G), alone on the GPU, timeout ${t}s ($(elapsed) s)"
+            launch pause_resume.static.native native 30 "$pr"
+            wait
+            launch pause_resume.static.hooked hooked "$t" env VMMHOOK_PIN_LIMIT=9G "$pr"
+            wait
+            judge "pause_resume [VMMHOOK_PIN_LIMIT=9G]" static pause_resume.static.native \
+                pause_resume.static.hooked 77 served 0
+            pause_table
+        fi
+    fi
+
+    if ! skipped torch && [ -f tests/gpu/torch_sleep.py ]; then
+        t=$(tmo 150 60)
+        if [ "$t" = 0 ]; then
+            row "torch_sleep" python "-" "-" SKIP "no time left in the budget"
+        else
+            say "torch_sleep: hooked, alone on the GPU, timeout ${t}s ($(elapsed) s)"
+            launch torch_sleep.hooked hooked "$t" env VMMHOOK_PIN_LIMIT=1G python3 tests/gpu/torch_sleep.py
+            wait
+            local hrc res=PASS st
+            hrc=$(rc_of torch_sleep.hooked)
+            [ "$hrc" = 0 ] || res=FAIL
+            # Without PyTorch or a GPU it skips (77); without the hook it fails (expected hook).
+            [ "$hrc" = 77 ] && res=SKIP
+            st=$(stats_of torch_sleep.hooked any)
+            row "torch_sleep (pause weights+kv, GPU filled, resume)" python "(skips)" "$(rcname "$hrc")" "$res" \
+                "$(grep -E '^(R|SKIP:) ' "$LOG/torch_sleep.hooked.out" | sed 's/^R //' | tr '\n' ';' | cut -c1-300)$([ "$res" = FAIL ] && echo " $(first_fail torch_sleep.hooked)") [${st##*|}]"
+            [ "$res" = FAIL ] && { tail -20 "$LOG/torch_sleep.hooked.out"; tail -20 "$LOG/torch_sleep.hooked.err"; } |
+                note "torch_sleep (hooked, end)"
+        fi
+    fi
+}
+
+# The "T name value unit target verdict" lines of pause_resume: a table for the summary
+# ($W/pause.md) and an INFO row with the misses.
+pause_table() {
+    local out=$LOG/pause_resume.static.hooked.out
+    grep -q '^T ' "$out" 2>/dev/null || return 0
+    {
+        echo "| timing | value | target | verdict |"
+        echo "| --- | --- | --- | --- |"
+        awk '/^T /{printf "| %s | %s %s | %s | %s |\n", $2, $3, $4, $5, $6}' "$out"
+        echo
+        echo "Pinned copy rate of this run and the details:"
+        echo
+        grep -E '^I (pinned|bk cycle|pr40m|pr2m|tag|ballast|cudaHostAlloc)' "$out" | cut -c3- | sed 's/^/    /'
+    } >"$W/pause.md"
+    local met miss
+    met=$(grep -c '^T .* MET$' "$out")
+    miss=$(grep '^T .* MISS$' "$out" | awk '{printf "%s=%s%s (%s); ", $2, $3, $4, $5}')
+    info_row "pause_resume timings (issue 15 targets)" static "-" "$(rcname "$(rc_of pause_resume.static.hooked)")" \
+        "$met met; misses: ${miss:-none} (table below)"
+}

@@ -1,0 +1,123 @@
+"""torch_step_table.py LOGDIR: the PyTorch step-time table of the GPU suite (issue 14).
+
+Reads LOGDIR/torch_step.{nocache.hooked,cache.native,nocache.native}.out (STEP, SYNC and MEM
+lines of tests/gpu/torch_step.py) and the hooked run's stats JSON (torch_step.nocache.hooked.json,
+written at exit: its counters cover the whole run, warm-up and model set-up included). Prints a
+markdown table, the targets of issue 14 with MET/MISS, and a last line "ROW|<one-line note>".
+"""
+import json
+import os
+import sys
+
+log = sys.argv[1]
+RUNS = (("nocache.hooked", "caching off, hook"), ("cache.native", "caching on, native"),
+        ("nocache.native", "caching off, native"))
+
+
+def parse(run):
+    d = {"step": {}, "sync": {}, "mem": None}
+    try:
+        text = open(os.path.join(log, f"torch_step.{run}.out")).read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        f = line.split()
+        if not f:
+            continue
+        if f[0] == "STEP":
+            d["step"] = {k: float(v) for k, v in zip(f[1::2], f[2::2])}
+        elif f[0] == "SYNC":
+            d["sync"] = {k: float(v) for k, v in zip(f[1::2], f[2::2])}
+        elif f[0] == "MEM" and d["mem"] is None:
+            d["mem"] = dict(zip(f[1::2], f[2::2]))
+    return d
+
+
+def exit_json(run):
+    try:
+        return json.load(open(os.path.join(log, f"torch_step.{run}.json")))
+    except (OSError, ValueError):
+        return None
+
+
+def fmt(v, nd=2, unit=""):
+    return "n/a" if v is None else f"{v:.{nd}f}{unit}"
+
+
+res = {r: parse(r) for r, _ in RUNS}
+cache_ms = (res["cache.native"] or {}).get("step", {}).get("median_ms")
+out = ["| run | step ms: median (p10-p90) | over caching on | syncs per step | "
+       "peak device / peak requested |", "| --- | --- | --- | --- | --- |"]
+hook = {}
+for run, label in RUNS:
+    d = res[run]
+    if not d or not d["step"]:
+        out.append(f"| {label} | n/a | | | |")
+        continue
+    s = d["step"]
+    med = s.get("median_ms")
+    over = med / cache_ms if med and cache_ms else None
+    syncs = "-"
+    if run.endswith("hooked"):
+        if d["sync"]:
+            syncs = ", ".join(f"{k} {v:.2f}" for k, v in sorted(d["sync"].items()))
+        else:
+            j = exit_json(run) or {}
+            c = j.get("counters") or {}
+            n = s.get("steps", 0) + 5
+            tot = {k: v for k, v in c.items()
+                   if ("sync" in k or "wait" in k) and isinstance(v, (int, float))}
+            if tot and n:
+                syncs = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(tot.items())) + \
+                    " (exit JSON, whole run / steps)"
+                d["sync"] = {k: v / n for k, v in tot.items()}
+    ratio = None
+    m = d["mem"]
+    if m is None and run.endswith("hooked"):
+        g = (exit_json(run) or {}).get("gauges") or {}
+        pm = (g.get("bytes_mapped") or {}).get("peak") if isinstance(g.get("bytes_mapped"), dict) else None
+        pr = (g.get("bytes_requested") or {}).get("peak") if isinstance(g.get("bytes_requested"), dict) else None
+        if pm and pr:
+            m = {"peak_requested": pr, "peak_device": pm, "source": "hook-gauges(exit JSON)"}
+    if m:
+        try:
+            ratio = float(m["peak_device"]) / float(m["peak_requested"])
+        except (KeyError, ValueError, ZeroDivisionError):
+            ratio = None
+    mem = f"{fmt(ratio, 3)} ({int(float(m['peak_device'])) >> 20} / " \
+          f"{int(float(m['peak_requested'])) >> 20} MiB, {m.get('source', '?')})" if m and ratio else "n/a"
+    out.append(f"| {label} | {fmt(med)} ({fmt(s.get('p10_ms'))}-{fmt(s.get('p90_ms'))}) | "
+               f"{fmt(over, unit='x')} | {syncs} | {mem} |")
+    if run.endswith("hooked"):
+        hook = {"over": over, "sync": d["sync"], "ratio": ratio}
+
+
+def verdict(ok):
+    return "n/a" if ok is None else ("MET" if ok else "MISS")
+
+
+# The application threads' waits: a counter named for blocking (not non-blocking) or for the
+# foreground; without one, every sync/wait counter together (an upper bound).
+blocking = {k: v for k, v in (hook.get("sync") or {}).items()
+            if ("block" in k and "nonblock" not in k and "non_block" not in k)
+            or "foreground" in k}
+bsync = max(blocking.values()) if blocking else None
+bname = ", ".join(sorted(blocking)) if blocking else "no *block* counter: all sync/wait counters summed"
+if bsync is None and hook.get("sync"):
+    bsync = sum(hook["sync"].values())
+out += ["", "Targets (issue 14, caching off under the hook):", "",
+        "| target | value | verdict |", "| --- | --- | --- |",
+        f"| step time <= 1.15x caching on (native) | {fmt(hook.get('over'), unit='x')} | "
+        f"{verdict(None if hook.get('over') is None else hook['over'] <= 1.15)} |",
+        f"| blocking synchronizations per step <= 1 ({bname}) | {fmt(bsync)} | "
+        f"{verdict(None if bsync is None else bsync <= 1)} |",
+        f"| peak device memory <= 1.25x peak requested | {fmt(hook.get('ratio'), 3)} | "
+        f"{verdict(None if hook.get('ratio') is None else hook['ratio'] <= 1.25)} |"]
+print("\n".join(out))
+print(f"ROW|median ms: hook(off) {fmt((res['nocache.hooked'] or {}).get('step', {}).get('median_ms'))}, "
+      f"native on {fmt(cache_ms)}, native off "
+      f"{fmt((res['nocache.native'] or {}).get('step', {}).get('median_ms'))}; hook/on "
+      f"{fmt(hook.get('over'), unit='x')} (<=1.15 {verdict(None if hook.get('over') is None else hook['over'] <= 1.15)}); "
+      f"blocking syncs/step {fmt(bsync)} ({verdict(None if bsync is None else bsync <= 1)}); "
+      f"peak ratio {fmt(hook.get('ratio'), 3)} "
+      f"({verdict(None if hook.get('ratio') is None else hook['ratio'] <= 1.25)})")
