@@ -425,6 +425,56 @@ static void forked_child_has_no_reclaim_thread(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* Threads churn while the reclaim thread waits and the park limit makes them wait too (TSan
+ * runs this): every buffer keeps its contents while live, and nothing is lost. */
+static void *churn(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    const unsigned tag = seed; /* the contents' pattern (seed moves on) */
+    sim_set_current_device(0); /* a new thread has no context */
+    CUdeviceptr p[6] = {0};
+    size_t n[6] = {0};
+    for (int step = 0; step < 300; step++) {
+        int i = step % 6;
+        if (p[i]) {
+            if (!tu_check(p[i], n[i] < 4096 ? n[i] : 4096, tag + (unsigned)i))
+                return (void *)2;
+            if (vmh_heap_free(p[i], NULL, false) != CUDA_SUCCESS)
+                return (void *)3;
+        }
+        n[i] = rand_r(&seed) % 3 == 0 ? 3 * MiB : 512 + (size_t)rand_r(&seed) % 60000;
+        CUresult rc = vmh_heap_alloc(n[i], &p[i]);
+        if (rc != CUDA_SUCCESS) {
+            fprintf(stderr, "alloc %zu: %d\n", n[i], rc);
+            return (void *)4;
+        }
+        if (!tu_fill_try(p[i], n[i] < 4096 ? n[i] : 4096, tag + (unsigned)i))
+            return (void *)1;
+    }
+    for (int i = 0; i < 6; i++)
+        if (vmh_heap_free(p[i], NULL, false) != CUDA_SUCCESS)
+            return (void *)1;
+    return NULL;
+}
+
+static void threads_churn_with_the_reclaim_thread(void **state)
+{
+    (void)state;
+    reset(NULL, true, 8 * MiB);
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, churn, (void *)(uintptr_t)(i * 100 + 1)),
+                         0);
+    for (int i = 0; i < 4; i++) {
+        void *bad = (void *)1;
+        assert_int_equal(pthread_join(t[i], &bad), 0);
+        assert_int_equal((uintptr_t)bad, 0);
+    }
+    assert_true(vmh_reclaim_settle(5000));
+    assert_true(vmh_counter_get(VMH_STAT_syncs_background) >= 1);
+    assert_int_equal(sim_hazards(), 0);
+}
+
 /* ---- failures on the new paths ------------------------------------------------------------ */
 
 /* The reclaim thread's wait fails (each synchronize, push and pop in turn): nothing is released
@@ -528,6 +578,7 @@ int main(void)
         cmocka_unit_test_teardown(global_capture_keeps_frees_parked, teardown),
         cmocka_unit_test_teardown(relaxed_capture_allocation_without_sync, teardown),
         cmocka_unit_test_teardown(out_of_memory_during_capture_does_not_wait, teardown),
+        cmocka_unit_test_teardown(threads_churn_with_the_reclaim_thread, teardown),
         cmocka_unit_test_teardown(reclaim_thread_stops_at_exit, teardown),
         cmocka_unit_test_teardown(forked_child_has_no_reclaim_thread, teardown),
         cmocka_unit_test_teardown(background_wait_failures_are_retried, teardown),
