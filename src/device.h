@@ -1,7 +1,7 @@
 /* Heap layer 4a, the bottom of the heap: one device's shape and the owner records.
  *
  * A device record holds what every layer above needs and nothing of theirs: the ordinal, the
- * context parked frees are waited for on, the allocation properties and chunk granularity, the
+ * context it was first served in, the allocation properties and chunk granularity, the
  * usable bytes served (VMMHOOK_MEM_LIMIT) and how to make room when the driver runs out of
  * memory (a function the front sets: ownership as data, so this file never calls upwards).
  *
