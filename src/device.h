@@ -54,7 +54,7 @@ typedef bool (*vmh_relieve_fn)(vmh_dev_t *d);
 struct vmh_dev {
     int ordinal;
     bool unsupported; /* no VMM on this device: everything passes through */
-    CUcontext ctx;    /* the context waited on for parked frees */
+    CUcontext ctx;    /* the context first served in (reclaim waits on all of the device) */
     CUmemAllocationProp prop;
     CUmemAccessDesc access; /* the device's own read-write access (peers: handle.h) */
     size_t gran;            /* chunk granularity */
@@ -67,7 +67,7 @@ struct vmh_dev {
 /* The options this layer uses (granularity, handle type, RDMA, peers, limits). */
 void vmh_device_configure(const vmh_options_t *opt);
 
-/* Fills d for device `ordinal` (ctx: the context to wait on): properties, granularity (a handle
+/* Fills d for device `ordinal` (ctx: the context it is first served in): properties, granularity (a handle
  * type the driver refuses is reported here, once), VMMHOOK_PEERS grants (handle.h). A device
  * without VMM gets unsupported = true and CUDA_SUCCESS. */
 CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx);
