@@ -67,9 +67,9 @@ struct vmh_dev {
 /* The options this layer uses (granularity, handle type, RDMA, peers, limits). */
 void vmh_device_configure(const vmh_options_t *opt);
 
-/* Fills d for device `ordinal` (ctx: the context it is first served in): properties, granularity (a handle
- * type the driver refuses is reported here, once), VMMHOOK_PEERS grants (handle.h). A device
- * without VMM gets unsupported = true and CUDA_SUCCESS. */
+/* Fills d for device `ordinal` (ctx: the context it is first served in): properties,
+ * granularity (a handle type the driver refuses is reported here, once), VMMHOOK_PEERS grants
+ * (handle.h). A device without VMM gets unsupported = true and CUDA_SUCCESS. */
 CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx);
 
 /* Reserves n usable bytes within VMMHOOK_MEM_LIMIT; false (nothing taken) when they do not fit.
