@@ -8,6 +8,7 @@
 
 #include <assert.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <time.h>
 
 static const vmh_options_t *opt;
@@ -327,6 +328,20 @@ static void *reclaim_main(void *unused)
     return NULL;
 }
 
+/* The process exits: the thread stops before the CUDA runtime's own exit handlers release the
+ * contexts and before the driver library's destructors run (an exit handler registered after
+ * theirs runs before them; the library's destructor, vmh_heap_shutdown, would be too late for
+ * a driver loaded after it). Frees after this stay parked or wait on the allocating thread. */
+static void bg_stop_at_exit(void)
+{
+    vmh_reclaim_stop(true);
+}
+
+static void bg_register_exit(void)
+{
+    atexit(bg_stop_at_exit);
+}
+
 static void bg_start(void)
 {
     pthread_mutex_lock(&bg.lock);
@@ -338,9 +353,11 @@ static void bg_start(void)
         pthread_sigmask(SIG_SETMASK, &all, &old);
         int err = pthread_create(&bg.thread, NULL, reclaim_main, NULL);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (err == 0)
+        if (err == 0) {
             bg.running = true;
-        else
+            static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+            pthread_once(&exit_once, bg_register_exit);
+        } else
             vmh_log("cannot start the reclaim thread (error %d): freed memory is reclaimed by "
                     "allocating threads (VMMHOOK_PARK_LIMIT) and on out of memory", err);
     }
