@@ -261,6 +261,26 @@ static void out_of_memory_waits_and_retries(void **state)
     assert_int_equal(F.ctx_destroy(other), CUDA_SUCCESS);
 }
 
+/* Another allocator of the process runs out (here the native cuMemAlloc): the interposer
+ * calls vmh_heap_trim, which waits for the parked frees, gives them back, and the retried call
+ * succeeds, as natively. */
+static void trim_releases_parked_frees_for_another_allocator(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = 64 * MiB};
+    reset(&cfg, false, SIZE_MAX);
+    CUdeviceptr p, native = 0;
+    assert_int_equal(vmh_heap_alloc(44 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    const vmh_driver_t *drv = sim_table();
+    assert_int_equal(drv->cuMemAlloc(&native, 30 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_true(vmh_heap_trim() >= 44 * MiB);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 1);
+    assert_int_equal(sim_device_used(0), 0);
+    assert_int_equal(drv->cuMemAlloc(&native, 30 * MiB), CUDA_SUCCESS);
+    assert_int_equal(drv->cuMemFree(native), CUDA_SUCCESS);
+}
+
 /* VMMHOOK_FREE_SYNC=1: the free itself waits for every context, as native cudaFree. */
 static void free_sync_blocks_like_native(void **state)
 {
@@ -574,6 +594,7 @@ int main(void)
         cmocka_unit_test_teardown(steady_state_has_no_blocking_sync, teardown),
         cmocka_unit_test_teardown(park_limit_makes_the_allocating_thread_wait, teardown),
         cmocka_unit_test_teardown(out_of_memory_waits_and_retries, teardown),
+        cmocka_unit_test_teardown(trim_releases_parked_frees_for_another_allocator, teardown),
         cmocka_unit_test_teardown(free_sync_blocks_like_native, teardown),
         cmocka_unit_test_teardown(global_capture_keeps_frees_parked, teardown),
         cmocka_unit_test_teardown(relaxed_capture_allocation_without_sync, teardown),
