@@ -8,12 +8,13 @@
 #include <stddef.h>
 #include <stdlib.h>
 
-typedef enum big_state { BIG_UNUSED, BIG_LIVE, BIG_RESIZING, BIG_PARKED } big_state_t;
+typedef enum big_state { BIG_UNUSED, BIG_LIVE, BIG_RESIZING, BIG_PARKED, BIG_PAUSED } big_state_t;
 
 struct vmh_big {
     vmh_owner_t o;
     vmh_bigbufs_t *set; /* never changes once set */
     vmh_range_t *range;
+    vmh_paused_t *paused; /* while PAUSED (range NULL): where it was mapped, its backup */
     size_t req;      /* the size asked for */
     big_state_t state;
     bool growable;   /* from vmm_realloc: reserve headroom when it grows */
@@ -73,7 +74,8 @@ void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
     bb->reclaim = reclaim;
     bb->cache = cache;
     pthread_mutex_init(&bb->lock, NULL);
-    bb->live = bb->parked = bb->unused = (vmh_biglist_t){NULL, NULL, 0, 0};
+    bb->live = bb->parked = bb->unused = bb->paused = (vmh_biglist_t){NULL, NULL, 0, 0};
+    atomic_init(&bb->frozen, false);
     atomic_init(&bb->old_ranges, 0);
 }
 
@@ -172,7 +174,8 @@ static bool serve_range(vmh_bigbufs_t *bb, vmh_range_t *r, size_t size, bool gro
                         void *site)
 {
     pthread_mutex_lock(&bb->lock);
-    vmh_big_t *b = big_get_locked(bb);
+    /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
+    vmh_big_t *b = atomic_load(&bb->frozen) ? NULL : big_get_locked(bb);
     assert(!b || (b->state == BIG_UNUSED && !b->range));
     if (!b || !vmh_registry_set(r->base, r->size, b)) {
         if (b)
@@ -191,12 +194,17 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
     vmh_dev_t *d = bb->dev;
     size_t rounded;
     *no_address = false;
-    if (!vmh_round_up(size, d->gran, &rounded) || !vmh_dev_usable_take(d, rounded))
+    /* A paused tag takes no memory: refused before any memory is made (and again under the
+     * lock, in serve_range, for a pause that comes meanwhile). */
+    if (atomic_load(&bb->frozen) || !vmh_round_up(size, d->gran, &rounded) ||
+        !vmh_dev_usable_take(d, rounded))
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* Parked buffers are not waited for here (reclaim.h: the reclaim thread releases them to
      * the cache, the front waits past VMMHOOK_PARK_LIMIT, the device on out of memory). */
     vmh_range_t *hit = vmh_cache_take(bb->cache, rounded);
     if (hit) {
+        /* Once served, the range is the buffer's: a pause may swap it out at once. */
+        CUdeviceptr base = hit->base;
         if (!serve_range(bb, hit, size, growable, site)) {
             /* The registry already covered it: only a record can be missing. */
             vmh_dev_usable_give(d, hit->size);
@@ -205,7 +213,7 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         vmh_count(VMH_STAT_cache_hits, 1);
-        *out = hit->base;
+        *out = base;
         return CUDA_SUCCESS;
     }
 
@@ -218,12 +226,13 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
         vmh_dev_usable_give(d, rounded);
         return rc;
     }
+    CUdeviceptr base = r->base;
     if (!serve_range(bb, r, size, growable, site)) {
         vmh_range_destroy(r);
         vmh_dev_usable_give(d, rounded);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *out = r->base;
+    *out = base;
     return CUDA_SUCCESS;
 }
 
@@ -232,6 +241,18 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
 CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
 {
     vmh_bigbufs_t *bb = b->set;
+    if (b->state == BIG_PAUSED && p == b->paused->base) {
+        /* Its memory went at the pause: only the addresses are left to free (once). */
+        list_remove(&bb->paused, b);
+        vmh_registry_set(b->paused->base, b->paused->size, NULL);
+        vmh_dev_usable_give(bb->dev, b->paused->size);
+        vmh_paused_destroy(b->paused);
+        b->paused = NULL;
+        b->state = BIG_UNUSED;
+        list_push(&bb->unused, b);
+        *req = b->req;
+        return CUDA_SUCCESS;
+    }
     if (b->state != BIG_LIVE || p != b->range->base)
         return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
     /* An exported buffer is recycled like any other (native semantics: importers must close
@@ -250,6 +271,11 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
 
 bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info)
 {
+    if (b->state == BIG_PAUSED && p >= b->paused->base && p < b->paused->base + b->req) {
+        *info = (vmh_buffer_info_t){b->paused->base, b->req, b->paused->size,
+                                    b->o.dev->ordinal, false};
+        return true;
+    }
     if ((b->state != BIG_LIVE && b->state != BIG_RESIZING) || p < b->range->base ||
         p >= b->range->base + b->req)
         return false;
@@ -260,6 +286,8 @@ bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info
 
 CUresult vmh_bigbuf_export_locked(vmh_big_t *b, vmh_export_t *out, const vmh_range_t **range)
 {
+    if (b->state == BIG_PAUSED)
+        return CUDA_ERROR_NOT_PERMITTED;
     if (b->state != BIG_LIVE && b->state != BIG_RESIZING)
         return CUDA_ERROR_INVALID_VALUE;
     out->base = b->range->base;
@@ -347,6 +375,10 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
         pthread_mutex_unlock(&bb->lock);
         return CUDA_ERROR_NOT_FOUND; /* freed: nobody's buffer, as for a foreign pointer */
     }
+    if (b->state == BIG_PAUSED) {
+        pthread_mutex_unlock(&bb->lock);
+        return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
+    }
     if (b->state != BIG_LIVE || *p != b->range->base) {
         pthread_mutex_unlock(&bb->lock);
         return CUDA_ERROR_INVALID_VALUE;
@@ -418,11 +450,12 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     b->range = nr;
     b->req = size;
     b->state = BIG_LIVE;
+    CUdeviceptr base = nr->base; /* nr is the buffer's once unlocked (a pause may take it) */
     pthread_mutex_unlock(&bb->lock);
     vmh_count(move ? VMH_STAT_moves : VMH_STAT_grows_in_place, 1);
     if (!move)
         vmh_range_destroy(r); /* references only: nr holds every mapping */
-    *p = nr->base;
+    *p = base;
     if (move && !async)
         vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP); /* the old address goes once work is done */
     return CUDA_SUCCESS;
@@ -437,7 +470,44 @@ void vmh_bigbuf_for_each_live(vmh_bigbufs_t *bb,
     pthread_mutex_lock(&bb->lock);
     for (vmh_big_t *b = bb->live.head; b; b = b->next)
         cb(b->range->base, b->req, b->site, arg);
+    for (vmh_big_t *b = bb->paused.head; b; b = b->next)
+        cb(b->paused->base, b->req, b->site, arg);
     pthread_mutex_unlock(&bb->lock);
+}
+
+vmh_bigbufs_t *vmh_bigbuf_set_of(const vmh_big_t *b)
+{
+    return b->set;
+}
+
+CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_pause_visit_fn fn, void *arg)
+{
+    pthread_mutex_lock(&bb->lock);
+    /* Every live and paused buffer off its list, then each back on the list its state says
+     * after fn (a list's byte count follows the range a buffer had when it joined). */
+    vmh_biglist_t todo = {NULL, NULL, 0, 0};
+    vmh_biglist_t *from[] = {&bb->live, &bb->paused};
+    for (int l = 0; l < 2; l++) {
+        for (vmh_big_t *b = from[l]->head, *next; b; b = next) {
+            next = b->next;
+            if (b->state == BIG_RESIZING)
+                continue; /* its range is in a grow's hands */
+            list_remove(from[l], b);
+            list_push(&todo, b);
+        }
+    }
+    CUresult rc = CUDA_SUCCESS;
+    while (todo.head) {
+        vmh_big_t *b = todo.head;
+        list_remove(&todo, b);
+        if (rc == CUDA_SUCCESS)
+            rc = fn(&b->range, &b->paused, b->export_serial != 0, arg);
+        assert(!b->range != !b->paused);
+        b->state = b->range ? BIG_LIVE : BIG_PAUSED;
+        list_push(b->range ? &bb->live : &bb->paused, b);
+    }
+    pthread_mutex_unlock(&bb->lock);
+    return rc;
 }
 
 size_t vmh_bigbuf_parked_bytes(vmh_bigbufs_t *bb)
@@ -456,6 +526,10 @@ static void free_list(vmh_biglist_t *l)
             vmh_registry_set(b->range->base, b->range->size, NULL);
             vmh_range_destroy(b->range);
         }
+        if (b->paused) {
+            vmh_registry_set(b->paused->base, b->paused->size, NULL);
+            vmh_paused_destroy(b->paused);
+        }
         free(b);
     }
     *l = (vmh_biglist_t){NULL, NULL, 0, 0};
@@ -464,6 +538,7 @@ static void free_list(vmh_biglist_t *l)
 void vmh_bigbuf_destroy(vmh_bigbufs_t *bb)
 {
     free_list(&bb->live);
+    free_list(&bb->paused);
     free_list(&bb->parked);
     free_list(&bb->unused);
     pthread_mutex_destroy(&bb->lock);

@@ -63,13 +63,15 @@ bool vmh_capture_any(void);
  * skipped (vmh_ctx_forget waits for a wait in progress on it). */
 CUresult vmh_ctx_sync_device(int device);
 
-/* --- lifetime --- */
+/* --- fork --- */
 
-/* In the child of a fork, before anything else runs there (the lifetime module's pthread_atfork
- * child handler calls it): the locks are made anew (another thread of the parent may have held
- * one at the fork) and the waits and captures of the parent's other threads, which do not exist
- * in the child, are dropped, so that no report made in the child can block. The contexts are
- * kept (CUDA is not usable in the child anyway; the driver answers its calls). */
+/* In the child of a fork, before anything else runs there: the locks are made anew (another
+ * thread of the parent may have held one at the fork) and the waits and captures of the
+ * parent's other threads, which do not exist in the child, are dropped, so that no report made
+ * in the child can block. The contexts are kept (CUDA is not usable in the child anyway; the
+ * driver answers its calls). contexts.c registers it with pthread_atfork itself, at the first
+ * use of its locks: reports arrive from the program's first CUDA calls, before the library's
+ * start (lifetime.c), and a fork may come in between. */
 void vmh_contexts_after_fork_child(void);
 
 #ifdef VMH_TESTING

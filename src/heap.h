@@ -132,4 +132,21 @@ void vmh_heap_reset(void);
 unsigned vmh_heap_thread_shard(void);
 #endif
 
+/* Tags (pause.c): one device's memory of one tag. false when the device has none of it (or
+ * the heap is not running). The parts live as long as the heap. */
+struct vmh_bigbufs;
+struct vmh_packing;
+struct vmh_reclaim;
+typedef struct vmh_tag_parts {
+    vmh_dev_t *dev;
+    struct vmh_reclaim *reclaim;
+    struct vmh_bigbufs *big;
+    struct vmh_packing *pack;
+} vmh_tag_parts_t;
+bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out);
+
+/* Freezes (no buffer served) or thaws the tag's parts on every device, and every part made
+ * for the tag from now on starts as the tag's state says (tags.h). */
+void vmh_heap_tag_freeze(unsigned tag, bool frozen);
+
 #endif

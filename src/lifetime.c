@@ -6,6 +6,7 @@
 
 #include "driver.h"
 #include "heap.h"
+#include "pause.h"
 #include "stats.h"
 #include "testable.h"
 
@@ -35,6 +36,7 @@ static void start(void)
     /* the trace clock starts here, and the trace file exists from now */
     vmh_stats_configure(snapshot);
     vmh_heap_configure(snapshot);
+    vmh_pause_configure(snapshot);
     pthread_atfork(NULL, NULL, vmh_lifetime_fork_child);
     atomic_store(&start_done, true);
 }

@@ -115,7 +115,8 @@ static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool 
         e->o.lock = &s->lock;
         e->shard = s;
     }
-    if (e) {
+    /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
+    if (e && !atomic_load(&pk->frozen)) {
         e->range = r;
         e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
     }
@@ -156,7 +157,7 @@ static int shard_alloc(vmh_shard_t *s, size_t size, bool try, CUdeviceptr *out)
         pthread_mutex_lock(&s->lock);
     }
     uintptr_t p;
-    int rc = vmh_arena_alloc(s->arena, size, &p);
+    int rc = atomic_load(&s->pack->frozen) ? ENOMEM : vmh_arena_alloc(s->arena, size, &p);
     if (rc == 0) {
         *out = p;
         shard_note(s);
@@ -201,7 +202,8 @@ bool vmh_packing_has_parked(vmh_packing_t *pk)
 CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address)
 {
     size_t want;
-    if (!vmh_round_up(size, VMH_ARENA_ALIGN, &want) || !vmh_dev_usable_take(pk->dev, want))
+    if (atomic_load(&pk->frozen) || !vmh_round_up(size, VMH_ARENA_ALIGN, &want) ||
+        !vmh_dev_usable_take(pk->dev, want))
         return CUDA_ERROR_OUT_OF_MEMORY;
     unsigned home = vmh_packing_thread_shard();
     /* The thread's own shard, then free space in the others, and only then a new extent (in
@@ -283,6 +285,8 @@ CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, siz
     if (!vmh_arena_find(e->extent, p, &info) || info.base != p)
         return CUDA_ERROR_NOT_FOUND;
     *old_size = info.size;
+    if (e->paused)
+        return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
     /* The growth's usable bytes are taken first (VMMHOOK_MEM_LIMIT). */
     size_t want = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
     size_t extra = want > info.usable ? want - info.usable : 0;
@@ -309,6 +313,8 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
     vmh_block_info_t bi;
     if (!vmh_arena_find(e->extent, p, &bi))
         return CUDA_ERROR_INVALID_VALUE;
+    if (e->paused)
+        return CUDA_ERROR_NOT_PERMITTED;
     vmh_packed_export_t *x = exported_find_locked(s, bi.base); /* exported twice: listed once */
     if (!x) {
         if (s->nexported == s->exported_cap) {
@@ -347,7 +353,7 @@ size_t vmh_packing_trim(vmh_packing_t *pk)
         vmh_ext_t *e;
         pthread_mutex_lock(&s->lock);
         while ((e = vmh_arena_take_empty_extent(s->arena, &base, &size))) {
-            vmh_registry_set(e->range->base, e->range->size, NULL);
+            vmh_registry_set(base, size, NULL);
             if (e->prev)
                 e->prev->next = e->next;
             else
@@ -365,9 +371,13 @@ size_t vmh_packing_trim(vmh_packing_t *pk)
         if (!empty)
             continue;
         for (e = empty; e; e = e->next) {
-            bytes += e->range->size;
-            idle_gauge(-(int64_t)e->range->size);
+            if (e->range) {
+                bytes += e->range->size;
+                idle_gauge(-(int64_t)e->range->size);
+            }
             vmh_range_destroy(e->range);
+            vmh_paused_destroy(e->paused); /* emptied while paused: its addresses go */
+            e->paused = NULL;
             e->range = NULL;
             e->extent = NULL;
         }
@@ -378,6 +388,25 @@ size_t vmh_packing_trim(vmh_packing_t *pk)
         pthread_mutex_unlock(&s->lock);
     }
     return bytes;
+}
+
+CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)
+{
+    CUresult rc = CUDA_SUCCESS;
+    for (int i = 0; i < VMH_SHARDS && rc == CUDA_SUCCESS; i++) {
+        vmh_shard_t *s = &pk->shards[i];
+        pthread_mutex_lock(&s->lock);
+        for (vmh_ext_t *e = s->exts; e && rc == CUDA_SUCCESS; e = e->next) {
+            bool exported = false;
+            for (size_t x = 0; x < s->nexported && !exported; x++)
+                exported = s->exported[x].base - vmh_extent_base(e->extent) <
+                           vmh_extent_size(e->extent);
+            rc = fn(&e->range, &e->paused, exported, arg);
+            assert(!e->range != !e->paused);
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    return rc;
 }
 
 size_t vmh_packing_idle_bytes(vmh_packing_t *pk)
@@ -407,8 +436,9 @@ void vmh_packing_destroy(vmh_packing_t *pk)
         vmh_shard_t *s = &pk->shards[k];
         for (vmh_ext_t *e = s->exts, *next; e; e = next) {
             next = e->next;
-            vmh_registry_set(e->range->base, e->range->size, NULL);
+            vmh_registry_set(vmh_extent_base(e->extent), vmh_extent_size(e->extent), NULL);
             vmh_range_destroy(e->range);
+            vmh_paused_destroy(e->paused);
             free(e);
         }
         for (vmh_ext_t *e = s->spare, *next; e; e = next) {

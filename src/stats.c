@@ -9,6 +9,7 @@
  * formatted on the stack and written with one write(2) each, and errno is preserved for the
  * interposed callers. */
 #include "stats.h"
+#include "tags.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -536,6 +537,7 @@ static void report_table(void)
                 (unsigned long long)atomic_load(&leak_count),
                 vmh_fmt_bytes(b, sizeof(b), atomic_load(&leak_bytes)));
     }
+    vmh_tags_report_table();
 }
 
 /* A bounded string builder on the caller's stack. */
@@ -574,7 +576,13 @@ static void report_json(void)
         sb_printf(&b, "    \"%s\": {\"current\": %lld, \"peak\": %lld}%s\n", gauge_names[i],
                   (long long)vmh_gauge_get((vmh_gauge_t)i),
                   (long long)vmh_gauge_peak((vmh_gauge_t)i), i + 1 < VMH_GAUGE_COUNT ? "," : "");
-    sb_printf(&b, "  },\n");
+    sb_printf(&b, "  },\n  \"tags\": ");
+    if (!b.overflow) {
+        size_t need = vmh_tags_json(b.p + b.len, b.cap - b.len, 4);
+        b.overflow = need >= b.cap - b.len;
+        b.len += b.overflow ? 0 : need;
+    }
+    sb_printf(&b, ",\n");
     if (atomic_load(&leak_ran))
         sb_printf(&b, "  \"leaks\": {\"count\": %llu, \"bytes\": %llu}\n}\n",
                   (unsigned long long)atomic_load(&leak_count),

@@ -3,15 +3,6 @@
  * the native allocator, pointer queries, IPC, errors, the table, cuGetProcAddress and fork. */
 #include "simint.h"
 
-#include <errno.h>
-#include <limits.h>
-#include <stdarg.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #define VA_BASE 0x100000000000ULL /* 16 TiB: reservations */
 #define VA_MAX_SIZE (64ULL * TiB)
 #define NAT_BASE 0x500000000000ULL /* 80 TiB: native blocks */

@@ -7,11 +7,6 @@
  * write it when they land, so freeing or unregistering it while one is queued is a hazard. */
 #include "simint.h"
 
-#include <errno.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-
 /* CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED */
 #define HOSTALLOC_FLAGS 0x7u
 /* CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY */

@@ -10,9 +10,17 @@
 
 #include "simdrv.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 /* Every entry point the simulation implements: X(plain cuda.h name, params); cuda.h's
  * versioning macros turn the name into the versioned one (cuMemAlloc -> cuMemAlloc_v2) wherever
@@ -155,6 +163,54 @@ SIM_FUNCS(SIM_PROTO)
 /* Everything below is internal to the simulation: hidden, so that the fake libcuda exports
  * only driver names and the sim_* test API. */
 #pragma GCC visibility push(hidden)
+
+/* The internals' short names, spelled with the sim_ prefix in the object files: the unit tests
+ * link the simulation beside the library's own layers, whose names must never collide with
+ * these. (Every system header the sim uses is included above, before these macros.) */
+#define S sim_state_
+#define T sim_thread_
+#define die sim_die_
+#define reject sim_reject_
+#define xcalloc sim_xcalloc_
+#define xrealloc sim_xrealloc_
+#define gran sim_gran_
+#define ndev sim_ndev_
+#define overlaps sim_overlaps_
+#define vec_upper sim_vec_upper_
+#define vec_find sim_vec_find_
+#define vec_exact sim_vec_exact_
+#define vec_insert sim_vec_insert_
+#define vec_remove sim_vec_remove_
+#define vec_range_free sim_vec_range_free_
+#define check_range sim_check_range_
+#define do_write sim_do_write_
+#define do_read sim_do_read_
+#define do_copy sim_do_copy_
+#define native_new sim_native_new_
+#define native_destroy sim_native_destroy_
+#define round512 sim_round512_
+#define cur_ctx sim_cur_ctx_
+#define cur_dev sim_cur_dev_
+#define need_ctx sim_need_ctx_
+#define ctx_valid sim_ctx_valid_
+#define is_default_stream sim_is_default_stream_
+#define stream_ctx sim_stream_ctx_
+#define capture_allows sim_capture_allows_
+#define stream_capturing sim_stream_capturing_
+#define contexts_wipe sim_contexts_wipe_
+#define ctx_release_resources sim_ctx_release_resources_
+#define ctx_sync sim_ctx_sync_
+#define stream_free sim_stream_free_
+#define work_land_ctx sim_work_land_ctx_
+#define work_land_stream sim_work_land_stream_
+#define work_land_all sim_work_land_all_
+#define work_forget_stream sim_work_forget_stream_
+#define hazard_check sim_hazard_check_
+#define hazard_check_host sim_hazard_check_host_
+#define work_queue sim_work_queue_
+#define work_wipe sim_work_wipe_
+#define host_range_pinned sim_host_range_pinned_
+#define hosts_wipe sim_hosts_wipe_
 
 #define KiB (1024ULL)
 #define MiB (1024ULL * KiB)
@@ -374,7 +430,7 @@ CUresult native_new(const char *what, CUcontext ctx, size_t size, size_t charged
 void native_destroy(sim_native_t *n);
 size_t round512(size_t n);
 
-/* contexts and capture (simctx.c) */
+/* contexts (simctx.c), streams and capture (simstream.c) */
 CUcontext cur_ctx(void);          /* top of this thread's stack, live or destroyed; NULL: none */
 int cur_dev(void);                /* the current live context's device, -1 when none */
 CUresult need_ctx(CUcontext *out); /* INVALID_CONTEXT / CONTEXT_IS_DESTROYED */
@@ -398,6 +454,8 @@ CUresult stream_ctx(CUstream s, const char *what, CUcontext *out);
 CUresult capture_allows(const char *what);
 bool stream_capturing(CUstream s); /* a named stream with a capture under way (or invalidated) */
 void contexts_wipe(void);          /* frees created contexts, graphs, streams (sim_reset) */
+void ctx_sync(CUcontext ctx);      /* a synchronization the capture rule allowed: lands, counts */
+void stream_free(struct CUstream_st *s); /* its work in flight stays with its context */
 void ctx_release_resources(CUcontext c); /* lands its work, frees its natives and streams */
 
 /* work in flight (simwork.c) */

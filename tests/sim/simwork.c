@@ -13,9 +13,6 @@
  * recorded into the capture and never runs. */
 #include "simint.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 static bool touches_device(const sim_op_t *o, CUdeviceptr p, size_t n)
 {
     bool dst = o->kind != OP_DTOH && overlaps(o->dst, o->n, p, n);

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -706,13 +707,13 @@ static void test_managed_and_pool(void **state)
 
 /* ---- fork --------------------------------------------------------------------------------- */
 
-static volatile int churning;
+static atomic_int churning;
 
 static void *churn(void *arg)
 {
     (void)arg;
     sim_set_current_device(0);
-    while (churning) {
+    while (atomic_load(&churning)) {
         CUdeviceptr p = 0;
         if (D->cuMemAlloc(&p, 4096) == CUDA_SUCCESS)
             D->cuMemFree(p);
@@ -725,7 +726,7 @@ static void *churn(void *arg)
  * many children did not exit with 0. */
 static int fork_children(int n, CUresult want)
 {
-    churning = 1;
+    atomic_store(&churning, 1);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, churn, NULL), 0);
     int bad = 0;
@@ -743,7 +744,7 @@ static int fork_children(int n, CUresult want)
         waitpid(pid, &status, 0);
         bad += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
-    churning = 0;
+    atomic_store(&churning, 0);
     pthread_join(th, NULL);
     return bad;
 }
