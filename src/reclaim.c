@@ -3,6 +3,7 @@
 #include "reclaim.h"
 
 #include "contexts.h"
+#include "driver.h"
 #include "log.h"
 #include "stats.h"
 
@@ -296,6 +297,13 @@ static void nap_locked(long ns)
 static void *reclaim_main(void *unused)
 {
     (void)unused;
+    /* Relaxed capture interaction mode: by the driver's rule, another thread's capture then
+     * never makes this thread's synchronize a refused (and capture-invalidating) call. The
+     * look at vmh_capture_any() below still keeps it from synchronizing during a capture; this
+     * covers a capture that begins between that look and the synchronize. */
+    CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
+        vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
     int next = 0;
     pthread_mutex_lock(&bg.lock);
     while (!bg.stopping) {

@@ -124,6 +124,8 @@ static void late_write_run(bool background)
         assert_true(vmh_reclaim_settle(5000));
         assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 0);
         assert_true(vmh_counter_get(VMH_STAT_syncs_background) >= 1);
+        /* The thread put itself in relaxed capture interaction mode (reclaim.c). */
+        assert_int_equal(sim_calls("cuThreadExchangeStreamCaptureMode"), 1);
     }
     for (int i = 0; i < 4; i++) {
         assert_int_equal(vmh_heap_alloc(n, &q[i]), CUDA_SUCCESS);
@@ -350,6 +352,30 @@ static void global_capture_keeps_frees_parked(void **state)
     assert_true(again == before || again == during);
     assert_int_equal(vmh_heap_free(again, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(fresh, NULL, false), CUDA_SUCCESS);
+}
+
+/* Captures begin and end again and again while the reclaim thread has work: none is refused a
+ * call or invalidated. (A stress test: a capture that begins between the thread's look at the
+ * captures and its synchronize is covered by the thread's relaxed interaction mode, but that
+ * window is too narrow to be hit on purpose here.) */
+static void captures_race_the_reclaim_thread(void **state)
+{
+    (void)state;
+    reset(NULL, true, SIZE_MAX);
+    CUdeviceptr p[8];
+    for (int round = 0; round < 200; round++) {
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(vmh_heap_alloc(i % 2 ? 2 * MiB : 3000, &p[i]), CUDA_SUCCESS);
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+        CUstream s = begin_capture(CU_STREAM_CAPTURE_MODE_GLOBAL);
+        for (int i = 4; i < 8; i++)
+            assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+        end_capture_ok(s);
+    }
+    assert_int_equal(sim_capture_refusals(), 0);
+    assert_true(vmh_reclaim_settle(5000));
+    assert_true(vmh_counter_get(VMH_STAT_syncs_background) >= 1);
 }
 
 /* cudaMalloc in relaxed mode during a capture (PyTorch's graph pools): served from fresh memory
@@ -598,6 +624,7 @@ int main(void)
         cmocka_unit_test_teardown(free_sync_blocks_like_native, teardown),
         cmocka_unit_test_teardown(global_capture_keeps_frees_parked, teardown),
         cmocka_unit_test_teardown(relaxed_capture_allocation_without_sync, teardown),
+        cmocka_unit_test_teardown(captures_race_the_reclaim_thread, teardown),
         cmocka_unit_test_teardown(out_of_memory_during_capture_does_not_wait, teardown),
         cmocka_unit_test_teardown(threads_churn_with_the_reclaim_thread, teardown),
         cmocka_unit_test_teardown(reclaim_thread_stops_at_exit, teardown),
