@@ -367,7 +367,8 @@ static void bg_start(void)
             pthread_once(&exit_once, bg_register_exit);
         } else
             vmh_log("cannot start the reclaim thread (error %d): freed memory is reclaimed by "
-                    "allocating threads (VMMHOOK_PARK_LIMIT) and on out of memory", err);
+                    "allocating threads (VMMHOOK_PARK_LIMIT) and on out of memory",
+                    err);
     }
     /* Tried once: a failed start is not tried again at every park. */
     atomic_store_explicit(&bg.started, true, memory_order_release);

@@ -51,7 +51,7 @@ typedef size_t (*vmh_release_fn)(vmh_parked_t *item, uint64_t passed);
 struct vmh_parked {
     vmh_release_fn release;
     uint64_t gen;
-    atomic_bool queued; /* parked and not yet taken for release */
+    atomic_bool queued;        /* parked and not yet taken for release */
     vmh_parked_t *prev, *next; /* the queue (its lock) */
     /* The list of items taken for one release (under the wait lock): a separate link, as
      * another thread may park an item again before its release runs. */

@@ -211,8 +211,7 @@ static void steady_state_has_no_blocking_sync(void **state)
     assert_true(vmh_reclaim_thread_running());
     assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 0);
     assert_true(vmh_counter_get(VMH_STAT_syncs_background) >= 20);
-    assert_int_equal(vmh_counter_get(VMH_STAT_syncs),
-                     vmh_counter_get(VMH_STAT_syncs_background));
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs), vmh_counter_get(VMH_STAT_syncs_background));
     assert_int_equal(sim_calls("cuMemCreate"), 0);
     assert_int_equal(sim_calls("cuMemMap"), 0);
 }
@@ -509,8 +508,7 @@ static void threads_churn_with_the_reclaim_thread(void **state)
     reset(NULL, true, 8 * MiB);
     pthread_t t[4];
     for (int i = 0; i < 4; i++)
-        assert_int_equal(pthread_create(&t[i], NULL, churn, (void *)(uintptr_t)(i * 100 + 1)),
-                         0);
+        assert_int_equal(pthread_create(&t[i], NULL, churn, (void *)(uintptr_t)(i * 100 + 1)), 0);
     for (int i = 0; i < 4; i++) {
         void *bad = (void *)1;
         assert_int_equal(pthread_join(t[i], &bad), 0);
@@ -528,8 +526,7 @@ static void threads_churn_with_the_reclaim_thread(void **state)
 static void background_wait_failures_are_retried(void **state)
 {
     (void)state;
-    static const char *const calls[] = {"cuCtxSynchronize", "cuCtxPushCurrent",
-                                        "cuCtxPopCurrent"};
+    static const char *const calls[] = {"cuCtxSynchronize", "cuCtxPushCurrent", "cuCtxPopCurrent"};
     for (size_t c = 0; c < sizeof calls / sizeof *calls; c++) {
         reset(NULL, true, SIZE_MAX);
         CUcontext other = second_context();
@@ -567,9 +564,9 @@ static void oom_wait_failure_sweep(void **state)
     for (size_t nth = 0;; nth++) {
         /* Undo calls are not failed (DESIGN.md: the driver does not refuse them for its own
          * objects; test_sweep.c does the same). */
-        if (nth > 0 && (!strcmp(names[nth - 1], "cuMemUnmap") ||
-                        !strcmp(names[nth - 1], "cuMemAddressFree") ||
-                        !strcmp(names[nth - 1], "cuMemRelease"))) {
+        if (nth > 0 &&
+            (!strcmp(names[nth - 1], "cuMemUnmap") || !strcmp(names[nth - 1], "cuMemAddressFree") ||
+             !strcmp(names[nth - 1], "cuMemRelease"))) {
             if (nth == total)
                 break;
             continue;
