@@ -345,9 +345,19 @@ static void bg_stop_at_exit(void)
     vmh_reclaim_stop(true);
 }
 
+/* In a child forked after the thread's first start: the thread does not exist there (and its
+ * lock may have been held at the fork). lifetime.c tells the heap too (vmh_reclaim_forked_child),
+ * but a fork the lifetime does not see (its handler is installed at the first interposed call)
+ * must not make the child join a thread it does not have at its exit. Atomics only. */
+static void bg_forked_child(void)
+{
+    atomic_store(&bg.in_child, true);
+}
+
 static void bg_register_exit(void)
 {
     atexit(bg_stop_at_exit);
+    pthread_atfork(NULL, NULL, bg_forked_child);
 }
 
 static void bg_start(void)
@@ -402,7 +412,7 @@ void vmh_reclaim_stop(bool for_good)
 
 void vmh_reclaim_forked_child(void)
 {
-    atomic_store(&bg.in_child, true);
+    bg_forked_child();
 }
 
 bool vmh_reclaim_thread_running(void)
