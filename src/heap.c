@@ -164,34 +164,16 @@ static CUresult dev_by_ordinal(int ordinal, CUcontext ctx, hdev_t **out)
     return rc;
 }
 
-/* Makes sure contexts.c knows ctx, the calling thread's current context, so that waits before
- * reuse cover it: one thread-local comparison in steady state. A context made current behind
- * the interposer's back (a driver callback, the unit tests) is found here too. */
-static void note_current_context(CUcontext ctx, int dev)
-{
-    CUcontext cached;
-    int cached_dev;
-    if (vmh_ctx_current(&cached, &cached_dev) != CUDA_SUCCESS || cached != ctx) {
-        vmh_ctx_current_changed();
-        vmh_ctx_seen(ctx, dev);
-    }
-}
-
-/* The current context's device. */
+/* The current context's device: no driver call in steady state (contexts.h keeps the calling
+ * thread's current context as the interposer sees it change). */
 static CUresult dev_current(hdev_t **out)
 {
     CUcontext ctx = NULL;
-    CUdevice dev;
-    CUresult rc = vmh_drv.cuCtxGetCurrent(&ctx);
+    int dev;
+    CUresult rc = vmh_ctx_current(&ctx, &dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!ctx)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    rc = vmh_drv.cuCtxGetDevice(&dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    note_current_context(ctx, (int)dev);
-    return dev_by_ordinal((int)dev, ctx, out);
+    return dev_by_ordinal(dev, ctx, out);
 }
 
 static bool running(void)

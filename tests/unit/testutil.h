@@ -25,6 +25,16 @@
 #include "simdrv.h"
 #include "stats.h"
 
+/* The unit suites have no interposer to report context changes to contexts.h (whose cache of
+ * the calling thread's context the heap reads): a test that makes a context current reports
+ * it as the interposer would. */
+static inline void tu_set_current_device(int dev)
+{
+    sim_set_current_device(dev);
+    vmh_ctx_current_changed();
+}
+#define sim_set_current_device(dev) tu_set_current_device(dev)
+
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
 #define GRAN (2 * MiB)
@@ -35,6 +45,7 @@ static inline void tu_reset(const sim_config_t *cfg)
     vmh_heap_reset();
     vmh_contexts_reset(); /* the contexts of the previous simulated driver are gone */
     sim_reset(cfg);
+    vmh_ctx_current_changed(); /* the contexts the thread knew are gone */
     vmh_driver_install(sim_table());
     vmh_options_defaults(&vmh_opt);
     vmh_heap_configure(&vmh_opt); /* the tests change vmh_opt's fields after this */
