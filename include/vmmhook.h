@@ -33,6 +33,12 @@ typedef enum vmm_status {
     VMM_ERR_SIZE = 6,          /* size overflows once rounded to the granularity */
     VMM_ERR_NO_DRIVER = 7,     /* no CUDA driver, no current context, or the library is disabled */
     VMM_ERR_DRIVER = 8,        /* the driver failed otherwise; vmm_last_driver_error() tells */
+    VMM_ERR_PAUSED = 9,        /* the tag (or the buffer's tag) is paused: nothing was done */
+    VMM_ERR_NOT_PAUSED = 10,   /* vmm_resume of a tag that is not paused: nothing was done */
+    VMM_ERR_LIMIT = 11,        /* too many tags, or tags nested too deep */
+    VMM_ERR_UNKNOWN_TAG = 12,  /* no tag of that name has ever been pushed */
+    VMM_ERR_CAPTURING = 13,    /* a CUDA stream capture is in progress in the process: pausing or
+                                  resuming (which must wait for the device) would break it */
     VMM_STATUS_COUNT
 } vmm_status;
 
@@ -70,6 +76,60 @@ const char *vmm_status_string(vmm_status status);
 
 /* The last driver code (CUresult value) behind VMM_ERR_DRIVER on this thread. */
 int vmm_last_driver_error(void);
+
+/* ---- Tags, pause and resume (docs/SLEEP.md) ----
+ *
+ * Every buffer the library serves belongs to a tag: the tag on top of the allocating thread's
+ * tag stack when it was allocated, "default" when the stack is empty. Memory of one tag never
+ * shares a physical chunk with another tag's, so a tag's memory can be given back alone. */
+
+/* Longest tag name (bytes, without the terminating NUL), most tags in a process (including
+ * "default"), and the deepest nesting of vmm_tag_push per thread. */
+#define VMM_TAG_NAME_MAX 31
+#define VMM_TAGS_MAX 32
+#define VMM_TAG_DEPTH_MAX 16
+
+/* Makes `name` the calling thread's current tag until the matching vmm_tag_pop. A name is
+ * registered the first time it is pushed. VMM_ERR_INVALID: name NULL, empty or longer than
+ * VMM_TAG_NAME_MAX; VMM_ERR_LIMIT: VMM_TAGS_MAX names exist already or the thread's stack is
+ * VMM_TAG_DEPTH_MAX deep. */
+vmm_status vmm_tag_push(const char *name);
+
+/* Returns to the tag below. VMM_ERR_INVALID when the thread's stack is empty. */
+vmm_status vmm_tag_pop(void);
+
+/* vmm_pause flag: copy each buffer's contents to pinned host memory first; vmm_resume writes
+ * them back. Without it the contents are lost (resume gives fresh, uninitialised memory). */
+#define VMM_PAUSE_BACKUP 1u
+
+/* Gives the physical memory of every buffer of `tag` (NULL: of every tag) back to the driver
+ * while keeping every address reserved: pointers stay valid as numbers, but a kernel or a copy
+ * that touches a paused buffer faults (an illegal address), as it would with any unmapped
+ * memory. Waits first for all work queued on the tag's devices (a context synchronize), then
+ * unmaps and releases; idle cached memory is released too. While paused the tag takes no new
+ * memory: allocations in it are refused (out of memory); frees of its buffers work. Buffers
+ * exported to another process stay mapped (docs/SLEEP.md).
+ * VMM_ERR_PAUSED: the named tag is paused already (nothing done; with NULL, paused tags are
+ * skipped); VMM_ERR_UNKNOWN_TAG; VMM_ERR_INVALID: unknown flags; VMM_ERR_NO_MEMORY: no host
+ * memory for a backup; VMM_ERR_DRIVER: a copy or the wait failed; VMM_ERR_CAPTURING: a stream
+ * capture is in progress (nothing done). After a failure the tag is
+ * running again with its contents (if even that fails, it stays paused: resume it). */
+vmm_status vmm_pause(const char *tag, unsigned flags);
+
+/* Maps new physical memory at exactly the addresses of the tag's paused buffers (NULL: every
+ * paused tag), restores access for every device that had it (and for peers granted since),
+ * and restores the contents of a VMM_PAUSE_BACKUP pause. VMM_ERR_NO_MEMORY: the device has no
+ * room: nothing of the tag is left mapped, the tag stays paused with its backup, and the call
+ * may be retried once memory is free. VMM_ERR_CAPTURING as for vmm_pause.
+ * VMM_ERR_NOT_PAUSED: the named tag is not paused
+ * (nothing done; with NULL, running tags are skipped); VMM_ERR_UNKNOWN_TAG. */
+vmm_status vmm_resume(const char *tag);
+
+/* The library's statistics as one JSON object, the per-tag figures under "tags" (requested,
+ * mapped, paused and backed-up bytes; pause and resume counts and total nanoseconds). Writes at
+ * most len bytes including the NUL (buf may be NULL when len is 0) and returns the length the
+ * whole text needs without the NUL, as snprintf does; -1 when the library is not working. */
+int vmm_stats_json(char *buf, size_t len);
 
 /* PyTorch CUDAPluggableAllocator entry points (the ABI torch.cuda.memory loads):
  *   torch.cuda.memory.CUDAPluggableAllocator("libvmmhook.so", "vmm_torch_alloc", "vmm_torch_free")

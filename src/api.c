@@ -28,6 +28,8 @@ static vmm_status to_status(CUresult rc, bool no_address)
         return VMM_ERR_INTERIOR;
     case CUDA_ERROR_OUT_OF_MEMORY:
         return no_address ? VMM_ERR_NO_ADDRESS : VMM_ERR_NO_MEMORY;
+    case CUDA_ERROR_NOT_PERMITTED: /* the heap's answer for a paused buffer (pause.c) */
+        return VMM_ERR_PAUSED;
     case CUDA_ERROR_INVALID_CONTEXT:
     case CUDA_ERROR_NOT_SUPPORTED:
     case CUDA_ERROR_NOT_INITIALIZED:
@@ -103,6 +105,11 @@ VMM_API const char *vmm_status_string(vmm_status status)
         [VMM_ERR_SIZE] = "size too large",
         [VMM_ERR_NO_DRIVER] = "no CUDA driver or context, or libvmmhook disabled",
         [VMM_ERR_DRIVER] = "CUDA driver error (see vmm_last_driver_error)",
+        [VMM_ERR_PAUSED] = "the tag is paused",
+        [VMM_ERR_NOT_PAUSED] = "the tag is not paused",
+        [VMM_ERR_LIMIT] = "too many tags, or tags nested too deep",
+        [VMM_ERR_UNKNOWN_TAG] = "no tag of that name",
+        [VMM_ERR_CAPTURING] = "a CUDA stream capture is in progress",
     };
     return (unsigned)status < VMM_STATUS_COUNT ? text[status] : "unknown status";
 }

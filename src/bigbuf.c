@@ -8,12 +8,13 @@
 #include <stddef.h>
 #include <stdlib.h>
 
-typedef enum big_state { BIG_UNUSED, BIG_LIVE, BIG_RESIZING, BIG_PARKED } big_state_t;
+typedef enum big_state { BIG_UNUSED, BIG_LIVE, BIG_RESIZING, BIG_PARKED, BIG_PAUSED } big_state_t;
 
 struct vmh_big {
     vmh_owner_t o;
     vmh_bigbufs_t *set; /* never changes once set */
     vmh_range_t *range;
+    vmh_paused_t *paused; /* while PAUSED (range NULL): where it was mapped, its backup */
     size_t req;      /* the size asked for */
     big_state_t state;
     bool growable;   /* from vmm_realloc: reserve headroom when it grows */
@@ -73,7 +74,8 @@ void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
     bb->reclaim = reclaim;
     bb->cache = cache;
     pthread_mutex_init(&bb->lock, NULL);
-    bb->live = bb->parked = bb->unused = (vmh_biglist_t){NULL, NULL, 0, 0};
+    bb->live = bb->parked = bb->unused = bb->paused = (vmh_biglist_t){NULL, NULL, 0, 0};
+    atomic_init(&bb->frozen, false);
     atomic_init(&bb->old_ranges, 0);
 }
 
@@ -82,7 +84,7 @@ void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
 /* A parked buffer's reclaim item: the GPU is past its free; its range goes to the cache (which
  * marks it idle in the registry) before the record is recycled, so that a registry reader never
  * finds the record serving another range at this address. */
-static void big_release(vmh_parked_t *item, uint64_t passed)
+static size_t big_release(vmh_parked_t *item, uint64_t passed)
 {
     (void)passed;
     vmh_big_t *b = (vmh_big_t *)((char *)item - offsetof(vmh_big_t, parked_item));
@@ -92,15 +94,19 @@ static void big_release(vmh_parked_t *item, uint64_t passed)
     list_remove(&bb->parked, b);
     vmh_range_t *r = b->range;
     pthread_mutex_unlock(&bb->lock);
+    size_t bytes = r->size;
     vmh_cache_put(bb->cache, r);
     pthread_mutex_lock(&bb->lock);
     b->range = NULL;
     b->state = BIG_UNUSED;
     list_push(&bb->unused, b);
     pthread_mutex_unlock(&bb->lock);
+    return bytes;
 }
 
-static void old_release(vmh_parked_t *item, uint64_t passed)
+/* Old ranges count no parked bytes: a move's old range shares its chunks with the new one, and
+ * a shrink's tail is given back by a blocking realloc's own wait or within one reclaim. */
+static size_t old_release(vmh_parked_t *item, uint64_t passed)
 {
     (void)passed;
     old_range_t *o = (old_range_t *)((char *)item - offsetof(old_range_t, parked_item));
@@ -108,6 +114,7 @@ static void old_release(vmh_parked_t *item, uint64_t passed)
     vmh_range_destroy(o->range);
     atomic_fetch_sub(&o->set->old_ranges, 1);
     free(o);
+    return 0;
 }
 
 /* Leaves range r to be destroyed once work queued so far is done, [dead, +dead_len) marked
@@ -125,7 +132,7 @@ static CUresult park_range_locked(vmh_bigbufs_t *bb, vmh_range_t *r, CUdeviceptr
     o->dead_len = dead_len;
     vmh_registry_set(dead, dead_len, &vmh_owner_dead);
     atomic_fetch_add(&bb->old_ranges, 1);
-    vmh_reclaim_park(bb->reclaim, &o->parked_item, vmh_reclaim_now(bb->reclaim));
+    vmh_reclaim_park(bb->reclaim, &o->parked_item, vmh_reclaim_now(bb->reclaim), 0);
     return CUDA_SUCCESS;
 }
 
@@ -167,7 +174,8 @@ static bool serve_range(vmh_bigbufs_t *bb, vmh_range_t *r, size_t size, bool gro
                         void *site)
 {
     pthread_mutex_lock(&bb->lock);
-    vmh_big_t *b = big_get_locked(bb);
+    /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
+    vmh_big_t *b = atomic_load(&bb->frozen) ? NULL : big_get_locked(bb);
     assert(!b || (b->state == BIG_UNUSED && !b->range));
     if (!b || !vmh_registry_set(r->base, r->size, b)) {
         if (b)
@@ -186,25 +194,27 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
     vmh_dev_t *d = bb->dev;
     size_t rounded;
     *no_address = false;
-    if (!vmh_round_up(size, d->gran, &rounded) || !vmh_dev_usable_take(d, rounded))
+    /* A paused tag takes no memory: refused before any memory is made (and again under the
+     * lock, in serve_range, for a pause that comes meanwhile). */
+    if (atomic_load(&bb->frozen) || !vmh_round_up(size, d->gran, &rounded) ||
+        !vmh_dev_usable_take(d, rounded))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    for (int attempt = 0;; attempt++) {
-        vmh_range_t *r = vmh_cache_take(bb->cache, rounded);
-        if (r) {
-            if (!serve_range(bb, r, size, growable, site)) {
-                /* The registry already covered it: only a record can be missing. */
-                vmh_dev_usable_give(d, r->size);
-                vmh_cache_put(bb->cache, r);
-                idle_gauge((int64_t)r->size);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            vmh_count(VMH_STAT_cache_hits, 1);
-            *out = r->base;
-            return CUDA_SUCCESS;
+    /* Parked buffers are not waited for here (reclaim.h: the reclaim thread releases them to
+     * the cache, the front waits past VMMHOOK_PARK_LIMIT, the device on out of memory). */
+    vmh_range_t *hit = vmh_cache_take(bb->cache, rounded);
+    if (hit) {
+        /* Once served, the range is the buffer's: a pause may swap it out at once. */
+        CUdeviceptr base = hit->base;
+        if (!serve_range(bb, hit, size, growable, site)) {
+            /* The registry already covered it: only a record can be missing. */
+            vmh_dev_usable_give(d, hit->size);
+            vmh_cache_put(bb->cache, hit);
+            idle_gauge((int64_t)hit->size);
+            return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        if (!vmh_reclaim_pending(bb->reclaim) || attempt > 0 ||
-            vmh_reclaim_wait(bb->reclaim) != CUDA_SUCCESS)
-            break;
+        vmh_count(VMH_STAT_cache_hits, 1);
+        *out = base;
+        return CUDA_SUCCESS;
     }
 
     /* A miss: recycle idle memory before asking for more (cache.h). */
@@ -216,12 +226,13 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
         vmh_dev_usable_give(d, rounded);
         return rc;
     }
+    CUdeviceptr base = r->base;
     if (!serve_range(bb, r, size, growable, site)) {
         vmh_range_destroy(r);
         vmh_dev_usable_give(d, rounded);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *out = r->base;
+    *out = base;
     return CUDA_SUCCESS;
 }
 
@@ -230,6 +241,18 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
 CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
 {
     vmh_bigbufs_t *bb = b->set;
+    if (b->state == BIG_PAUSED && p == b->paused->base) {
+        /* Its memory went at the pause: only the addresses are left to free (once). */
+        list_remove(&bb->paused, b);
+        vmh_registry_set(b->paused->base, b->paused->size, NULL);
+        vmh_dev_usable_give(bb->dev, b->paused->size);
+        vmh_paused_destroy(b->paused);
+        b->paused = NULL;
+        b->state = BIG_UNUSED;
+        list_push(&bb->unused, b);
+        *req = b->req;
+        return CUDA_SUCCESS;
+    }
     if (b->state != BIG_LIVE || p != b->range->base)
         return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
     /* An exported buffer is recycled like any other (native semantics: importers must close
@@ -241,12 +264,18 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
     list_push(&bb->parked, b);
     idle_gauge((int64_t)b->range->size);
     *req = b->req;
-    vmh_reclaim_park(bb->reclaim, &b->parked_item, vmh_reclaim_now(bb->reclaim));
+    vmh_reclaim_park(bb->reclaim, &b->parked_item, vmh_reclaim_now(bb->reclaim),
+                     b->range->size);
     return CUDA_SUCCESS;
 }
 
 bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info)
 {
+    if (b->state == BIG_PAUSED && p >= b->paused->base && p < b->paused->base + b->req) {
+        *info = (vmh_buffer_info_t){b->paused->base, b->req, b->paused->size,
+                                    b->o.dev->ordinal, false};
+        return true;
+    }
     if ((b->state != BIG_LIVE && b->state != BIG_RESIZING) || p < b->range->base ||
         p >= b->range->base + b->req)
         return false;
@@ -257,6 +286,8 @@ bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info
 
 CUresult vmh_bigbuf_export_locked(vmh_big_t *b, vmh_export_t *out, const vmh_range_t **range)
 {
+    if (b->state == BIG_PAUSED)
+        return CUDA_ERROR_NOT_PERMITTED;
     if (b->state != BIG_LIVE && b->state != BIG_RESIZING)
         return CUDA_ERROR_INVALID_VALUE;
     out->base = b->range->base;
@@ -344,6 +375,10 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
         pthread_mutex_unlock(&bb->lock);
         return CUDA_ERROR_NOT_FOUND; /* freed: nobody's buffer, as for a foreign pointer */
     }
+    if (b->state == BIG_PAUSED) {
+        pthread_mutex_unlock(&bb->lock);
+        return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
+    }
     if (b->state != BIG_LIVE || *p != b->range->base) {
         pthread_mutex_unlock(&bb->lock);
         return CUDA_ERROR_INVALID_VALUE;
@@ -361,7 +396,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
         pthread_mutex_unlock(&bb->lock);
         vmh_range_destroy(drop);
         if (shrunk && !async)
-            vmh_reclaim_wait(bb->reclaim); /* the chunks past the new size go now */
+            vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP); /* the chunks past the size go now */
         return rc;
     }
     size_t extra = rounded - r->size; /* usable bytes taken for the growth */
@@ -372,7 +407,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     if (atomic_load(&bb->old_ranges)) {
         /* The tail of an earlier shrink may still be mapped in this buffer's headroom. */
         pthread_mutex_unlock(&bb->lock);
-        vmh_reclaim_wait(bb->reclaim);
+        vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP);
         pthread_mutex_lock(&bb->lock);
         if (b->state != BIG_LIVE || b->range != r) {
             pthread_mutex_unlock(&bb->lock);
@@ -415,13 +450,14 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     b->range = nr;
     b->req = size;
     b->state = BIG_LIVE;
+    CUdeviceptr base = nr->base; /* nr is the buffer's once unlocked (a pause may take it) */
     pthread_mutex_unlock(&bb->lock);
     vmh_count(move ? VMH_STAT_moves : VMH_STAT_grows_in_place, 1);
     if (!move)
         vmh_range_destroy(r); /* references only: nr holds every mapping */
-    *p = nr->base;
+    *p = base;
     if (move && !async)
-        vmh_reclaim_wait(bb->reclaim); /* the old address goes once queued work is done */
+        vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP); /* the old address goes once work is done */
     return CUDA_SUCCESS;
 }
 
@@ -434,7 +470,44 @@ void vmh_bigbuf_for_each_live(vmh_bigbufs_t *bb,
     pthread_mutex_lock(&bb->lock);
     for (vmh_big_t *b = bb->live.head; b; b = b->next)
         cb(b->range->base, b->req, b->site, arg);
+    for (vmh_big_t *b = bb->paused.head; b; b = b->next)
+        cb(b->paused->base, b->req, b->site, arg);
     pthread_mutex_unlock(&bb->lock);
+}
+
+vmh_bigbufs_t *vmh_bigbuf_set_of(const vmh_big_t *b)
+{
+    return b->set;
+}
+
+CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_pause_visit_fn fn, void *arg)
+{
+    pthread_mutex_lock(&bb->lock);
+    /* Every live and paused buffer off its list, then each back on the list its state says
+     * after fn (a list's byte count follows the range a buffer had when it joined). */
+    vmh_biglist_t todo = {NULL, NULL, 0, 0};
+    vmh_biglist_t *from[] = {&bb->live, &bb->paused};
+    for (int l = 0; l < 2; l++) {
+        for (vmh_big_t *b = from[l]->head, *next; b; b = next) {
+            next = b->next;
+            if (b->state == BIG_RESIZING)
+                continue; /* its range is in a grow's hands */
+            list_remove(from[l], b);
+            list_push(&todo, b);
+        }
+    }
+    CUresult rc = CUDA_SUCCESS;
+    while (todo.head) {
+        vmh_big_t *b = todo.head;
+        list_remove(&todo, b);
+        if (rc == CUDA_SUCCESS)
+            rc = fn(&b->range, &b->paused, b->export_serial != 0, arg);
+        assert(!b->range != !b->paused);
+        b->state = b->range ? BIG_LIVE : BIG_PAUSED;
+        list_push(b->range ? &bb->live : &bb->paused, b);
+    }
+    pthread_mutex_unlock(&bb->lock);
+    return rc;
 }
 
 size_t vmh_bigbuf_parked_bytes(vmh_bigbufs_t *bb)
@@ -453,6 +526,10 @@ static void free_list(vmh_biglist_t *l)
             vmh_registry_set(b->range->base, b->range->size, NULL);
             vmh_range_destroy(b->range);
         }
+        if (b->paused) {
+            vmh_registry_set(b->paused->base, b->paused->size, NULL);
+            vmh_paused_destroy(b->paused);
+        }
         free(b);
     }
     *l = (vmh_biglist_t){NULL, NULL, 0, 0};
@@ -461,6 +538,7 @@ static void free_list(vmh_biglist_t *l)
 void vmh_bigbuf_destroy(vmh_bigbufs_t *bb)
 {
     free_list(&bb->live);
+    free_list(&bb->paused);
     free_list(&bb->parked);
     free_list(&bb->unused);
     pthread_mutex_destroy(&bb->lock);

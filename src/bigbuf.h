@@ -33,6 +33,8 @@ typedef struct vmh_bigbufs {
     vmh_cache_t *cache;
     pthread_mutex_t lock;
     vmh_biglist_t live, parked, unused;
+    vmh_biglist_t paused;  /* live buffers whose memory is given back (pause.c) */
+    atomic_bool frozen;    /* set by pause.c: no buffer is served from this set meanwhile */
     _Atomic size_t old_ranges; /* parked old ranges not yet unmapped */
 } vmh_bigbufs_t;
 
@@ -62,6 +64,16 @@ bool vmh_bigbuf_export_alive_locked(vmh_big_t *b, CUdeviceptr base, uint64_t ser
  * before. */
 CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old_size,
                             bool *no_address);
+
+/* Pause layer (pause.c, range.h): fn on every live and paused buffer, under the set's lock
+ * (held across fn's driver calls, like the peer-access grant: a rare, explicit call). Buffers
+ * being resized are left alone. A paused buffer has no range: a free releases it (its
+ * reservations; its memory went at the pause), a lookup answers from its paused description,
+ * a resize or an export is refused with CUDA_ERROR_NOT_PERMITTED. */
+CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_pause_visit_fn fn, void *arg);
+
+/* The set a buffer belongs to (the front finds the buffer's tag from it). */
+vmh_bigbufs_t *vmh_bigbuf_set_of(const vmh_big_t *b);
 
 /* Bytes of parked buffers (whole ranges: each serves an allocation once released). */
 size_t vmh_bigbuf_parked_bytes(vmh_bigbufs_t *bb);

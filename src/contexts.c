@@ -14,7 +14,8 @@
  *     the lock, so that the question "may I synchronize?" costs one atomic load when nothing
  *     captures (the steady state), and each thread's capture interaction mode.
  *
- * Lock order: ctx_lock and cap_lock are never held together, nor across a driver call.
+ * Lock order: ctx_lock and cap_lock are never held together, nor across a driver call. Both
+ * are made anew in a forked child (vmh_contexts_after_fork_child, registered at first use).
  */
 #include "contexts.h"
 
@@ -48,6 +49,22 @@ static size_t ctx_count, ctx_capacity;
  * thread's cache with generation 0 is empty. */
 static atomic_uint ctx_generation = 1;
 
+/* Reports arrive from the program's first CUDA calls, before the library starts, and a fork may
+ * come at any time: the two locks of this file are made fork-safe by this file, at their first
+ * use (vmh_contexts_after_fork_child runs in every child). */
+static pthread_once_t fork_safe_once = PTHREAD_ONCE_INIT;
+
+static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, vmh_contexts_after_fork_child);
+}
+
+static void lock(pthread_mutex_t *m)
+{
+    pthread_once(&fork_safe_once, register_fork_handler);
+    pthread_mutex_lock(m);
+}
+
 static ctx_rec_t *ctx_find_locked(CUcontext ctx)
 {
     for (size_t i = 0; i < ctx_count; i++)
@@ -60,7 +77,7 @@ void vmh_ctx_seen(CUcontext ctx, int device)
 {
     if (ctx == NULL || device < 0)
         return;
-    pthread_mutex_lock(&ctx_lock);
+    lock(&ctx_lock);
     ctx_rec_t *r = ctx_find_locked(ctx);
     if (r != NULL) {
         r->device = device; /* the same address, a context made again after a destroy */
@@ -86,7 +103,7 @@ void vmh_ctx_forget(CUcontext ctx)
 {
     if (ctx == NULL)
         return;
-    pthread_mutex_lock(&ctx_lock);
+    lock(&ctx_lock);
     ctx_rec_t *r = ctx_find_locked(ctx);
     if (r != NULL) {
         r->forgetting = true;
@@ -182,7 +199,7 @@ static bool cap_same_stream(const capture_rec_t *c, CUstream stream, pthread_t s
 void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode)
 {
     pthread_t self = pthread_self();
-    pthread_mutex_lock(&cap_lock);
+    lock(&cap_lock);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n; i++) {
         if (cap_same_stream(&cap_recs[i], stream, self)) {
@@ -215,7 +232,7 @@ void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode)
 void vmh_capture_ended(CUstream stream)
 {
     pthread_t self = pthread_self();
-    pthread_mutex_lock(&cap_lock);
+    lock(&cap_lock);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n; i++) {
         if (cap_same_stream(&cap_recs[i], stream, self)) {
@@ -254,7 +271,7 @@ bool vmh_capture_forbids_unsafe(void)
         return true;
     pthread_t self = pthread_self();
     bool forbidden = false;
-    pthread_mutex_lock(&cap_lock);
+    lock(&cap_lock);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n && !forbidden; i++) {
         const capture_rec_t *c = &cap_recs[i];
@@ -289,7 +306,13 @@ static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
 
 CUresult vmh_ctx_sync_device(int device)
 {
-    if (vmh_capture_forbids_unsafe())
+    /* Stricter than the rule for potentially unsafe calls: a context synchronize waits for
+     * every stream of the context, and waiting for a capturing stream conflicts with the
+     * capture whatever the modes (a device synchronize on one thread invalidates another
+     * thread's thread-local capture, as TensorRT users found). Which context a capture's
+     * stream belongs to is not known here, so any capture in progress refuses the wait; the
+     * library then serves from memory that needs none. */
+    if (vmh_capture_any())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     /* The calling thread's current context, from the driver (a wait is costly anyway, and a
      * stale cache here would synchronize the wrong context); known from here on, so that a
@@ -300,7 +323,7 @@ CUresult vmh_ctx_sync_device(int device)
     if (rc != CUDA_SUCCESS)
         return rc;
     if (current != NULL) {
-        pthread_mutex_lock(&ctx_lock);
+        lock(&ctx_lock);
         bool known = ctx_find_locked(current) != NULL;
         pthread_mutex_unlock(&ctx_lock);
         CUdevice dev;
@@ -309,7 +332,7 @@ CUresult vmh_ctx_sync_device(int device)
     }
 
     /* Take a wait on each context of the device, so that none is destroyed under us. */
-    pthread_mutex_lock(&ctx_lock);
+    lock(&ctx_lock);
     size_t n = 0;
     for (size_t i = 0; i < ctx_count; i++)
         n += ctx_recs[i].device == device && !ctx_recs[i].forgetting;
@@ -339,7 +362,7 @@ CUresult vmh_ctx_sync_device(int device)
             first_error = rc;
     }
 
-    pthread_mutex_lock(&ctx_lock);
+    lock(&ctx_lock);
     for (size_t i = 0; i < n; i++) {
         ctx_rec_t *r = ctx_find_locked(list[i]);
         assert(r != NULL && r->waits > 0); /* forget waits for us */
@@ -378,14 +401,14 @@ void vmh_contexts_after_fork_child(void)
 #ifdef VMH_TESTING
 void vmh_contexts_reset(void)
 {
-    pthread_mutex_lock(&ctx_lock);
+    lock(&ctx_lock);
     assert(ctx_count == 0 || ctx_recs != NULL);
     for (size_t i = 0; i < ctx_count; i++)
         assert(ctx_recs[i].waits == 0);
     ctx_count = 0;
     atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
     pthread_mutex_unlock(&ctx_lock);
-    pthread_mutex_lock(&cap_lock);
+    lock(&cap_lock);
     atomic_store_explicit(&cap_count, 0, memory_order_release);
     atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
     pthread_mutex_unlock(&cap_lock);

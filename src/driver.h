@@ -54,6 +54,33 @@
     X(cuMemcpyDtoD, (CUdeviceptr dst, CUdeviceptr src, size_t bytes))                              \
     X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))       \
     X(cuStreamSynchronize, (CUstream stream))                                                      \
+    /* Contexts, streams, capture, host memory and copies (round 10: reclaim and pause). The       \
+     * library's own calls are never the interposed ones, so nothing here is reported to           \
+     * contexts.c: a layer that makes or changes a context through them reports it itself. */      \
+    X(cuCtxSetCurrent, (CUcontext ctx))                                                            \
+    X(cuCtxCreate, (CUcontext * pctx, CUctxCreateParams * params, unsigned int flags,              \
+                    CUdevice dev))                                                                 \
+    X(cuCtxDestroy, (CUcontext ctx))                                                               \
+    X(cuDevicePrimaryCtxRelease, (CUdevice dev))                                                   \
+    X(cuDevicePrimaryCtxReset, (CUdevice dev))                                                     \
+    X(cuStreamCreate, (CUstream * stream, unsigned int flags))                                     \
+    X(cuStreamDestroy, (CUstream stream))                                                          \
+    X(cuStreamBeginCapture, (CUstream stream, CUstreamCaptureMode mode))                           \
+    X(cuStreamEndCapture, (CUstream stream, CUgraph * graph))                                      \
+    X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus * status))                      \
+    X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode * mode))                             \
+    X(cuGraphDestroy, (CUgraph graph))                                                             \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool,            \
+                                CUstream stream))                                                  \
+    X(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags))                \
+    X(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int flags))                            \
+    X(cuMemFreeHost, (void *p))                                                                    \
+    X(cuMemHostRegister, (void *p, size_t bytesize, unsigned int flags))                           \
+    X(cuMemHostUnregister, (void *p))                                                              \
+    X(cuMemcpyHtoD, (CUdeviceptr dst, const void *src, size_t bytes))                              \
+    X(cuMemcpyDtoH, (void *dst, CUdeviceptr src, size_t bytes))                                    \
+    X(cuMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream))        \
+    X(cuMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))              \
     /* Real versions of the interposed entry points, for pass-through and for our own use. */     \
     X(cuMemAlloc, (CUdeviceptr * dptr, size_t bytesize))                                           \
     X(cuMemAllocPitch, (CUdeviceptr * dptr, size_t *pitch, size_t width, size_t height,           \
@@ -94,8 +121,9 @@ bool vmh_driver_loaded(void);
 void vmh_driver_install(const vmh_driver_t *table);
 
 /* --- For the interposer: the real functions behind the program's calls. -------------------
- * Nothing below loads the driver, takes a lock of the library, allocates or prints: these run
- * inside the program's dlsym and cuGetProcAddress lookups. */
+ * Nothing below loads the driver, takes a lock of the library or prints: these run inside the
+ * program's dlsym and cuGetProcAddress lookups (the dynamic loader's own lock is taken, as by
+ * dlsym itself; a lookup that finds nothing leaves its message in dlerror). */
 
 /* The C library's dlsym (never the interposed one), resolved once with dlvsym. Never NULL: a
  * C library without it (not glibc) gets a function that finds nothing. */

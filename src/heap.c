@@ -19,12 +19,14 @@
 
 #include "bigbuf.h"
 #include "cache.h"
+#include "contexts.h"
 #include "driver.h"
 #include "log.h"
 #include "packing.h"
 #include "reclaim.h"
 #include "registry.h"
 #include "stats.h"
+#include "tags.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -35,14 +37,30 @@
 
 #define PITCH_ALIGN 512 /* cudaMallocPitch(1000 x 77) gave pitch 1024 on the H200 */
 
+/* One tag's memory on a device: a big-buffer set and packing shards of its own, so that memory
+ * of one tag never shares a chunk with another tag's (pause.c gives a tag's memory back
+ * alone). Made at the tag's first allocation on the device; freed only by the tests' reset. */
+typedef struct tagpart {
+    unsigned tag;
+    vmh_packing_t pack;
+    vmh_bigbufs_t big;
+} tagpart_t;
+
 /* One device's heap: its shape at the bottom, then each layer's state. */
 typedef struct hdev {
     vmh_dev_t dev;
     vmh_reclaim_t reclaim;
-    vmh_cache_t cache;
-    vmh_packing_t pack;
-    vmh_bigbufs_t big;
+    vmh_cache_t cache; /* idle ranges are nobody's: any tag may reuse them */
+    _Atomic(tagpart_t *) part[VMM_TAGS_MAX];
 } hdev_t;
+
+/* Guards making tag parts and freezing them (vmh_heap_tag_freeze). */
+static pthread_mutex_t parts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define FOR_EACH_PART(h, p)                                                                        \
+    for (unsigned part_i_ = 0; part_i_ < VMM_TAGS_MAX; part_i_++)                                  \
+        for (tagpart_t *p = atomic_load_explicit(&(h)->part[part_i_], memory_order_acquire); p;   \
+             p = NULL)
 
 enum { HEAP_RUNNING, HEAP_EXITED, HEAP_CHILD };
 
@@ -62,6 +80,7 @@ void vmh_heap_configure(const vmh_options_t *o)
     opt = o;
     vmh_device_configure(o);
     vmh_cache_configure(o);
+    vmh_reclaim_configure(o);
 }
 
 #ifdef VMH_TESTING
@@ -73,7 +92,9 @@ unsigned vmh_heap_thread_shard(void)
 
 /* ---- devices ---------------------------------------------------------------------------- */
 
-/* Gives back idle memory of the device after the driver ran out of memory (device.h). */
+/* Gives back idle memory of the device after the driver ran out of memory (device.h): waits
+ * for parked frees (not while the calling thread may not synchronize: a capture; the caller
+ * then answers out of memory, as the driver would), and trims. */
 static bool dev_relieve(vmh_dev_t *d)
 {
     hdev_t *h = hdev_of(d);
@@ -81,8 +102,10 @@ static bool dev_relieve(vmh_dev_t *d)
     if (hook)
         hook(); /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
     if (vmh_reclaim_pending(&h->reclaim))
-        vmh_reclaim_wait(&h->reclaim);
-    size_t bytes = vmh_cache_trim(&h->cache) + vmh_packing_trim(&h->pack);
+        vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
+    size_t bytes = vmh_cache_trim(&h->cache);
+    FOR_EACH_PART(h, p)
+        bytes += vmh_packing_trim(&p->pack);
     if (bytes)
         vmh_count(VMH_STAT_trims, 1);
     return bytes != 0 || vmh_reclaim_pending(&h->reclaim);
@@ -91,9 +114,12 @@ static bool dev_relieve(vmh_dev_t *d)
 static void hdev_destroy(hdev_t *h)
 {
     vmh_reclaim_release_all(&h->reclaim);
-    vmh_bigbuf_destroy(&h->big);
+    FOR_EACH_PART(h, p) {
+        vmh_bigbuf_destroy(&p->big);
+        vmh_packing_destroy(&p->pack);
+        free(p);
+    }
     vmh_cache_destroy(&h->cache);
-    vmh_packing_destroy(&h->pack);
     vmh_reclaim_destroy(&h->reclaim);
     free(h);
 }
@@ -105,11 +131,9 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
         return CUDA_ERROR_OUT_OF_MEMORY;
     h->dev.relieve = dev_relieve;
     CUresult rc = vmh_dev_setup(&h->dev, ordinal, ctx);
+    vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
     vmh_reclaim_init(&h->reclaim, &h->dev);
     vmh_cache_init(&h->cache, &h->dev);
-    vmh_bigbuf_init(&h->big, &h->dev, &h->reclaim, &h->cache);
-    if (rc == CUDA_SUCCESS)
-        rc = vmh_packing_init(&h->pack, &h->dev, &h->reclaim);
     if (rc != CUDA_SUCCESS) {
         hdev_destroy(h);
         return rc;
@@ -140,20 +164,16 @@ static CUresult dev_by_ordinal(int ordinal, CUcontext ctx, hdev_t **out)
     return rc;
 }
 
-/* The current context's device. */
+/* The current context's device: no driver call in steady state (contexts.h keeps the calling
+ * thread's current context as the interposer sees it change). */
 static CUresult dev_current(hdev_t **out)
 {
     CUcontext ctx = NULL;
-    CUdevice dev;
-    CUresult rc = vmh_drv.cuCtxGetCurrent(&ctx);
+    int dev;
+    CUresult rc = vmh_ctx_current(&ctx, &dev);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (!ctx)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    rc = vmh_drv.cuCtxGetDevice(&dev);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    return dev_by_ordinal((int)dev, ctx, out);
+    return dev_by_ordinal(dev, ctx, out);
 }
 
 static bool running(void)
@@ -178,18 +198,64 @@ static size_t pack_below(const hdev_t *h, bool growable)
     return below;
 }
 
-static CUresult alloc_on(hdev_t *h, size_t size, bool growable, void *site, CUdeviceptr *out,
-                         bool *no_address)
+/* Tag `tag`'s part of the device, made at its first use (NULL when out of host memory). A part
+ * made while its tag is not running starts frozen: made and frozen under parts_lock, which
+ * vmh_heap_tag_freeze takes too, so that a pause never misses a part. */
+static tagpart_t *part_get(hdev_t *h, unsigned tag)
+{
+    assert(tag < VMM_TAGS_MAX);
+    tagpart_t *p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
+    if (p)
+        return p;
+    pthread_mutex_lock(&parts_lock);
+    p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
+    if (!p && (p = calloc(1, sizeof *p))) {
+        p->tag = tag;
+        vmh_bigbuf_init(&p->big, &h->dev, &h->reclaim, &h->cache);
+        if (vmh_packing_init(&p->pack, &h->dev, &h->reclaim) != CUDA_SUCCESS) {
+            vmh_packing_destroy(&p->pack);
+            vmh_bigbuf_destroy(&p->big);
+            free(p);
+            p = NULL;
+        } else {
+            bool frozen = !vmh_tag_running(tag);
+            atomic_store(&p->big.frozen, frozen);
+            atomic_store(&p->pack.frozen, frozen);
+            atomic_store_explicit(&h->part[tag], p, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&parts_lock);
+    return p;
+}
+
+static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, void *site,
+                         CUdeviceptr *out, bool *no_address)
 {
     assert(running() && size > 0);
+    vmh_reclaim_throttle(&h->reclaim); /* past VMMHOOK_PARK_LIMIT the allocating thread waits */
+    tagpart_t *p = part_get(h, tag);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = size < pack_below(h, growable)
-                      ? vmh_packing_alloc(&h->pack, size, out, no_address)
-                      : vmh_bigbuf_alloc(&h->big, size, growable, site, out, no_address);
+                      ? vmh_packing_alloc(&p->pack, size, out, no_address)
+                      : vmh_bigbuf_alloc(&p->big, size, growable, site, out, no_address);
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_served_allocs, 1);
         vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size);
+        vmh_tag_requested_add(tag, (int64_t)size);
     }
     return rc;
+}
+
+/* The tag of the part an owner (locked or not: parts never change) belongs to. */
+static unsigned owner_tag(const vmh_owner_t *o)
+{
+    if (o->kind == VMH_OWN_EXTENT) {
+        const vmh_packing_t *pk = ((const vmh_ext_t *)o)->shard->pack;
+        return ((const tagpart_t *)((const char *)pk - offsetof(tagpart_t, pack)))->tag;
+    }
+    const vmh_bigbufs_t *bb = vmh_bigbuf_set_of((const vmh_big_t *)o);
+    return ((const tagpart_t *)((const char *)bb - offsetof(tagpart_t, big)))->tag;
 }
 
 /* What both allocation entry points share: the checks before a device is chosen, and serving
@@ -205,7 +271,7 @@ static CUresult serve_traced(hdev_t *h, CUresult rc, size_t size, void *site, CU
 {
     bool no_address;
     if (rc == CUDA_SUCCESS)
-        rc = alloc_on(h, size, false, site, out, &no_address);
+        rc = alloc_on(h, vmh_tag_current(), size, false, site, out, &no_address);
     vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
               rc == CUDA_SUCCESS ? *out : 0, size, NULL);
     return rc;
@@ -270,6 +336,14 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
 {
     if (in_child())
         return CUDA_ERROR_NOT_FOUND; /* the driver answers as it does natively; no lock */
+    if (running() && vmh_registry_get(p)) {
+        /* The freeing thread's context may have used the buffer: known from now on (no driver
+         * call in steady state, and none under the owner's lock), so that the wait before
+         * reuse covers it even when no interposed call reported it. */
+        CUcontext cur;
+        int cur_dev;
+        (void)vmh_ctx_current(&cur, &cur_dev);
+    }
     vmh_owner_t *o = vmh_owner_lock(p);
     if (!o)
         return CUDA_ERROR_NOT_FOUND;
@@ -289,9 +363,12 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
         return rc;
     vmh_count(VMH_STAT_served_frees, 1);
     vmh_gauge_add(VMH_STAT_bytes_requested, -(int64_t)req);
+    vmh_tag_requested_add(owner_tag(o), -(int64_t)req);
     vmh_trace("free", p, req, stream);
+    /* Natively cudaFree waits for the device; here the reclaim thread does, unless the program
+     * asked for native blocking frees (DESIGN.md, "Frees"). */
     if (opt->free_sync && !async)
-        vmh_reclaim_wait(&hdev_of(o->dev)->reclaim);
+        vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
     return CUDA_SUCCESS;
 }
 
@@ -331,11 +408,11 @@ static void trace_resize(CUdeviceptr old, size_t old_size, CUdeviceptr now, size
 
 /* A packed buffer that outgrows its block, or a size change across the packing threshold:
  * a new buffer and one device copy. */
-static CUresult realloc_by_copy(hdev_t *h, CUdeviceptr *p, size_t old_size, size_t size,
-                                CUstream stream, bool async, bool *no_address)
+static CUresult realloc_by_copy(hdev_t *h, unsigned tag, CUdeviceptr *p, size_t old_size,
+                                size_t size, CUstream stream, bool async, bool *no_address)
 {
     CUdeviceptr np;
-    CUresult rc = alloc_on(h, size, true, NULL, &np, no_address);
+    CUresult rc = alloc_on(h, tag, size, true, NULL, &np, no_address); /* the buffer's tag */
     if (rc != CUDA_SUCCESS) {
         vmh_trace("allocate failure", 0, size, stream);
         return rc;
@@ -346,7 +423,7 @@ static CUresult realloc_by_copy(hdev_t *h, CUdeviceptr *p, size_t old_size, size
     } else {
         /* Work on any stream may still write the old buffer: wait for it, as cudaFree
          * would, then copy. */
-        rc = vmh_reclaim_wait(&h->reclaim);
+        rc = vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
         if (rc == CUDA_SUCCESS)
             rc = vmh_drv.cuMemcpyDtoD(np, *p, n);
     }
@@ -382,6 +459,10 @@ static CUresult realloc_packed(CUdeviceptr *p, size_t size, CUstream stream, boo
         vmh_owner_unlock(o);
         return CUDA_ERROR_INVALID_VALUE;
     }
+    if (e->paused) {
+        vmh_owner_unlock(o);
+        return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
+    }
     size_t old_size = info.size;
     if (size < pack_below(h, true) &&
         vmh_packing_resize_locked(e, *p, size, &old_size) == CUDA_SUCCESS) {
@@ -391,7 +472,7 @@ static CUresult realloc_packed(CUdeviceptr *p, size_t size, CUstream stream, boo
         return CUDA_SUCCESS;
     }
     vmh_owner_unlock(o);
-    return realloc_by_copy(h, p, old_size, size, stream, async, no_address);
+    return realloc_by_copy(h, owner_tag(o), p, old_size, size, stream, async, no_address);
 }
 
 CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool async,
@@ -412,7 +493,7 @@ CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool 
         CUresult rc = dev_current(&h);
         if (rc != CUDA_SUCCESS)
             return rc;
-        rc = alloc_on(h, size, true, NULL, p, no_address);
+        rc = alloc_on(h, vmh_tag_current(), size, true, NULL, p, no_address);
         vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
                   rc == CUDA_SUCCESS ? *p : 0, size, stream);
         return rc;
@@ -508,8 +589,10 @@ size_t vmh_heap_trim(void)
         if (!h || h->dev.unsupported)
             continue;
         if (vmh_reclaim_pending(&h->reclaim))
-            vmh_reclaim_wait(&h->reclaim);
-        size_t b = vmh_cache_trim(&h->cache) + vmh_packing_trim(&h->pack);
+            vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP); /* not during a capture (reclaim.h) */
+        size_t b = vmh_cache_trim(&h->cache);
+        FOR_EACH_PART(h, p)
+            b += vmh_packing_trim(&p->pack);
         if (b)
             vmh_count(VMH_STAT_trims, 1);
         bytes += b;
@@ -529,8 +612,10 @@ size_t vmh_heap_idle_bytes(int device)
     hdev_t *h = atomic_load_explicit(&devs[device], memory_order_acquire);
     if (!h || h->dev.unsupported)
         return 0;
-    return vmh_cache_bytes(&h->cache) + vmh_bigbuf_parked_bytes(&h->big) +
-           vmh_packing_idle_bytes(&h->pack);
+    size_t idle = vmh_cache_bytes(&h->cache);
+    FOR_EACH_PART(h, p)
+        idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_packing_idle_bytes(&p->pack);
+    return idle;
 }
 
 static void report_big_leak(CUdeviceptr base, size_t size, void *site, void *arg)
@@ -546,26 +631,63 @@ static void report_packed_leak(const vmh_block_info_t *b, void *arg)
 void vmh_heap_shutdown(bool report_leaks)
 {
     int expected = HEAP_RUNNING;
-    if (!atomic_compare_exchange_strong(&mode, &expected, HEAP_EXITED) || !report_leaks)
+    if (!atomic_compare_exchange_strong(&mode, &expected, HEAP_EXITED))
+        return;
+    /* No driver call after this returns: the driver may be torn down next. */
+    vmh_reclaim_stop(true);
+    if (!report_leaks)
         return;
     vmh_leak_report_begin();
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         hdev_t *h = atomic_load_explicit(&devs[i], memory_order_acquire);
         if (!h || h->dev.unsupported)
             continue;
-        vmh_bigbuf_for_each_live(&h->big, report_big_leak, &i);
-        vmh_packing_for_each_live(&h->pack, report_packed_leak, &i);
+        FOR_EACH_PART(h, p) {
+            vmh_bigbuf_for_each_live(&p->big, report_big_leak, &i);
+            vmh_packing_for_each_live(&p->pack, report_packed_leak, &i);
+        }
     }
     vmh_leak_report_end();
+}
+
+/* ---- tags (pause.c) ------------------------------------------------------------------------- */
+
+bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out)
+{
+    /* Also after exit: the exit report counts the tags' memory (vmm_pause refuses by then). */
+    if (device < 0 || device >= VMH_MAX_DEVICES || tag >= VMM_TAGS_MAX || in_child())
+        return false;
+    hdev_t *h = atomic_load_explicit(&devs[device], memory_order_acquire);
+    tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
+    if (!p)
+        return false;
+    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim, &p->big, &p->pack};
+    return true;
+}
+
+void vmh_heap_tag_freeze(unsigned tag, bool frozen)
+{
+    pthread_mutex_lock(&parts_lock);
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = atomic_load_explicit(&devs[i], memory_order_acquire);
+        tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
+        if (p) {
+            atomic_store(&p->big.frozen, frozen);
+            atomic_store(&p->pack.frozen, frozen);
+        }
+    }
+    pthread_mutex_unlock(&parts_lock);
 }
 
 void vmh_heap_forked_child(void)
 {
     atomic_store(&mode, HEAP_CHILD);
+    vmh_reclaim_forked_child();
 }
 
 void vmh_heap_reset(void)
 {
+    vmh_reclaim_stop(false); /* its waits use the queues destroyed here */
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         hdev_t *h = atomic_exchange(&devs[i], NULL);
         if (h)

@@ -43,9 +43,8 @@
 #include <string.h>
 
 #include "driver.h"
-#include "heap.h"
-#include "lifetime.h"
 #include "interpose.h"
+#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 
@@ -353,7 +352,7 @@ static pthread_once_t ip_once = PTHREAD_ONCE_INIT;
 
 static void ip_init(void)
 {
-    /* Options, then the driver table (heap.h). After the heap's shutdown at exit its calls
+    /* Options, then the driver table (lifetime.h). After the heap's shutdown at exit its calls
      * answer "not ours" (CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_FOUND) and we pass through. */
     bool serve = vmh_lifetime_ready();
     if (!serve)

@@ -21,7 +21,7 @@
 #include "log.h"
 #include "stats.h"
 
-/* The served buffer holding p, or false. Only after vmh_vmh_ip_serving(): before it nothing is
+/* The served buffer holding p, or false. Only after vmh_ip_serving(): before it nothing is
  * served. */
 static bool ip_find(CUdeviceptr p, vmh_buffer_info_t *info)
 {
@@ -99,11 +99,28 @@ static CUresult ip_free(CUdeviceptr p, CUstream stream, bool async)
     return r;
 }
 
+/* cuMemFree is a potentially unsafe call: while a capture forbids this thread such calls, the
+ * driver refuses it natively (the buffer stays allocated) and the refusal invalidates the
+ * capture. For a served buffer the driver is asked with the free of 0, which it refuses alike
+ * under that rule and otherwise accepts: its refusal is the answer, and only if it accepts is
+ * the free served. */
+static CUresult ip_free_allowed_during_capture(CUdeviceptr p)
+{
+    if (IP_LIKELY(!vmh_capture_forbids_unsafe()) || !vmh_heap_holds(p))
+        return CUDA_SUCCESS;
+    CUresult r;
+    IP_CALL_REAL(r, cuMemFree_v2, 0);
+    return r;
+}
+
 CUresult vmh_ip_cuMemFree_v2(CUdeviceptr dptr)
 {
     /* free(0) is the driver's (success once initialised). */
     if (dptr != 0 && vmh_ip_serving()) {
-        CUresult r = ip_free(dptr, NULL, false);
+        CUresult r = ip_free_allowed_during_capture(dptr);
+        if (r != CUDA_SUCCESS)
+            return r;
+        r = ip_free(dptr, NULL, false);
         if (r != CUDA_ERROR_NOT_FOUND)
             return r; /* served, or CUDA_ERROR_INVALID_VALUE for an interior pointer */
     }

@@ -8,6 +8,7 @@
 
 #include "driver.h"
 #include "heap.h"
+#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 #include "stats.h"
@@ -40,11 +41,13 @@ CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)
 {
     if (!out)
         return CUDA_ERROR_INVALID_VALUE;
-    if (vmh_opt.handle != VMH_HANDLE_POSIX_FD) {
+    /* The front's snapshot (lifetime.c): the handle type the chunks were asked to carry. */
+    vmh_handle_kind_t kind = vmh_lifetime_options()->handle;
+    if (kind != VMH_HANDLE_POSIX_FD) {
         vmh_buffer_info_t bi;
         if (!vmh_heap_find(p, &bi))
             return CUDA_ERROR_NOT_FOUND;
-        warn_handle_type(vmh_opt.handle == VMH_HANDLE_FABRIC
+        warn_handle_type(kind == VMH_HANDLE_FABRIC
                              ? "VMMHOOK_HANDLE_TYPE is fabric: only POSIX fds are shared"
                              : "its chunks have no shareable handle type");
         return CUDA_ERROR_INVALID_VALUE;

@@ -82,7 +82,8 @@ CUresult vmh_ipc_open(const CUipcMemHandle *h, unsigned int flags, CUdeviceptr *
 
 /* cuIpcCloseMemHandle: drops one reference of a pointer vmh_ipc_open returned; the last one
  * waits for the context's queued work and unmaps. CUDA_ERROR_NOT_FOUND when p was not opened
- * here (the caller passes to the driver). */
+ * here (the caller passes to the driver). After exit (vmh_lifetime_ready false) the mapping
+ * is forgotten without a driver call: the driver may be gone, and the process ends with it. */
 CUresult vmh_ipc_close(CUdeviceptr p);
 
 /* After a successful cuCtxEnablePeerAccess(peer) (grant) or cuCtxDisablePeerAccess(peer)

@@ -65,8 +65,10 @@ static void register_hooks(void)
     pthread_atfork(table_prefork, table_postfork, table_postfork);
 }
 
-/* The heap says whether the exported buffer is still the one exported: a free ends it, and a
- * later buffer at the same address has another serial (heap.h). */
+/* The heap's answer: the buffer exported at ex->base has not been freed since (its export
+ * serial is that buffer's life; a grow in place keeps it, a free or a move ends it, and a new
+ * buffer that lands at the same address has another). The heap recycles freed exported memory
+ * like any other, so this check is what keeps a later buffer's data from an importer. */
 bool vmh_ipc_buffer_live(const vmh_export_t *ex)
 {
     return vmh_heap_export_alive(ex->base, ex->serial);
@@ -103,8 +105,8 @@ size_t vmh_ipc_prune(void)
 
 static bool same_export(const vmh_export_t *a, const vmh_export_t *b)
 {
-    if (a->base != b->base || a->size != b->size || a->offset != b->offset ||
-        a->device != b->device || a->nchunks != b->nchunks)
+    if (a->serial != b->serial || a->base != b->base || a->size != b->size ||
+        a->offset != b->offset || a->device != b->device || a->nchunks != b->nchunks)
         return false;
     /* Pointer identity is safe: the table's references keep every chunk it names alive. */
     for (size_t i = 0; i < a->nchunks; i++)

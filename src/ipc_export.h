@@ -17,9 +17,8 @@
 #include "ipc_wire.h"
 
 /* Whether the buffer that ex describes is still the live buffer it was exported from: false
- * once the program freed it (or a realloc moved it away). This is the exporter's side of the
- * heap's promise (common interface: a freed buffer's export is not importable); ipc_export.c
- * says how it is told today. */
+ * once the program freed it (or a realloc moved it away), even when a later buffer took its
+ * address (vmh_heap_export_alive with the export's serial). */
 bool vmh_ipc_buffer_live(const vmh_export_t *ex);
 
 /* cuIpcGetMemHandle's record: ex (its references pass to the table) under a fresh random

@@ -10,7 +10,6 @@
 
 #include "driver.h"
 #include "handle.h"
-#include "heap.h"
 #include "lifetime.h"
 #include "log.h"
 #include "range.h"

@@ -53,6 +53,7 @@ typedef struct vmh_shard {
 struct vmh_packing {
     vmh_dev_t *dev;
     vmh_reclaim_t *reclaim;
+    atomic_bool frozen; /* set by pause.c: nothing is served from these shards meanwhile */
     vmh_shard_t shards[VMH_SHARDS];
 };
 
@@ -61,14 +62,15 @@ struct vmh_ext {
     vmh_owner_t o;
     vmh_shard_t *shard; /* never changes once set: records are recycled within their shard */
     vmh_range_t *range;
+    vmh_paused_t *paused; /* while paused (range NULL; pause.c): its addresses and backup */
     vmh_extent_t *extent;
     vmh_ext_t *prev, *next;
 };
 
 CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim);
 
-/* Serves size bytes: the thread's shard, then free space in the others, then parked frees
- * released by a wait, and only then a new extent. *no_address: the address space budget, not
+/* Serves size bytes: the thread's shard, then free space in the others, and only then a new
+ * extent (never waits for parked frees but on out of memory). *no_address: the address space budget, not
  * memory, ran out. */
 CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address);
 
@@ -88,6 +90,12 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
                                    const vmh_range_t **range);
 /* Whether the block at base is still the live one exported with serial. */
 bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
+
+/* Pause layer (pause.c, range.h): fn on every extent, under its shard's lock (held across fn's
+ * driver calls: a rare, explicit call). A paused extent keeps its blocks (frees of them work as
+ * ever: host bookkeeping only) but has no range; resizing or exporting one of its blocks is
+ * refused with CUDA_ERROR_NOT_PERMITTED. */
+CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg);
 
 /* Whether any shard holds parked blocks (a hint). */
 bool vmh_packing_has_parked(vmh_packing_t *pk);

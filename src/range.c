@@ -3,8 +3,12 @@
  * failure only has to drop what it created: destroying the partial new range does exactly that. */
 #include "range.h"
 
+#include "driver.h"
+
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static vmh_range_t *range_alloc(size_t nmaps)
 {
@@ -197,5 +201,118 @@ CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out)
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *out = c;
+    return CUDA_SUCCESS;
+}
+
+/* ---- pause and resume ---- */
+
+/* Whether mapping m can join segment s: the next bytes of the same reservation, with memory on
+ * the same device and the same access, so that one chunk can stand for both. */
+static bool joins(const vmh_paused_seg_t *s, const vmh_map_t *m)
+{
+    const vmh_alloc_t *a = m->alloc;
+    return s->resv == m->resv && s->ptr + s->size == m->ptr && s->device == a->device &&
+           s->naccess == a->naccess &&
+           memcmp(s->access, a->access, (size_t)a->naccess * sizeof a->access[0]) == 0;
+}
+
+static void seg_start(vmh_paused_seg_t *s, const vmh_map_t *m)
+{
+    s->ptr = m->ptr;
+    s->size = m->size;
+    s->resv = vmh_resv_ref(m->resv);
+    s->device = m->alloc->device;
+    s->naccess = m->alloc->naccess;
+    memcpy(s->access, m->alloc->access, sizeof s->access);
+}
+
+void vmh_paused_destroy(vmh_paused_t *p)
+{
+    if (!p)
+        return;
+    vmh_range_destroy(p->resumed);
+    if (p->host && p->host_release)
+        p->host_release(p->host, p->size);
+    while (p->nsegs)
+        vmh_resv_unref(p->segs[--p->nsegs].resv);
+    free(p);
+}
+
+CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_paused_t **out)
+{
+    if (!r || !out || !r->nmaps)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < r->nmaps; i++) {
+        const vmh_map_t *m = r->maps[i];
+        /* Another holder of the mapping would keep it mapped, another holder of the chunk
+         * (an export, a range left by a move) would keep the memory alive: pausing would give
+         * nothing back and the resumed range would no longer share memory with that holder. */
+        if (atomic_load(&m->refs) != 1 || atomic_load(&m->alloc->refs) != 1)
+            return CUDA_ERROR_NOT_PERMITTED;
+    }
+    /* At most one segment per mapping; usually far fewer. */
+    if (r->nmaps > (SIZE_MAX - sizeof(vmh_paused_t)) / sizeof(vmh_paused_seg_t))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vmh_paused_t *p = calloc(1, sizeof *p + r->nmaps * sizeof p->segs[0]);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->base = r->base;
+    p->size = r->size;
+    for (size_t i = 0; i < r->nmaps; i++) {
+        const vmh_map_t *m = r->maps[i];
+        if (p->nsegs && joins(&p->segs[p->nsegs - 1], m))
+            p->segs[p->nsegs - 1].size += m->size;
+        else
+            seg_start(&p->segs[p->nsegs++], m);
+    }
+    if (backup) {
+        CUresult rc = vmh_drv.cuMemcpyDtoH(backup, r->base, r->size);
+        if (rc != CUDA_SUCCESS) {
+            vmh_paused_destroy(p);
+            return rc;
+        }
+    }
+    /* The paused description holds every reservation, so destroying the range unmaps and
+     * releases the memory but frees no address. */
+    vmh_range_destroy(r);
+    *out = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop,
+                          const CUmemAccessDesc *access, int naccess, const void *backup,
+                          vmh_range_t **out)
+{
+    if (!p || !prop || !out || !p->nsegs || naccess < 0 || naccess > VMH_MAX_ACCESS ||
+        (naccess && !access))
+        return CUDA_ERROR_INVALID_VALUE;
+    vmh_range_t *r = range_alloc(p->nsegs);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r->base = p->base;
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t i = 0; i < p->nsegs && rc == CUDA_SUCCESS; i++) {
+        const vmh_paused_seg_t *s = &p->segs[i];
+        CUmemAllocationProp chunk_prop = *prop;
+        chunk_prop.location.id = s->device;
+        vmh_alloc_t *a;
+        rc = naccess ? vmh_alloc_create(s->size, &chunk_prop, access, naccess, &a)
+                     : vmh_alloc_create(s->size, &chunk_prop, s->access, s->naccess, &a);
+        if (rc != CUDA_SUCCESS)
+            break;
+        rc = map_all(r, &a, 1, s->ptr, s->resv);
+        vmh_alloc_unref(a); /* the mapping holds it now (or nothing does, after a failure) */
+        r->size += rc == CUDA_SUCCESS ? s->size : 0;
+    }
+    if (rc == CUDA_SUCCESS && backup) {
+        rc = vmh_drv.cuMemcpyHtoD(p->base, backup, p->size);
+    }
+    if (rc != CUDA_SUCCESS) {
+        /* Unmaps and releases exactly what was created; p still holds the reservations. */
+        vmh_range_destroy(r);
+        return rc;
+    }
+    assert(r->size == p->size);
+    *out = r;
     return CUDA_SUCCESS;
 }

@@ -58,4 +58,70 @@ void vmh_range_destroy(vmh_range_t *r);
 /* Bytes of address space reserved past the range's end in its last reservation. */
 size_t vmh_range_headroom(const vmh_range_t *r);
 
+/* ---- Pause and resume: physical memory given back, addresses kept ----
+ *
+ * A paused range is a description of where a range was mapped: per segment its address, size,
+ * reservation (a reference: the address stays reserved, nothing else can be mapped there), the
+ * device and the access descriptors its memory had. A segment is a run of adjacent mappings of
+ * one reservation with the same device and access: resume backs it with one chunk, so a range
+ * grown chunk by chunk comes back with fewer, larger chunks. (One chunk per segment, never one
+ * chunk across segments: the driver maps chunks only whole, driver-facts.md 2a.) */
+typedef struct vmh_paused_seg {
+    CUdeviceptr ptr;
+    size_t size;
+    vmh_resv_t *resv;
+    int device;
+    int naccess;
+    CUmemAccessDesc access[VMH_MAX_ACCESS];
+} vmh_paused_seg_t;
+
+typedef struct vmh_paused vmh_paused_t;
+
+/* Gives back host memory a paused range's backup lives in (the pause layer's, as data). */
+typedef void (*vmh_host_release_fn)(void *host, size_t size);
+
+struct vmh_paused {
+    CUdeviceptr base;
+    size_t size;
+    /* Kept with the description for its owner (the pause layer), and released with it by
+     * vmh_paused_destroy: the backup (NULL when none) and how to give it back, and a range
+     * resumed but not yet swapped in (a resume prepares every range of a tag before it
+     * commits any, so that running out of memory leaves the whole tag paused). */
+    void *host;
+    vmh_host_release_fn host_release;
+    vmh_range_t *resumed;
+    size_t nsegs;
+    vmh_paused_seg_t segs[];
+};
+
+/* Pauses r: when backup is not NULL, first copies r's r->size bytes into it (host memory, best
+ * pinned; the copy waits for work queued on the legacy stream, not for other streams: the
+ * caller synchronizes first), then unmaps every mapping and releases every chunk. On success r
+ * is consumed (destroyed) and *out describes it. Needs a context current on r's device for the
+ * copy. CUDA_ERROR_NOT_PERMITTED when r does not own its memory alone (a mapping or a chunk
+ * has another holder: unmapping would not give the memory back, e.g. an exported chunk);
+ * on any failure r is untouched and still mapped. */
+CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_paused_t **out);
+
+/* Maps new memory at exactly p's addresses: one chunk of prop (its location.id set to each
+ * segment's device) per segment, with the segment's access descriptors, or with access[0..n)
+ * when naccess > 0 (the device's list now, which includes peers granted since the pause); then
+ * copies backup (p->size bytes, or nothing when NULL) into it. On failure nothing is left
+ * mapped or created and p is untouched: the call can be retried. p stays the caller's either
+ * way (vmh_paused_destroy it once the resumed range is in place). */
+CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop,
+                          const CUmemAccessDesc *access, int naccess, const void *backup,
+                          vmh_range_t **out);
+
+/* How the pause layer sees a heap record (a big buffer, a packing extent) during a visit,
+ * under the record's lock: the record's range slot (NULL while paused), its paused-description
+ * slot (NULL while running), and whether it is shared with another process. The function may
+ * swap one for the other; its failure stops the visit and is returned. */
+typedef CUresult (*vmh_pause_visit_fn)(vmh_range_t **range, vmh_paused_t **paused, bool exported,
+                                       void *arg);
+
+/* Destroys p->resumed (unmapping it), releases p->host, then drops the reservations'
+ * references (freeing an address when no resumed range maps it). NULL is allowed. */
+void vmh_paused_destroy(vmh_paused_t *p);
+
 #endif

@@ -312,6 +312,15 @@ static int trace_get(void)
     return st == TRACE_OPEN ? trace_fd : -1;
 }
 
+static _Atomic(vmh_stats_table_fn) tag_table;
+static _Atomic(vmh_stats_json_fn) tag_json;
+
+void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json)
+{
+    atomic_store(&tag_table, table);
+    atomic_store(&tag_json, json);
+}
+
 void vmh_stats_configure(const vmh_options_t *o)
 {
     cfg.stats = o->stats;
@@ -536,6 +545,9 @@ static void report_table(void)
                 (unsigned long long)atomic_load(&leak_count),
                 vmh_fmt_bytes(b, sizeof(b), atomic_load(&leak_bytes)));
     }
+    vmh_stats_table_fn table = atomic_load(&tag_table);
+    if (table)
+        table();
 }
 
 /* A bounded string builder on the caller's stack. */
@@ -574,7 +586,15 @@ static void report_json(void)
         sb_printf(&b, "    \"%s\": {\"current\": %lld, \"peak\": %lld}%s\n", gauge_names[i],
                   (long long)vmh_gauge_get((vmh_gauge_t)i),
                   (long long)vmh_gauge_peak((vmh_gauge_t)i), i + 1 < VMH_GAUGE_COUNT ? "," : "");
-    sb_printf(&b, "  },\n");
+    sb_printf(&b, "  },\n  \"tags\": ");
+    if (!b.overflow) {
+        vmh_stats_json_fn json = atomic_load(&tag_json);
+        size_t need = json ? json(b.p + b.len, b.cap - b.len, 4)
+                           : (size_t)snprintf(b.p + b.len, b.cap - b.len, "{}");
+        b.overflow = need >= b.cap - b.len;
+        b.len += b.overflow ? 0 : need;
+    }
+    sb_printf(&b, ",\n");
     if (atomic_load(&leak_ran))
         sb_printf(&b, "  \"leaks\": {\"count\": %llu, \"bytes\": %llu}\n}\n",
                   (unsigned long long)atomic_load(&leak_count),

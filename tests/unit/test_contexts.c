@@ -194,6 +194,48 @@ static void sync_device_waits_every_context_of_the_device_only(void **state)
     assert_ptr_equal(driver_current(), ctx0);
 }
 
+/* Work in flight in a context made with cuCtxCreate lands only at that context's
+ * synchronization: the wait on the device reaches it once the context is known, from a thread
+ * where another context is current. */
+static void sync_device_lands_work_of_a_created_context(void **state)
+{
+    (void)state;
+    const vmh_driver_t *D = sim_table();
+    CUcontext ctx0 = primary(0), mine = NULL;
+    assert_int_equal(D->cuCtxCreate(&mine, NULL, 0, 0), CUDA_SUCCESS); /* current now */
+    CUdeviceptr p = 0;
+    assert_int_equal(D->cuMemAlloc(&p, 4096), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(mine, NULL, p, 4096, 0xab), CUDA_SUCCESS);
+    CUcontext popped = NULL;
+    assert_int_equal(D->cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    assert_ptr_equal(popped, mine);
+    sim_set_current_device(0);
+    assert_ptr_equal(driver_current(), ctx0);
+
+    /* Not known: the wait covers only this thread's context, the work stays in flight. */
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    assert_int_equal(sim_pending_ops_ctx(mine), 1);
+
+    vmh_ctx_seen(mine, 0); /* what the interposer reports after cuCtxCreate */
+    unsigned long syncs = sim_sync_count(mine);
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    assert_int_equal(sim_pending_ops_ctx(mine), 0);
+    assert_int_equal(sim_sync_count(mine), syncs + 1);
+    assert_ptr_equal(driver_current(), ctx0);
+    unsigned char b = 0;
+    assert_int_equal(sim_read(&b, p, 1), CUDA_SUCCESS);
+    assert_int_equal(b, 0xab);
+
+    /* Destroyed: forgotten first, then no longer waited for. */
+    vmh_ctx_forget(mine);
+    assert_int_equal(D->cuMemFree(p), CUDA_SUCCESS);
+    assert_int_equal(D->cuCtxDestroy(mine), CUDA_SUCCESS);
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 1); /* the primary context only */
+    assert_int_equal(sim_calls("cuCtxPushCurrent"), 0);
+}
+
 static void sync_device_learns_the_callers_context(void **state)
 {
     (void)state;
@@ -379,10 +421,16 @@ static void sync_refused_during_capture_without_a_driver_call(void **state)
     sim_reset_counters();
     assert_int_equal(vmh_ctx_sync_device(0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     assert_int_equal(sim_call_count(), 0);
-    /* A relaxed thread may wait (the driver allows it). */
+    /* Not even from a relaxed thread, nor during a relaxed capture: a context synchronize
+     * waits for the capturing stream too. */
     vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
-    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     vmh_capture_ended(S1);
+    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(sim_call_count(), 0);
+    vmh_capture_ended(S1);
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS); /* capture over: waits again */
 }
 
 /* --------------------------------------------------------------------------------------------- */
@@ -396,8 +444,8 @@ static bool capture_global_s2(void *arg)
 }
 
 /* Forked while another thread waits on a context and has a capture in progress: in the child,
- * after the lifetime module's call, forgetting that context and reporting captures return at
- * once, and only this thread's own capture is left. */
+ * forgetting that context and reporting captures return at once, and only this thread's own
+ * capture is left. */
 static void child_after_fork_never_blocks(void **state)
 {
     (void)state;
@@ -419,7 +467,7 @@ static void child_after_fork_never_blocks(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         alarm(10); /* a hang ends the child with SIGALRM */
-        vmh_contexts_after_fork_child();
+        /* vmh_contexts_after_fork_child has run (pthread_atfork, registered by contexts.c) */
         vmh_ctx_forget(ctx1);
         int code = 0;
         if (!vmh_capture_any())
@@ -471,6 +519,7 @@ int main(void)
         T(current_none_is_invalid_context),
         T(forget_bumps_every_thread_cache),
         T(sync_device_waits_every_context_of_the_device_only),
+        T(sync_device_lands_work_of_a_created_context),
         T(sync_device_learns_the_callers_context),
         T(sync_device_of_a_forgotten_context_skips_it),
         T(sync_device_reports_the_drivers_error),

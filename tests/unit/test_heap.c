@@ -68,6 +68,7 @@ static void default_threshold_packs_medium_but_not_growable(void **state)
 {
     (void)state;
     vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default */
+    vmh_opt.park_limit = 0;         /* freed space reused at once (testutil.h) */
     assert_int_equal(vmh_opt.pack_below, 8 * MiB);
     CUdeviceptr a, b, g = 0;
     vmh_buffer_info_t info;
@@ -767,6 +768,62 @@ static void shards_reuse_each_others_space(void **state)
     assert_int_equal(vmh_heap_free(q.p, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- memory pressure ---- */
+
+static vmh_export_t pressure_export;
+static int pressure_calls;
+
+/* What ipc.c does under pressure: let go of the exports of freed buffers. */
+static void drop_stale_export(void)
+{
+    pressure_calls++;
+    if (pressure_export.nchunks &&
+        !vmh_heap_export_alive(pressure_export.base, pressure_export.serial))
+        vmh_heap_export_release(&pressure_export);
+}
+
+/* An allocation that finds the device full first lets other layers drop what pins freed
+ * memory (the pressure hook: exports of freed buffers), then waits for parked frees and trims,
+ * and only then fails. */
+static void pressure_hook_runs_before_out_of_memory(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = 32 * MiB};
+    tu_reset(&cfg);
+    CUdeviceptr a, b;
+    assert_int_equal(vmh_heap_alloc(16 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_export(a, &pressure_export), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    pressure_calls = 0;
+    vmh_heap_on_pressure(drop_stale_export);
+    /* 16 MiB held by the export's references, 16 MiB parked: 24 MiB fit only once both go. */
+    assert_int_equal(vmh_heap_alloc(24 * MiB, &b), CUDA_SUCCESS);
+    assert_int_equal(pressure_calls, 1);
+    assert_int_equal(pressure_export.nchunks, 0);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
+    vmh_heap_on_pressure(NULL);
+}
+
+/* ---- the packed fast path (issue 13) ---- */
+
+/* Once the device and a packing extent exist, a packed allocation on the current context and
+ * its stream-ordered free make no driver call at all (a928081 made two per allocation to find
+ * the current device). */
+static void packed_fast_path_makes_no_driver_call(void **state)
+{
+    (void)state;
+    vmh_opt.park_limit = 256 * MiB; /* the default: no allocating thread waits (reclaim.h) */
+    CUdeviceptr keep, p;
+    assert_int_equal(vmh_heap_alloc(4096, &keep), CUDA_SUCCESS);
+    sim_reset_counters();
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(vmh_heap_alloc((size_t)256 << (i % 6), &p), CUDA_SUCCESS);
+        assert_int_equal(vmh_heap_free(p, NULL, true), CUDA_SUCCESS);
+    }
+    assert_int_equal(sim_call_count(), 0);
+    assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
+}
+
 /* ---- trace of vmm_realloc (issue 16) ---- */
 
 /* The number of lines of the trace at path whose action and pointer are as given, and their
@@ -947,6 +1004,10 @@ int main(void)
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(export_free_rounds_hold_nothing, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(pressure_hook_runs_before_out_of_memory, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(packed_fast_path_makes_no_driver_call, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_is_traced, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(idle_bytes_count_only_whole_chunks, tu_setup, tu_teardown),

@@ -1,18 +1,22 @@
-/* CUDA IPC of served buffers and peer access (ipc.c) on the simulated driver.
+/* CUDA IPC of served buffers and peer access (ipc.c, ipc_wire.c, ipc_export.c, ipc_listener.c,
+ * ipc_import.c) on the simulated driver.
  *
  * The simulated driver imports only fds exported by its own process, so these tests export and
  * import in one process: vmh_ipc_open_remote is the import path without the same-process check,
  * and it talks to this process's own listener thread through the real abstract socket and
  * SCM_RIGHTS. Imported mappings therefore alias the exporter's memory here, which lets the
- * tests check contents too. Every test ends with the module reset, the heap reset, the
+ * tests check contents too. Another user is played two ways: simulated credentials (the
+ * getter both ends use is replaced, per side), and where the suite runs as root, forked
+ * children that become uid 65534. Every test ends with the module reset, the heap reset, the
  * driver's ledger empty and no file descriptor left open. tests/interpose/ip_ipc.c covers two
- * processes. */
+ * processes; docs/SECURITY.md says which test checks which promise. */
 #ifndef VMH_TESTING
 #define VMH_TESTING 1 /* the internal prototypes of ipc.h and log.h */
 #endif
 #include "testutil.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -630,7 +634,14 @@ static void another_real_user_is_refused_both_ways(void **state)
     vmh_ipc_handle_t w = decode(&h);
     sim_reset_counters();
     /* Importer of another user: refused at once, nothing exported. */
-    assert_int_equal(as_nobody(nobody_connects, &w), 0);
+    int r = as_nobody(nobody_connects, &w);
+    if (r == 77) {
+        printf("SKIP another_real_user_is_refused_both_ways: root, but cannot become uid 65534 "
+               "(no CAP_SETUID?); the simulated-credential tests cover the same checks\n");
+        assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+        skip();
+    }
+    assert_int_equal(r, 0);
     assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
     assert_int_equal(captured("refused a CUDA IPC request"), 1);
 
@@ -741,7 +752,7 @@ static void silent_peers_do_not_block_importers(void **state)
     timed_open_t o = {.h = h};
     timed_open_thread(&o);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 250); /* served while the silent one waits (was: 10 s behind it) */
+    assert_true(o.took_ms < 500); /* served while the silent one waits (was: 10 s behind it) */
     assert_true(tu_check(o.q, 2 * MiB, 12));
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
     /* The silent one is told and dropped shortly. */
@@ -836,7 +847,7 @@ static void importer_that_stops_reading_holds_nobody(void **state)
     timed_open_t o = {.h = ho};
     timed_open_thread(&o);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 250);
+    assert_true(o.took_ms < 500); /* (a blocking sender would hold it 10 s) */
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
     /* Dropped: after what was queued, the connection ends short of the whole buffer. */
     usleep(500 * 1000);
@@ -890,7 +901,7 @@ static void descriptor_limit_backs_off(void **state)
     struct rlimit old;
     assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
     /* One descriptor left: the importer's socket takes it, the listener's accept finds none. */
-    int lowest = dup(0);
+    int lowest = open("/dev/null", O_RDONLY | O_CLOEXEC); /* the lowest free descriptor */
     assert_true(lowest >= 0);
     close(lowest);
     struct rlimit tight = {.rlim_cur = (rlim_t)lowest + 1, .rlim_max = old.rlim_max};
@@ -953,6 +964,62 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_heap_free(g, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_ipc_open_remote(&hg, &q), CUDA_ERROR_INVALID_HANDLE);
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+}
+
+/* The heap recycles a freed exported buffer like any other: a new buffer at the very same
+ * address is another life of it, and the old handle does not open it. */
+static void reused_address_is_not_the_old_export(void **state)
+{
+    (void)state;
+    CUdeviceptr big, small, pad, q = 0;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &big), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(1000, &pad), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(3000, &small), CUDA_SUCCESS);
+    CUipcMemHandle hbig = get_handle(big), hsmall = get_handle(small);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+    CUdeviceptr big2, small2;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &big2), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(3000, &small2), CUDA_SUCCESS);
+    /* The scenario itself: both addresses came back (else this test checks nothing). */
+    assert_int_equal(big2, big);
+    assert_int_equal(small2, small);
+    tu_fill(big2, 4 * MiB, 16);
+    sim_reset_counters();
+    assert_int_equal(vmh_ipc_open_remote(&hbig, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(vmh_ipc_open_remote(&hsmall, &q), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
+    /* The new life has a handle of its own, which opens the new data. */
+    CUipcMemHandle hnew = get_handle(big2);
+    assert_memory_not_equal(&hnew, &hbig, sizeof hnew);
+    assert_int_equal(vmh_ipc_open_remote(&hnew, &q), CUDA_SUCCESS);
+    assert_true(tu_check(q, 4 * MiB, 16));
+    assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(big2, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small2, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(pad, NULL, false), CUDA_SUCCESS);
+}
+
+/* Memory of a freed exported buffer is given back when the device runs short, without waiting
+ * for the listener's next idle prune: the heap's pressure hook drops the table's references. */
+static void freed_export_memory_is_given_back_under_pressure(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 1, .memory = 64 * MiB};
+    tu_reset(&cfg);
+    vmh_opt.handle = VMH_HANDLE_POSIX_FD;
+    vmh_opt.pack_below = 1 * MiB;
+    capture_clear();
+    fds_at_start = count_fds();
+    CUdeviceptr p, r;
+    assert_int_equal(vmh_heap_alloc(48 * MiB, &p), CUDA_SUCCESS);
+    (void)get_handle(p);
+    assert_int_equal(vmh_ipc_export_count(), 1);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    /* Another size: the freed buffer cannot serve it; its chunk must go back to the driver. */
+    assert_int_equal(vmh_heap_alloc(60 * MiB, &r), CUDA_SUCCESS);
+    assert_int_equal(vmh_ipc_export_count(), 0);
+    assert_int_equal(vmh_heap_free(r, NULL, false), CUDA_SUCCESS);
 }
 
 /* A buffer of 1500 chunks crosses although the process may hold only 1024 descriptors: each
@@ -1191,6 +1258,9 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(descriptor_limit_backs_off, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_buffers_exports_are_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(reused_address_is_not_the_old_export, setup, teardown),
+        cmocka_unit_test_setup_teardown(freed_export_memory_is_given_back_under_pressure, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(many_more_chunks_than_descriptors, setup, teardown),
         cmocka_unit_test_setup_teardown(driver_failures_leave_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(failure_sweep_over_the_exchange, setup, teardown),

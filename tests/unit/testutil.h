@@ -14,14 +14,26 @@
 
 #include <cmocka.h>
 
+#include "contexts.h"
 #include "driver.h"
 #include "handle.h"
 #include "heap.h"
 #include "lifetime.h"
 #include "options.h"
 #include "range.h"
+#include "reclaim.h"
 #include "simdrv.h"
 #include "stats.h"
+
+/* The unit suites have no interposer to report context changes to contexts.h (whose cache of
+ * the calling thread's context the heap reads): a test that makes a context current reports
+ * it as the interposer would. */
+static inline void tu_set_current_device(int dev)
+{
+    sim_set_current_device(dev);
+    vmh_ctx_current_changed();
+}
+#define sim_set_current_device(dev) tu_set_current_device(dev)
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -31,13 +43,20 @@
 static inline void tu_reset(const sim_config_t *cfg)
 {
     vmh_heap_reset();
+    vmh_contexts_reset(); /* the contexts of the previous simulated driver are gone */
     sim_reset(cfg);
+    vmh_ctx_current_changed(); /* the contexts the thread knew are gone */
     vmh_driver_install(sim_table());
     vmh_options_defaults(&vmh_opt);
     vmh_heap_configure(&vmh_opt); /* the tests change vmh_opt's fields after this */
     /* The suites use sizes of a few MiB for buffers of their own: pack only below 1 MiB here
      * (the packing tests of test_heap.c say what they pack). */
     vmh_opt.pack_below = MiB;
+    /* The suites count driver calls: no reclaim thread synchronizes behind their back, and an
+     * allocation waits for anything parked first (park limit 0), so that freed memory is
+     * reused deterministically. test_reclaim.c turns the thread on and sets its own limits. */
+    vmh_reclaim_background(false);
+    vmh_opt.park_limit = 0;
     vmh_stats_reset();
 }
 

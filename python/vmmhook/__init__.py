@@ -1,0 +1,215 @@
+"""libvmmhook from Python: tags, pause and resume, statistics (docs/SLEEP.md).
+
+Pure Python over ctypes; nothing here needs CUDA or PyTorch to import. The library is used
+from wherever it is loaded: preloaded (LD_PRELOAD=libvmmhook.so, every cudaMalloc served), or
+loaded by PyTorch as a CUDAPluggableAllocator (torch_allocator()), or, failing both, loaded
+here from library_path().
+
+    import vmmhook
+    with vmmhook.tag("weights"):
+        model = build_model().cuda()
+    with vmmhook.tag("kv"):
+        cache = torch.empty(..., device="cuda")
+    vmmhook.pause("weights", backup=True)   # memory back to the driver, contents kept on host
+    vmmhook.pause("kv")                      # memory back to the driver, contents dropped
+    ...                                      # another process may use the GPU now
+    vmmhook.resume()                         # same addresses; weights restored
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+
+__all__ = [
+    "VmmError",
+    "available",
+    "library_path",
+    "tag",
+    "pause",
+    "resume",
+    "stats",
+    "torch_allocator",
+]
+
+PAUSE_BACKUP = 1  # VMM_PAUSE_BACKUP
+
+# vmm_status codes (include/vmmhook.h); the text comes from vmm_status_string.
+OK = 0
+ERR_PAUSED = 9
+ERR_NOT_PAUSED = 10
+ERR_LIMIT = 11
+ERR_UNKNOWN_TAG = 12
+ERR_CAPTURING = 13
+
+
+class VmmError(RuntimeError):
+    """A libvmmhook call failed; .status is the vmm_status code."""
+
+    def __init__(self, call, status, text):
+        super().__init__(f"{call}: {text} (vmm_status {status})")
+        self.status = status
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+_lib = None
+
+
+def _preloaded():
+    """The library when it is already in the process (preloaded, or dlopened by PyTorch)."""
+    try:
+        process = ctypes.CDLL(None)
+        process.vmm_version  # noqa: B018 (the look-up is the test)
+        return process
+    except (AttributeError, OSError):
+        return None
+
+
+def _path_of_loaded(process):
+    """The file the loaded library came from, through dladdr on one of its functions."""
+    try:
+        libc = ctypes.CDLL(None)
+        dladdr = libc.dladdr
+    except AttributeError:
+        return None
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    info = _DlInfo()
+    fn = ctypes.cast(process.vmm_version, ctypes.c_void_p)
+    if dladdr(fn, ctypes.byref(info)) and info.dli_fname:
+        return os.path.realpath(os.fsdecode(info.dli_fname))
+    return None
+
+
+def _installed_path():
+    try:
+        from . import _paths  # written by meson install
+    except ImportError:
+        return None
+    path = os.path.join(_paths.LIBDIR, "libvmmhook.so")
+    return path if os.path.exists(path) else None
+
+
+def library_path():
+    """Path of libvmmhook.so: the loaded one if any, else $LIBVMMHOOK, else the installed
+    one; None when none is found."""
+    process = _preloaded()
+    if process is not None:
+        path = _path_of_loaded(process)
+        if path:
+            return path
+    env = os.environ.get("LIBVMMHOOK")
+    if env:
+        return env
+    return _installed_path()
+
+
+def _load():
+    global _lib
+    if _lib is not None:
+        return _lib
+    lib = _preloaded()
+    if lib is None:
+        path = library_path()
+        if not path:
+            return None
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            return None
+    lib.vmm_version.restype = ctypes.c_int
+    lib.vmm_version.argtypes = []
+    lib.vmm_status_string.restype = ctypes.c_char_p
+    lib.vmm_status_string.argtypes = [ctypes.c_int]
+    lib.vmm_tag_push.restype = ctypes.c_int
+    lib.vmm_tag_push.argtypes = [ctypes.c_char_p]
+    lib.vmm_tag_pop.restype = ctypes.c_int
+    lib.vmm_tag_pop.argtypes = []
+    lib.vmm_pause.restype = ctypes.c_int
+    lib.vmm_pause.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+    lib.vmm_resume.restype = ctypes.c_int
+    lib.vmm_resume.argtypes = [ctypes.c_char_p]
+    lib.vmm_stats_json.restype = ctypes.c_int
+    lib.vmm_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    _lib = lib
+    return lib
+
+
+def available():
+    """True when the library can be used from this process (loaded, or loadable)."""
+    return _load() is not None
+
+
+def _need():
+    lib = _load()
+    if lib is None:
+        raise VmmError("vmmhook", -1, "libvmmhook is not loaded and library_path() finds none")
+    return lib
+
+
+def _check(lib, call, status):
+    if status != OK:
+        raise VmmError(call, status, lib.vmm_status_string(status).decode())
+
+
+def _name(t):
+    return None if t is None else os.fsencode(t)
+
+
+@contextlib.contextmanager
+def tag(name):
+    """Allocations made by this thread inside the block belong to tag `name`."""
+    lib = _need()
+    _check(lib, "vmm_tag_push", lib.vmm_tag_push(_name(name)))
+    try:
+        yield
+    finally:
+        _check(lib, "vmm_tag_pop", lib.vmm_tag_pop())
+
+
+def pause(tag=None, backup=False):
+    """Gives the memory of `tag` (None: of every tag) back to the driver, keeping addresses.
+    backup=True copies the contents to host memory first; resume() restores them. Raises
+    VmmError (e.g. status ERR_PAUSED when the tag is paused already)."""
+    lib = _need()
+    _check(lib, "vmm_pause", lib.vmm_pause(_name(tag), PAUSE_BACKUP if backup else 0))
+
+
+def resume(tag=None):
+    """Maps memory again at the same addresses (None: every paused tag). Raises VmmError;
+    out of memory leaves the tag paused, and the call can be retried."""
+    lib = _need()
+    _check(lib, "vmm_resume", lib.vmm_resume(_name(tag)))
+
+
+def stats():
+    """The library's statistics (vmm_stats_json) as a dict; per-tag figures under "tags"."""
+    lib = _need()
+    size = 4096
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        need = lib.vmm_stats_json(buf, size)
+        if need < 0:
+            raise VmmError("vmm_stats_json", need, "statistics unavailable")
+        if need < size:
+            return json.loads(buf.value.decode())
+        size = need + 1
+
+
+def torch_allocator():
+    """PyTorch's CUDAPluggableAllocator over this library, for
+    torch.cuda.memory.change_current_allocator() (before the first CUDA allocation)."""
+    import torch  # only when asked: the package itself does not need PyTorch
+
+    path = library_path()
+    if not path:
+        raise VmmError("torch_allocator", -1, "library_path() finds no libvmmhook.so")
+    return torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_torch_alloc", "vmm_torch_free")

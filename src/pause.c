@@ -1,0 +1,431 @@
+/* Pause and resume of tags (vmm_pause, vmm_resume; docs/SLEEP.md), over the heap layer.
+ *
+ * The heap keeps each tag's memory apart (its own big-buffer set and packing shards per device)
+ * and lets this file visit every record of one tag's sets under the record's lock
+ * (vmh_bigbuf_visit, vmh_packing_visit): a visit may swap a record's range for a paused
+ * description (range.h) and back. While paused, the record has no range; the heap answers
+ * frees (the paused description goes: its reservations are freed, its memory was released
+ * already), lookups and refusals (realloc, export) from that. Allocation in a tag that is not
+ * running is refused by the heap (the sets are frozen, under the same locks the visits take, so
+ * an allocation either completes before a pause visits its set or is refused).
+ *
+ * Pause: freeze the tag's sets, wait for the device (the context synchronize of reclaim.h, which
+ * also releases parked frees), give back idle memory, then pause each record (copy to host
+ * memory first when asked). A failure resumes what the call paused and unfreezes.
+ * Resume: prepare every paused record (new memory mapped at its addresses, backup copied back;
+ * the description keeps the new range), and only when all succeeded commit them all; otherwise
+ * drop what was prepared, so that out of memory leaves the whole tag paused and retryable.
+ *
+ * Calls are serialized (one pause or resume at a time); the visits hold the heap's record locks
+ * across their driver calls (unmap, release, create, map, copy), as the peer-access grant does:
+ * these are rare, explicit calls, and holding the locks is what makes a concurrent free or
+ * allocation see a record either before or after its change, never half-way.
+ */
+#include "pause.h"
+
+#include "bigbuf.h"
+#include "contexts.h"
+#include "driver.h"
+#include "heap.h"
+#include "lifetime.h"
+#include "log.h"
+#include "packing.h"
+#include "reclaim.h"
+#include "tags.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define VMM_API __attribute__((visibility("default")))
+
+static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t pin_limit; /* VMMHOOK_PIN_LIMIT */
+
+/* ---- host memory for backups ---------------------------------------------------------------- *
+ * Copies between the device and pinned host memory run several times faster than with pageable
+ * memory, but pinning costs about what one pageable copy costs (driver-facts.md section 6), so
+ * pinning pays only when the memory is used again. Backups therefore go to plain host memory,
+ * except that up to VMMHOOK_PIN_LIMIT bytes are pinned (cuMemHostRegister) when first used and
+ * kept for the process, serving every later backup that fits. */
+
+typedef struct pinned {
+    void *host;
+    size_t size;
+    bool in_use;
+    struct pinned *next;
+} pinned_t;
+
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+static pinned_t *pinned_list;
+static size_t pinned_bytes;
+
+static size_t page_round(size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + page - 1) / page * page;
+}
+
+/* Host memory for size bytes; the calling thread has the device's context current (pinning
+ * needs one). NULL when the system has none. */
+static void *backup_get(size_t size)
+{
+    pthread_mutex_lock(&pinned_lock);
+    pinned_t *best = NULL;
+    for (pinned_t *k = pinned_list; k; k = k->next)
+        if (!k->in_use && k->size >= size && (!best || k->size < best->size))
+            best = k;
+    if (best)
+        best->in_use = true;
+    /* Room to pin a new one: claimed now, given back below if pinning fails. */
+    bool pin = !best && pinned_bytes + page_round(size) <= pin_limit;
+    if (pin)
+        pinned_bytes += page_round(size);
+    pthread_mutex_unlock(&pinned_lock);
+    if (best)
+        return best->host;
+
+    size_t len = page_round(size);
+    void *host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (host == MAP_FAILED)
+        host = NULL;
+    else
+        /* Fresh memory is faulted in by the copy or the pinning, page by page: huge pages
+         * make that fewer faults (advice only; not measured here). */
+        madvise(host, len, MADV_HUGEPAGE);
+    pinned_t *k = pin && host ? malloc(sizeof *k) : NULL;
+    /* PORTABLE: pinned for every context, as a kept buffer may serve another device later. */
+    if (k && vmh_drv.cuMemHostRegister(host, len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
+        *k = (pinned_t){host, len, true, NULL};
+        pthread_mutex_lock(&pinned_lock);
+        k->next = pinned_list;
+        pinned_list = k;
+        pthread_mutex_unlock(&pinned_lock);
+        vmh_tags_pinned_add((int64_t)len);
+        return host;
+    }
+    free(k);
+    if (pin) {
+        pthread_mutex_lock(&pinned_lock);
+        pinned_bytes -= len;
+        pthread_mutex_unlock(&pinned_lock);
+    }
+    return host; /* pageable (or NULL) */
+}
+
+/* Gives back a backup (vmh_host_release_fn): a pinned one stays pinned for the next backup,
+ * a pageable one goes back to the system. No driver call: it may run on any thread. */
+static void backup_put(void *host, size_t size)
+{
+    pthread_mutex_lock(&pinned_lock);
+    pinned_t *k = pinned_list;
+    while (k && k->host != host)
+        k = k->next;
+    if (k)
+        k->in_use = false;
+    pthread_mutex_unlock(&pinned_lock);
+    if (!k)
+        munmap(host, page_round(size));
+}
+
+/* ---- visits ---------------------------------------------------------------------------------- */
+
+/* What a visit of one tag needs: the device being visited, whether to back up. */
+typedef struct job {
+    const vmh_dev_t *dev;
+    bool backup;
+} job_t;
+
+static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+{
+    job_t *j = arg;
+    /* Shared with another process: its memory would not go, and the importer would lose what
+     * it shares. It stays mapped (docs/SLEEP.md). */
+    if (!*range || exported)
+        return CUDA_SUCCESS;
+    size_t size = (*range)->size;
+    void *host = NULL;
+    if (j->backup && !(host = backup_get(size)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vmh_paused_t *p;
+    CUresult rc = vmh_range_pause(*range, host, &p);
+    if (rc != CUDA_SUCCESS) {
+        if (host)
+            backup_put(host, size);
+        /* Memory with another holder (a range left by a move that the GPU has not passed
+         * yet, an export being made) stays mapped, like an exported buffer. */
+        return rc == CUDA_ERROR_NOT_PERMITTED ? CUDA_SUCCESS : rc;
+    }
+    p->host = host;
+    p->host_release = host ? backup_put : NULL;
+    *range = NULL;
+    *paused = p;
+    return CUDA_SUCCESS;
+}
+
+static CUresult visit_prepare(vmh_range_t **range, vmh_paused_t **paused, bool exported,
+                              void *arg)
+{
+    (void)range;
+    (void)exported;
+    job_t *j = arg;
+    vmh_paused_t *p = *paused;
+    if (!p || p->resumed)
+        return CUDA_SUCCESS;
+    /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants. */
+    return vmh_range_resume(p, &j->dev->prop, NULL, 0, p->host, &p->resumed);
+}
+
+static CUresult visit_abort(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+{
+    (void)range;
+    (void)exported;
+    (void)arg;
+    if (*paused) {
+        vmh_range_destroy((*paused)->resumed);
+        (*paused)->resumed = NULL;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult visit_commit(vmh_range_t **range, vmh_paused_t **paused, bool exported,
+                             void *arg)
+{
+    (void)exported;
+    (void)arg;
+    vmh_paused_t *p = *paused;
+    if (!p || !p->resumed)
+        return CUDA_SUCCESS;
+    *range = p->resumed;
+    p->resumed = NULL;
+    *paused = NULL;
+    vmh_paused_destroy(p); /* a pinned backup stays for the next pause, others go */
+    return CUDA_SUCCESS;
+}
+
+/* Runs fn over every record of tag on every device that has memory of it; with_context: with
+ * the device's context current (the copies need one; unmapping, releasing and freeing
+ * addresses do not, so the steps that cannot fail never depend on it). Stops at the first
+ * failure. */
+static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool with_context)
+{
+    for (int dev = 0; dev < VMH_MAX_DEVICES; dev++) {
+        vmh_tag_parts_t parts;
+        if (!vmh_heap_tag_parts(dev, tag, &parts))
+            continue;
+        j->dev = parts.dev;
+        CUresult rc = with_context ? vmh_drv.cuCtxPushCurrent(parts.dev->ctx) : CUDA_SUCCESS;
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        if (parts.big)
+            rc = vmh_bigbuf_visit(parts.big, fn, j);
+        if (rc == CUDA_SUCCESS && parts.pack)
+            rc = vmh_packing_visit(parts.pack, fn, j);
+        CUcontext popped;
+        if (with_context)
+            vmh_drv.cuCtxPopCurrent(&popped);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Both steps of a resume; on failure nothing of the tag is left mapped by the call. Out of
+ * memory first gives back the library's idle memory (cached buffers of any tag, empty packing
+ * chunks) and tries once more: memory held idle must not keep a tag paused. */
+static CUresult resume_records(unsigned tag)
+{
+    CUresult rc;
+    for (int attempt = 0;; attempt++) {
+        job_t j = {0};
+        rc = visit_tag(tag, visit_prepare, &j, true);
+        job_t k = {0};
+        /* Neither step can fail: they only swap pointers and undo (unmap, release, free). */
+        visit_tag(tag, rc == CUDA_SUCCESS ? visit_commit : visit_abort, &k, false);
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0 || vmh_heap_trim() == 0)
+            return rc;
+    }
+}
+
+/* *stays_paused: the pause failed and so did resuming what it had paused. */
+static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
+{
+    *stays_paused = false;
+    vmh_heap_tag_freeze(tag, true);
+    /* Work queued before the call may still use the memory: wait for every device the tag
+     * has memory on (this also releases the parked frees that the trim below gives back). */
+    CUresult rc = CUDA_SUCCESS;
+    for (int dev = 0; dev < VMH_MAX_DEVICES && rc == CUDA_SUCCESS; dev++) {
+        vmh_tag_parts_t parts;
+        if (vmh_heap_tag_parts(dev, tag, &parts))
+            rc = vmh_reclaim_wait(parts.reclaim, VMH_WAIT_APP);
+    }
+    if (rc == CUDA_SUCCESS) {
+        vmh_heap_trim(); /* idle memory: cached buffers, empty packing extents */
+        job_t j = {.backup = backup};
+        rc = visit_tag(tag, visit_pause, &j, true);
+    }
+    if (rc != CUDA_SUCCESS && resume_records(tag) != CUDA_SUCCESS) {
+        /* Back to running failed too (out of memory after a failed copy): the tag stays
+         * paused, and vmm_resume can be tried again. */
+        vmh_log("pause of tag %s failed (CUDA error %d) and so did giving back what it had "
+                "paused: the tag stays paused", vmh_tag_name(tag), (int)rc);
+        *stays_paused = true;
+    }
+    return rc;
+}
+
+/* ---- statistics ------------------------------------------------------------------------------ */
+
+static CUresult visit_count(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+{
+    vmh_tag_memory_t *m = arg;
+    if (*range) {
+        m->mapped += (*range)->size;
+        if (exported)
+            m->kept += (*range)->size;
+    }
+    if (*paused) {
+        m->paused += (*paused)->size;
+        if ((*paused)->host)
+            m->backed_up += (*paused)->size;
+    }
+    return CUDA_SUCCESS;
+}
+
+static void tag_memory(unsigned tag, vmh_tag_memory_t *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int dev = 0; dev < VMH_MAX_DEVICES; dev++) {
+        vmh_tag_parts_t parts;
+        if (!vmh_heap_tag_parts(dev, tag, &parts))
+            continue;
+        if (parts.big)
+            vmh_bigbuf_visit(parts.big, visit_count, out);
+        if (parts.pack)
+            vmh_packing_visit(parts.pack, visit_count, out);
+    }
+}
+
+void vmh_pause_configure(const vmh_options_t *opt)
+{
+    pin_limit = opt->pin_limit;
+    vmh_tags_set_memory_source(tag_memory);
+}
+
+/* ---- the API --------------------------------------------------------------------------------- */
+
+static vmm_status to_status(CUresult rc)
+{
+    switch (rc) {
+    case CUDA_SUCCESS:
+        return VMM_OK;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return VMM_ERR_NO_MEMORY;
+    default:
+        vmh_log("pause/resume: CUDA error %d", (int)rc);
+        return VMM_ERR_DRIVER;
+    }
+}
+
+typedef vmm_status (*tag_op_t)(unsigned tag, unsigned flags);
+
+static vmm_status pause_one(unsigned tag, unsigned flags)
+{
+    if (!vmh_tag_transition(tag, VMH_TAG_RUNNING, VMH_TAG_PAUSING))
+        return VMM_ERR_PAUSED;
+    uint64_t t0 = vmh_tags_now_ns();
+    bool stays_paused;
+    CUresult rc = pause_tag(tag, flags & VMM_PAUSE_BACKUP, &stays_paused);
+    if (rc == CUDA_SUCCESS || stays_paused) {
+        vmh_tag_transition(tag, VMH_TAG_PAUSING, VMH_TAG_PAUSED);
+        if (rc == CUDA_SUCCESS)
+            vmh_tag_note_pause(tag, vmh_tags_now_ns() - t0);
+    } else {
+        /* Running first, then unfrozen: a set the heap creates meanwhile sees either. */
+        vmh_tag_transition(tag, VMH_TAG_PAUSING, VMH_TAG_RUNNING);
+        vmh_heap_tag_freeze(tag, false);
+    }
+    return to_status(rc);
+}
+
+static vmm_status resume_one(unsigned tag, unsigned flags)
+{
+    (void)flags;
+    if (!vmh_tag_transition(tag, VMH_TAG_PAUSED, VMH_TAG_RESUMING))
+        return VMM_ERR_NOT_PAUSED;
+    uint64_t t0 = vmh_tags_now_ns();
+    CUresult rc = resume_records(tag);
+    if (rc == CUDA_SUCCESS) {
+        vmh_tag_transition(tag, VMH_TAG_RESUMING, VMH_TAG_RUNNING);
+        vmh_heap_tag_freeze(tag, false);
+        vmh_tag_note_resume(tag, vmh_tags_now_ns() - t0);
+    } else {
+        vmh_tag_transition(tag, VMH_TAG_RESUMING, VMH_TAG_PAUSED);
+    }
+    return to_status(rc);
+}
+
+/* One tag by name, or (name NULL) every tag op applies to: VMM_ERR_PAUSED / NOT_PAUSED from a
+ * tag it does not apply to are skipped then; the first other failure stops and is returned. */
+static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_status skip)
+{
+    if (!vmh_lifetime_ready())
+        return VMM_ERR_NO_DRIVER;
+    /* The device wait (and the unmapping of memory a capture may be recording) would break
+     * a capture in progress: the driver refuses the wait and invalidates the capture. */
+    if (vmh_capture_any())
+        return VMM_ERR_CAPTURING;
+    unsigned one = VMH_TAG_NONE;
+    if (name && (one = vmh_tag_lookup(name)) == VMH_TAG_NONE)
+        return VMM_ERR_UNKNOWN_TAG;
+    pthread_mutex_lock(&pause_lock);
+    vmm_status st = VMM_OK;
+    if (name) {
+        st = op(one, flags);
+    } else {
+        unsigned n = vmh_tag_count();
+        for (unsigned t = 0; t < n && st == VMM_OK; t++) {
+            st = op(t, flags);
+            if (st == skip)
+                st = VMM_OK;
+        }
+    }
+    pthread_mutex_unlock(&pause_lock);
+    return st;
+}
+
+VMM_API vmm_status vmm_pause(const char *tag, unsigned flags)
+{
+    if (flags & ~VMM_PAUSE_BACKUP)
+        return VMM_ERR_INVALID;
+    return for_tags(tag, flags, pause_one, VMM_ERR_PAUSED);
+}
+
+VMM_API vmm_status vmm_resume(const char *tag)
+{
+    return for_tags(tag, 0, resume_one, VMM_ERR_NOT_PAUSED);
+}
+
+#ifdef VMH_TESTING
+void vmh_pause_reset(void)
+{
+    pthread_mutex_lock(&pinned_lock);
+    while (pinned_list) {
+        pinned_t *k = pinned_list;
+        pinned_list = k->next;
+        assert(!k->in_use);
+        vmh_drv.cuMemHostUnregister(k->host);
+        munmap(k->host, k->size);
+        vmh_tags_pinned_add(-(int64_t)k->size);
+        free(k);
+    }
+    pinned_bytes = 0;
+    pthread_mutex_unlock(&pinned_lock);
+}
+#endif

@@ -1,0 +1,18 @@
+/* Pause and resume of tags (vmm_pause, vmm_resume in include/vmmhook.h; docs/SLEEP.md): the
+ * layer above the heap that gives a tag's physical memory back and maps it again at the same
+ * addresses. See pause.c for how it walks the heap. */
+#ifndef VMH_PAUSE_H
+#define VMH_PAUSE_H
+
+#include "options.h"
+
+/* VMMHOOK_PIN_LIMIT, and the per-tag memory figures of the statistics (tags.h). Called by the
+ * front with the options snapshot. */
+void vmh_pause_configure(const vmh_options_t *opt);
+
+#ifdef VMH_TESTING
+/* Tests: gives back the host memory kept for backups. */
+void vmh_pause_reset(void);
+#endif
+
+#endif

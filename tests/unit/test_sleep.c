@@ -1,0 +1,598 @@
+/* vmm_pause / vmm_resume over the heap (pause.c), on the simulated driver: each defined edge of
+ * docs/SLEEP.md, tags kept apart, concurrent allocation and frees, out of memory on resume,
+ * and a fault-injection sweep over a whole tag's pause and resume. */
+#ifndef VMH_TESTING
+#define VMH_TESTING 1 /* vmh_tags_reset, vmh_pause_reset */
+#endif
+#include "testutil.h"
+
+#include "contexts.h"
+#include "lifetime.h"
+#include "pause.h"
+#include "tags.h"
+#include "vmmhook.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#define INJECTED CUDA_ERROR_UNKNOWN
+
+static void sleep_reset(const sim_config_t *cfg)
+{
+    tu_reset(cfg);
+    assert_true(vmh_lifetime_ready()); /* reads the options once; the test's values come after */
+    vmh_opt.pack_below = MiB;
+    vmh_pause_configure(&vmh_opt);
+    vmh_tags_reset();
+    vmh_pause_reset();
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    sleep_reset(NULL);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    vmh_heap_trim();
+    vmh_pause_reset();
+    tu_assert_ledger_empty();
+    vmh_tags_reset();
+    return 0;
+}
+
+/* A buffer of size bytes allocated under tag (NULL: the thread's current tag). */
+static CUdeviceptr alloc_in(const char *tag, size_t size)
+{
+    if (tag)
+        assert_int_equal(vmm_tag_push(tag), VMM_OK);
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_alloc(size, &p), CUDA_SUCCESS);
+    if (tag)
+        assert_int_equal(vmm_tag_pop(), VMM_OK);
+    return p;
+}
+
+static bool mapped(CUdeviceptr p, size_t n)
+{
+    for (size_t off = 0; off < n; off += 4096)
+        if (!sim_is_mapped(p + off))
+            return false;
+    return sim_is_mapped(p + n - 1);
+}
+
+static bool unmapped_but_reserved(CUdeviceptr p, size_t n)
+{
+    for (size_t off = 0; off < n; off += 4096)
+        if (sim_is_mapped(p + off) || !sim_is_reserved(p + off))
+            return false;
+    return true;
+}
+
+static vmh_tag_memory_t memory_of(const char *tag)
+{
+    char buf[8192];
+    assert_true(vmm_stats_json(buf, sizeof buf) < (int)sizeof buf);
+    vmh_tag_memory_t m;
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\": {", tag);
+    const char *at = strstr(buf, key);
+    assert_non_null(at);
+    assert_int_equal(sscanf(strstr(at, "\"mapped\""),
+                            "\"mapped\": %zu, \"paused\": %zu, \"backed_up\": %zu, "
+                            "\"kept_mapped\": %zu",
+                            &m.mapped, &m.paused, &m.backed_up, &m.kept),
+                     4);
+    return m;
+}
+
+/* Two tags and the default one: pausing "kv" gives back exactly its memory, keeps every
+ * address, leaves the others alone; resume maps it again at the same addresses. */
+static void pause_gives_back_one_tag(void **state)
+{
+    (void)state;
+    CUdeviceptr big = alloc_in("kv", 3 * MiB), small = alloc_in("kv", 4096);
+    CUdeviceptr w = alloc_in("weights", 3 * MiB), wsmall = alloc_in("weights", 4096);
+    CUdeviceptr d = alloc_in(NULL, 5000);
+    tu_fill(w, 3 * MiB, 1);
+    tu_fill(wsmall, 4096, 2);
+    tu_fill(d, 5000, 3);
+    size_t used = sim_device_used(0);
+    vmh_tag_memory_t before = memory_of("kv");
+    assert_int_equal(before.mapped, 4 * MiB + GRAN); /* its own range + its own extent */
+    assert_int_equal(before.paused, 0);
+
+    assert_int_equal(vmm_pause("kv", 0), VMM_OK);
+    assert_true(unmapped_but_reserved(big, 3 * MiB));
+    assert_true(unmapped_but_reserved(small, 4096));
+    /* The small buffer's chunk was the tag's own: nothing of another tag went with it. */
+    assert_true(tu_check(w, 3 * MiB, 1) && tu_check(wsmall, 4096, 2) && tu_check(d, 5000, 3));
+    assert_int_equal(sim_device_used(0), used - before.mapped);
+    vmh_tag_memory_t m = memory_of("kv");
+    assert_int_equal(m.mapped, 0);
+    assert_int_equal(m.paused, before.mapped);
+    assert_int_equal(m.backed_up, 0);
+    char json[8192];
+    vmm_stats_json(json, sizeof json);
+    assert_non_null(strstr(json, "\"kv\": {\"state\": \"paused\""));
+    /* Still the program's buffers. */
+    assert_int_equal(vmm_owns((void *)(uintptr_t)big), 1);
+    assert_int_equal(vmm_usable_size((void *)(uintptr_t)big), 4 * MiB);
+
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    assert_true(mapped(big, 3 * MiB) && mapped(small, 4096));
+    assert_int_equal(sim_device_used(0), used);
+    tu_fill(big, 3 * MiB, 4); /* writable again */
+    tu_fill(small, 4096, 5);
+    assert_int_equal(memory_of("kv").mapped, before.mapped);
+    assert_int_equal(vmh_tag_pauses(vmh_tag_lookup("kv")), 1);
+    assert_int_equal(vmh_tag_resumes(vmh_tag_lookup("kv")), 1);
+    CUdeviceptr all[] = {big, small, w, wsmall, d};
+    for (size_t i = 0; i < 5; i++)
+        assert_int_equal(vmh_heap_free(all[i], NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_tag_requested(vmh_tag_lookup("kv")), 0);
+}
+
+static void backup_keeps_contents(void **state)
+{
+    (void)state;
+    CUdeviceptr big = alloc_in("w", 5 * MiB), small = alloc_in("w", 3000);
+    tu_fill(big, 5 * MiB, 11);
+    tu_fill(small, 3000, 12);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    vmh_tag_memory_t m = memory_of("w");
+    assert_int_equal(m.backed_up, m.paused);
+    assert_true(m.paused >= 6 * MiB);
+    assert_true(unmapped_but_reserved(big, 5 * MiB));
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_true(tu_check(big, 5 * MiB, 11));
+    assert_true(tu_check(small, 3000, 12));
+    assert_int_equal(memory_of("w").backed_up, 0);
+    /* Without VMMHOOK_PIN_LIMIT nothing is pinned; with it, the first backup pins host memory
+     * and later ones reuse it (no more pinning). */
+    assert_int_equal(sim_calls("cuMemHostRegister"), 0);
+    vmh_opt.pin_limit = 64 * MiB;
+    vmh_pause_configure(&vmh_opt);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        assert_int_equal(sim_calls("cuMemHostRegister"), 2); /* one per record, once */
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_true(tu_check(big, 5 * MiB, 11) && tu_check(small, 3000, 12));
+    }
+    char buf[8192];
+    vmm_stats_json(buf, sizeof buf);
+    assert_null(strstr(buf, "\"pinned_host_bytes\": {\"current\": 0,"));
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+}
+
+static void defined_edges(void **state)
+{
+    (void)state;
+    CUdeviceptr p = alloc_in("kv", 3 * MiB), q = alloc_in("kv", 100);
+    assert_int_equal(vmm_pause("nope", 0), VMM_ERR_UNKNOWN_TAG);
+    assert_int_equal(vmm_resume("nope"), VMM_ERR_UNKNOWN_TAG);
+    assert_int_equal(vmm_pause("kv", 0x80), VMM_ERR_INVALID);
+    assert_int_equal(vmm_resume("kv"), VMM_ERR_NOT_PAUSED);
+    /* A stream capture in progress (reported by the interposer): refused, nothing done. */
+    CUstream cs = (CUstream)(uintptr_t)0x5151;
+    vmh_capture_began(cs, CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_int_equal(vmm_pause("kv", 0), VMM_ERR_CAPTURING);
+    assert_true(mapped(p, 3 * MiB));
+    vmh_capture_ended(cs);
+    assert_int_equal(vmm_pause("kv", 0), VMM_OK);
+    vmh_capture_began(cs, CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_int_equal(vmm_resume("kv"), VMM_ERR_CAPTURING);
+    assert_true(unmapped_but_reserved(p, 3 * MiB));
+    vmh_capture_ended(cs);
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    assert_int_equal(vmm_pause("kv", 0), VMM_OK);
+    assert_int_equal(vmm_pause("kv", 0), VMM_ERR_PAUSED);
+
+    /* Allocation in a paused tag: refused, big or small. */
+    assert_int_equal(vmm_tag_push("kv"), VMM_OK);
+    CUdeviceptr r = 0;
+    assert_int_equal(vmh_heap_alloc(3 * MiB, &r), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_heap_alloc(100, &r), CUDA_ERROR_OUT_OF_MEMORY);
+    void *vr = NULL;
+    assert_int_equal(vmm_realloc(&vr, 100), VMM_ERR_NO_MEMORY);
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    /* ... while other tags allocate as ever. */
+    CUdeviceptr other = alloc_in("other", 100);
+
+    /* vmm_realloc of a paused buffer: refused, untouched. */
+    void *vp = (void *)(uintptr_t)p, *vq = (void *)(uintptr_t)q;
+    assert_int_equal(vmm_realloc(&vp, 9 * MiB), VMM_ERR_PAUSED);
+    assert_int_equal(vmm_realloc(&vp, 2 * MiB), VMM_ERR_PAUSED);
+    assert_int_equal(vmm_realloc(&vq, 200), VMM_ERR_PAUSED);
+    assert_int_equal(vmm_realloc(&vq, 3 * MiB), VMM_ERR_PAUSED);
+    assert_ptr_equal(vp, (void *)(uintptr_t)p);
+    assert_ptr_equal(vq, (void *)(uintptr_t)q);
+    /* Exporting one for another process: refused. */
+    vmh_export_t ex;
+    assert_int_not_equal(vmh_heap_export(p, &ex), CUDA_SUCCESS);
+
+    /* NULL: every tag that applies; the paused one is skipped. */
+    assert_int_equal(vmm_pause(NULL, 0), VMM_OK);
+    assert_true(unmapped_but_reserved(other, 100));
+    assert_int_equal(vmm_resume(NULL), VMM_OK);
+    assert_int_equal(vmm_resume(NULL), VMM_OK); /* nothing paused: nothing to do */
+    assert_true(mapped(p, 3 * MiB) && mapped(q, 100) && mapped(other, 100));
+    assert_int_equal(vmm_realloc(&vp, 9 * MiB), VMM_OK); /* running again */
+    assert_int_equal(vmh_heap_free((CUdeviceptr)(uintptr_t)vp, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(other, NULL, false), CUDA_SUCCESS);
+}
+
+/* Free while paused: the addresses go once, the memory (already released) is not released
+ * again, and resume never maps it. */
+static void free_while_paused(void **state)
+{
+    (void)state;
+    CUdeviceptr p = alloc_in("kv", 3 * MiB), q = alloc_in("kv", 100), keep = alloc_in("kv", 200);
+    assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    unsigned long released = sim_calls("cuMemRelease");
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuMemRelease"), released); /* nothing released twice */
+    assert_false(sim_is_reserved(p));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_ERROR_NOT_FOUND); /* once */
+    assert_int_equal(vmm_owns((void *)(uintptr_t)p), 0);
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    assert_false(sim_is_mapped(p));
+    assert_true(mapped(keep, 200));
+    assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
+    /* An extent emptied while paused is given back by a trim while still paused. */
+    CUdeviceptr lone = alloc_in("solo", 100);
+    assert_int_equal(vmm_pause("solo", 0), VMM_OK);
+    assert_int_equal(vmh_heap_free(lone, NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim();
+    assert_false(sim_is_reserved(lone));
+    assert_int_equal(vmm_resume("solo"), VMM_OK);
+    assert_false(sim_is_mapped(lone));
+}
+
+/* Out of memory on resume: VMM_ERR_NO_MEMORY, nothing of the tag mapped, still paused with its
+ * backup; once memory is free the same call succeeds. */
+static void resume_out_of_memory(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = 16 * GRAN};
+    sleep_reset(&cfg);
+    CUdeviceptr a = alloc_in("kv", 5 * MiB), b = alloc_in("kv", 7 * MiB), s = alloc_in("kv", 64);
+    tu_fill(a, 5 * MiB, 21);
+    tu_fill(b, 7 * MiB, 22);
+    tu_fill(s, 64, 23);
+    assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    CUdeviceptr filler = alloc_in("other", 12 * GRAN); /* leaves 4 granules: not enough */
+    assert_int_equal(vmm_resume("kv"), VMM_ERR_NO_MEMORY);
+    assert_true(unmapped_but_reserved(a, 5 * MiB));
+    assert_true(unmapped_but_reserved(b, 7 * MiB));
+    assert_true(unmapped_but_reserved(s, 64));
+    assert_int_equal(vmh_tag_state(vmh_tag_lookup("kv")), VMH_TAG_PAUSED);
+    assert_int_equal(vmm_pause("kv", 0), VMM_ERR_PAUSED);
+    /* Freed memory held idle (cached) by the library is given back by the resume itself. */
+    assert_int_equal(vmh_heap_free(filler, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    assert_true(tu_check(a, 5 * MiB, 21) && tu_check(b, 7 * MiB, 22) && tu_check(s, 64, 23));
+    CUdeviceptr all[] = {a, b, s};
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(vmh_heap_free(all[i], NULL, false), CUDA_SUCCESS);
+}
+
+/* A buffer shared with another process stays mapped (its memory would not go anyway). */
+static void exported_buffer_stays(void **state)
+{
+    (void)state;
+    CUdeviceptr p = alloc_in("kv", 3 * MiB), q = alloc_in("kv", 3 * MiB);
+    tu_fill(p, 3 * MiB, 31);
+    vmh_export_t ex;
+    assert_int_equal(vmh_heap_export(p, &ex), CUDA_SUCCESS);
+    assert_int_equal(vmm_pause("kv", 0), VMM_OK);
+    assert_true(mapped(p, 3 * MiB) && tu_check(p, 3 * MiB, 31));
+    assert_true(unmapped_but_reserved(q, 3 * MiB));
+    assert_int_equal(memory_of("kv").kept, 4 * MiB);
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    vmh_heap_export_release(&ex);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+}
+
+/* Peer access comes back, including a grant made while paused. */
+static void peer_access_restored(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 3};
+    sleep_reset(&cfg);
+    assert_int_equal(vmh_heap_set_peer_access(0, 1, true), CUDA_SUCCESS);
+    CUdeviceptr p = alloc_in("kv", 3 * MiB), s = alloc_in("kv", 128);
+    assert_int_equal(sim_access_flags(p, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmh_heap_set_peer_access(0, 2, true), CUDA_SUCCESS);
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    for (int dev = 0; dev < 3; dev++) {
+        assert_int_equal(sim_access_flags(p, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        assert_int_equal(sim_access_flags(s, dev), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    }
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(s, NULL, false), CUDA_SUCCESS);
+}
+
+/* Several devices: each device's memory of the tag goes and comes back, with its context. */
+static void several_devices(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    sleep_reset(&cfg);
+    CUdeviceptr p0 = alloc_in("kv", 3 * MiB);
+    sim_set_current_device(1);
+    CUdeviceptr p1 = alloc_in("kv", 3 * MiB), s1 = alloc_in("kv", 99);
+    tu_fill(p1, 3 * MiB, 41);
+    sim_set_current_device(0);
+    tu_fill(p0, 3 * MiB, 40);
+    assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_device_used(1), 0);
+    assert_int_equal(sim_current_device(), 0); /* the caller's context is back */
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    assert_true(tu_check(p0, 3 * MiB, 40));
+    sim_set_current_device(1);
+    assert_true(tu_check(p1, 3 * MiB, 41));
+    CUdeviceptr all[] = {p0, p1, s1};
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(vmh_heap_free(all[i], NULL, false), CUDA_SUCCESS);
+    sim_set_current_device(0);
+}
+
+/* Work queued before the pause lands before the memory goes (and is in the backup); a
+ * "kernel" that touches a paused buffer faults; work captured with the buffer's address (a
+ * CUDA graph replayed after resume) finds the same address mapped, with the same contents. */
+static unsigned char byte_at(CUdeviceptr p)
+{
+    unsigned char b = 0;
+    assert_int_equal(sim_read(&b, p, 1), CUDA_SUCCESS);
+    return b;
+}
+
+static void queued_work_and_replay(void **state)
+{
+    (void)state;
+    CUdeviceptr p = alloc_in("kv", 3 * MiB), s = alloc_in("kv", 512);
+    /* Without a backup nothing else lands the work: the pause's own wait must. */
+    assert_int_equal(sim_launch_write(NULL, NULL, p, 4096, 0x11), CUDA_SUCCESS);
+    assert_int_equal(vmm_pause("kv", 0), VMM_OK);
+    assert_int_equal(sim_hazards(), 0);
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    tu_fill(p, 3 * MiB, 61);
+    assert_int_equal(sim_launch_write(NULL, NULL, p + MiB, 4096, 0x5a), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(NULL, NULL, s, 512, 0x3c), CUDA_SUCCESS);
+    assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_hazards(), 0); /* the pause waited for the queued work */
+
+    assert_int_equal(sim_launch_write(NULL, NULL, p, 16, 1), CUDA_SUCCESS);
+    sim_flush();
+    assert_int_equal(sim_hazards(), 1); /* a kernel touching a paused buffer faults */
+
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    assert_int_equal(byte_at(p + MiB), 0x5a);
+    assert_int_equal(byte_at(p + MiB + 4095), 0x5a);
+    assert_int_equal(byte_at(s + 511), 0x3c);
+    assert_true(tu_check(p, MiB, 61));
+    /* The same "kernels" at the same addresses, as a graph replay: no fault. */
+    assert_int_equal(sim_launch_write(NULL, NULL, p + MiB, 4096, 0x77), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(NULL, NULL, s, 512, 0x78), CUDA_SUCCESS);
+    sim_flush();
+    assert_int_equal(sim_hazards(), 1);
+    assert_int_equal(byte_at(p + MiB), 0x77);
+    assert_int_equal(byte_at(s), 0x78);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(s, NULL, false), CUDA_SUCCESS);
+}
+
+/* ---- other threads allocate and free in the tag while it is paused and resumed ---- */
+
+typedef struct churn {
+    atomic_bool stop;
+    atomic_ulong served, refused;
+    int device_ok;
+} churn_t;
+
+static void *churn_thread(void *arg)
+{
+    churn_t *c = arg;
+    sim_set_current_device(0);
+    vmm_tag_push("kv");
+    CUdeviceptr held[16] = {0};
+    unsigned seed = 7;
+    while (!atomic_load(&c->stop)) {
+        unsigned i = (seed = seed * 1103515245u + 12345u) >> 16 & 15;
+        if (held[i]) {
+            CUresult frc = vmh_heap_free(held[i], NULL, false);
+            if (frc != CUDA_SUCCESS) {
+                fprintf(stderr, "free of %#llx (slot %u) failed: %d\n",
+                        (unsigned long long)held[i], i, (int)frc);
+                c->device_ok = 0;
+            }
+            held[i] = 0;
+        } else {
+            size_t size = i & 1 ? 2 * MiB + 4096 : 512u << (i & 7);
+            if (vmh_heap_alloc(size, &held[i]) == CUDA_SUCCESS)
+                atomic_fetch_add(&c->served, 1);
+            else
+                atomic_fetch_add(&c->refused, 1), held[i] = 0;
+        }
+    }
+    for (int i = 0; i < 16; i++)
+        if (held[i] && vmh_heap_free(held[i], NULL, false) != CUDA_SUCCESS)
+            c->device_ok = 0;
+    vmm_tag_pop();
+    return NULL;
+}
+
+static void pause_while_others_allocate(void **state)
+{
+    (void)state;
+    churn_t c = {.device_ok = 1};
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, churn_thread, &c), 0);
+    CUdeviceptr mine = alloc_in("kv", 3 * MiB);
+    for (int round = 0; round < 30; round++) {
+        vmm_status st = vmm_pause("kv", round & 1 ? VMM_PAUSE_BACKUP : 0);
+        assert_int_equal(st, VMM_OK);
+        /* While paused nothing of the tag is mapped, whatever the others do. */
+        assert_int_equal(memory_of("kv").mapped, memory_of("kv").kept);
+        assert_true(unmapped_but_reserved(mine, 3 * MiB));
+        assert_int_equal(vmm_resume("kv"), VMM_OK);
+        assert_true(mapped(mine, 3 * MiB));
+        usleep(2000); /* a window for the others to allocate in the running tag */
+    }
+    atomic_store(&c.stop, true);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    assert_true(c.device_ok);
+    assert_true(atomic_load(&c.served) > 0);
+    printf("  churn during 30 pauses: %lu served, %lu refused while paused\n",
+           atomic_load(&c.served), atomic_load(&c.refused));
+    assert_int_equal(vmh_heap_free(mine, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_hazards(), 0);
+}
+
+/* ---- fault injection over a tag's pause and resume (test_sweep.c's discovery approach) ---- */
+
+typedef struct tfix {
+    CUdeviceptr big, grown, small;
+} tfix_t;
+
+static void tfix_make(tfix_t *f)
+{
+    sleep_reset(NULL);
+    vmh_opt.headroom = 0;
+    f->big = alloc_in("kv", 3 * MiB);
+    void *g = NULL;
+    assert_int_equal(vmm_tag_push("kv"), VMM_OK);
+    assert_int_equal(vmm_realloc(&g, 2 * MiB), VMM_OK);
+    assert_int_equal(vmm_realloc(&g, 6 * MiB), VMM_OK); /* two chunks */
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    f->grown = (CUdeviceptr)(uintptr_t)g;
+    f->small = alloc_in("kv", 1000);
+    vmh_heap_trim();
+    tu_fill(f->big, 3 * MiB, 51);
+    tu_fill(f->grown, 6 * MiB, 52);
+    tu_fill(f->small, 1000, 53);
+}
+
+static bool tfix_intact(const tfix_t *f)
+{
+    return tu_check(f->big, 3 * MiB, 51) && tu_check(f->grown, 6 * MiB, 52) &&
+           tu_check(f->small, 1000, 53);
+}
+
+static bool tfix_paused(const tfix_t *f)
+{
+    return unmapped_but_reserved(f->big, 3 * MiB) && unmapped_but_reserved(f->grown, 6 * MiB) &&
+           unmapped_but_reserved(f->small, 1000);
+}
+
+static void tfix_free(const tfix_t *f)
+{
+    assert_int_equal(vmh_heap_free(f->big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(f->grown, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(f->small, NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim();
+    vmh_pause_reset();
+    tu_assert_ledger_empty();
+}
+
+static bool is_undo(const char *name)
+{
+    return !strcmp(name, "cuMemUnmap") || !strcmp(name, "cuMemAddressFree") ||
+           !strcmp(name, "cuMemRelease") || !strcmp(name, "cuCtxPopCurrent");
+}
+
+static unsigned sweep_one(bool resume)
+{
+    tfix_t f;
+    tfix_make(&f);
+    if (resume)
+        assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    sim_reset_counters();
+    sim_trace_begin();
+    assert_int_equal(resume ? vmm_resume("kv") : vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    unsigned long n = sim_call_count();
+    const char *names[512];
+    assert_true(sim_trace_get(names, 512) == n && n < 512);
+    sim_trace_end();
+    if (!resume)
+        assert_int_equal(vmm_resume("kv"), VMM_OK);
+    assert_true(tfix_intact(&f));
+    tfix_free(&f);
+
+    unsigned points = 0;
+    for (unsigned long i = 1; i <= n; i++) {
+        if (is_undo(names[i - 1]))
+            continue;
+        tfix_make(&f);
+        if (resume)
+            assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+        sim_reset_counters();
+        sim_fail_call(i, INJECTED);
+        vmm_status st = resume ? vmm_resume("kv") : vmm_pause("kv", VMM_PAUSE_BACKUP);
+        sim_clear_faults();
+        if (st == VMM_OK) {
+            /* Only a wait may fail without failing the call: ... none here. */
+            fprintf(stderr, "%s: call %lu (%s) failed, call succeeded\n",
+                    resume ? "resume" : "pause", i, names[i - 1]);
+        }
+        assert_int_equal(st, VMM_ERR_DRIVER);
+        if (resume && !tfix_paused(&f))
+            fprintf(stderr, "resume: call %lu (%s) failed: the tag is not left paused\n", i,
+                    names[i - 1]);
+        if (resume) {
+            /* Still paused, nothing half-mapped; the retry restores everything. */
+            assert_true(tfix_paused(&f));
+            assert_int_equal(vmm_resume("kv"), VMM_OK);
+        } else {
+            /* Running again, as before the call. */
+            assert_int_equal(vmh_tag_state(vmh_tag_lookup("kv")), VMH_TAG_RUNNING);
+        }
+        assert_true(tfix_intact(&f));
+        assert_int_equal(sim_hazards(), 0);
+        tfix_free(&f);
+        points++;
+    }
+    printf("  %-8s %3lu driver calls, each failed in turn:", resume ? "resume" : "pause", n);
+    for (unsigned long i = 0; i < n; i++)
+        printf(" %s", names[i] + 2);
+    printf("\n");
+    return points;
+}
+
+static void fault_sweep(void **state)
+{
+    (void)state;
+    unsigned points = sweep_one(false) + sweep_one(true);
+    printf("tag pause/resume sweep: %u injection points, no leak, nothing half-mapped\n",
+           points);
+    assert_true(points >= 12);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(pause_gives_back_one_tag, setup, teardown),
+        cmocka_unit_test_setup_teardown(backup_keeps_contents, setup, teardown),
+        cmocka_unit_test_setup_teardown(defined_edges, setup, teardown),
+        cmocka_unit_test_setup_teardown(free_while_paused, setup, teardown),
+        cmocka_unit_test_setup_teardown(resume_out_of_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(exported_buffer_stays, setup, teardown),
+        cmocka_unit_test_setup_teardown(peer_access_restored, setup, teardown),
+        cmocka_unit_test_setup_teardown(several_devices, setup, teardown),
+        cmocka_unit_test_setup_teardown(queued_work_and_replay, setup, teardown),
+        cmocka_unit_test_setup_teardown(pause_while_others_allocate, setup, teardown),
+        cmocka_unit_test_setup_teardown(fault_sweep, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("sleep", tests, NULL, NULL);
+}
