@@ -253,9 +253,22 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
     }
     if (b->state != BIG_LIVE || p != b->range->base)
         return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
-    /* An exported buffer is recycled like any other (native semantics: importers must close
-     * before the exporter frees); its export dies here (vmh_bigbuf_export_alive_locked). */
-    b->export_serial = 0;
+    if (b->export_serial) {
+        /* Its export dies here (vmh_bigbuf_export_alive_locked), and its chunks are never
+         * served again: as natively, memory freed by its exporter stays an importer's. The
+         * range is not cached but destroyed once queued work is done; the driver keeps the
+         * chunks for as long as an importer holds them. */
+        if (park_range_locked(bb, b->range, b->range->base, b->range->size) != CUDA_SUCCESS)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        list_remove(&bb->live, b);
+        vmh_dev_usable_give(bb->dev, b->range->size);
+        *req = b->req;
+        b->range = NULL;
+        b->export_serial = 0;
+        b->state = BIG_UNUSED;
+        list_push(&bb->unused, b);
+        return CUDA_SUCCESS;
+    }
     list_remove(&bb->live, b);
     vmh_dev_usable_give(bb->dev, b->range->size);
     b->state = BIG_PARKED;

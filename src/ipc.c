@@ -32,9 +32,9 @@ static void warn_handle_type(const char *why)
                 why);
 }
 
-static void ipc_on_pressure(void)
+static bool ipc_on_pressure(void)
 {
-    vmh_ipc_prune();
+    return vmh_ipc_prune() != 0;
 }
 
 CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)

@@ -966,38 +966,59 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
 }
 
-/* The heap recycles a freed exported buffer like any other: a new buffer at the very same
- * address is another life of it, and the old handle does not open it. */
-static void reused_address_is_not_the_old_export(void **state)
+/* As natively (tests/gpu/ipc_gpu.cu free_first on the H200): the importer keeps seeing the
+ * data of a buffer the exporter freed, the exporter's next allocations never land in that
+ * memory, the old handle opens nothing, and the library lets go of its own hold so that the
+ * memory lives exactly as long as the importer holds it. On 882660a the freed buffers were
+ * served again at their old addresses and the importer saw the new data. */
+static void freed_export_stays_the_importers(void **state)
 {
     (void)state;
-    CUdeviceptr big, small, pad, q = 0;
+    CUdeviceptr big, small, pad, q = 0, qbig, qsmall;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &big), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(1000, &pad), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(3000, &small), CUDA_SUCCESS);
+    tu_fill(big, 4 * MiB, 16);
+    tu_fill(small, 3000, 17);
     CUipcMemHandle hbig = get_handle(big), hsmall = get_handle(small);
+    assert_int_equal(vmh_ipc_open_remote(&hbig, &qbig), CUDA_SUCCESS);
+    assert_int_equal(vmh_ipc_open_remote(&hsmall, &qsmall), CUDA_SUCCESS);
+    const CUdeviceptr small_chunk = small - decode(&hsmall).offset;
     assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
     CUdeviceptr big2, small2;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &big2), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(3000, &small2), CUDA_SUCCESS);
-    /* The scenario itself: both addresses came back (else this test checks nothing). */
-    assert_int_equal(big2, big);
-    assert_int_equal(small2, small);
-    tu_fill(big2, 4 * MiB, 16);
+    assert_false(big2 < big + 4 * MiB && big < big2 + 4 * MiB);
+    assert_false(small2 >= small_chunk && small2 < small_chunk + GRAN);
+    tu_fill(big2, 4 * MiB, 18);
+    tu_fill(small2, 3000, 19);
+    assert_true(tu_check(qbig, 4 * MiB, 16));
+    assert_true(tu_check(qsmall, 3000, 17));
+    /* The old handles open nothing (a fresh open would need the exporter's export). */
+    assert_int_equal(vmh_ipc_close(qbig), CUDA_SUCCESS);
     sim_reset_counters();
     assert_int_equal(vmh_ipc_open_remote(&hbig, &q), CUDA_ERROR_INVALID_HANDLE);
-    assert_int_equal(vmh_ipc_open_remote(&hsmall, &q), CUDA_ERROR_INVALID_HANDLE);
     assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
     /* The new life has a handle of its own, which opens the new data. */
     CUipcMemHandle hnew = get_handle(big2);
     assert_memory_not_equal(&hnew, &hbig, sizeof hnew);
     assert_int_equal(vmh_ipc_open_remote(&hnew, &q), CUDA_SUCCESS);
-    assert_true(tu_check(q, 4 * MiB, 16));
+    assert_true(tu_check(q, 4 * MiB, 18));
     assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+    /* The library holds nothing of the freed memory once its wait is done and its references
+     * are pruned: the importer's handle alone keeps the small buffer's chunk. */
+    assert_int_equal(vmh_heap_free(pad, NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim();
+    vmh_ipc_prune();
+    assert_false(sim_is_mapped(big));
+    assert_false(sim_is_mapped(small_chunk));
+    assert_true(tu_check(qsmall, 3000, 17));
+    size_t allocs = sim_live_allocations();
+    assert_int_equal(vmh_ipc_close(qsmall), CUDA_SUCCESS);
+    assert_int_equal(sim_live_allocations(), allocs - 1);
     assert_int_equal(vmh_heap_free(big2, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(small2, NULL, false), CUDA_SUCCESS);
-    assert_int_equal(vmh_heap_free(pad, NULL, false), CUDA_SUCCESS);
 }
 
 /* Memory of a freed exported buffer is given back when the device runs short, without waiting
@@ -1258,7 +1279,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(descriptor_limit_backs_off, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_buffers_exports_are_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(reused_address_is_not_the_old_export, setup, teardown),
+        cmocka_unit_test_setup_teardown(freed_export_stays_the_importers, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_export_memory_is_given_back_under_pressure, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(many_more_chunks_than_descriptors, setup, teardown),
