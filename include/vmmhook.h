@@ -37,6 +37,8 @@ typedef enum vmm_status {
     VMM_ERR_NOT_PAUSED = 10,   /* vmm_resume of a tag that is not paused: nothing was done */
     VMM_ERR_LIMIT = 11,        /* too many tags, or tags nested too deep */
     VMM_ERR_UNKNOWN_TAG = 12,  /* no tag of that name has ever been pushed */
+    VMM_ERR_CAPTURING = 13,    /* a CUDA stream capture is in progress in the process: pausing or
+                                  resuming (which must wait for the device) would break it */
     VMM_STATUS_COUNT
 } vmm_status;
 
@@ -109,7 +111,8 @@ vmm_status vmm_tag_pop(void);
  * exported to another process stay mapped (docs/SLEEP.md).
  * VMM_ERR_PAUSED: the named tag is paused already (nothing done; with NULL, paused tags are
  * skipped); VMM_ERR_UNKNOWN_TAG; VMM_ERR_INVALID: unknown flags; VMM_ERR_NO_MEMORY: no host
- * memory for a backup; VMM_ERR_DRIVER: a copy or the wait failed. After a failure the tag is
+ * memory for a backup; VMM_ERR_DRIVER: a copy or the wait failed; VMM_ERR_CAPTURING: a stream
+ * capture is in progress (nothing done). After a failure the tag is
  * running again with its contents (if even that fails, it stays paused: resume it). */
 vmm_status vmm_pause(const char *tag, unsigned flags);
 
@@ -117,7 +120,8 @@ vmm_status vmm_pause(const char *tag, unsigned flags);
  * paused tag), restores access for every device that had it (and for peers granted since),
  * and restores the contents of a VMM_PAUSE_BACKUP pause. VMM_ERR_NO_MEMORY: the device has no
  * room: nothing of the tag is left mapped, the tag stays paused with its backup, and the call
- * may be retried once memory is free. VMM_ERR_NOT_PAUSED: the named tag is not paused
+ * may be retried once memory is free. VMM_ERR_CAPTURING as for vmm_pause.
+ * VMM_ERR_NOT_PAUSED: the named tag is not paused
  * (nothing done; with NULL, running tags are skipped); VMM_ERR_UNKNOWN_TAG. */
 vmm_status vmm_resume(const char *tag);
 

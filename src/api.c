@@ -109,6 +109,7 @@ VMM_API const char *vmm_status_string(vmm_status status)
         [VMM_ERR_NOT_PAUSED] = "the tag is not paused",
         [VMM_ERR_LIMIT] = "too many tags, or tags nested too deep",
         [VMM_ERR_UNKNOWN_TAG] = "no tag of that name",
+        [VMM_ERR_CAPTURING] = "a CUDA stream capture is in progress",
     };
     return (unsigned)status < VMM_STATUS_COUNT ? text[status] : "unknown status";
 }

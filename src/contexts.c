@@ -306,7 +306,13 @@ static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
 
 CUresult vmh_ctx_sync_device(int device)
 {
-    if (vmh_capture_forbids_unsafe())
+    /* Stricter than the rule for potentially unsafe calls: a context synchronize waits for
+     * every stream of the context, and waiting for a capturing stream conflicts with the
+     * capture whatever the modes (a device synchronize on one thread invalidates another
+     * thread's thread-local capture, as TensorRT users found). Which context a capture's
+     * stream belongs to is not known here, so any capture in progress refuses the wait; the
+     * library then serves from memory that needs none. */
+    if (vmh_capture_any())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     /* The calling thread's current context, from the driver (a wait is costly anyway, and a
      * stale cache here would synchronize the wrong context); known from here on, so that a

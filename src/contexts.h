@@ -1,5 +1,5 @@
 /* The process's contexts and stream captures, as the library sees them through the interposed
- * entry points (interpose.c reports them; contexts.c keeps them).
+ * entry points (interpose_ctx.c reports them; contexts.c keeps them).
  *
  * Why: memory a program frees may be reused only after work submitted before the free has
  * completed in every context of that device (not only the first context the library saw),
@@ -7,8 +7,12 @@
  * and invalidate the capture). The reclaim layer asks this module which contexts to wait for
  * and whether it may wait at all.
  *
- * CONTRACT (round 10): interpose.c / driver.c / contexts.c implement it; the heap's reclaim
- * layer consumes it. Change a signature only together with both sides.
+ * CONTRACT (round 10): interpose_ctx.c / contexts.c implement it; the heap's reclaim layer
+ * consumes it. Change a signature only together with both sides.
+ *
+ * The library's own driver calls (vmh_drv) are never the interposed ones: a layer that makes a
+ * context current or retains one through the table for its own use restores it (push/pop) or
+ * reports it itself (vmh_ctx_seen).
  */
 #ifndef VMH_CONTEXTS_H
 #define VMH_CONTEXTS_H
@@ -58,9 +62,14 @@ bool vmh_capture_any(void);
 /* Waits (from the calling thread) until every context of `device` that the program has made
  * has finished the work submitted before the call: synchronizes each of them in turn, making it
  * current on the calling thread for the wait and restoring the thread's previous context.
- * Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without calling the driver when
- * vmh_capture_forbids_unsafe() holds for the calling thread. A context destroyed meanwhile is
- * skipped (vmh_ctx_forget waits for a wait in progress on it). */
+ * Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without calling the driver while any stream
+ * of the process is capturing (vmh_capture_any(), which includes every case where
+ * vmh_capture_forbids_unsafe() holds): a context synchronize waits for the context's capturing
+ * streams too, which conflicts with a capture whatever its mode. A context destroyed meanwhile is
+ * skipped (vmh_ctx_forget waits for a wait in progress on it), and so is one the driver answers
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED for; any other error of a synchronize is returned (the first
+ * one), after the other contexts were waited for. The calling thread's current context is
+ * learnt here if no report named it. The caller counts its waits (VMH_STAT_syncs). */
 CUresult vmh_ctx_sync_device(int device);
 
 /* --- fork --- */

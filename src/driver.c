@@ -101,18 +101,23 @@ void *vmh_driver_next_symbol(const char *symbol)
     return p;
 }
 
+/* Calls into the driver like any other, counted. */
 void *vmh_driver_proc(const char *symbol, int version, cuuint64_t flags)
 {
     void *fn = NULL;
     getproc_v2_fn v2 = (getproc_v2_fn)vmh_driver_next_symbol("cuGetProcAddress_v2");
     if (v2 != NULL) {
         CUdriverProcAddressQueryResult st;
+        vmh_count(VMH_STAT_driver_calls, 1);
         if (v2(symbol, &fn, version, flags, &st) != CUDA_SUCCESS)
             return NULL;
         return fn;
     }
     getproc_v1_fn v1 = (getproc_v1_fn)vmh_driver_next_symbol("cuGetProcAddress");
-    if (v1 == NULL || v1(symbol, &fn, version, flags) != CUDA_SUCCESS)
+    if (v1 == NULL)
+        return NULL;
+    vmh_count(VMH_STAT_driver_calls, 1);
+    if (v1(symbol, &fn, version, flags) != CUDA_SUCCESS)
         return NULL;
     return fn;
 }
@@ -165,6 +170,7 @@ static void drv_load(void)
     do {                                                                                           \
         CUdriverProcAddressQueryResult st;                                                         \
         void *fn = NULL;                                                                           \
+        vmh_count(VMH_STAT_driver_calls, 1);                                                       \
         if (drv_getproc(#name, &fn, abi_version(#name), CU_GET_PROC_ADDRESS_DEFAULT, &st) !=       \
                 CUDA_SUCCESS ||                                                                    \
             !fn) {                                                                                 \

@@ -121,8 +121,9 @@ bool vmh_driver_loaded(void);
 void vmh_driver_install(const vmh_driver_t *table);
 
 /* --- For the interposer: the real functions behind the program's calls. -------------------
- * Nothing below loads the driver, takes a lock of the library, allocates or prints: these run
- * inside the program's dlsym and cuGetProcAddress lookups. */
+ * Nothing below loads the driver, takes a lock of the library or prints: these run inside the
+ * program's dlsym and cuGetProcAddress lookups (the dynamic loader's own lock is taken, as by
+ * dlsym itself; a lookup that finds nothing leaves its message in dlerror). */
 
 /* The C library's dlsym (never the interposed one), resolved once with dlvsym. Never NULL: a
  * C library without it (not glibc) gets a function that finds nothing. */

@@ -2,13 +2,17 @@
  * them is expanded from it: the wrappers' declarations, the names dlsym matches, the
  * cuGetProcAddress answers replaced, the fall-back resolution of the real functions, the
  * exported aliases (src/vmmhook.map exports cu* by pattern: with hidden visibility only these
- * aliases are candidates) and the test that every one of them is exported (tests/interpose).
+ * aliases are candidates), the test that exactly these are exported (tests/interpose/
+ * ip_exports.c) and README's list (checked by the docs test). Adding a row takes the wrapper
+ * vmh_ip_<sym> in interpose_mem.c or interpose_ctx.c (the group the row is in) and README's
+ * list regenerated; nothing else names the symbols.
  *
  * X(sym, pfn, base, since, until, stream)
  *   sym     the exported name (an identifier; used only with # and ##, so cuda.h's versioning
- *           macros never rewrite it); the wrapper is ip_<sym>, the variant IP_<sym>
+ *           macros never rewrite it); the wrapper is vmh_ip_<sym>, the variant IP_<sym>
  *   pfn     the function type of that exact ABI (cudaTypedefs.h's PFN of the version that
- *           introduced it, or one below for ABIs cudaTypedefs.h keeps for the driver's build)
+ *           introduced it; for a v1 ABI cudaTypedefs.h keeps to the driver's own build, the PFN
+ *           of the same signature, or one declared below)
  *   base    the name cuGetProcAddress takes
  *   since   the first cudaVersion the driver answers `base` with this ABI
  *   until   the first cudaVersion it answers with a newer ABI (INT_MAX: none known)

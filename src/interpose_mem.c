@@ -21,7 +21,7 @@
 #include "log.h"
 #include "stats.h"
 
-/* The served buffer holding p, or false. Only after vmh_vmh_ip_serving(): before it nothing is
+/* The served buffer holding p, or false. Only after vmh_ip_serving(): before it nothing is
  * served. */
 static bool ip_find(CUdeviceptr p, vmh_buffer_info_t *info)
 {

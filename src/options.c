@@ -1,7 +1,8 @@
-/* Layer 7: the VMMHOOK_* options. One table, one row per variable (name, kind, field, default,
- * help); the defaults live only here, as text that the same parser reads, so a default can never
- * disagree with what the variable accepts. docs/OPTIONS.md documents the same table (a unit test
- * checks that every row and its default appear there).
+/* Utility layer: the VMMHOOK_* options. One table, one row per variable (name, kind, field,
+ * default, bounds, help, detail); the defaults live only here, as text that the same parser
+ * reads, so a default can never disagree with what the variable accepts. The launcher's help and
+ * docs/OPTIONS.md's table are generated from it (tools/launcher/vmmhook-config), and the tools
+ * suite fails when the committed page differs. The value parsers are in optparse.c.
  *
  * Rules every row follows:
  *  - read once, with secure_getenv (a set-uid program ignores the environment);
@@ -9,7 +10,8 @@
  *  - blanks around a value are ignored except for paths, which are taken verbatim;
  *  - a bad value: one warning naming the variable, the value (escaped, shortened) and the
  *    accepted forms, and the default is kept; with VMMHOOK_STRICT the program stops instead.
- * Nothing here allocates or uses stdio: the first read can happen inside dlsym or the driver. */
+ * Nothing here allocates; stdio only to flush the program's buffers before a strict stop. The
+ * first read can happen inside dlsym or the driver. */
 #include "options.h"
 
 #include <errno.h>

@@ -24,6 +24,7 @@
 #include "pause.h"
 
 #include "bigbuf.h"
+#include "contexts.h"
 #include "driver.h"
 #include "heap.h"
 #include "lifetime.h"
@@ -93,8 +94,13 @@ static void *backup_get(size_t size)
     void *host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (host == MAP_FAILED)
         host = NULL;
+    else
+        /* Fresh memory is faulted in by the copy or the pinning, page by page: huge pages
+         * make that fewer faults (advice only; not measured here). */
+        madvise(host, len, MADV_HUGEPAGE);
     pinned_t *k = pin && host ? malloc(sizeof *k) : NULL;
-    if (k && vmh_drv.cuMemHostRegister(host, len, 0) == CUDA_SUCCESS) {
+    /* PORTABLE: pinned for every context, as a kept buffer may serve another device later. */
+    if (k && vmh_drv.cuMemHostRegister(host, len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
         *k = (pinned_t){host, len, true, NULL};
         pthread_mutex_lock(&pinned_lock);
         k->next = pinned_list;
@@ -129,10 +135,10 @@ static void backup_put(void *host, size_t size)
 
 /* ---- visits ---------------------------------------------------------------------------------- */
 
+/* What a visit of one tag needs: the device being visited, whether to back up. */
 typedef struct job {
     const vmh_dev_t *dev;
     bool backup;
-    size_t paused; /* bytes paused by this call */
 } job_t;
 
 static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
@@ -159,7 +165,6 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
     p->host_release = host ? backup_put : NULL;
     *range = NULL;
     *paused = p;
-    j->paused += size;
     return CUDA_SUCCESS;
 }
 
@@ -230,15 +235,21 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
     return CUDA_SUCCESS;
 }
 
-/* Both steps of a resume; on failure nothing of the tag is left mapped by the call. */
+/* Both steps of a resume; on failure nothing of the tag is left mapped by the call. Out of
+ * memory first gives back the library's idle memory (cached buffers of any tag, empty packing
+ * chunks) and tries once more: memory held idle must not keep a tag paused. */
 static CUresult resume_records(unsigned tag)
 {
-    job_t j = {0};
-    CUresult rc = visit_tag(tag, visit_prepare, &j, true);
-    job_t k = {0};
-    /* Neither step can fail: they only swap pointers and undo (unmap, release, free). */
-    visit_tag(tag, rc == CUDA_SUCCESS ? visit_commit : visit_abort, &k, false);
-    return rc;
+    CUresult rc;
+    for (int attempt = 0;; attempt++) {
+        job_t j = {0};
+        rc = visit_tag(tag, visit_prepare, &j, true);
+        job_t k = {0};
+        /* Neither step can fail: they only swap pointers and undo (unmap, release, free). */
+        visit_tag(tag, rc == CUDA_SUCCESS ? visit_commit : visit_abort, &k, false);
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0 || vmh_heap_trim() == 0)
+            return rc;
+    }
 }
 
 /* *stays_paused: the pause failed and so did resuming what it had paused. */
@@ -252,7 +263,7 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
     for (int dev = 0; dev < VMH_MAX_DEVICES && rc == CUDA_SUCCESS; dev++) {
         vmh_tag_parts_t parts;
         if (vmh_heap_tag_parts(dev, tag, &parts))
-            rc = vmh_reclaim_wait(parts.reclaim);
+            rc = vmh_reclaim_wait(parts.reclaim, VMH_WAIT_APP);
     }
     if (rc == CUDA_SUCCESS) {
         vmh_heap_trim(); /* idle memory: cached buffers, empty packing extents */
@@ -366,6 +377,10 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
 {
     if (!vmh_lifetime_ready())
         return VMM_ERR_NO_DRIVER;
+    /* The device wait (and the unmapping of memory a capture may be recording) would break
+     * a capture in progress: the driver refuses the wait and invalidates the capture. */
+    if (vmh_capture_any())
+        return VMM_ERR_CAPTURING;
     unsigned one = VMH_TAG_NONE;
     if (name && (one = vmh_tag_lookup(name)) == VMH_TAG_NONE)
         return VMM_ERR_UNKNOWN_TAG;

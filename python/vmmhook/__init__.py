@@ -40,6 +40,7 @@ ERR_PAUSED = 9
 ERR_NOT_PAUSED = 10
 ERR_LIMIT = 11
 ERR_UNKNOWN_TAG = 12
+ERR_CAPTURING = 13
 
 
 class VmmError(RuntimeError):

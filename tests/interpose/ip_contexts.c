@@ -30,8 +30,9 @@ static bool served;
 static void *libcuda;
 
 #define SIM_FNS(X)                                                                                 \
-    X(sim_device_used) X(sim_device_capacity) X(sim_calls) X(sim_ledger_empty)                     \
-    X(sim_capture_refusals) X(sim_live_contexts)
+    X(sim_device_used)                                                                             \
+    X(sim_device_capacity) X(sim_calls) X(sim_ledger_empty) X(sim_capture_refusals)                \
+        X(sim_live_contexts)
 #define SIM_FIELD(n) __typeof__(&n) n;
 static struct {
     SIM_FNS(SIM_FIELD)
@@ -57,6 +58,8 @@ static PFN_cuMemAllocManaged_v6000 p_cuMemAllocManaged;
 static PFN_cuMemGetInfo_v3020 p_cuMemGetInfo;
 static PFN_cuCtxCreate_v12050 p_cuCtxCreate;
 static PFN_cuCtxDestroy_v4000 p_cuCtxDestroy;
+static PFN_cuDevicePrimaryCtxRelease_v11000 p_cuDevicePrimaryCtxRelease;
+static PFN_cuDevicePrimaryCtxReset_v11000 p_cuDevicePrimaryCtxReset;
 static PFN_cuCtxGetCurrent_v4000 p_cuCtxGetCurrent;
 static PFN_cuStreamCreate_v2000 p_cuStreamCreate;
 static PFN_cuStreamDestroy_v4000 p_cuStreamDestroy;
@@ -99,9 +102,8 @@ static void hold_idle(size_t size)
           served ? "served" : "native");
     CHECK_RC(p_cuMemFree(p), CUDA_SUCCESS, "cuMemFree(%zu GiB)", size / GiB);
     size_t used = sim.sim_device_used(0);
-    CHECK(served ? used >= size : used < GiB,
-          "after the free the device has %zu MiB in use (%s)", used >> 20,
-          served ? "the library's cache holds it" : "native: given back");
+    CHECK(served ? used >= size : used < GiB, "after the free the device has %zu MiB in use (%s)",
+          used >> 20, served ? "the library's cache holds it" : "native: given back");
 }
 
 static void check_other_allocators_oom(void)
@@ -151,8 +153,8 @@ static void check_other_allocators_oom(void)
     unsigned long creates = sim.sim_calls("cuMemCreate");
     CHECK_RC(p_cuMemCreate(&h, 16 * GiB, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY,
              "cuMemCreate(16 GiB) on an 8 GiB device");
-    CHECK(sim.sim_calls("cuMemCreate") == creates + (served ? 2 : 1),
-          "tried %s (%lu calls)", served ? "twice: once more after the trim" : "once",
+    CHECK(sim.sim_calls("cuMemCreate") == creates + (served ? 2 : 1), "tried %s (%lu calls)",
+          served ? "twice: once more after the trim" : "once",
           sim.sim_calls("cuMemCreate") - creates);
 }
 
@@ -236,6 +238,21 @@ static void check_contexts(CUcontext ctx0, CUcontext ctx1)
         CHECK(current() == ctx0, "device 0's context is current again");
         CHECK(info_free() == 8 * GiB, "cuMemGetInfo answers for device 0");
     }
+
+    /* Device 1's primary context retained once more and released, then reset (cudaDeviceReset):
+     * the driver's codes; afterwards device 1 serves again once its context is current. */
+    CUcontext again = NULL;
+    CHECK_RC(p_cuDevicePrimaryCtxRetain(&again, 1), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(1)");
+    CHECK(again == ctx1, "the same primary context");
+    CHECK_RC(p_cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS, "cuDevicePrimaryCtxRelease_v2(1)");
+    CHECK_RC(p_cuDevicePrimaryCtxReset(1), CUDA_SUCCESS, "cuDevicePrimaryCtxReset_v2(1)");
+    CHECK_RC(p_cuDevicePrimaryCtxRetain(&again, 1), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(1)");
+    CHECK_RC(p_cuCtxSetCurrent(again), CUDA_SUCCESS, "cuCtxSetCurrent(device 1)");
+    CHECK_RC(p_cuMemAlloc(&p, 3 << 20), CUDA_SUCCESS, "cuMemAlloc(3 MiB) on device 1");
+    CHECK(vmm_owns_fn((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s",
+          served ? "served" : "native");
+    CHECK_RC(p_cuMemFree(p), CUDA_SUCCESS, "cuMemFree");
+    CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
 }
 
 /* Another thread's capture of `stream` in `mode`, held until told to end. */
@@ -432,6 +449,8 @@ int main(int argc, char **argv)
     p_cuCtxCreate = fetch("cuCtxCreate", 13000, 0);
     p_cuCtxDestroy = fetch("cuCtxDestroy", 12000, 0);
     p_cuCtxGetCurrent = fetch("cuCtxGetCurrent", 12000, 0);
+    p_cuDevicePrimaryCtxRelease = fetch("cuDevicePrimaryCtxRelease", 12000, 0);
+    p_cuDevicePrimaryCtxReset = fetch("cuDevicePrimaryCtxReset", 12000, 0);
     p_cuStreamCreate = fetch("cuStreamCreate", 12000, 0);
     p_cuStreamDestroy = fetch("cuStreamDestroy", 12000, 0);
     p_cuStreamBeginCapture = fetch("cuStreamBeginCapture", 12000, 0);

@@ -20,6 +20,49 @@ static const char *const hooked[] = {VMH_HOOKED(NAME)};
 #undef NAME
 #define NHOOKED (sizeof hooked / sizeof hooked[0])
 
+#define ROW(sym, pfn, base, since, until, stream) {#sym, base, since, until, stream},
+static const struct row {
+    const char *name, *base;
+    int since, until;
+    enum ip_stream_kind stream;
+} rows[] = {VMH_HOOKED(ROW)};
+#undef ROW
+
+/* The table answers every (base, version, stream flavour) with at most one row: ranges of one
+ * base and flavour do not overlap, each is non-empty, a legacy row has its per-thread twin
+ * with the same range, and every name starts with its base. */
+static size_t table_mistakes(void)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < NHOOKED; i++) {
+        const struct row *a = &rows[i];
+        if (a->since >= a->until || strncmp(a->name, a->base, strlen(a->base)) != 0) {
+            printf("     row %s: empty range or a name not of its base %s\n", a->name, a->base);
+            bad++;
+        }
+        bool twin = a->stream != IP_STREAM_LEGACY;
+        for (size_t j = 0; j < NHOOKED; j++) {
+            const struct row *b = &rows[j];
+            if (j == i || strcmp(a->base, b->base) != 0)
+                continue;
+            bool same_flavour = a->stream == b->stream || a->stream == IP_STREAM_NONE ||
+                                b->stream == IP_STREAM_NONE;
+            if (same_flavour && a->since < b->until && b->since < a->until) {
+                printf("     rows %s and %s overlap\n", a->name, b->name);
+                bad++;
+            }
+            if (a->stream == IP_STREAM_LEGACY && b->stream == IP_STREAM_PTSZ &&
+                a->since == b->since && a->until == b->until)
+                twin = true;
+        }
+        if (!twin) {
+            printf("     row %s: no per-thread-stream twin\n", a->name);
+            bad++;
+        }
+    }
+    return bad;
+}
+
 /* The defined, visible dynamic symbols of an ELF64 file whose names start with "cu". */
 static size_t exported_cu(const char *path, const char **names, size_t max)
 {
@@ -75,8 +118,8 @@ int main(int argc, char **argv)
     }
     static const char *exported[1024];
     size_t nexp = exported_cu(argv[1], exported, sizeof exported / sizeof exported[0]);
-    CHECK(NHOOKED > 40 && nexp > 0, "%zu hooked symbols listed, %zu cu* symbols exported",
-          NHOOKED, nexp);
+    CHECK(NHOOKED > 40 && nexp > 0, "%zu hooked symbols listed, %zu cu* symbols exported", NHOOKED,
+          nexp);
 
     size_t missing = 0, stray = 0, not_first = 0;
     for (size_t i = 0; i < NHOOKED; i++) {
@@ -96,6 +139,9 @@ int main(int argc, char **argv)
             stray++;
         }
     }
+    size_t mistakes = table_mistakes();
+    CHECK(mistakes == 0, "hooked.h answers every lookup with at most one row (%zu mistakes)",
+          mistakes);
     CHECK(missing == 0, "every hooked symbol is exported (%zu missing)", missing);
     CHECK(stray == 0, "every exported cu* symbol is a hooked one (%zu others)", stray);
     CHECK(not_first == 0, "every hooked symbol resolves to the library first (%zu not)", not_first);

@@ -140,6 +140,11 @@ static bool only_load_line(const char *err)
 
 typedef void *(*dlsym_fn)(void *, const char *);
 
+static double least(double a, double b)
+{
+    return a < b ? a : b;
+}
+
 static double ns_per_call(dlsym_fn f, void *h, const char *name, int n)
 {
     double best = 1e30;
@@ -187,10 +192,15 @@ int main(int argc, char **argv)
         real = (dlsym_fn)dlvsym(libc, "dlsym", "GLIBC_2.2.5");
     CHECK(real != NULL && real != (dlsym_fn)dlsym, "the C library's dlsym, for comparison");
     if (real) {
-        double r1 = ns_per_call(real, RTLD_DEFAULT, "getpid", 100000);
-        double o1 = ns_per_call((dlsym_fn)dlsym, RTLD_DEFAULT, "getpid", 100000);
-        double r2 = ns_per_call(real, libc, "clock_gettime", 100000);
-        double o2 = ns_per_call((dlsym_fn)dlsym, libc, "clock_gettime", 100000);
+        /* Measured in turns, the best of each kept, so that a burst of load from other
+         * processes on a shared machine weighs on both sides alike. */
+        double r1 = 1e30, o1 = 1e30, r2 = 1e30, o2 = 1e30;
+        for (int turn = 0; turn < 4; turn++) {
+            r1 = least(r1, ns_per_call(real, RTLD_DEFAULT, "getpid", 50000));
+            o1 = least(o1, ns_per_call((dlsym_fn)dlsym, RTLD_DEFAULT, "getpid", 50000));
+            r2 = least(r2, ns_per_call(real, libc, "clock_gettime", 50000));
+            o2 = least(o2, ns_per_call((dlsym_fn)dlsym, libc, "clock_gettime", 50000));
+        }
         CHECK(o1 > 0 && o2 > 0 && o1 < 1.5 * r1 + 50 && o2 < 1.5 * r2 + 50,
               "dlsym costs next to nothing more: RTLD_DEFAULT %.0f ns vs libc %.0f ns, handle "
               "%.0f ns vs %.0f ns",

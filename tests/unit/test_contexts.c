@@ -421,10 +421,16 @@ static void sync_refused_during_capture_without_a_driver_call(void **state)
     sim_reset_counters();
     assert_int_equal(vmh_ctx_sync_device(0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     assert_int_equal(sim_call_count(), 0);
-    /* A relaxed thread may wait (the driver allows it). */
+    /* Not even from a relaxed thread, nor during a relaxed capture: a context synchronize
+     * waits for the capturing stream too. */
     vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
-    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     vmh_capture_ended(S1);
+    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(sim_call_count(), 0);
+    vmh_capture_ended(S1);
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS); /* capture over: waits again */
 }
 
 /* --------------------------------------------------------------------------------------------- */

@@ -39,6 +39,8 @@ for f in OPTIONS.md PYTORCH.md LICENSE README.md; do
     [ -f "$doc/$f" ] || fail "$doc/$f is not installed"
 done
 grep -q 'VMMHOOK_PARK_LIMIT' "$doc/OPTIONS.md" || fail "installed OPTIONS.md lacks the table"
+"$launcher" --help | grep -qF "$(cd "$doc" && pwd)/OPTIONS.md" ||
+    fail "the installed launcher's help does not point at the installed OPTIONS.md"
 
 bench=$root/libexec/vmmhook/run-bench.sh
 if [ -f "$bench" ]; then
