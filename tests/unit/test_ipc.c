@@ -33,6 +33,7 @@
 #include "ipc_import.h"
 #include "ipc_listener.h"
 #include "ipc_wire.h"
+#include "lifetime.h"
 #include "log.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -405,6 +406,34 @@ static void freed_before_open_is_an_invalid_handle(void **state)
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
     assert_int_equal(captured("has no such export"), 1);
     assert_int_equal(vmh_ipc_export_count(), 0);
+}
+
+/* Exit is lifetime.c's call (issue 13: one owner of the library's lifetime): its IPC exit
+ * handler stops the listener and the export table, after which nothing is exported (the driver
+ * may be gone) and the export table makes no driver call; a fork meanwhile (the handlers that
+ * lifetime installed at the first export) leaves the child with usable locks. */
+static void lifetime_exit_stops_exports(void **state)
+{
+    (void)state;
+    CUdeviceptr p, r;
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &r), CUDA_SUCCESS);
+    (void)get_handle(p); /* IPC began: lifetime's handlers are installed */
+    pid_t child = fork();
+    if (child == 0) /* the table's and the listener's locks are free in the child */
+        _exit(vmh_ipc_export_count() == 1 && !vmh_ipc_listener_is_own(0, 0) ? 0 : 1);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    vmh_lifetime_ipc_exit();
+    sim_reset_counters();
+    CUipcMemHandle h;
+    assert_int_equal(vmh_ipc_get_handle(r, &h), CUDA_ERROR_DEINITIALIZED);
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
+    assert_int_equal(vmh_ipc_export_count(), 1);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(r, NULL, false), CUDA_SUCCESS);
+    vmh_ipc_reset(); /* (tests only) the table serves again */
 }
 
 static void closed_exporter_socket(void **state)
@@ -1266,6 +1295,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(many_chunks_cross_in_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_before_open_is_an_invalid_handle, setup, teardown),
+        cmocka_unit_test_setup_teardown(lifetime_exit_stops_exports, setup, teardown),
         cmocka_unit_test_setup_teardown(closed_exporter_socket, setup, teardown),
         cmocka_unit_test_setup_teardown(exporter_refuses_another_user_before_waiting, setup,
                                         teardown),
