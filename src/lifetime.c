@@ -10,6 +10,7 @@
 #include "ipc_listener.h"
 #include "pause.h"
 #include "stats.h"
+#include "tags.h"
 #include "testable.h"
 
 #include <pthread.h>
@@ -38,6 +39,7 @@ static void start(void)
     snapshot = vmh_options_load();
     /* the trace clock starts here, and the trace file exists from now */
     vmh_stats_configure(snapshot);
+    vmh_stats_set_tag_report(vmh_tags_report_table, vmh_tags_json);
     vmh_heap_configure(snapshot);
     vmh_pause_configure(snapshot);
     pthread_atfork(NULL, NULL, vmh_lifetime_fork_child);
