@@ -350,7 +350,6 @@ static CUresult grow_unlocked(vmh_bigbufs_t *bb, const vmh_range_t *r, size_t ro
 {
     vmh_dev_t *d = bb->dev;
     vmh_alloc_t *a;
-    vmh_handle_last_failure = VMH_FAILED_NONE;
     CUresult rc = vmh_dev_chunk(d, rounded - r->size, &a);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && d->relieve(d))
         rc = vmh_dev_chunk(d, rounded - r->size, &a);
@@ -361,9 +360,9 @@ static CUresult grow_unlocked(vmh_bigbufs_t *bb, const vmh_range_t *r, size_t ro
         *no_address = true;
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        rc = vmh_range_grow(r, &a, 1, reserve, 0, true, nr, kind);
-        *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY &&
-                      vmh_handle_last_failure == VMH_FAILED_RESERVE;
+        bool resv_failed;
+        rc = vmh_range_grow(r, &a, 1, reserve, 0, true, nr, kind, &resv_failed);
+        *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY && resv_failed;
     }
     vmh_alloc_unref(a);
     return rc;

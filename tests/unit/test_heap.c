@@ -363,6 +363,41 @@ static void realloc_failure_leaves_buffer_untouched(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
+/* The driver refusing address space is told from the driver running out of memory (the answer
+ * the range layer returns with the failure, not a thread-local read after it). */
+static void refused_reservation_is_no_address(void **state)
+{
+    (void)state;
+    vmh_opt.headroom = 0;
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
+    tu_fill(p, 4 * MiB, 10);
+    bool no_address = false;
+    sim_refuse_hints(true); /* the grow must move: its reservation is refused */
+    sim_fail_function_repeat("cuMemAddressReserve", 1, 8, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_heap_realloc_ex(&p, 8 * MiB, NULL, false, &no_address),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    assert_true(no_address);
+    sim_clear_faults();
+    /* Memory, not address space: the chunk cannot be made. */
+    sim_fail_function_repeat("cuMemCreate", 1, 8, CUDA_ERROR_OUT_OF_MEMORY);
+    no_address = true;
+    assert_int_equal(vmh_heap_realloc_ex(&p, 8 * MiB, NULL, false, &no_address),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    assert_false(no_address);
+    sim_clear_faults();
+    /* The mapping fails after a good reservation: not address space either. */
+    sim_fail_function_repeat("cuMemMap", 1, 8, CUDA_ERROR_OUT_OF_MEMORY);
+    no_address = true;
+    assert_int_equal(vmh_heap_realloc_ex(&p, 8 * MiB, NULL, false, &no_address),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+    assert_false(no_address);
+    sim_clear_faults();
+    sim_refuse_hints(false);
+    assert_true(tu_check(p, 4 * MiB, 10));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
 /* ---- devices and threads ---- */
 
 static void allocations_land_on_the_current_device(void **state)
@@ -1085,6 +1120,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(alloc_on_a_device_without_a_context, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_packed_moves_with_one_copy, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(refused_reservation_is_no_address, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(allocations_land_on_the_current_device, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(peers_granted_up_front, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(refused_handle_type_falls_back, tu_setup, tu_teardown),
