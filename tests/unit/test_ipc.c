@@ -136,7 +136,7 @@ static int teardown(void **state)
     assert_int_equal(vmh_ipc_export_count(), 0);
     assert_int_equal(vmh_ipc_import_count(), 0);
     vmh_heap_trim();
-    vmh_heap_reset(); /* exported packed slots keep their extent until here */
+    vmh_heap_reset();
     tu_assert_ledger_empty();
     assert_int_equal(count_fds(), fds_at_start);
     return 0;
