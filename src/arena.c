@@ -35,6 +35,7 @@
 #include "arena.h"
 #include "arena_internal.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,14 +231,17 @@ static void unindex(vmh_extent_t *e, blk_t *b)
     start_clear(e, granule(e, b->base));
 }
 
-/* b (not in any list) becomes free: merges with free neighbours, then joins a free list.
- * The lower record survives a merge, so the extent's first record never changes. */
+/* b (not in any list) becomes free: merges with free neighbours, then joins a free list
+ * (none in a retired extent: its free space is never served). The lower record survives a
+ * merge, so the extent's first record never changes. */
 static void make_free(vmh_arena_t *a, blk_t *b)
 {
+    bool listed = !b->ext->retired;
     size_t size = blk_size(b);
     blk_t *p = b->phys_prev, *n = b->phys_next;
     if (p && blk_state(p) == B_FREE) {
-        free_remove(a, p);
+        if (listed)
+            free_remove(a, p);
         size += blk_size(p);
         p->phys_next = n;
         if (n)
@@ -246,7 +250,8 @@ static void make_free(vmh_arena_t *a, blk_t *b)
         b = p;
     }
     if (n && blk_state(n) == B_FREE) {
-        free_remove(a, n);
+        if (listed)
+            free_remove(a, n);
         size += blk_size(n);
         b->phys_next = n->phys_next;
         if (n->phys_next)
@@ -254,7 +259,17 @@ static void make_free(vmh_arena_t *a, blk_t *b)
         rec_put(a, n);
     }
     blk_set(b, size, B_FREE);
-    free_insert(a, b);
+    if (listed)
+        free_insert(a, b);
+}
+
+/* Counts n bytes of e that became free (servable, or not when e is retired). */
+static void freed_bytes(vmh_arena_t *a, const vmh_extent_t *e, size_t n)
+{
+    if (e->retired)
+        a->retired += n;
+    else
+        a->free += n;
 }
 
 /* ---- Public entry points -------------------------------------------------------------------- */
@@ -428,7 +443,7 @@ int vmh_arena_release(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, vmh_block_in
     e->nlive--;
     ext_maybe_idle(a, e);
     a->live -= size;
-    a->free += size;
+    freed_bytes(a, e, size);
     return 0;
 }
 
@@ -442,7 +457,7 @@ static void unpark_one(vmh_arena_t *a, blk_t *b)
     ext_maybe_idle(a, e);
     a->nparked--;
     a->parked -= size;
-    a->free += size;
+    freed_bytes(a, e, size);
 }
 
 size_t vmh_arena_unpark_upto(vmh_arena_t *a, uint64_t gen)
@@ -498,6 +513,13 @@ int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
     size_t need = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
     size_t have = blk_size(b);
     blk_t *n = b->phys_next;
+    if (e->retired) {
+        /* Its free space is never served again: no growth, and a shrink keeps its tail. */
+        if (need > have)
+            return ENOMEM;
+        b->u.req = size;
+        return 0;
+    }
     if (need > have) {
         size_t extra = need - have;
         if (!n || blk_state(n) != B_FREE || blk_size(n) < extra)
@@ -547,17 +569,19 @@ int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
     return 0;
 }
 
-void *vmh_arena_take_empty_extent(vmh_arena_t *a, uintptr_t *base, size_t *size)
+/* Takes idle extent e out of the arena and destroys its bookkeeping; returns its owner. */
+static void *take_idle(vmh_arena_t *a, vmh_extent_t *e, uintptr_t *base, size_t *size)
 {
-    if (!a || !a->idle)
-        return NULL;
-    vmh_extent_t *e = a->idle;
     /* Idle means no live and no parked block; eager coalescing left one free block. */
     blk_t *b = e->first;
-    free_remove(a, b);
+    if (!e->retired)
+        free_remove(a, b);
     rec_put(a, b);
     ext_unlink(&a->idle, e);
-    a->free -= e->size;
+    if (e->retired)
+        a->retired -= e->size;
+    else
+        a->free -= e->size;
     a->extents_bytes -= e->size;
     a->extents--;
     if (base)
@@ -567,6 +591,43 @@ void *vmh_arena_take_empty_extent(vmh_arena_t *a, uintptr_t *base, size_t *size)
     void *owner = e->owner;
     ext_destroy(e);
     return owner;
+}
+
+void *vmh_arena_take_empty_extent(vmh_arena_t *a, uintptr_t *base, size_t *size)
+{
+    if (!a || !a->idle)
+        return NULL;
+    return take_idle(a, a->idle, base, size);
+}
+
+void *vmh_arena_take_retired_extent(vmh_arena_t *a, uintptr_t *base, size_t *size)
+{
+    if (!a)
+        return NULL;
+    for (vmh_extent_t *e = a->idle; e; e = e->next)
+        if (e->retired)
+            return take_idle(a, e, base, size);
+    return NULL;
+}
+
+void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e)
+{
+    assert(e->arena == a);
+    if (e->retired)
+        return;
+    for (blk_t *b = e->first; b; b = b->phys_next) {
+        if (blk_state(b) == B_FREE) {
+            free_remove(a, b);
+            a->free -= blk_size(b);
+            a->retired += blk_size(b);
+        }
+    }
+    e->retired = true;
+}
+
+bool vmh_extent_retired(const vmh_extent_t *e)
+{
+    return e->retired;
 }
 
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
@@ -579,6 +640,7 @@ void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
     s->live = a->live;
     s->parked = a->parked;
     s->free = a->free;
+    s->retired = a->retired;
     s->extents_bytes = a->extents_bytes;
     s->extents = a->extents;
 }

@@ -79,13 +79,26 @@ size_t vmh_arena_parked(const vmh_arena_t *a);
 int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size);
 
 /* Removes one extent that holds no live and no parked block, returning its owner and range
- * (NULL when there is none). Used by trimming. O(1): the arena keeps a list of such extents. */
+ * (NULL when there is none). Used by trimming. O(1): the arena keeps a list of such extents
+ * (retired ones included). */
 void *vmh_arena_take_empty_extent(vmh_arena_t *a, uintptr_t *base, size_t *size);
 
-/* Bytes in live blocks (usable sizes), bytes parked, bytes free (not parked), bytes in extents
- * and their number. live + parked + free == extents_bytes. */
+/* Retires extent e: from now on no block is served from it (its free space, and whatever is
+ * freed in it later, stays unused), no block of it grows, and once it holds no live and no
+ * parked block vmh_arena_take_retired_extent() hands it back. packing.c retires the extent of
+ * a freed exported block: another process may still map that memory. Idempotent. */
+void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e);
+bool vmh_extent_retired(const vmh_extent_t *e);
+
+/* Removes one retired extent that holds no live and no parked block, like
+ * vmh_arena_take_empty_extent (NULL when there is none). O(idle extents). */
+void *vmh_arena_take_retired_extent(vmh_arena_t *a, uintptr_t *base, size_t *size);
+
+/* Bytes in live blocks (usable sizes), bytes parked, bytes free (not parked, servable), free
+ * bytes of retired extents, bytes in extents and their number.
+ * live + parked + free + retired == extents_bytes. */
 typedef struct vmh_arena_stats {
-    size_t live, parked, free, extents_bytes, extents;
+    size_t live, parked, free, retired, extents_bytes, extents;
 } vmh_arena_stats_t;
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s);
 

@@ -17,7 +17,7 @@
 /* Checks every invariant the fast paths rely on; 0 when all hold, else the failing line. */
 int vmh_arena_check(const vmh_arena_t *a)
 {
-    size_t live = 0, parked = 0, freeb = 0, ext_bytes = 0, exts = 0, nfree = 0, nparked = 0;
+    size_t live = 0, parked = 0, freeb = 0, retired = 0, ext_bytes = 0, exts = 0, nfree = 0, nparked = 0;
     const vmh_extent_t *lists[2] = {a->busy, a->idle};
     for (int li = 0; li < 2; li++) {
         for (const vmh_extent_t *e = lists[li]; e; e = e->next) {
@@ -55,6 +55,10 @@ int vmh_arena_check(const vmh_arena_t *a)
                 case B_FREE: {
                     CHECK(!started && !tab_get(e, b->base));
                     CHECK(!prev || blk_state(prev) != B_FREE);
+                    if (e->retired) { /* in no free list: never served */
+                        retired += sz;
+                        break;
+                    }
                     unsigned fl, sl;
                     mapping(sz, &fl, &sl);
                     const blk_t *f = a->heads[fl][sl];
@@ -103,7 +107,7 @@ int vmh_arena_check(const vmh_arena_t *a)
     }
     CHECK(tail == a->park_tail);
     CHECK(nparked == a->nparked);
-    CHECK(live == a->live && parked == a->parked && freeb == a->free);
+    CHECK(live == a->live && parked == a->parked && freeb == a->free && retired == a->retired);
     CHECK(ext_bytes == a->extents_bytes && exts == a->extents);
     return 0;
 }

@@ -62,6 +62,7 @@ struct vmh_extent {
     void *owner;
     blk_t *first;          /* the block at base: its record lives as long as the extent */
     size_t nlive, nparked; /* the extent is idle (trimmable) when both are 0 */
+    bool retired;          /* serves no new block: its free blocks are in no free list */
     blk_t **tab;           /* live blocks by start, open addressing, linear probing */
     size_t tab_n;
     unsigned tab_shift; /* capacity is 1 << tab_shift (0: no table yet) */
@@ -87,6 +88,7 @@ struct vmh_arena {
     slab_t *slabs;
     size_t nslabs;
     size_t live, parked, free, extents_bytes, extents;
+    size_t retired; /* free bytes of retired extents (never served) */
 };
 
 

@@ -255,9 +255,22 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
     }
     if (b->state != BIG_LIVE || p != b->range->base)
         return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
-    /* An exported buffer is recycled like any other (native semantics: importers must close
-     * before the exporter frees); its export dies here (vmh_bigbuf_export_alive_locked). */
-    b->export_serial = 0;
+    if (b->export_serial) {
+        /* Its export dies here (vmh_bigbuf_export_alive_locked), and its chunks are never
+         * served again: as natively, memory freed by its exporter stays an importer's. The
+         * range is not cached but destroyed once queued work is done; the driver keeps the
+         * chunks for as long as an importer holds them. */
+        if (park_range_locked(bb, b->range, b->range->base, b->range->size) != CUDA_SUCCESS)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        list_remove(&bb->live, b);
+        vmh_dev_usable_give(bb->dev, b->range->size);
+        *req = b->req;
+        b->range = NULL;
+        b->export_serial = 0;
+        b->state = BIG_UNUSED;
+        list_push(&bb->unused, b);
+        return CUDA_SUCCESS;
+    }
     list_remove(&bb->live, b);
     vmh_dev_usable_give(bb->dev, b->range->size);
     b->state = BIG_PARKED;
@@ -337,7 +350,6 @@ static CUresult grow_unlocked(vmh_bigbufs_t *bb, const vmh_range_t *r, size_t ro
 {
     vmh_dev_t *d = bb->dev;
     vmh_alloc_t *a;
-    vmh_handle_last_failure = VMH_FAILED_NONE;
     CUresult rc = vmh_dev_chunk(d, rounded - r->size, &a);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && d->relieve(d))
         rc = vmh_dev_chunk(d, rounded - r->size, &a);
@@ -348,9 +360,9 @@ static CUresult grow_unlocked(vmh_bigbufs_t *bb, const vmh_range_t *r, size_t ro
         *no_address = true;
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        rc = vmh_range_grow(r, &a, 1, reserve, 0, true, nr, kind);
-        *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY &&
-                      vmh_handle_last_failure == VMH_FAILED_RESERVE;
+        bool resv_failed;
+        rc = vmh_range_grow(r, &a, 1, reserve, 0, true, nr, kind, &resv_failed);
+        *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY && resv_failed;
     }
     vmh_alloc_unref(a);
     return rc;

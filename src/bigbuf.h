@@ -53,7 +53,8 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
 CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req);
 bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info);
 /* Fills base, size, offset, serial and the range for an export. A freed exported buffer is
- * recycled like any other; its serial dies with it. */
+ * not cached: its range is destroyed once queued work is done (its chunks are never served
+ * again to this process), and its serial dies with it. */
 CUresult vmh_bigbuf_export_locked(vmh_big_t *b, vmh_export_t *out, const vmh_range_t **range);
 /* Whether b is still the live buffer exported at base with serial. */
 bool vmh_bigbuf_export_alive_locked(vmh_big_t *b, CUdeviceptr base, uint64_t serial);

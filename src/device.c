@@ -187,15 +187,14 @@ CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         vmh_alloc_t *a;
-        vmh_handle_last_failure = VMH_FAILED_NONE;
+        bool resv_failed = false;
         CUresult rc = vmh_dev_chunk(d, size, &a);
         if (rc == CUDA_SUCCESS) {
-            rc = vmh_range_create(&a, 1, reserve, 0, 0, out);
+            rc = vmh_range_create(&a, 1, reserve, 0, 0, out, &resv_failed);
             vmh_alloc_unref(a);
         }
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
-            *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY &&
-                          vmh_handle_last_failure == VMH_FAILED_RESERVE;
+            *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY && resv_failed;
             return rc;
         }
         vmh_count(VMH_STAT_oom_retries, 1);

@@ -22,8 +22,6 @@ void vmh_handle_report_failure(const char *call, CUresult rc)
     vmh_log("%s failed with CUDA error %d during release", call, (int)rc);
 }
 
-_Thread_local vmh_failed_call_t vmh_handle_last_failure;
-
 CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
                           const CUmemAccessDesc *access, int naccess, vmh_alloc_t **out)
 {
@@ -34,7 +32,6 @@ CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL(vmh_drv.cuMemCreate(&a->handle, size, prop, 0));
     if (rc != CUDA_SUCCESS) {
-        vmh_handle_last_failure = VMH_FAILED_CREATE;
         free(a);
         return rc;
     }
@@ -74,7 +71,6 @@ CUresult vmh_resv_create(size_t size, size_t align, CUdeviceptr hint, vmh_resv_t
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL(vmh_drv.cuMemAddressReserve(&r->ptr, size, align, hint, 0));
     if (rc != CUDA_SUCCESS) {
-        vmh_handle_last_failure = VMH_FAILED_RESERVE;
         free(r);
         return rc;
     }
@@ -211,7 +207,6 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
     CUresult rc = CALL(vmh_drv.cuMemMap(ptr, alloc->size, 0, alloc->handle, 0));
     if (rc != CUDA_SUCCESS) {
         pthread_rwlock_unlock(&access_lock);
-        vmh_handle_last_failure = VMH_FAILED_MAP;
         free(m);
         return rc;
     }
@@ -223,8 +218,7 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
         rc = CALL(vmh_drv.cuMemSetAccess(ptr, alloc->size, acc, (size_t)nacc));
         if (rc != CUDA_SUCCESS) {
             pthread_rwlock_unlock(&access_lock);
-            vmh_handle_last_failure = VMH_FAILED_MAP;
-            CUresult urc = CALL(vmh_drv.cuMemUnmap(ptr, alloc->size));
+                CUresult urc = CALL(vmh_drv.cuMemUnmap(ptr, alloc->size));
             if (urc != CUDA_SUCCESS)
                 vmh_handle_report_failure("cuMemUnmap", urc);
             free(m);

@@ -80,17 +80,6 @@ void vmh_access_reset(void);
 /* Reports an undo call (release, free, unmap) that failed: the object stays alive. */
 void vmh_handle_report_failure(const char *call, CUresult rc);
 
-/* Which create call failed last on this thread, so that callers can tell address space
- * exhaustion (a reservation) from device memory exhaustion (an allocation). */
-typedef enum vmh_failed_call {
-    VMH_FAILED_NONE,
-    VMH_FAILED_CREATE,  /* cuMemCreate */
-    VMH_FAILED_RESERVE, /* cuMemAddressReserve */
-    VMH_FAILED_MAP,     /* cuMemMap or cuMemSetAccess */
-    VMH_FAILED_CALL_COUNT
-} vmh_failed_call_t;
-extern _Thread_local vmh_failed_call_t vmh_handle_last_failure;
-
 /* cuMemImportFromShareableHandle(fd, POSIX_FD) of a chunk another process exported: a handle of
  * the given size (as the exporter created it) whose access descriptors are applied wherever it
  * is mapped; its last reference calls cuMemRelease, as for a created chunk. The caller keeps

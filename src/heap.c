@@ -99,8 +99,8 @@ static bool dev_relieve(vmh_dev_t *d)
 {
     hdev_t *h = hdev_of(d);
     vmh_pressure_fn hook = atomic_load(&pressure_hook);
-    if (hook)
-        hook(); /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
+    /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
+    bool dropped = hook && hook();
     if (vmh_reclaim_pending(&h->reclaim))
         vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
     size_t bytes = vmh_cache_trim(&h->cache);
@@ -108,7 +108,7 @@ static bool dev_relieve(vmh_dev_t *d)
         bytes += vmh_packing_trim(&p->pack);
     if (bytes)
         vmh_count(VMH_STAT_trims, 1);
-    return bytes != 0 || vmh_reclaim_pending(&h->reclaim);
+    return bytes != 0 || dropped || vmh_reclaim_pending(&h->reclaim);
 }
 
 static void hdev_destroy(hdev_t *h)

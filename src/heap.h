@@ -78,10 +78,12 @@ static inline CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream st
 
 /* Sharing with other processes (ipc.c): the chunks behind the live served buffer that contains
  * p, each with a reference the caller drops with vmh_heap_export_release(), and the export's
- * serial: the same for every export of the buffer until it is freed. A freed exported buffer
- * is recycled like any other (native semantics: memory the exporter frees may be reused, and
- * importers must close first); the references keep the chunks themselves alive, not their
- * contents. CUDA_ERROR_NOT_FOUND when p is not served. */
+ * serial: the same for every export of the buffer until it is freed. Once freed, an exported
+ * buffer's memory is never served again (natively, memory freed by its exporter stays an
+ * importer's): a big buffer's range is destroyed once queued work is done, a packed buffer's
+ * extent serves nothing more and goes when its other blocks are freed (packing.h). The
+ * library then holds nothing of it; the driver keeps the chunks while an importer holds them.
+ * CUDA_ERROR_NOT_FOUND when p is not served. */
 CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out);
 void vmh_heap_export_release(vmh_export_t *ex);
 
@@ -97,8 +99,9 @@ bool vmh_heap_export_alive(CUdeviceptr base, uint64_t serial);
 CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant);
 
 /* A function run when an allocation fails for want of memory, before the cache is trimmed and
- * the allocation retried (ipc.c drops the references of exports whose buffers were freed). */
-typedef void (*vmh_pressure_fn)(void);
+ * the allocation retried (ipc.c drops the references of exports whose buffers were freed);
+ * true when it let go of anything (the driver may have memory again: worth one more try). */
+typedef bool (*vmh_pressure_fn)(void);
 void vmh_heap_on_pressure(vmh_pressure_fn fn);
 
 /* Releases parked frees (waiting for every context of the device, unless the calling thread

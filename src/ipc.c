@@ -32,9 +32,9 @@ static void warn_handle_type(const char *why)
                 why);
 }
 
-static void ipc_on_pressure(void)
+static bool ipc_on_pressure(void)
 {
-    vmh_ipc_prune();
+    return vmh_ipc_prune() != 0;
 }
 
 CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)
@@ -53,6 +53,7 @@ CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)
         return CUDA_ERROR_INVALID_VALUE;
     }
     vmh_export_t ex;
+    vmh_lifetime_ipc_began(); /* its exit and fork handlers, from now on */
     vmh_heap_on_pressure(ipc_on_pressure);
     CUresult rc = vmh_heap_export(p, &ex);
     if (rc != CUDA_SUCCESS)

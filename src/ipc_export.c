@@ -1,7 +1,8 @@
 /* CUDA IPC, the export table (see ipc_export.h).
  *
- * Owns: the entries (token -> the buffer's chunks, with references), and the exit flag after
- * which nothing of the exporting side calls the driver.
+ * Owns: the entries (token -> the buffer's chunks, with references), and the flag, set when
+ * lifetime.c says exit began, after which nothing of the exporting side calls the driver (no
+ * handler of its own: lifetime.c decides start, fork and exit).
  *
  * Locks: table_lock guards the table and the exit flag. It is held across every driver call of
  * the table (exports, releases), never across socket I/O or a wait, so that the exit handler,
@@ -35,34 +36,28 @@ typedef struct export_entry {
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static export_entry_t *exports;
 static size_t nexports, exports_cap;
-static bool table_shut; /* exit began: no more driver calls from here */
-static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+static bool table_shut; /* lifetime.c said exit began: no more driver calls from here */
 
-/* Runs before libcuda's own teardown (registered after the driver was loaded, and atexit
- * handlers run in reverse order of registration, before the loader's destructors). */
-static void table_atexit(void)
+/* lifetime.c's exit handler: it runs before libcuda's own teardown (lifetime registers it once
+ * IPC began, after the driver was initialized; atexit handlers run in reverse order). Taking
+ * the lock means no driver call of the table is in flight once the flag is set. */
+void vmh_ipc_export_shutdown(void)
 {
     pthread_mutex_lock(&table_lock);
     table_shut = true;
     pthread_mutex_unlock(&table_lock);
 }
 
-/* fork: the child must not inherit table_lock held by the listener (it prunes every second and
- * exports under it). */
-static void table_prefork(void)
+/* fork (lifetime.c's handlers): the child must not inherit table_lock held by the listener (it
+ * prunes every second and exports under it). */
+void vmh_ipc_export_prefork(void)
 {
     pthread_mutex_lock(&table_lock);
 }
 
-static void table_postfork(void)
+void vmh_ipc_export_postfork(void)
 {
     pthread_mutex_unlock(&table_lock);
-}
-
-static void register_hooks(void)
-{
-    atexit(table_atexit);
-    pthread_atfork(table_prefork, table_postfork, table_postfork);
 }
 
 /* The heap's answer: the buffer exported at ex->base has not been freed since (its export
@@ -117,7 +112,6 @@ static bool same_export(const vmh_export_t *a, const vmh_export_t *b)
 
 CUresult vmh_ipc_export_record(vmh_export_t *ex, CUcontext ctx, vmh_ipc_token_t *token)
 {
-    pthread_once(&hooks_once, register_hooks);
     pthread_mutex_lock(&table_lock);
     CUresult rc = CUDA_SUCCESS;
     if (table_shut) {

@@ -44,8 +44,15 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
  * gone, and the process ends with the references). */
 void vmh_ipc_export_untake(vmh_export_t *ex);
 
+/* Lifetime (lifetime.c calls these; the table registers no handler of its own): exit began, so no driver
+ * call from the table from now on (none is in flight on return); and the table's lock taken
+ * before a fork and released after it in parent and child. */
+void vmh_ipc_export_shutdown(void);
+void vmh_ipc_export_prefork(void);
+void vmh_ipc_export_postfork(void);
+
 #ifdef VMH_TESTING
-/* Drops every entry; the next record starts afresh. */
+/* Drops every entry; the next record starts afresh (also after a shutdown). */
 void vmh_ipc_export_reset(void);
 size_t vmh_ipc_export_count(void);
 #endif

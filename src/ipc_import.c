@@ -284,7 +284,7 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
         rc = CUDA_ERROR_MAP_FAILED;
     vmh_range_t *range = NULL;
     if (rc == CUDA_SUCCESS)
-        rc = vmh_range_create(allocs, n, 0, 0, 0, &range);
+        rc = vmh_range_create(allocs, n, 0, 0, 0, &range, NULL);
     /* The mappings hold their allocations: drop the import references (on failure this
      * releases every imported handle). */
     for (size_t i = 0; i < n; i++)

@@ -50,32 +50,26 @@ static uint64_t own_token; /* names its socket */
 static pthread_t listener_thread;
 static listener_t *listener;
 static atomic_bool listener_stop;
-static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 static atomic_flag warned_refusal = ATOMIC_FLAG_INIT;
 static atomic_flag warned_fd_limit = ATOMIC_FLAG_INIT;
 
-/* At exit the listener stops taking connections (the export table makes no driver call after
- * exit began either way). */
-static void listener_atexit(void)
+/* At exit (lifetime.c's handler) the listener stops taking connections (the
+ * export table makes no driver call after exit began either way). */
+void vmh_ipc_listener_shutdown(void)
 {
     atomic_store(&listener_stop, true);
 }
 
-/* fork: the child must not inherit listen_lock held by a thread starting the listener. */
-static void listener_prefork(void)
+/* fork (lifetime.c's handlers): the child must not inherit listen_lock held by a thread
+ * starting the listener. */
+void vmh_ipc_listener_prefork(void)
 {
     pthread_mutex_lock(&listen_lock);
 }
 
-static void listener_postfork(void)
+void vmh_ipc_listener_postfork(void)
 {
     pthread_mutex_unlock(&listen_lock);
-}
-
-static void register_hooks(void)
-{
-    atexit(listener_atexit);
-    pthread_atfork(listener_prefork, listener_postfork, listener_postfork);
 }
 
 /* ---- one connection ------------------------------------------------------------------------ */
@@ -457,7 +451,6 @@ static CUresult start_locked(void)
 
 CUresult vmh_ipc_listener_start(uint32_t *pid, uint64_t *socket_token)
 {
-    pthread_once(&hooks_once, register_hooks);
     pthread_mutex_lock(&listen_lock);
     CUresult rc = start_locked();
     *pid = own_pid;

@@ -6,6 +6,8 @@
 
 #include "driver.h"
 #include "heap.h"
+#include "ipc_export.h"
+#include "ipc_listener.h"
 #include "pause.h"
 #include "stats.h"
 #include "tags.h"
@@ -13,6 +15,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
 enum { LIFE_RUNNING, LIFE_EXITED, LIFE_CHILD };
 
@@ -57,6 +60,45 @@ bool vmh_lifetime_ready(void)
 const vmh_options_t *vmh_lifetime_options(void)
 {
     return snapshot;
+}
+
+/* IPC's exit handler: the listener and the export table stop calling the driver. An atexit
+ * handler, not the destructor: it must run before libcuda's own teardown, which the loader's
+ * destructors (this library's included) may follow. */
+VMH_TESTABLE void vmh_lifetime_ipc_exit(void)
+{
+    vmh_ipc_listener_shutdown();
+    vmh_ipc_export_shutdown(); /* on return no driver call of the table is in flight */
+}
+
+/* The two IPC locks are never held together (ipc_listener.c), so their order here is free. */
+static void ipc_prefork(void)
+{
+    vmh_ipc_listener_prefork();
+    vmh_ipc_export_prefork();
+}
+
+static void ipc_postfork(void)
+{
+    vmh_ipc_export_postfork();
+    vmh_ipc_listener_postfork();
+}
+
+static pthread_once_t ipc_hooks_once = PTHREAD_ONCE_INIT;
+
+static void ipc_hooks(void)
+{
+    /* Registered after the driver was initialized (IPC needs a context): atexit handlers run
+     * in reverse order of registration, so this one runs before any libcuda registered. */
+    atexit(vmh_lifetime_ipc_exit);
+    /* The IPC locks, taken around a fork so that a child inherits none held by another thread
+     * (the listener prunes and exports under them). */
+    pthread_atfork(ipc_prefork, ipc_postfork, ipc_postfork);
+}
+
+void vmh_lifetime_ipc_began(void)
+{
+    pthread_once(&ipc_hooks_once, ipc_hooks);
 }
 
 /* Reports at exit; from here on every entry point passes through (late frees from other

@@ -10,6 +10,10 @@
  *           driver answers as it does natively (CUDA is not usable in such a child). The child
  *           takes no lock another thread of the parent may have held, writes no report and
  *           reports no leak.
+ *   IPC     once the process first exports (vmh_lifetime_ipc_began), an exit handler stops the
+ *           IPC listener and export table before libcuda's teardown, and fork handlers keep
+ *           their locks from being inherited held (ipc_listener.h, ipc_export.h: shutdown,
+ *           prefork, postfork). The IPC files register no handler of their own.
  */
 #ifndef VMH_LIFETIME_H
 #define VMH_LIFETIME_H
@@ -26,10 +30,16 @@ bool vmh_lifetime_ready(void);
 /* The options snapshot (valid after vmh_lifetime_ready). */
 const vmh_options_t *vmh_lifetime_options(void);
 
+/* The IPC layer is about to export (the driver is initialized): installs its exit and fork
+ * handling, once. */
+void vmh_lifetime_ipc_began(void);
+
 #ifdef VMH_TESTING
-/* Tests: what the destructor does at exit, and what the fork handler does in a child. */
+/* Tests: what the destructor does at exit, what the fork handler does in a child, and what the
+ * exit handler does for IPC. */
 void vmh_lifetime_exit(void);
 void vmh_lifetime_fork_child(void);
+void vmh_lifetime_ipc_exit(void);
 #endif
 
 #endif

@@ -43,6 +43,9 @@ static void shard_note(vmh_shard_t *s)
     atomic_store_explicit(&s->extents, st.extents, memory_order_relaxed);
 }
 
+static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, bool retired_only);
+static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list);
+
 /* Bytes of the shard's parked blocks (what it counts in reclaim's parked bytes); locked. */
 static size_t parked_bytes_locked(const vmh_shard_t *s)
 {
@@ -52,7 +55,8 @@ static size_t parked_bytes_locked(const vmh_shard_t *s)
 }
 
 /* The shard's reclaim item: the GPU has passed `passed`; its blocks parked up to there become
- * free. Blocks parked later keep the item queued for the next wait. */
+ * free. Blocks parked later keep the item queued for the next wait. Retired extents (a freed
+ * exported block's) that this empties go at once: nothing of them is served again. */
 static size_t shard_release(vmh_parked_t *item, uint64_t passed)
 {
     vmh_shard_t *s = (vmh_shard_t *)((char *)item - offsetof(vmh_shard_t, parked_item));
@@ -60,10 +64,13 @@ static size_t shard_release(vmh_parked_t *item, uint64_t passed)
     pthread_mutex_lock(&s->lock);
     size_t before = parked_bytes_locked(s);
     vmh_arena_unpark_upto(s->arena, passed);
+    vmh_ext_t *retired = unlink_empty_locked(s, true);
     shard_note(s);
     size_t released = before - parked_bytes_locked(s);
     bool left = vmh_arena_parked(s->arena) != 0;
     pthread_mutex_unlock(&s->lock);
+    if (retired)
+        extents_destroy(s, retired);
     if (left && passed != UINT64_MAX)
         vmh_reclaim_park(s->pack->reclaim, item, passed + 1, 0); /* their bytes count already */
     return released;
@@ -251,10 +258,18 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req)
     if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     size_t bytes = parked_bytes_locked(s) - parked_before;
-    /* An exported block is recycled like any other; its export dies here. */
+    /* An exported block's export dies here, and its memory is never served again: another
+     * process may still map the extent's chunk (an import holds the whole chunk), as natively
+     * memory freed by its exporter stays the importer's. The extent serves nothing more and
+     * goes once its other blocks are freed and the GPU is past them (shard_release). */
     vmh_packed_export_t *x = exported_find_locked(s, p);
-    if (x)
+    if (x) {
         *x = s->exported[--s->nexported];
+        vmh_arena_retire_extent(s->arena, e->extent);
+        /* Its free space is stranded until its other blocks go: the next extents start small
+         * again, so that a program exporting small buffers strands little. */
+        s->extent_next = pk->dev->gran;
+    }
     shard_note(s);
     /* An item already queued is released by a wait that also covers this block, or parks
      * itself again for it (shard_release runs under this shard's lock). */
@@ -342,50 +357,66 @@ bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t se
     return x && x->serial == serial;
 }
 
+/* Takes shard s's empty extents (only retired ones when retired_only) out of its arena, list
+ * and the registry; returns them linked by next. s is locked. */
+static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, bool retired_only)
+{
+    vmh_ext_t *empty = NULL, *e;
+    uintptr_t base;
+    size_t size;
+    while ((e = retired_only ? vmh_arena_take_retired_extent(s->arena, &base, &size)
+                             : vmh_arena_take_empty_extent(s->arena, &base, &size))) {
+        vmh_registry_set(base, size, NULL);
+        if (e->prev)
+            e->prev->next = e->next;
+        else
+            s->exts = e->next;
+        if (e->next)
+            e->next->prev = e->prev;
+        e->prev = NULL;
+        e->next = empty;
+        empty = e;
+    }
+    return empty;
+}
+
+/* Gives back the memory of extents unlinked from s (s not locked: driver calls) and keeps
+ * their records as spares; returns the bytes. */
+static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
+{
+    size_t bytes = 0;
+    vmh_ext_t *last = NULL;
+    for (vmh_ext_t *e = list; e; e = e->next) {
+        if (e->range) {
+            bytes += e->range->size;
+            idle_gauge(-(int64_t)e->range->size);
+        }
+        vmh_range_destroy(e->range);
+        vmh_paused_destroy(e->paused); /* emptied while paused: its addresses go */
+        e->paused = NULL;
+        e->range = NULL;
+        e->extent = NULL;
+        last = e;
+    }
+    /* A registry reader may still hold one of these records: keep them (type-stable). */
+    pthread_mutex_lock(&s->lock);
+    last->next = s->spare;
+    s->spare = list;
+    pthread_mutex_unlock(&s->lock);
+    return bytes;
+}
+
 size_t vmh_packing_trim(vmh_packing_t *pk)
 {
     size_t bytes = 0;
     for (int i = 0; i < VMH_SHARDS; i++) {
         vmh_shard_t *s = &pk->shards[i];
-        vmh_ext_t *empty = NULL, *last = NULL;
-        uintptr_t base;
-        size_t size;
-        vmh_ext_t *e;
         pthread_mutex_lock(&s->lock);
-        while ((e = vmh_arena_take_empty_extent(s->arena, &base, &size))) {
-            vmh_registry_set(base, size, NULL);
-            if (e->prev)
-                e->prev->next = e->next;
-            else
-                s->exts = e->next;
-            if (e->next)
-                e->next->prev = e->prev;
-            e->prev = NULL;
-            e->next = empty;
-            if (!empty)
-                last = e;
-            empty = e;
-        }
+        vmh_ext_t *empty = unlink_empty_locked(s, false);
         shard_note(s);
         pthread_mutex_unlock(&s->lock);
-        if (!empty)
-            continue;
-        for (e = empty; e; e = e->next) {
-            if (e->range) {
-                bytes += e->range->size;
-                idle_gauge(-(int64_t)e->range->size);
-            }
-            vmh_range_destroy(e->range);
-            vmh_paused_destroy(e->paused); /* emptied while paused: its addresses go */
-            e->paused = NULL;
-            e->range = NULL;
-            e->extent = NULL;
-        }
-        /* A registry reader may still hold one of these records: keep them (type-stable). */
-        pthread_mutex_lock(&s->lock);
-        last->next = s->spare;
-        s->spare = empty;
-        pthread_mutex_unlock(&s->lock);
+        if (empty)
+            bytes += extents_destroy(s, empty);
     }
     return bytes;
 }
@@ -397,7 +428,8 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)
         vmh_shard_t *s = &pk->shards[i];
         pthread_mutex_lock(&s->lock);
         for (vmh_ext_t *e = s->exts; e && rc == CUDA_SUCCESS; e = e->next) {
-            bool exported = false;
+            /* A retired extent holds a freed exported block: another process may map it. */
+            bool exported = vmh_extent_retired(e->extent);
             for (size_t x = 0; x < s->nexported && !exported; x++)
                 exported = s->exported[x].base - vmh_extent_base(e->extent) <
                            vmh_extent_size(e->extent);

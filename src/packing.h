@@ -5,9 +5,14 @@
  * (one range, one chunk each), registry entries of those extents and set of exported packed
  * buffers. A thread allocates in the shard it picked at its first allocation and looks at other
  * shards' free space only when its own has none; a free goes to the shard that owns the extent.
- * An exported block is listed with its export serial until it is freed; then it is recycled
- * like any other and its export is dead. A freed block is parked in its arena with the reclaim generation; each shard parks one item
- * in reclaim.h whose release unparks the shard's blocks up to the generation passed.
+ * An exported block is listed with its export serial until it is freed; then its export is
+ * dead and its memory is never served again: another process may map the chunk (natively,
+ * memory freed by its exporter stays the importer's), so its extent is retired (arena.h: it
+ * serves no new block) and given back once its other blocks are freed and the GPU is past
+ * them; the driver keeps the chunk for as long as an importer holds it. A freed block is
+ * parked in its arena with the reclaim generation; each shard parks one item in reclaim.h
+ * whose release unparks the shard's blocks up to the generation passed and gives back the
+ * retired extents that this empties.
  *
  * Lock order: the reclaim wait lock, then one shard lock, then the reclaim queue lock. A thread
  * never holds two shard locks at once. No driver call under a shard lock.
@@ -85,7 +90,7 @@ bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *inf
  * does not fit in place. *old_size: the size asked for before. */
 CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size);
 /* Fills base, size, offset, serial and the range of the live block containing p for an
- * export (the serial is kept until the block is freed). */
+ * export (the serial is kept until the block is freed; the free retires the extent). */
 CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
                                    const vmh_range_t **range);
 /* Whether the block at base is still the live one exported with serial. */

@@ -62,11 +62,13 @@ static CUresult map_all(vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n, CU
 }
 
 /* Maps the allocations of old (if any) then allocs[0..n) from the start of a new reservation
- * of max(reserve, total) bytes. */
+ * of max(reserve, total) bytes; *no_address (may be NULL): the reservation failed. */
 static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const *allocs,
                                      size_t n, size_t total, size_t reserve, size_t align,
-                                     CUdeviceptr hint, vmh_range_t **out)
+                                     CUdeviceptr hint, vmh_range_t **out, bool *no_address)
 {
+    if (no_address)
+        *no_address = false;
     size_t nold = old ? old->nmaps : 0;
     vmh_range_t *r = range_alloc(nold + n);
     if (!r)
@@ -74,6 +76,8 @@ static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const 
     vmh_resv_t *resv;
     CUresult rc = vmh_resv_create(reserve > total ? reserve : total, align, hint, &resv);
     if (rc != CUDA_SUCCESS) {
+        if (no_address)
+            *no_address = true;
         free(r);
         return rc;
     }
@@ -99,12 +103,14 @@ static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const 
 }
 
 CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, size_t align,
-                          CUdeviceptr hint, vmh_range_t **out)
+                          CUdeviceptr hint, vmh_range_t **out, bool *no_address)
 {
     size_t total;
+    if (no_address)
+        *no_address = false;
     if (!out || !allocs || n == 0 || sum_sizes(allocs, n, &total) != CUDA_SUCCESS)
         return CUDA_ERROR_INVALID_VALUE;
-    return build_at_new_address(NULL, allocs, n, total, reserve, align, hint, out);
+    return build_at_new_address(NULL, allocs, n, total, reserve, align, hint, out, no_address);
 }
 
 CUresult vmh_range_move(const vmh_range_t *r, size_t reserve, size_t align, CUdeviceptr hint,
@@ -112,7 +118,7 @@ CUresult vmh_range_move(const vmh_range_t *r, size_t reserve, size_t align, CUde
 {
     if (!r || !out || !r->nmaps)
         return CUDA_ERROR_INVALID_VALUE;
-    return build_at_new_address(r, NULL, 0, r->size, reserve, align, hint, out);
+    return build_at_new_address(r, NULL, 0, r->size, reserve, align, hint, out, NULL);
 }
 
 /* A new range holding references to r's mappings, with room for n more. */
@@ -149,9 +155,11 @@ static CUresult extend_into(const vmh_range_t *r, vmh_alloc_t *const *allocs, si
 
 CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n,
                         size_t reserve, size_t align, bool allow_move, vmh_range_t **out,
-                        vmh_grow_kind_t *kind)
+                        vmh_grow_kind_t *kind, bool *no_address)
 {
     size_t add;
+    if (no_address)
+        *no_address = false;
     if (!r || !out || !kind || !allocs || n == 0 || !r->nmaps ||
         sum_sizes(allocs, n, &add) != CUDA_SUCCESS || add > SIZE_MAX - r->size)
         return CUDA_ERROR_INVALID_VALUE;
@@ -184,7 +192,7 @@ CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t
     /* 3. Move: the same chunks at a new address, then the new ones. */
     if (!allow_move)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = build_at_new_address(r, allocs, n, total, reserve, align, 0, out);
+    CUresult rc = build_at_new_address(r, allocs, n, total, reserve, align, 0, out, no_address);
     if (rc == CUDA_SUCCESS)
         *kind = VMH_GROW_MOVED;
     return rc;

@@ -32,16 +32,18 @@ typedef enum vmh_grow_kind {
 } vmh_grow_kind_t;
 
 /* Reserves max(reserve, total) bytes (aligned to align; hint may be 0) and maps allocs[0..n)
- * in order from its start. */
+ * in order from its start. *no_address (may be NULL): the reservation failed (address space,
+ * not memory, ran out). */
 CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, size_t align,
-                          CUdeviceptr hint, vmh_range_t **out);
+                          CUdeviceptr hint, vmh_range_t **out, bool *no_address);
 
 /* New range = r's mappings followed by allocs[0..n). Headroom, then adjacent, then move; a
  * move reserves max(reserve, new total). allow_move false makes it fail with
- * CUDA_ERROR_OUT_OF_MEMORY instead of moving. *kind says which path was taken. */
+ * CUDA_ERROR_OUT_OF_MEMORY instead of moving. *kind says which path was taken. *no_address
+ * (may be NULL): the move's reservation failed (the adjacent probe failing is no failure). */
 CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n,
                         size_t reserve, size_t align, bool allow_move, vmh_range_t **out,
-                        vmh_grow_kind_t *kind);
+                        vmh_grow_kind_t *kind, bool *no_address);
 
 /* New range at a fresh reservation of max(reserve, r->size) bytes (hint may be 0), mapping
  * the same allocations at the same offsets. */

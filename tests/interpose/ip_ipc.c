@@ -166,9 +166,12 @@ typedef struct wire_result {
     bool fds_are_memfds;
 } wire_result_t;
 
-/* One request to the exporter named by h, for export token `token` (the handle's, or another). */
-static wire_result_t ask(const CUipcMemHandle *hp, vmh_ipc_token_t token)
+/* One request to the exporter named by h, for export token `token` (the handle's, or another).
+ * *kept (when not NULL) gets the first descriptor received, left open; the others are closed. */
+static wire_result_t ask_keep(const CUipcMemHandle *hp, vmh_ipc_token_t token, int *kept)
 {
+    if (kept)
+        *kept = -1;
     wire_result_t r;
     memset(&r, 0, sizeof r);
     vmh_ipc_handle_t h = decode(hp);
@@ -217,7 +220,10 @@ static wire_result_t ask(const CUipcMemHandle *hp, vmh_ipc_token_t token)
                 struct stat st;
                 r.fds_are_memfds &= fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && tl > 0 &&
                                     strstr(target, "memfd:") != NULL;
-                close(fd);
+                if (kept && *kept < 0)
+                    *kept = fd;
+                else
+                    close(fd);
                 r.nfds++;
             }
         }
@@ -227,6 +233,11 @@ static wire_result_t ask(const CUipcMemHandle *hp, vmh_ipc_token_t token)
     }
     close(s);
     return r;
+}
+
+static wire_result_t ask(const CUipcMemHandle *hp, vmh_ipc_token_t token)
+{
+    return ask_keep(hp, token, NULL);
 }
 
 /* ---- children ------------------------------------------------------------------------------ */
@@ -319,6 +330,9 @@ static void child_after_the_free(void *arg)
 
 /* ---- the checks ---------------------------------------------------------------------------- */
 
+/* The handle an importer holds on the small buffer's chunk (check_posix_fd), 0 when none. */
+static CUmemGenericAllocationHandle importer_handle;
+
 static void check_posix_fd(ip_capture_t *cap)
 {
     static char text[1 << 16];
@@ -406,6 +420,22 @@ static void check_posix_fd(ip_capture_t *cap)
     }
     CHECK(gone, "the freed exported chunk was released (%zu allocations, were %zu with it)",
           sim.sim_live_allocations(), allocs_with_big);
+    /* An importer that holds the small buffer's chunk when the exporter frees it (this process
+     * imports it through the driver as another process would: the simulated driver imports
+     * only its own memfds). The importer's handle keeps the memory; the library, once its
+     * wait and trim are done, holds nothing of it (main checks). */
+    int fd = -1;
+    wire_result_t r = ask_keep(&hs.small, decode(&hs.small).export, &fd);
+    CHECK(r.rep.status == VMH_IPC_OK && fd >= 0, "the small buffer's chunk for an importer");
+    PFN_cuMemImportFromShareableHandle_v10020 import_drv =
+        (PFN_cuMemImportFromShareableHandle_v10020)driver_fn("cuMemImportFromShareableHandle",
+                                                             10020);
+    if (fd >= 0) {
+        CHECK_RC(import_drv(&importer_handle, (void *)(intptr_t)fd,
+                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                 CUDA_SUCCESS, "the importer's handle");
+        close(fd);
+    }
     CHECK_RC(p_cuMemFree(small), CUDA_SUCCESS, "cuMemFree(small)");
     CHECK_RC(p_cuMemFree(pad), CUDA_SUCCESS, "cuMemFree(pad)");
 }
@@ -532,7 +562,20 @@ int main(int argc, char **argv)
     ip_capture_end(&cap);
 
     vmm_trim_fn();
-    /* Freed exported buffers are recycled like any other (issue 16): nothing is left. */
+    if (importer_handle) {
+        /* The freed exported chunk lives on for its importer, and only for it: the library
+         * holds no handle, mapping or reservation of it (issue 16: before round 10 the freed
+         * packed slot stayed the library's for good). */
+        CHECK(sim.sim_live_allocations() == 1 && sim.sim_live_handles() == 1 &&
+                  sim.sim_live_mappings() == 0 && sim.sim_live_reservations() == 0,
+              "after the frees and vmm_trim only the importer's handle is left (%zu allocations, "
+              "%zu handles, %zu mappings, %zu reservations)",
+              sim.sim_live_allocations(), sim.sim_live_handles(), sim.sim_live_mappings(),
+              sim.sim_live_reservations());
+        PFN_cuMemRelease_v10020 release_drv =
+            (PFN_cuMemRelease_v10020)driver_fn("cuMemRelease", 10020);
+        CHECK_RC(release_drv(importer_handle), CUDA_SUCCESS, "the importer lets go");
+    }
     CHECK(sim.sim_ledger_empty(), "after the frees and vmm_trim the driver holds nothing");
     if (!sim.sim_ledger_empty())
         sim.sim_ledger_dump();

@@ -3,6 +3,8 @@
  * the native allocator, pointer queries, IPC, errors, the table, cuGetProcAddress and fork. */
 #include "simint.h"
 
+#include <dirent.h>
+
 #define VA_BASE 0x100000000000ULL /* 16 TiB: reservations */
 #define VA_MAX_SIZE (64ULL * TiB)
 #define NAT_BASE 0x500000000000ULL /* 80 TiB: native blocks */
@@ -404,9 +406,48 @@ void do_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, int dev)
 /* ---------------------------------------------------------------------------------------- */
 /* Ledger objects                                                                            */
 
+/* Whether a descriptor exported from allocation a is still open in this process. As with the
+ * real driver, an open exported descriptor keeps the allocation alive (an importer may import
+ * it later); a descriptor sent to another process is that process's (a forked child has its
+ * own copy of this state). */
+static bool export_fd_open(const sim_alloc_t *a)
+{
+    bool exported = false;
+    for (size_t i = 0; i < S.nexports && !exported; i++)
+        exported = S.exports[i].a == a;
+    if (!exported)
+        return false;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return false;
+    bool open = false;
+    struct dirent *de;
+    while (!open && (de = readdir(d))) {
+        struct stat st;
+        int fd = atoi(de->d_name);
+        if (de->d_name[0] == '.' || fd == dirfd(d) || fstat(fd, &st) != 0)
+            continue;
+        for (size_t i = 0; i < S.nexports && !open; i++)
+            open = S.exports[i].a == a && S.exports[i].dev == st.st_dev &&
+                   S.exports[i].ino == st.st_ino;
+    }
+    closedir(d);
+    return open;
+}
+
 static void alloc_maybe_free(sim_alloc_t *a)
 {
     if (a->nhandles || a->nmaps)
+        return;
+    bool held = export_fd_open(a);
+    if (held != a->held_by_fd) {
+        a->held_by_fd = held;
+        if (held)
+            S.held_by_fd++;
+        else
+            S.held_by_fd--;
+    }
+    if (held)
         return;
     if (a->device >= 0)
         S.used[a->device] -= a->size;
@@ -425,6 +466,19 @@ static void alloc_maybe_free(sim_alloc_t *a)
         a->next->prev = a->prev;
     S.nallocs--;
     free(a);
+}
+
+/* Frees the allocations that only an exported descriptor kept alive once it is closed: checked
+ * at the next allocation and ledger query (a close is no driver call). */
+static void allocs_sweep_held(void)
+{
+    if (!S.held_by_fd)
+        return;
+    for (sim_alloc_t *a = S.allocs, *next; a; a = next) {
+        next = a->next;
+        if (a->held_by_fd)
+            alloc_maybe_free(a);
+    }
 }
 
 static CUmemGenericAllocationHandle handle_new(sim_alloc_t *a)
@@ -458,6 +512,8 @@ void native_destroy(sim_native_t *n)
 
 static void wipe(void)
 {
+    S.nexports = 0; /* a reset forgets exported descriptors: they keep nothing alive any more */
+    allocs_sweep_held();
     while (S.maps.n)
         map_destroy((sim_map_t *)S.maps.v[S.maps.n - 1]);
     while (S.handles.n) {
@@ -589,6 +645,7 @@ const char *sim_last_reason(void) { return last_reason; }
 size_t sim_live_allocations(void)
 {
     LOCKED;
+    allocs_sweep_held();
     return S.nallocs;
 }
 
@@ -619,12 +676,14 @@ size_t sim_live_native(void)
 bool sim_ledger_empty(void)
 {
     LOCKED;
+    allocs_sweep_held();
     return !S.nallocs && !S.handles.n && !S.resvs.n && !S.maps.n && !S.natives.n && !S.hosts.n;
 }
 
 void sim_ledger_fdump(FILE *out)
 {
     LOCKED;
+    allocs_sweep_held();
     fprintf(out, "simdrv ledger: %zu allocations, %zu handles, %zu reservations, %zu mappings, "
                  "%zu native, %zu pinned host ranges, %zu streams, %zu created contexts, "
                  "%zu graphs, %zu queued operations, %lu hazards\n",
@@ -705,6 +764,7 @@ unsigned sim_access_flags(CUdeviceptr p, int device)
 size_t sim_device_used(int device)
 {
     LOCKED;
+    allocs_sweep_held();
     return device >= 0 && device < ndev() ? S.used[device] : 0;
 }
 
@@ -1048,6 +1108,7 @@ CUresult SIM_IMPL(cuMemCreate)(CUmemGenericAllocationHandle *handle, size_t size
         return reject(CUDA_ERROR_INVALID_VALUE,
                       "cuMemCreate: size %zu is not a multiple of the granularity %zu", size,
                       gran());
+    allocs_sweep_held();
     if (device >= 0 && size > S.cfg.memory - S.used[device])
         return reject(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: %zu bytes, %zu free on device %d",
                       size, S.cfg.memory - S.used[device], device);

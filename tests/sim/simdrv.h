@@ -105,9 +105,12 @@
  *     (partial -> 801), inside one reservation, no overlap. Unmap: whole adjacent mappings, no
  *     holes. Access: per granule and per device; a new mapping has none.
  *     Export/import: POSIX_FD gives a real memfd; importing it in this process gives a new
- *     handle (a new reference) to the same allocation. The fd does NOT keep the allocation
- *     alive (the real one does): importing after the allocation went answers
- *     CUDA_ERROR_INVALID_VALUE.
+ *     handle (a new reference) to the same allocation, which keeps it alive (memory and
+ *     contents) after the exporter released its own handle and mappings, as the real driver
+ *     does. An exported fd still open in this process keeps the allocation alive too (so it
+ *     can be imported after the exporter's release); once every such fd is closed the
+ *     allocation goes at the next cuMemCreate or ledger query. An fd of an allocation that is
+ *     gone (or a memfd this process did not export) answers CUDA_ERROR_INVALID_VALUE.
  *   - native allocator: cuMemAlloc (512-byte aligned, 2 MiB aligned from 2 MiB; charged
  *     rounded up to 512), cuMemAllocPitch (elementSize 4/8/16; pitch = width rounded up to 512:
  *     width 1000 -> 1024 as measured; range = pitch * height), cuMemAllocAsync and

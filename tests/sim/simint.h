@@ -276,6 +276,7 @@ typedef struct sim_alloc {
     CUmemAllocationProp prop;
     int device; /* -1: host */
     unsigned nhandles, nmaps;
+    bool held_by_fd; /* no handle or mapping left, but an exported descriptor is still open */
     unsigned char *bytes; /* contents, mapped on first write */
 } sim_alloc_t;
 
@@ -375,6 +376,7 @@ typedef struct sim_state {
     size_t host_pinned; /* bytes of cuMemHostAlloc + cuMemHostRegister */
     sim_export_t *exports;
     size_t nexports, capexports;
+    size_t held_by_fd; /* allocations kept alive by an open exported descriptor alone */
     sim_op_t *ops;
     size_t nops, capops;
     CUdeviceptr res_rover, nat_rover;

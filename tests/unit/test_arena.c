@@ -72,7 +72,7 @@ static void assert_consistent(const vmh_arena_t *a)
     assert_int_equal(vmh_arena_check(a), 0);
     vmh_arena_stats_t s;
     vmh_arena_stats(a, &s);
-    assert_int_equal(s.live + s.parked + s.free, s.extents_bytes);
+    assert_int_equal(s.live + s.parked + s.free + s.retired, s.extents_bytes);
 }
 
 /* ---- Basics -------------------------------------------------------------------------------- */
@@ -140,6 +140,54 @@ static void test_empty_arena(void **state)
     assert_consistent(a);
     vmh_arena_delete(a, NULL, NULL);
     vmh_arena_delete(NULL, NULL, NULL);
+}
+
+/* A retired extent (packing.c: a freed exported block's) serves nothing more: not its free
+ * space, not what is freed in it later, not a growth; once its blocks are gone it is handed
+ * back by take_retired_extent (and only retired extents are). */
+static void test_retired_extent_serves_nothing(void **state)
+{
+    (void)state;
+    vmh_arena_t *a = vmh_arena_new();
+    int owner_r, owner_k;
+    vmh_extent_t *r = vmh_arena_add_extent(a, 0x100000, 2 * MiB, &owner_r);
+    uintptr_t x, y, z;
+    assert_int_equal(vmh_arena_alloc(a, 1000, &x), 0);
+    assert_int_equal(vmh_arena_alloc(a, 1000, &y), 0);
+    assert_int_equal(vmh_arena_park(a, r, x, 1, NULL), 0);
+    vmh_arena_retire_extent(a, r);
+    vmh_arena_retire_extent(a, r); /* idempotent */
+    assert_true(vmh_extent_retired(r));
+    assert_consistent(a);
+    vmh_arena_stats_t s;
+    vmh_arena_stats(a, &s);
+    assert_int_equal(s.free, 0);
+    assert_int_equal(s.retired, 2 * MiB - 2 * 1024);
+    assert_int_equal(vmh_arena_alloc(a, 1, &z), ENOMEM);
+    assert_int_equal(vmh_arena_resize(a, r, y, 5000), ENOMEM);
+    assert_int_equal(vmh_arena_resize(a, r, y, 10), 0); /* a shrink keeps its tail */
+    assert_int_equal(vmh_arena_unpark_upto(a, 1), 1);
+    assert_int_equal(vmh_arena_alloc(a, 1, &z), ENOMEM);
+    assert_consistent(a);
+    /* Another extent serves; only the retired one is handed back once empty. */
+    vmh_extent_t *k = vmh_arena_add_extent(a, 0x400000, 2 * MiB, &owner_k);
+    assert_int_equal(vmh_arena_alloc(a, 1000, &z), 0);
+    assert_true(z >= 0x400000);
+    assert_int_equal(vmh_arena_release(a, k, z, NULL), 0);
+    assert_null(vmh_arena_take_retired_extent(a, NULL, NULL));
+    assert_int_equal(vmh_arena_release(a, r, y, NULL), 0);
+    assert_consistent(a);
+    uintptr_t base;
+    size_t size;
+    assert_ptr_equal(vmh_arena_take_retired_extent(a, &base, &size), &owner_r);
+    assert_int_equal(base, 0x100000);
+    assert_int_equal(size, 2 * MiB);
+    assert_null(vmh_arena_take_retired_extent(a, NULL, NULL));
+    vmh_arena_stats(a, &s);
+    assert_int_equal(s.retired, 0);
+    assert_int_equal(s.extents, 1);
+    assert_consistent(a);
+    vmh_arena_delete(a, NULL, NULL);
 }
 
 /* A request exactly the size of the extent, then one granule too many. */
@@ -1191,6 +1239,7 @@ int main(void)
         cmocka_unit_test(test_alignment),
         cmocka_unit_test(test_empty_arena),
         cmocka_unit_test(test_exact_fill),
+        cmocka_unit_test(test_retired_extent_serves_nothing),
         cmocka_unit_test(test_find),
         cmocka_unit_test(test_find_odd_extent),
         cmocka_unit_test(test_double_and_interior_free),

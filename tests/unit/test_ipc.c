@@ -33,6 +33,7 @@
 #include "ipc_import.h"
 #include "ipc_listener.h"
 #include "ipc_wire.h"
+#include "lifetime.h"
 #include "log.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -135,7 +136,7 @@ static int teardown(void **state)
     assert_int_equal(vmh_ipc_export_count(), 0);
     assert_int_equal(vmh_ipc_import_count(), 0);
     vmh_heap_trim();
-    vmh_heap_reset(); /* exported packed slots keep their extent until here */
+    vmh_heap_reset();
     tu_assert_ledger_empty();
     assert_int_equal(count_fds(), fds_at_start);
     return 0;
@@ -405,6 +406,34 @@ static void freed_before_open_is_an_invalid_handle(void **state)
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_INVALID_HANDLE);
     assert_int_equal(captured("has no such export"), 1);
     assert_int_equal(vmh_ipc_export_count(), 0);
+}
+
+/* Exit is lifetime.c's call (issue 13: one owner of the library's lifetime): its IPC exit
+ * handler stops the listener and the export table, after which nothing is exported (the driver
+ * may be gone) and the export table makes no driver call; a fork meanwhile (the handlers that
+ * lifetime installed at the first export) leaves the child with usable locks. */
+static void lifetime_exit_stops_exports(void **state)
+{
+    (void)state;
+    CUdeviceptr p, r;
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &r), CUDA_SUCCESS);
+    (void)get_handle(p); /* IPC began: lifetime's handlers are installed */
+    pid_t child = fork();
+    if (child == 0) /* the table's and the listener's locks are free in the child */
+        _exit(vmh_ipc_export_count() == 1 && !vmh_ipc_listener_is_own(0, 0) ? 0 : 1);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    vmh_lifetime_ipc_exit();
+    sim_reset_counters();
+    CUipcMemHandle h;
+    assert_int_equal(vmh_ipc_get_handle(r, &h), CUDA_ERROR_DEINITIALIZED);
+    assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
+    assert_int_equal(vmh_ipc_export_count(), 1);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(r, NULL, false), CUDA_SUCCESS);
+    vmh_ipc_reset(); /* (tests only) the table serves again */
 }
 
 static void closed_exporter_socket(void **state)
@@ -966,38 +995,59 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
 }
 
-/* The heap recycles a freed exported buffer like any other: a new buffer at the very same
- * address is another life of it, and the old handle does not open it. */
-static void reused_address_is_not_the_old_export(void **state)
+/* As natively (tests/gpu/ipc_gpu.cu free_first on the H200): the importer keeps seeing the
+ * data of a buffer the exporter freed, the exporter's next allocations never land in that
+ * memory, the old handle opens nothing, and the library lets go of its own hold so that the
+ * memory lives exactly as long as the importer holds it. On 882660a the freed buffers were
+ * served again at their old addresses and the importer saw the new data. */
+static void freed_export_stays_the_importers(void **state)
 {
     (void)state;
-    CUdeviceptr big, small, pad, q = 0;
+    CUdeviceptr big, small, pad, q = 0, qbig, qsmall;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &big), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(1000, &pad), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(3000, &small), CUDA_SUCCESS);
+    tu_fill(big, 4 * MiB, 16);
+    tu_fill(small, 3000, 17);
     CUipcMemHandle hbig = get_handle(big), hsmall = get_handle(small);
+    assert_int_equal(vmh_ipc_open_remote(&hbig, &qbig), CUDA_SUCCESS);
+    assert_int_equal(vmh_ipc_open_remote(&hsmall, &qsmall), CUDA_SUCCESS);
+    const CUdeviceptr small_chunk = small - decode(&hsmall).offset;
     assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
     CUdeviceptr big2, small2;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &big2), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(3000, &small2), CUDA_SUCCESS);
-    /* The scenario itself: both addresses came back (else this test checks nothing). */
-    assert_int_equal(big2, big);
-    assert_int_equal(small2, small);
-    tu_fill(big2, 4 * MiB, 16);
+    assert_false(big2 < big + 4 * MiB && big < big2 + 4 * MiB);
+    assert_false(small2 >= small_chunk && small2 < small_chunk + GRAN);
+    tu_fill(big2, 4 * MiB, 18);
+    tu_fill(small2, 3000, 19);
+    assert_true(tu_check(qbig, 4 * MiB, 16));
+    assert_true(tu_check(qsmall, 3000, 17));
+    /* The old handles open nothing (a fresh open would need the exporter's export). */
+    assert_int_equal(vmh_ipc_close(qbig), CUDA_SUCCESS);
     sim_reset_counters();
     assert_int_equal(vmh_ipc_open_remote(&hbig, &q), CUDA_ERROR_INVALID_HANDLE);
-    assert_int_equal(vmh_ipc_open_remote(&hsmall, &q), CUDA_ERROR_INVALID_HANDLE);
     assert_int_equal(sim_calls("cuMemExportToShareableHandle"), 0);
     /* The new life has a handle of its own, which opens the new data. */
     CUipcMemHandle hnew = get_handle(big2);
     assert_memory_not_equal(&hnew, &hbig, sizeof hnew);
     assert_int_equal(vmh_ipc_open_remote(&hnew, &q), CUDA_SUCCESS);
-    assert_true(tu_check(q, 4 * MiB, 16));
+    assert_true(tu_check(q, 4 * MiB, 18));
     assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+    /* The library holds nothing of the freed memory once its wait is done and its references
+     * are pruned: the importer's handle alone keeps the small buffer's chunk. */
+    assert_int_equal(vmh_heap_free(pad, NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim();
+    vmh_ipc_prune();
+    assert_false(sim_is_mapped(big));
+    assert_false(sim_is_mapped(small_chunk));
+    assert_true(tu_check(qsmall, 3000, 17));
+    size_t allocs = sim_live_allocations();
+    assert_int_equal(vmh_ipc_close(qsmall), CUDA_SUCCESS);
+    assert_int_equal(sim_live_allocations(), allocs - 1);
     assert_int_equal(vmh_heap_free(big2, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(small2, NULL, false), CUDA_SUCCESS);
-    assert_int_equal(vmh_heap_free(pad, NULL, false), CUDA_SUCCESS);
 }
 
 /* Memory of a freed exported buffer is given back when the device runs short, without waiting
@@ -1245,6 +1295,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(many_chunks_cross_in_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_before_open_is_an_invalid_handle, setup, teardown),
+        cmocka_unit_test_setup_teardown(lifetime_exit_stops_exports, setup, teardown),
         cmocka_unit_test_setup_teardown(closed_exporter_socket, setup, teardown),
         cmocka_unit_test_setup_teardown(exporter_refuses_another_user_before_waiting, setup,
                                         teardown),
@@ -1258,7 +1309,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(descriptor_limit_backs_off, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_buffers_exports_are_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(reused_address_is_not_the_old_export, setup, teardown),
+        cmocka_unit_test_setup_teardown(freed_export_stays_the_importers, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_export_memory_is_given_back_under_pressure, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(many_more_chunks_than_descriptors, setup, teardown),

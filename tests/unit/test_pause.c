@@ -20,7 +20,7 @@ static vmh_range_t *range_of(size_t n, size_t reserve)
     for (size_t i = 0; i < n; i++)
         a[i] = tu_chunk(GRAN);
     vmh_range_t *r = NULL;
-    assert_int_equal(vmh_range_create(a, n, reserve, 0, 0, &r), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_create(a, n, reserve, 0, 0, &r, NULL), CUDA_SUCCESS);
     for (size_t i = 0; i < n; i++)
         vmh_alloc_unref(a[i]);
     return r;
@@ -81,7 +81,7 @@ static void pause_keeps_addresses(void **state)
     vmh_alloc_t *extra = tu_chunk(GRAN);
     vmh_range_t *grown = NULL;
     vmh_grow_kind_t kind;
-    assert_int_equal(vmh_range_grow(back, &extra, 1, 0, 0, false, &grown, &kind), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(back, &extra, 1, 0, 0, false, &grown, &kind, NULL), CUDA_SUCCESS);
     assert_int_equal(kind, VMH_GROW_HEADROOM);
     vmh_alloc_unref(extra);
     vmh_range_destroy(back);
@@ -131,7 +131,7 @@ static void segments_follow_reservations_and_access(void **state)
     assert_int_equal(vmh_alloc_create(GRAN, &pr, both, 2, &shared), CUDA_SUCCESS);
     vmh_range_t *g = NULL;
     vmh_grow_kind_t kind;
-    assert_int_equal(vmh_range_grow(r, &shared, 1, 0, 0, false, &g, &kind), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(r, &shared, 1, 0, 0, false, &g, &kind, NULL), CUDA_SUCCESS);
     assert_int_equal(kind, VMH_GROW_ADJACENT);
     vmh_alloc_unref(shared);
     vmh_range_destroy(r);
@@ -201,7 +201,7 @@ static void resume_out_of_memory_then_retry(void **state)
     /* Two reservations, so that the resume needs two chunks and the second one fails. */
     vmh_grow_kind_t kind;
     sim_refuse_hints(false);
-    assert_int_equal(vmh_range_grow(r, &a2, 1, 0, 0, false, &r2, &kind), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(r, &a2, 1, 0, 0, false, &r2, &kind, NULL), CUDA_SUCCESS);
     assert_int_equal(kind, VMH_GROW_ADJACENT);
     vmh_alloc_unref(a2);
     vmh_range_destroy(r);
@@ -300,7 +300,7 @@ static void pfix_running(pfix_t *f)
     assert_int_equal(vmh_alloc_create(GRAN, &pr, both, 2, &a[0]), CUDA_SUCCESS);
     a[1] = tu_chunk(GRAN);
     vmh_grow_kind_t kind;
-    assert_int_equal(vmh_range_grow(r, a, 2, 0, 0, false, &f->r, &kind), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(r, a, 2, 0, 0, false, &f->r, &kind, NULL), CUDA_SUCCESS);
     vmh_alloc_unref(a[0]);
     vmh_alloc_unref(a[1]);
     vmh_range_destroy(r);

@@ -10,7 +10,7 @@ static vmh_range_t *make_range(size_t n, size_t size, size_t reserve)
     for (size_t i = 0; i < n; i++)
         a[i] = tu_chunk(size);
     vmh_range_t *r = NULL;
-    assert_int_equal(vmh_range_create(a, n, reserve, 0, 0, &r), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_create(a, n, reserve, 0, 0, &r, NULL), CUDA_SUCCESS);
     for (size_t i = 0; i < n; i++)
         vmh_alloc_unref(a[i]); /* the mappings keep them */
     return r;
@@ -39,8 +39,8 @@ static void create_rejects_bad_input(void **state)
     (void)state;
     vmh_range_t *r = NULL;
     vmh_alloc_t *none[1] = {NULL};
-    assert_int_equal(vmh_range_create(none, 1, 0, 0, 0, &r), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_range_create(none, 0, 0, 0, 0, &r), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_range_create(none, 1, 0, 0, 0, &r, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_range_create(none, 0, 0, 0, 0, &r, NULL), CUDA_ERROR_INVALID_VALUE);
     assert_null(r);
     vmh_range_destroy(NULL);
 }
@@ -55,7 +55,7 @@ static void grow_into_headroom_keeps_base(void **state)
     vmh_range_t *g = NULL;
     vmh_grow_kind_t kind;
     unsigned long reserves = sim_calls("cuMemAddressReserve");
-    assert_int_equal(vmh_range_grow(r, &a, 1, 0, 0, true, &g, &kind), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(r, &a, 1, 0, 0, true, &g, &kind, NULL), CUDA_SUCCESS);
     vmh_alloc_unref(a);
     assert_int_equal(kind, VMH_GROW_HEADROOM);
     assert_int_equal(sim_calls("cuMemAddressReserve"), reserves); /* no new reservation */
@@ -78,7 +78,7 @@ static void grow_through_adjacent_reservation(void **state)
     vmh_alloc_t *a = tu_chunk(2 * GRAN);
     vmh_range_t *g = NULL;
     vmh_grow_kind_t kind;
-    assert_int_equal(vmh_range_grow(r, &a, 1, 0, 0, true, &g, &kind), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(r, &a, 1, 0, 0, true, &g, &kind, NULL), CUDA_SUCCESS);
     vmh_alloc_unref(a);
     assert_int_equal(kind, VMH_GROW_ADJACENT);
     assert_int_equal(g->base, r->base);
@@ -90,7 +90,7 @@ static void grow_through_adjacent_reservation(void **state)
     /* A second grow of a grown range. */
     a = tu_chunk(GRAN);
     vmh_range_t *g2 = NULL;
-    assert_int_equal(vmh_range_grow(g, &a, 1, 0, 0, true, &g2, &kind), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(g, &a, 1, 0, 0, true, &g2, &kind, NULL), CUDA_SUCCESS);
     vmh_alloc_unref(a);
     assert_int_equal(g2->base, g->base);
     assert_int_equal(g2->size, 4 * GRAN);
@@ -109,7 +109,7 @@ static void grow_moves_when_hint_refused(void **state)
     vmh_range_t *g = NULL;
     vmh_grow_kind_t kind;
     unsigned long creates = sim_calls("cuMemCreate");
-    assert_int_equal(vmh_range_grow(r, &a, 1, 0, 0, true, &g, &kind), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(r, &a, 1, 0, 0, true, &g, &kind, NULL), CUDA_SUCCESS);
     vmh_alloc_unref(a);
     assert_int_equal(kind, VMH_GROW_MOVED);
     assert_int_not_equal(g->base, r->base);
@@ -135,7 +135,7 @@ static void grow_without_move_fails_cleanly(void **state)
     vmh_alloc_t *a = tu_chunk(GRAN);
     vmh_range_t *g = NULL;
     vmh_grow_kind_t kind;
-    assert_int_equal(vmh_range_grow(r, &a, 1, 0, 0, false, &g, &kind), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_range_grow(r, &a, 1, 0, 0, false, &g, &kind, NULL), CUDA_ERROR_OUT_OF_MEMORY);
     assert_null(g);
     vmh_alloc_unref(a);
     assert_int_equal(sim_live_mappings(), 1);
@@ -156,7 +156,7 @@ static void move_keeps_every_chunks_access(void **state)
     assert_int_equal(vmh_alloc_create(GRAN, &p, rw, 2, &a[0]), CUDA_SUCCESS);
     assert_int_equal(vmh_alloc_create(GRAN, &p, &ro, 1, &a[1]), CUDA_SUCCESS);
     vmh_range_t *r = NULL, *m = NULL;
-    assert_int_equal(vmh_range_create(a, 2, 0, 0, 0, &r), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_create(a, 2, 0, 0, 0, &r, NULL), CUDA_SUCCESS);
     vmh_alloc_unref(a[0]);
     vmh_alloc_unref(a[1]);
     assert_int_equal(vmh_range_move(r, 4 * GRAN, 0, 0, &m), CUDA_SUCCESS);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #include <cudaTypedefs.h>
 
@@ -565,12 +566,36 @@ static void test_export_import(void **state)
     OK(sim_read(buf, r + G2 + 8, 4));
     assert_string_equal(buf, "xyz");
     OK(D->cuMemUnmap(r, 2 * G2));
+    /* The importer's handle, taken before the exporter's release, keeps the memory and its
+     * contents (as the real driver does). */
     OK(D->cuMemRelease(h));
-    assert_int_equal(sim_live_allocations(), 2); /* imp still holds it */
+    assert_int_equal(sim_live_allocations(), 2);
+    OK(D->cuMemMap(r, G2, 0, imp, 0));
+    set_access(r, G2, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    memset(buf, 0, sizeof buf);
+    OK(sim_read(buf, r + 8, 4));
+    assert_string_equal(buf, "xyz");
+    OK(D->cuMemUnmap(r, G2));
+    /* The open descriptor alone keeps it too: it can still be imported. */
     OK(D->cuMemRelease(imp));
-    RC(CUDA_ERROR_INVALID_VALUE, D->cuMemImportFromShareableHandle(
-                                     &imp, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    assert_int_equal(sim_live_allocations(), 2);
+    assert_int_equal(sim_device_used(0), 2 * G2);
+    OK(D->cuMemImportFromShareableHandle(&imp, (void *)(intptr_t)fd,
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    OK(D->cuMemRelease(imp));
+    /* Closed and released: the allocation goes (seen at the next query), and the number of
+     * that descriptor names nothing. */
+    int dup_fd = dup(fd);
     close(fd);
+    assert_int_equal(sim_live_allocations(), 2); /* the duplicate is the same open file */
+    close(dup_fd);
+    assert_int_equal(sim_live_allocations(), 1);
+    assert_int_equal(sim_device_used(0), G2);
+    int other = memfd_create("not-an-export", MFD_CLOEXEC);
+    assert_true(other >= 0);
+    RC(CUDA_ERROR_INVALID_VALUE, D->cuMemImportFromShareableHandle(
+                                     &imp, (void *)(intptr_t)other, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    close(other);
     OK(D->cuMemRelease(plain));
     OK(D->cuMemAddressFree(r, 2 * G2));
     LEDGER_EMPTY();

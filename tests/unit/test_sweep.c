@@ -30,7 +30,7 @@ static vmh_range_t *range_of(size_t n, size_t reserve)
     for (size_t i = 0; i < n; i++)
         a[i] = tu_chunk(GRAN);
     vmh_range_t *r = NULL;
-    assert_int_equal(vmh_range_create(a, n, reserve, 0, 0, &r), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_create(a, n, reserve, 0, 0, &r, NULL), CUDA_SUCCESS);
     for (size_t i = 0; i < n; i++)
         vmh_alloc_unref(a[i]);
     return r;
@@ -67,7 +67,7 @@ static CUresult run_create(fixture_t *f)
     for (int i = 0; i < 3 && rc == CUDA_SUCCESS; i++)
         rc = vmh_alloc_create(GRAN, &p, &d, 1, &a[i]);
     if (rc == CUDA_SUCCESS)
-        rc = vmh_range_create(a, 3, 0, 0, 0, &f->out);
+        rc = vmh_range_create(a, 3, 0, 0, 0, &f->out, NULL);
     for (int i = 0; i < 3; i++)
         vmh_alloc_unref(a[i]);
     return rc;
@@ -82,7 +82,7 @@ static CUresult run_grow(fixture_t *f)
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_grow_kind_t kind;
-    rc = vmh_range_grow(f->old, &a, 1, 0, 0, true, &f->out, &kind);
+    rc = vmh_range_grow(f->old, &a, 1, 0, 0, true, &f->out, &kind, NULL);
     vmh_alloc_unref(a);
     return rc;
 }
