@@ -14,6 +14,8 @@
  *   E  thread-local capture on this thread while another thread allocates and frees (legal
  *      natively, as far as the CUDA documentation says), and a global capture while another
  *      thread calls cudaMalloc (illegal).
+ * Every call of the captured and eager sequences is checked where it is made (its first failing
+ * code is an R line), so no error outlives its step to be reported by a later, unrelated check.
  * Compared part (R lines): every code and every comparison; natively and hooked they must match.
  * Usage: capture */
 #include "gpu_common.h"
@@ -71,6 +73,13 @@ static void park_some_frees(cudaStream_t s)
 static int first_error(int first, int code)
 {
     return first ? first : code;
+}
+
+/* A code's name for the FAIL lines (901 cudaErrorStreamCaptureInvalidated: something during the
+ * capture, such as a synchronization, invalidated it). */
+static const char *code_name(int code)
+{
+    return cudaGetErrorName((cudaError_t)code);
 }
 
 /* The sequence captured in A (and run eagerly for the reference): y = f(x), from scratch. */
@@ -145,17 +154,18 @@ static void part_a(cudaStream_t s, float *x, float *y, float *t, float *yref, fl
     R("A global: cudaStreamBeginCapture -> %d", rb);
     int rq = seq_a(y, t, x, s);
     R("A global: the sequence's calls during capture -> %d", rq);
-    CHECK(rq == 0, "A: a call of the captured sequence failed: %d", rq);
+    CHECK(rq == 0, "A: a call of the captured sequence failed: %d %s", rq, code_name(rq));
     cudaStreamIsCapturing(s, &st);
     R("A global: capturing after the sequence = %d", (int)st);
     cudaGraph_t g = NULL;
     int re = (int)cudaStreamEndCapture(s, &g);
     R("A global: cudaStreamEndCapture -> %d, graph %s", re, g ? "made" : "none");
-    CHECK(rb == 0 && re == 0 && g, "global-mode capture failed: begin %d, end %d", rb, re);
+    CHECK(rb == 0 && re == 0 && g, "global-mode capture failed: begin %d, end %d %s", rb, re,
+          code_name(re));
     cudaGetLastError();
     int rr = seq_a(yref, tref, x, s); /* eager reference */
     R("A global: the eager sequence's calls -> %d", rr);
-    CHECK(rr == 0, "A: a call of the eager sequence failed: %d", rr);
+    CHECK(rr == 0, "A: a call of the eager sequence failed: %d %s", rr, code_name(rr));
     CK(cudaStreamSynchronize(s));
     if (g) {
         int ok = replay_matches(g, y, yref, s, "A global");
@@ -176,16 +186,18 @@ static void part_b(cudaStream_t s, float *x, float *y, float *t, float *yref, fl
     int rz = (int)cudaMalloc(&z, zn * sizeof(float));
     int rw = (int)cudaMalloc(&w, wn * sizeof(float));
     R("B relaxed: cudaMalloc(64 MiB) during capture -> %d, cudaMalloc(4 KiB) -> %d", rz, rw);
-    CHECK(rz == 0 && rw == 0, "cudaMalloc in a relaxed-mode capture failed: %d, %d", rz, rw);
+    CHECK(rz == 0 && rw == 0, "cudaMalloc in a relaxed-mode capture failed: %d %s, %d %s", rz,
+          code_name(rz), rw, code_name(rw));
     if (rz == 0 && rw == 0) {
         int rq = seq_b(y, t, x, z, zn, w, wn, s);
         R("B relaxed: the sequence's calls during capture -> %d", rq);
-        CHECK(rq == 0, "B: a call of the captured sequence failed: %d", rq);
+        CHECK(rq == 0, "B: a call of the captured sequence failed: %d %s", rq, code_name(rq));
     }
     cudaGraph_t g = NULL;
     int re = (int)cudaStreamEndCapture(s, &g);
     R("B relaxed: cudaStreamEndCapture -> %d, graph %s", re, g ? "made" : "none");
-    CHECK(re == 0 && g, "relaxed-mode capture with cudaMalloc failed at its end: %d", re);
+    CHECK(re == 0 && g, "relaxed-mode capture with cudaMalloc failed at its end: %d %s", re,
+          code_name(re));
     cudaGetLastError();
     if (rz == 0 && rw == 0 && g) {
         float *zr = NULL, *wr = NULL;
@@ -193,7 +205,7 @@ static void part_b(cudaStream_t s, float *x, float *y, float *t, float *yref, fl
         CK(cudaMalloc(&wr, wn * sizeof(float)));
         int rr = seq_b(yref, tref, x, zr, zn, wr, wn, s);
         R("B relaxed: the eager sequence's calls -> %d", rr);
-        CHECK(rr == 0, "B: a call of the eager sequence failed: %d", rr);
+        CHECK(rr == 0, "B: a call of the eager sequence failed: %d %s", rr, code_name(rr));
         CK(cudaStreamSynchronize(s));
         int ok = replay_matches(g, y, yref, s, "B relaxed");
         R("B relaxed: 3 replays identical to the eager run = %d", ok);
