@@ -177,8 +177,12 @@ leaks = j.get("leaks")
 lc = leaks.get("count") if isinstance(leaks, dict) else None
 MiB = 1 << 20
 pm = peak("bytes_mapped")
+# Who waited (src/stats.h, when the library has the counters): an application thread
+# (syncs_blocking) or the reclaim thread (syncs_background).
+split = "" if "syncs_blocking" not in c else \
+    f" ({c.get('syncs_blocking')} blocking, {c.get('syncs_background')} background)"
 line = (f"served {c.get('served_allocs')}/{c.get('served_frees')} frees, "
-        f"pass {c.get('passthrough_calls')}, syncs {c.get('syncs')}, hits {c.get('cache_hits')}, "
+        f"pass {c.get('passthrough_calls')}, syncs {c.get('syncs')}{split}, hits {c.get('cache_hits')}, "
         f"in-place {c.get('grows_in_place')}, moves {c.get('moves')}, trims {c.get('trims')}, "
         f"oom-retries {c.get('oom_retries')}, peak mapped {pm // MiB if isinstance(pm, int) else pm} MiB; "
         f"exit: req {cur('bytes_requested')} map {cur('bytes_mapped')} res {cur('bytes_reserved')} "

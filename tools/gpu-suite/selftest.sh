@@ -36,7 +36,7 @@ hooked=0
 [ -n "${LD_PRELOAD:-}" ] && [ -z "${VMMHOOK_DISABLE:-}" ] && hooked=1
 json() { # what the hook's exit report would say: served, nothing left
     [ "$hooked" = 1 ] && [ -n "${VMMHOOK_STATS_JSON:-}" ] || return 0
-    printf '{"counters": {"served_allocs": 3, "served_frees": 3, "syncs": 130}, "gauges": {"bytes_requested": {"current": 0, "peak": 1000}, "bytes_mapped": {"current": 0, "peak": 1100}, "bytes_reserved": {"current": 0, "peak": 2000}, "bytes_cached": {"current": 0, "peak": 0}}, "leaks": {"count": 0}}\n' >"$VMMHOOK_STATS_JSON"
+    printf '{"counters": {"served_allocs": 3, "served_frees": 3, "syncs": 130, "syncs_blocking": 2, "syncs_background": 128}, "gauges": {"bytes_requested": {"current": 0, "peak": 1000}, "bytes_mapped": {"current": 0, "peak": 1100}, "bytes_reserved": {"current": 0, "peak": 2000}, "bytes_cached": {"current": 0, "peak": 0}}, "leaks": {"count": 0}}\n' >"$VMMHOOK_STATS_JSON"
 }
 echo "I device 0: STAND-IN H200"
 case $name in
@@ -159,6 +159,7 @@ want "one failure, nothing skipped" '^- result: \*\*FAIL\*\*: [0-9]+ passed, 1 f
 
 want "a row for the build" '^\| build GPU programs \(nvcc\) \| both \| - \| - \| \*\*PASS\*\*'
 want "alloc_sizes passes" '^\| alloc_sizes \| static \| 0 \| 0 \| \*\*PASS\*\*'
+want "hook stats split the syncs" '^\| alloc_sizes \| static \| 0 \| 0 \| \*\*PASS\*\* .*syncs 130 \(2 blocking, 128 background\)'
 want "two_ctx: the difference fails" '^\| two_ctx \| static \| 0 \| 0 \| \*\*FAIL\*\* \| R lines differ'
 want "capture passes" '^\| capture \| static \| 0 \| 0 \| \*\*PASS\*\*'
 want "fork_churn passes" '^\| fork_churn \| static \| 0 \| 0 \| \*\*PASS\*\*'
