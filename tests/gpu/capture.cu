@@ -14,6 +14,8 @@
  *   E  thread-local capture on this thread while another thread allocates and frees (legal
  *      natively, as far as the CUDA documentation says), and a global capture while another
  *      thread calls cudaMalloc (illegal).
+ * Every call of the captured and eager sequences is checked where it is made (its first failing
+ * code is an R line), so no error outlives its step to be reported by a later, unrelated check.
  * Compared part (R lines): every code and every comparison; natively and hooked they must match.
  * Usage: capture */
 #include "gpu_common.h"
@@ -65,28 +67,54 @@ static void park_some_frees(cudaStream_t s)
             CK(cudaFree(p[i]));
 }
 
-/* The sequence captured in A (and run eagerly for the reference): y = f(x), from scratch. */
-static void seq_a(float *y, float *t, const float *x, cudaStream_t s)
+/* The first failing code of a sequence's calls (0 when every one succeeded): a launch's code is
+ * cudaGetLastError()'s right after it, so no error of a sequence outlives it to surface in a
+ * later, unrelated check. */
+static int first_error(int first, int code)
 {
-    cudaMemsetAsync(y, 0, N * sizeof(float), s);
-    k_square<<<grid(N), 256, 0, s>>>(t, x, N);
-    k_axpy<<<grid(N), 256, 0, s>>>(y, t, 1.5f, N);
-    k_axpy<<<grid(N), 256, 0, s>>>(y, x, -0.75f, N);
-    cudaMemcpyAsync(t, y, N * sizeof(float), cudaMemcpyDeviceToDevice, s);
-    k_axpy<<<grid(N), 256, 0, s>>>(y, t, 0.5f, N);
+    return first ? first : code;
 }
 
-/* The sequence of B, around buffers z (zn floats) and w (wn floats) made during the capture. */
-static void seq_b(float *y, float *t, const float *x, float *z, size_t zn, float *w, size_t wn,
-                  cudaStream_t s)
+/* A code's name for the FAIL lines (901 cudaErrorStreamCaptureInvalidated: something during the
+ * capture, such as a synchronization, invalidated it). */
+static const char *code_name(int code)
 {
-    cudaMemsetAsync(y, 0, N * sizeof(float), s);
+    return cudaGetErrorName((cudaError_t)code);
+}
+
+/* The sequence captured in A (and run eagerly for the reference): y = f(x), from scratch. */
+static int seq_a(float *y, float *t, const float *x, cudaStream_t s)
+{
+    int e = (int)cudaMemsetAsync(y, 0, N * sizeof(float), s);
     k_square<<<grid(N), 256, 0, s>>>(t, x, N);
-    cudaMemcpyAsync(z, t, zn * sizeof(float), cudaMemcpyDeviceToDevice, s);
-    cudaMemcpyAsync(w, x, wn * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    e = first_error(e, (int)cudaGetLastError());
+    k_axpy<<<grid(N), 256, 0, s>>>(y, t, 1.5f, N);
+    e = first_error(e, (int)cudaGetLastError());
+    k_axpy<<<grid(N), 256, 0, s>>>(y, x, -0.75f, N);
+    e = first_error(e, (int)cudaGetLastError());
+    e = first_error(e, (int)cudaMemcpyAsync(t, y, N * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    k_axpy<<<grid(N), 256, 0, s>>>(y, t, 0.5f, N);
+    return first_error(e, (int)cudaGetLastError());
+}
+
+/* The sequence of B, around buffers z (zn floats) and w (wn floats) made during the capture.
+ * Each copy moves at most N floats: z is larger than t (64 MiB, to need a fresh chunk), and a
+ * copy past the end of t is an invalid argument natively (the 06:03 run's leftover error). */
+static int seq_b(float *y, float *t, const float *x, float *z, size_t zn, float *w, size_t wn,
+                 cudaStream_t s)
+{
+    const size_t zc = zn < N ? zn : N, wc = wn < N ? wn : N;
+    int e = (int)cudaMemsetAsync(y, 0, N * sizeof(float), s);
+    k_square<<<grid(N), 256, 0, s>>>(t, x, N);
+    e = first_error(e, (int)cudaGetLastError());
+    e = first_error(e, (int)cudaMemcpyAsync(z, t, zc * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    e = first_error(e, (int)cudaMemcpyAsync(w, x, wc * sizeof(float), cudaMemcpyDeviceToDevice, s));
     k_axpy<<<grid(N), 256, 0, s>>>(y, t, 2.0f, N);
-    k_mix<<<grid(N), 256, 0, s>>>(y, z, N, zn);
-    k_mix<<<grid(N), 256, 0, s>>>(y, w, N, wn);
+    e = first_error(e, (int)cudaGetLastError());
+    k_mix<<<grid(N), 256, 0, s>>>(y, z, N, zc);
+    e = first_error(e, (int)cudaGetLastError());
+    k_mix<<<grid(N), 256, 0, s>>>(y, w, N, wc);
+    return first_error(e, (int)cudaGetLastError());
 }
 
 static bool same_bytes(const float *dev_a, const float *dev_b, cudaStream_t s)
@@ -124,15 +152,20 @@ static void part_a(cudaStream_t s, float *x, float *y, float *t, float *yref, fl
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     int rb = (int)cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     R("A global: cudaStreamBeginCapture -> %d", rb);
-    seq_a(y, t, x, s);
+    int rq = seq_a(y, t, x, s);
+    R("A global: the sequence's calls during capture -> %d", rq);
+    CHECK(rq == 0, "A: a call of the captured sequence failed: %d %s", rq, code_name(rq));
     cudaStreamIsCapturing(s, &st);
     R("A global: capturing after the sequence = %d", (int)st);
     cudaGraph_t g = NULL;
     int re = (int)cudaStreamEndCapture(s, &g);
     R("A global: cudaStreamEndCapture -> %d, graph %s", re, g ? "made" : "none");
-    CHECK(rb == 0 && re == 0 && g, "global-mode capture failed: begin %d, end %d", rb, re);
+    CHECK(rb == 0 && re == 0 && g, "global-mode capture failed: begin %d, end %d %s", rb, re,
+          code_name(re));
     cudaGetLastError();
-    seq_a(yref, tref, x, s); /* eager reference */
+    int rr = seq_a(yref, tref, x, s); /* eager reference */
+    R("A global: the eager sequence's calls -> %d", rr);
+    CHECK(rr == 0, "A: a call of the eager sequence failed: %d %s", rr, code_name(rr));
     CK(cudaStreamSynchronize(s));
     if (g) {
         int ok = replay_matches(g, y, yref, s, "A global");
@@ -153,19 +186,26 @@ static void part_b(cudaStream_t s, float *x, float *y, float *t, float *yref, fl
     int rz = (int)cudaMalloc(&z, zn * sizeof(float));
     int rw = (int)cudaMalloc(&w, wn * sizeof(float));
     R("B relaxed: cudaMalloc(64 MiB) during capture -> %d, cudaMalloc(4 KiB) -> %d", rz, rw);
-    CHECK(rz == 0 && rw == 0, "cudaMalloc in a relaxed-mode capture failed: %d, %d", rz, rw);
-    if (rz == 0 && rw == 0)
-        seq_b(y, t, x, z, zn, w, wn, s);
+    CHECK(rz == 0 && rw == 0, "cudaMalloc in a relaxed-mode capture failed: %d %s, %d %s", rz,
+          code_name(rz), rw, code_name(rw));
+    if (rz == 0 && rw == 0) {
+        int rq = seq_b(y, t, x, z, zn, w, wn, s);
+        R("B relaxed: the sequence's calls during capture -> %d", rq);
+        CHECK(rq == 0, "B: a call of the captured sequence failed: %d %s", rq, code_name(rq));
+    }
     cudaGraph_t g = NULL;
     int re = (int)cudaStreamEndCapture(s, &g);
     R("B relaxed: cudaStreamEndCapture -> %d, graph %s", re, g ? "made" : "none");
-    CHECK(re == 0 && g, "relaxed-mode capture with cudaMalloc failed at its end: %d", re);
+    CHECK(re == 0 && g, "relaxed-mode capture with cudaMalloc failed at its end: %d %s", re,
+          code_name(re));
     cudaGetLastError();
     if (rz == 0 && rw == 0 && g) {
         float *zr = NULL, *wr = NULL;
         CK(cudaMalloc(&zr, zn * sizeof(float)));
         CK(cudaMalloc(&wr, wn * sizeof(float)));
-        seq_b(yref, tref, x, zr, zn, wr, wn, s);
+        int rr = seq_b(yref, tref, x, zr, zn, wr, wn, s);
+        R("B relaxed: the eager sequence's calls -> %d", rr);
+        CHECK(rr == 0, "B: a call of the eager sequence failed: %d %s", rr, code_name(rr));
         CK(cudaStreamSynchronize(s));
         int ok = replay_matches(g, y, yref, s, "B relaxed");
         R("B relaxed: 3 replays identical to the eager run = %d", ok);
@@ -203,8 +243,9 @@ static void part_c(cudaStream_t s, float *x, float *y, float *t, float *yref, fl
         cudaFree(p2);
     cudaGetLastError();
     /* The stream and the device still work. */
-    seq_a(y, t, x, s);
-    seq_a(yref, tref, x, s);
+    int r1 = seq_a(y, t, x, s);
+    int r2 = seq_a(yref, tref, x, s);
+    CHECK(r1 == 0 && r2 == 0, "C: the eager sequences after the capture failed: %d, %d", r1, r2);
     int rs = (int)cudaStreamSynchronize(s);
     R("C global: afterwards stream sync -> %d, two eager runs identical = %d", rs,
       same_bytes(y, yref, s) ? 1 : 0);

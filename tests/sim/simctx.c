@@ -229,6 +229,14 @@ CUresult SIM_IMPL(cuCtxCreate)(CUcontext *pctx, CUctxCreateParams *params, unsig
 {
     SIM_ENTER(cuCtxCreate);
     NEED_INIT();
+    /* CUctxCreateParams: "numExecAffinityParams must be 0 if execAffinityParams is NULL"
+     * (cuda.h), and the two kinds of parameters exclude each other. */
+    if (params &&
+        ((!params->execAffinityParams && params->numExecAffinityParams) ||
+         params->numExecAffinityParams < 0 || (params->execAffinityParams && params->cigParams)))
+        return reject(CUDA_ERROR_INVALID_VALUE, "cuCtxCreate: %d affinity parameters at %p, CIG %p",
+                      params->numExecAffinityParams, (void *)params->execAffinityParams,
+                      (void *)params->cigParams);
     if (params && (params->execAffinityParams || params->numExecAffinityParams ||
                    params->cigParams))
         return reject(CUDA_ERROR_NOT_SUPPORTED, "%s",

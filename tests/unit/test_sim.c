@@ -953,6 +953,51 @@ static void test_get_proc_address_ctx_v2(void **state)
     LEDGER_EMPTY();
 }
 
+/* tests/gpu/two_ctx on the H200: cuGetProcAddress("cuCtxCreate", 12000) answers _v3 (the
+ * execution-affinity form), and a caller of the 3-argument ABI passes (NULL, 0) and whatever its
+ * registers hold as flags and device: the 580 driver answered CUDA_ERROR_INVALID_VALUE. The sim
+ * answers by version too, rejects leftover flags and devices, and makes a regular context only
+ * through the forms that take no affinity (_v2, and _v4 with zeroed or no parameters). */
+static void test_ctx_create_abi_by_version(void **state)
+{
+    (void)state; /* setup: device 0 */
+    void *v3 = NULL, *v4 = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    OK(sim_get_proc_address("cuCtxCreate", &v3, 12000, 0, &st));
+    OK(sim_get_proc_address("cuCtxCreate", &v4, 13000, 0, &st));
+    assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    assert_ptr_not_equal(v3, v4);
+    assert_ptr_equal(v4, (void *)D->cuCtxCreate);
+    size_t live = sim_live_contexts();
+    CUcontext c = NULL;
+    /* The 3-argument call on _v3: a pointer's low bits as flags, a large device. */
+    RC(CUDA_ERROR_INVALID_VALUE, ((PFN_cuCtxCreate_v11040)v3)(&c, NULL, 0, 0x12345678u, 0));
+    RC(CUDA_ERROR_INVALID_DEVICE, ((PFN_cuCtxCreate_v11040)v3)(&c, NULL, 0, 0, 0x7ffd1234));
+    assert_null(c);
+    assert_int_equal(sim_live_contexts(), live);
+
+    /* _v4 (cuda.h's cuCtxCreate since CUDA 13): parameters that contradict the documented
+     * rules are invalid; zeroed parameters or none make a regular context, made current. */
+    CUctxCreateParams params;
+    memset(&params, 0, sizeof params);
+    params.numExecAffinityParams = 1; /* with no array */
+    RC(CUDA_ERROR_INVALID_VALUE, ((PFN_cuCtxCreate_v12050)v4)(&c, &params, 0, 0));
+    params.numExecAffinityParams = -1;
+    RC(CUDA_ERROR_INVALID_VALUE, ((PFN_cuCtxCreate_v12050)v4)(&c, &params, 0, 0));
+    assert_null(c);
+    assert_int_equal(sim_live_contexts(), live);
+    memset(&params, 0, sizeof params);
+    OK(((PFN_cuCtxCreate_v12050)v4)(&c, &params, 0, 0));
+    assert_non_null(c);
+    assert_int_equal(sim_live_contexts(), live + 1);
+    CUcontext cur = NULL;
+    OK(D->cuCtxGetCurrent(&cur));
+    assert_ptr_equal(cur, c);
+    OK(D->cuCtxDestroy(c));
+    assert_int_equal(sim_live_contexts(), live);
+    LEDGER_EMPTY();
+}
+
 static void test_ctx_v2(void **state)
 {
     (void)state; /* setup_two: device 0 current */
@@ -1126,6 +1171,7 @@ int main(void)
         cmocka_unit_test_setup(test_get_proc_address, setup),
         cmocka_unit_test_setup(test_get_proc_address_ctx_v2, setup),
         cmocka_unit_test_setup(test_ctx_v2, setup_two),
+        cmocka_unit_test_setup(test_ctx_create_abi_by_version, setup),
         cmocka_unit_test_setup(test_threads, setup),
         cmocka_unit_test(test_failed_native_alloc_writes_zero),
     };

@@ -61,6 +61,11 @@ quickstart_judge() {
         res=FAIL
         why+=("no hook report (no 'served' line) in its output")
     fi
+    # On a GPU it says it runs tools/demo/hello (an ordinary CUDA program) under the hook.
+    if ! grep -q 'demo/hello' "$LOG/quickstart.out"; then
+        res=FAIL
+        why+=("it never said it ran tools/demo/hello (the GPU demo)")
+    fi
     local IFS=' '
     row "quickstart (issue 17)" "-" "-" "$(rcname "$rc")" "$res" \
         "${why[*]:+${why[*]}; }${secs:-?} s from a fresh build; last lines: $(grep -v '^\s*$' "$LOG/quickstart.out" | tail -3 | tr '\n' ' ' | cut -c1-220)"

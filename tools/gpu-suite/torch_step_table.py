@@ -96,15 +96,24 @@ def verdict(ok):
     return "n/a" if ok is None else ("MET" if ok else "MISS")
 
 
-# The application threads' waits: a counter named for blocking (not non-blocking) or for the
-# foreground; without one, every sync/wait counter together (an upper bound).
-blocking = {k: v for k, v in (hook.get("sync") or {}).items()
-            if ("block" in k and "nonblock" not in k and "non_block" not in k)
-            or "foreground" in k}
+# The application threads' waits: the library's syncs_blocking counter (src/stats.h: the
+# synchronizations that blocked an application thread; syncs_background are the reclaim
+# thread's, which no application thread waits for). Without it (an older library), a counter
+# named for blocking or for the foreground; without any, every sync/wait counter together (an
+# upper bound).
+hsync = hook.get("sync") or {}
+if "syncs_blocking" in hsync:
+    blocking = {"syncs_blocking": hsync["syncs_blocking"]}
+else:
+    blocking = {k: v for k, v in hsync.items()
+                if ("block" in k and "nonblock" not in k and "non_block" not in k)
+                or "foreground" in k}
 bsync = max(blocking.values()) if blocking else None
-bname = ", ".join(sorted(blocking)) if blocking else "no *block* counter: all sync/wait counters summed"
-if bsync is None and hook.get("sync"):
-    bsync = sum(hook["sync"].values())
+bname = ", ".join(sorted(blocking)) if blocking else \
+    "no syncs_blocking counter: all sync/wait counters summed"
+if bsync is None and hsync:
+    bsync = sum(hsync.values())
+bg = hsync.get("syncs_background")
 out += ["", "Targets (issue 14, caching off under the hook):", "",
         "| target | value | verdict |", "| --- | --- | --- |",
         f"| step time <= 1.15x caching on (native) | {fmt(hook.get('over'), unit='x')} | "
@@ -118,6 +127,8 @@ print(f"ROW|median ms: hook(off) {fmt((res['nocache.hooked'] or {}).get('step', 
       f"native on {fmt(cache_ms)}, native off "
       f"{fmt((res['nocache.native'] or {}).get('step', {}).get('median_ms'))}; hook/on "
       f"{fmt(hook.get('over'), unit='x')} (<=1.15 {verdict(None if hook.get('over') is None else hook['over'] <= 1.15)}); "
-      f"blocking syncs/step {fmt(bsync)} ({verdict(None if bsync is None else bsync <= 1)}); "
+      f"blocking syncs/step {fmt(bsync)} ({verdict(None if bsync is None else bsync <= 1)}; "
+      f"{'syncs_blocking' if 'syncs_blocking' in blocking else 'no syncs_blocking counter'}"
+      f"{'' if bg is None else f', background {bg:.2f}'}); "
       f"peak ratio {fmt(hook.get('ratio'), 3)} "
       f"({verdict(None if hook.get('ratio') is None else hook['ratio'] <= 1.25)})")
