@@ -48,11 +48,16 @@ static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t pin_limit; /* VMMHOOK_PIN_LIMIT */
 
 /* ---- host memory for backups ---------------------------------------------------------------- *
- * Copies between the device and pinned host memory run several times faster than with pageable
- * memory, but pinning costs about what one pageable copy costs (driver-facts.md section 6), so
- * pinning pays only when the memory is used again. Backups therefore go to plain host memory,
- * except that up to VMMHOOK_PIN_LIMIT bytes are pinned (cuMemHostRegister) when first used and
- * kept for the process, serving every later backup that fits. */
+ * Rates measured on an H200 (issue 15, driver-facts.md section 6): pinned copies ~51 GiB/s each
+ * way; pinning fresh memory (cudaHostAlloc, or registering memory nothing has touched: every page
+ * is faulted in by the pinning) ~2.4 GiB/s; registering memory already touched ~16 GiB/s; copies
+ * with pageable memory 9-12 GiB/s down, 6.5 GiB/s up. So pinning before the first copy makes the
+ * first pause run at the pinning rate. Instead a pause never pins: a backup goes into pinned
+ * memory kept from an earlier resume when one fits, else into fresh pageable memory, copied in one
+ * piece per record (the driver stages it). The resume registers that backup, now touched, before
+ * copying it back (16 GiB/s, then 51: faster than the 6.5 of a pageable copy up) when
+ * VMMHOOK_PIN_LIMIT has room, and keeps it pinned for the process: the next pause of the tag
+ * finds it and copies at the pinned rate. docs/SLEEP.md's design notes give the predicted rates. */
 
 typedef struct pinned {
     void *host;
@@ -63,7 +68,9 @@ typedef struct pinned {
 
 static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
 static pinned_t *pinned_list;
-static size_t pinned_bytes;
+static size_t pinned_bytes; /* kept pinned, plus room claimed by a registration under way */
+
+#define HUGE_PAGE ((size_t)2 << 20)
 
 static size_t page_round(size_t n)
 {
@@ -71,8 +78,35 @@ static size_t page_round(size_t n)
     return (n + page - 1) / page * page;
 }
 
-/* Host memory for size bytes; the calling thread has the device's context current (pinning
- * needs one). NULL when the system has none. */
+/* Fresh pageable memory of len bytes (a multiple of the page size), starting on a huge-page
+ * boundary when it is at least one huge page long, with huge pages advised: the copy faults it
+ * in, and huge pages make that 512 times fewer faults (advice only; the kernel may ignore it).
+ * Exactly [result, result + len) is mapped. NULL when the system has none. */
+static void *pageable_map(size_t len)
+{
+    size_t extra = len >= HUGE_PAGE ? HUGE_PAGE : 0;
+    if (len > SIZE_MAX - extra)
+        return NULL;
+    char *raw = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                     0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *host = raw;
+    if (extra) {
+        host = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        if (host > raw)
+            munmap(raw, (size_t)(host - raw));
+        size_t tail = (size_t)(raw + extra - host);
+        if (tail)
+            munmap(host + len, tail);
+    }
+    madvise(host, len, MADV_HUGEPAGE);
+    return host;
+}
+
+/* Host memory for a backup of size bytes: a kept pinned buffer that is free and fits (the
+ * smallest), else fresh pageable memory. Never pins (see above). NULL when the system has no
+ * memory. */
 static void *backup_get(size_t size)
 {
     pthread_mutex_lock(&pinned_lock);
@@ -82,23 +116,34 @@ static void *backup_get(size_t size)
             best = k;
     if (best)
         best->in_use = true;
-    /* Room to pin a new one: claimed now, given back below if pinning fails. */
-    bool pin = !best && pinned_bytes + page_round(size) <= pin_limit;
-    if (pin)
-        pinned_bytes += page_round(size);
     pthread_mutex_unlock(&pinned_lock);
-    if (best)
-        return best->host;
+    return best ? best->host : pageable_map(page_round(size));
+}
 
+static pinned_t *pinned_find(const void *host)
+{
+    pinned_t *k = pinned_list;
+    while (k && k->host != host)
+        k = k->next;
+    return k;
+}
+
+/* Before a resume copies a backup back: pins it (it was touched by the pause's copy, so this is
+ * the fast registration) when it is not pinned yet and VMMHOOK_PIN_LIMIT has room, and keeps it
+ * for later backups. The calling thread has a context current (registration needs one). A
+ * failure only means the copy runs from pageable memory. */
+static void backup_pin_for_resume(void *host, size_t size)
+{
     size_t len = page_round(size);
-    void *host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (host == MAP_FAILED)
-        host = NULL;
-    else
-        /* Fresh memory is faulted in by the copy or the pinning, page by page: huge pages
-         * make that fewer faults (advice only; not measured here). */
-        madvise(host, len, MADV_HUGEPAGE);
-    pinned_t *k = pin && host ? malloc(sizeof *k) : NULL;
+    pthread_mutex_lock(&pinned_lock);
+    /* Room claimed now, given back below if registering fails. */
+    bool pin = !pinned_find(host) && len <= pin_limit && pinned_bytes <= pin_limit - len;
+    if (pin)
+        pinned_bytes += len;
+    pthread_mutex_unlock(&pinned_lock);
+    if (!pin)
+        return;
+    pinned_t *k = malloc(sizeof *k);
     /* PORTABLE: pinned for every context, as a kept buffer may serve another device later. */
     if (k && vmh_drv.cuMemHostRegister(host, len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
         *k = (pinned_t){host, len, true, NULL};
@@ -107,15 +152,12 @@ static void *backup_get(size_t size)
         pinned_list = k;
         pthread_mutex_unlock(&pinned_lock);
         vmh_tags_pinned_add((int64_t)len);
-        return host;
+        return;
     }
     free(k);
-    if (pin) {
-        pthread_mutex_lock(&pinned_lock);
-        pinned_bytes -= len;
-        pthread_mutex_unlock(&pinned_lock);
-    }
-    return host; /* pageable (or NULL) */
+    pthread_mutex_lock(&pinned_lock);
+    pinned_bytes -= len;
+    pthread_mutex_unlock(&pinned_lock);
 }
 
 /* Gives back a backup (vmh_host_release_fn): a pinned one stays pinned for the next backup,
@@ -123,9 +165,7 @@ static void *backup_get(size_t size)
 static void backup_put(void *host, size_t size)
 {
     pthread_mutex_lock(&pinned_lock);
-    pinned_t *k = pinned_list;
-    while (k && k->host != host)
-        k = k->next;
+    pinned_t *k = pinned_find(host);
     if (k)
         k->in_use = false;
     pthread_mutex_unlock(&pinned_lock);
@@ -177,6 +217,8 @@ static CUresult visit_prepare(vmh_range_t **range, vmh_paused_t **paused, bool e
     vmh_paused_t *p = *paused;
     if (!p || p->resumed)
         return CUDA_SUCCESS;
+    if (p->host)
+        backup_pin_for_resume(p->host, p->size);
     /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants. */
     return vmh_range_resume(p, &j->dev->prop, NULL, 0, p->host, &p->resumed);
 }
