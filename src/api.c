@@ -2,6 +2,7 @@
  * vmm_status codes. (The library's lifetime, and the destructor that reports: lifetime.c.) */
 #include "vmmhook.h"
 
+#include "api.h"
 #include "driver.h"
 #include "handle.h"
 #include "heap.h"
@@ -15,6 +16,11 @@
 #define VMM_API __attribute__((visibility("default")))
 
 static _Thread_local int last_driver_error;
+
+void vmh_api_note_driver_error(CUresult rc)
+{
+    last_driver_error = (int)rc;
+}
 
 /* no_address: an out-of-memory result came from the address space budget. */
 static vmm_status to_status(CUresult rc, bool no_address)

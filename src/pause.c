@@ -23,6 +23,7 @@
  */
 #include "pause.h"
 
+#include "api.h"
 #include "bigbuf.h"
 #include "contexts.h"
 #include "driver.h"
@@ -371,6 +372,7 @@ static vmm_status to_status(CUresult rc)
         return VMM_ERR_NO_MEMORY;
     default:
         vmh_log("pause/resume: CUDA error %d", (int)rc);
+        vmh_api_note_driver_error(rc); /* for vmm_last_driver_error() */
         return VMM_ERR_DRIVER;
     }
 }

@@ -613,7 +613,9 @@ static unsigned sweep_one(bool resume)
         if (resume)
             assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
         sim_reset_counters();
-        sim_fail_call(i, INJECTED);
+        /* Two codes in turn: vmm_last_driver_error must be this call's, not a previous one's. */
+        CUresult injected = i % 2 ? INJECTED : CUDA_ERROR_OPERATING_SYSTEM;
+        sim_fail_call(i, injected);
         vmm_status st = resume ? vmm_resume("kv") : vmm_pause("kv", VMM_PAUSE_BACKUP);
         sim_clear_faults();
         if (st == VMM_OK) {
@@ -622,6 +624,7 @@ static unsigned sweep_one(bool resume)
                     resume ? "resume" : "pause", i, names[i - 1]);
         }
         assert_int_equal(st, VMM_ERR_DRIVER);
+        assert_int_equal(vmm_last_driver_error(), injected);
         if (resume && !tfix_paused(&f))
             fprintf(stderr, "resume: call %lu (%s) failed: the tag is not left paused\n", i,
                     names[i - 1]);
