@@ -84,7 +84,7 @@ void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
 /* A parked buffer's reclaim item: the GPU is past its free; its range goes to the cache (which
  * marks it idle in the registry) before the record is recycled, so that a registry reader never
  * finds the record serving another range at this address. */
-static void big_release(vmh_parked_t *item, uint64_t passed)
+static size_t big_release(vmh_parked_t *item, uint64_t passed)
 {
     (void)passed;
     vmh_big_t *b = (vmh_big_t *)((char *)item - offsetof(vmh_big_t, parked_item));
@@ -94,15 +94,19 @@ static void big_release(vmh_parked_t *item, uint64_t passed)
     list_remove(&bb->parked, b);
     vmh_range_t *r = b->range;
     pthread_mutex_unlock(&bb->lock);
+    size_t bytes = r->size;
     vmh_cache_put(bb->cache, r);
     pthread_mutex_lock(&bb->lock);
     b->range = NULL;
     b->state = BIG_UNUSED;
     list_push(&bb->unused, b);
     pthread_mutex_unlock(&bb->lock);
+    return bytes;
 }
 
-static void old_release(vmh_parked_t *item, uint64_t passed)
+/* Old ranges count no parked bytes: a move's old range shares its chunks with the new one, and
+ * a shrink's tail is given back by a blocking realloc's own wait or within one reclaim. */
+static size_t old_release(vmh_parked_t *item, uint64_t passed)
 {
     (void)passed;
     old_range_t *o = (old_range_t *)((char *)item - offsetof(old_range_t, parked_item));
@@ -110,6 +114,7 @@ static void old_release(vmh_parked_t *item, uint64_t passed)
     vmh_range_destroy(o->range);
     atomic_fetch_sub(&o->set->old_ranges, 1);
     free(o);
+    return 0;
 }
 
 /* Leaves range r to be destroyed once work queued so far is done, [dead, +dead_len) marked
@@ -127,7 +132,7 @@ static CUresult park_range_locked(vmh_bigbufs_t *bb, vmh_range_t *r, CUdeviceptr
     o->dead_len = dead_len;
     vmh_registry_set(dead, dead_len, &vmh_owner_dead);
     atomic_fetch_add(&bb->old_ranges, 1);
-    vmh_reclaim_park(bb->reclaim, &o->parked_item, vmh_reclaim_now(bb->reclaim));
+    vmh_reclaim_park(bb->reclaim, &o->parked_item, vmh_reclaim_now(bb->reclaim), 0);
     return CUDA_SUCCESS;
 }
 
@@ -194,25 +199,22 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
     if (atomic_load(&bb->frozen) || !vmh_round_up(size, d->gran, &rounded) ||
         !vmh_dev_usable_take(d, rounded))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    for (int attempt = 0;; attempt++) {
-        vmh_range_t *r = vmh_cache_take(bb->cache, rounded);
-        if (r) {
-            /* Once served, the range is the buffer's: a pause may swap it out at once. */
-            CUdeviceptr base = r->base;
-            if (!serve_range(bb, r, size, growable, site)) {
-                /* The registry already covered it: only a record can be missing. */
-                vmh_dev_usable_give(d, r->size);
-                vmh_cache_put(bb->cache, r);
-                idle_gauge((int64_t)r->size);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            vmh_count(VMH_STAT_cache_hits, 1);
-            *out = base;
-            return CUDA_SUCCESS;
+    /* Parked buffers are not waited for here (reclaim.h: the reclaim thread releases them to
+     * the cache, the front waits past VMMHOOK_PARK_LIMIT, the device on out of memory). */
+    vmh_range_t *hit = vmh_cache_take(bb->cache, rounded);
+    if (hit) {
+        /* Once served, the range is the buffer's: a pause may swap it out at once. */
+        CUdeviceptr base = hit->base;
+        if (!serve_range(bb, hit, size, growable, site)) {
+            /* The registry already covered it: only a record can be missing. */
+            vmh_dev_usable_give(d, hit->size);
+            vmh_cache_put(bb->cache, hit);
+            idle_gauge((int64_t)hit->size);
+            return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        if (!vmh_reclaim_pending(bb->reclaim) || attempt > 0 ||
-            vmh_reclaim_wait(bb->reclaim) != CUDA_SUCCESS)
-            break;
+        vmh_count(VMH_STAT_cache_hits, 1);
+        *out = base;
+        return CUDA_SUCCESS;
     }
 
     /* A miss: recycle idle memory before asking for more (cache.h). */
@@ -262,7 +264,8 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
     list_push(&bb->parked, b);
     idle_gauge((int64_t)b->range->size);
     *req = b->req;
-    vmh_reclaim_park(bb->reclaim, &b->parked_item, vmh_reclaim_now(bb->reclaim));
+    vmh_reclaim_park(bb->reclaim, &b->parked_item, vmh_reclaim_now(bb->reclaim),
+                     b->range->size);
     return CUDA_SUCCESS;
 }
 
@@ -393,7 +396,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
         pthread_mutex_unlock(&bb->lock);
         vmh_range_destroy(drop);
         if (shrunk && !async)
-            vmh_reclaim_wait(bb->reclaim); /* the chunks past the new size go now */
+            vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP); /* the chunks past the size go now */
         return rc;
     }
     size_t extra = rounded - r->size; /* usable bytes taken for the growth */
@@ -404,7 +407,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     if (atomic_load(&bb->old_ranges)) {
         /* The tail of an earlier shrink may still be mapped in this buffer's headroom. */
         pthread_mutex_unlock(&bb->lock);
-        vmh_reclaim_wait(bb->reclaim);
+        vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP);
         pthread_mutex_lock(&bb->lock);
         if (b->state != BIG_LIVE || b->range != r) {
             pthread_mutex_unlock(&bb->lock);
@@ -454,7 +457,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
         vmh_range_destroy(r); /* references only: nr holds every mapping */
     *p = base;
     if (move && !async)
-        vmh_reclaim_wait(bb->reclaim); /* the old address goes once queued work is done */
+        vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP); /* the old address goes once work is done */
     return CUDA_SUCCESS;
 }
 

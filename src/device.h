@@ -1,7 +1,7 @@
 /* Heap layer 4a, the bottom of the heap: one device's shape and the owner records.
  *
  * A device record holds what every layer above needs and nothing of theirs: the ordinal, the
- * context parked frees are waited for on, the allocation properties and chunk granularity, the
+ * context it was first served in, the allocation properties and chunk granularity, the
  * usable bytes served (VMMHOOK_MEM_LIMIT) and how to make room when the driver runs out of
  * memory (a function the front sets: ownership as data, so this file never calls upwards).
  *
@@ -54,7 +54,7 @@ typedef bool (*vmh_relieve_fn)(vmh_dev_t *d);
 struct vmh_dev {
     int ordinal;
     bool unsupported; /* no VMM on this device: everything passes through */
-    CUcontext ctx;    /* the context waited on for parked frees */
+    CUcontext ctx;    /* the context first served in (reclaim waits on all of the device) */
     CUmemAllocationProp prop;
     CUmemAccessDesc access; /* the device's own read-write access (peers: handle.h) */
     size_t gran;            /* chunk granularity */
@@ -67,9 +67,9 @@ struct vmh_dev {
 /* The options this layer uses (granularity, handle type, RDMA, peers, limits). */
 void vmh_device_configure(const vmh_options_t *opt);
 
-/* Fills d for device `ordinal` (ctx: the context to wait on): properties, granularity (a handle
- * type the driver refuses is reported here, once), VMMHOOK_PEERS grants (handle.h). A device
- * without VMM gets unsupported = true and CUDA_SUCCESS. */
+/* Fills d for device `ordinal` (ctx: the context it is first served in): properties,
+ * granularity (a handle type the driver refuses is reported here, once), VMMHOOK_PEERS grants
+ * (handle.h). A device without VMM gets unsupported = true and CUDA_SUCCESS. */
 CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx);
 
 /* Reserves n usable bytes within VMMHOOK_MEM_LIMIT; false (nothing taken) when they do not fit.

@@ -80,6 +80,7 @@ void vmh_heap_configure(const vmh_options_t *o)
     opt = o;
     vmh_device_configure(o);
     vmh_cache_configure(o);
+    vmh_reclaim_configure(o);
 }
 
 #ifdef VMH_TESTING
@@ -91,7 +92,9 @@ unsigned vmh_heap_thread_shard(void)
 
 /* ---- devices ---------------------------------------------------------------------------- */
 
-/* Gives back idle memory of the device after the driver ran out of memory (device.h). */
+/* Gives back idle memory of the device after the driver ran out of memory (device.h): waits
+ * for parked frees (not while the calling thread may not synchronize: a capture; the caller
+ * then answers out of memory, as the driver would), and trims. */
 static bool dev_relieve(vmh_dev_t *d)
 {
     hdev_t *h = hdev_of(d);
@@ -99,7 +102,7 @@ static bool dev_relieve(vmh_dev_t *d)
     if (hook)
         hook(); /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
     if (vmh_reclaim_pending(&h->reclaim))
-        vmh_reclaim_wait(&h->reclaim);
+        vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
     size_t bytes = vmh_cache_trim(&h->cache);
     FOR_EACH_PART(h, p)
         bytes += vmh_packing_trim(&p->pack);
@@ -128,6 +131,7 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
         return CUDA_ERROR_OUT_OF_MEMORY;
     h->dev.relieve = dev_relieve;
     CUresult rc = vmh_dev_setup(&h->dev, ordinal, ctx);
+    vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
     vmh_reclaim_init(&h->reclaim, &h->dev);
     vmh_cache_init(&h->cache, &h->dev);
     if (rc != CUDA_SUCCESS) {
@@ -228,6 +232,7 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
                          CUdeviceptr *out, bool *no_address)
 {
     assert(running() && size > 0);
+    vmh_reclaim_throttle(&h->reclaim); /* past VMMHOOK_PARK_LIMIT the allocating thread waits */
     tagpart_t *p = part_get(h, tag);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -331,6 +336,14 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
 {
     if (in_child())
         return CUDA_ERROR_NOT_FOUND; /* the driver answers as it does natively; no lock */
+    if (running() && vmh_registry_get(p)) {
+        /* The freeing thread's context may have used the buffer: known from now on (no driver
+         * call in steady state, and none under the owner's lock), so that the wait before
+         * reuse covers it even when no interposed call reported it. */
+        CUcontext cur;
+        int cur_dev;
+        (void)vmh_ctx_current(&cur, &cur_dev);
+    }
     vmh_owner_t *o = vmh_owner_lock(p);
     if (!o)
         return CUDA_ERROR_NOT_FOUND;
@@ -352,8 +365,10 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     vmh_gauge_add(VMH_STAT_bytes_requested, -(int64_t)req);
     vmh_tag_requested_add(owner_tag(o), -(int64_t)req);
     vmh_trace("free", p, req, stream);
+    /* Natively cudaFree waits for the device; here the reclaim thread does, unless the program
+     * asked for native blocking frees (DESIGN.md, "Frees"). */
     if (opt->free_sync && !async)
-        vmh_reclaim_wait(&hdev_of(o->dev)->reclaim);
+        vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
     return CUDA_SUCCESS;
 }
 
@@ -408,7 +423,7 @@ static CUresult realloc_by_copy(hdev_t *h, unsigned tag, CUdeviceptr *p, size_t 
     } else {
         /* Work on any stream may still write the old buffer: wait for it, as cudaFree
          * would, then copy. */
-        rc = vmh_reclaim_wait(&h->reclaim);
+        rc = vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
         if (rc == CUDA_SUCCESS)
             rc = vmh_drv.cuMemcpyDtoD(np, *p, n);
     }
@@ -574,7 +589,7 @@ size_t vmh_heap_trim(void)
         if (!h || h->dev.unsupported)
             continue;
         if (vmh_reclaim_pending(&h->reclaim))
-            vmh_reclaim_wait(&h->reclaim);
+            vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP); /* not during a capture (reclaim.h) */
         size_t b = vmh_cache_trim(&h->cache);
         FOR_EACH_PART(h, p)
             b += vmh_packing_trim(&p->pack);
@@ -616,7 +631,11 @@ static void report_packed_leak(const vmh_block_info_t *b, void *arg)
 void vmh_heap_shutdown(bool report_leaks)
 {
     int expected = HEAP_RUNNING;
-    if (!atomic_compare_exchange_strong(&mode, &expected, HEAP_EXITED) || !report_leaks)
+    if (!atomic_compare_exchange_strong(&mode, &expected, HEAP_EXITED))
+        return;
+    /* No driver call after this returns: the driver may be torn down next. */
+    vmh_reclaim_stop(true);
+    if (!report_leaks)
         return;
     vmh_leak_report_begin();
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
@@ -663,10 +682,12 @@ void vmh_heap_tag_freeze(unsigned tag, bool frozen)
 void vmh_heap_forked_child(void)
 {
     atomic_store(&mode, HEAP_CHILD);
+    vmh_reclaim_forked_child();
 }
 
 void vmh_heap_reset(void)
 {
+    vmh_reclaim_stop(false); /* its waits use the queues destroyed here */
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         hdev_t *h = atomic_exchange(&devs[i], NULL);
         if (h)

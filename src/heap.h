@@ -51,7 +51,8 @@ CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, vo
  * (the caller passes it to the driver; also every pointer in a forked child);
  * CUDA_ERROR_INVALID_VALUE: p is inside a served buffer but not its start. stream is recorded
  * for stream-ordered frees (async true); the memory is reused only after work queued before the
- * call has completed either way. After shutdown a served pointer is accepted quietly, without
+ * call has completed, in every context of the device, either way. The call does not wait for
+ * that (the reclaim thread does, reclaim.h) unless VMMHOOK_FREE_SYNC is set and async false. After shutdown a served pointer is accepted quietly, without
  * a driver call (late frees from other destructors). */
 CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async);
 
@@ -100,8 +101,10 @@ CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant);
 typedef void (*vmh_pressure_fn)(void);
 void vmh_heap_on_pressure(vmh_pressure_fn fn);
 
-/* Releases parked frees (waiting for the GPU) and idle cached memory of every device; returns
- * the bytes given back. */
+/* Releases parked frees (waiting for every context of the device, unless the calling thread
+ * may not synchronize now: a stream capture, reclaim.h) and idle cached memory of every device;
+ * returns the bytes given back. The interposer calls it when another allocator of the process
+ * ran out of memory, then retries that call once. */
 size_t vmh_heap_trim(void);
 
 /* Idle bytes held for reuse on a device, reported as free by cuMemGetInfo: only what an

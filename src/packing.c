@@ -43,19 +43,30 @@ static void shard_note(vmh_shard_t *s)
     atomic_store_explicit(&s->extents, st.extents, memory_order_relaxed);
 }
 
+/* Bytes of the shard's parked blocks (what it counts in reclaim's parked bytes); locked. */
+static size_t parked_bytes_locked(const vmh_shard_t *s)
+{
+    vmh_arena_stats_t st;
+    vmh_arena_stats(s->arena, &st);
+    return st.parked;
+}
+
 /* The shard's reclaim item: the GPU has passed `passed`; its blocks parked up to there become
  * free. Blocks parked later keep the item queued for the next wait. */
-static void shard_release(vmh_parked_t *item, uint64_t passed)
+static size_t shard_release(vmh_parked_t *item, uint64_t passed)
 {
     vmh_shard_t *s = (vmh_shard_t *)((char *)item - offsetof(vmh_shard_t, parked_item));
     assert(&s->parked_item == item && s->pack);
     pthread_mutex_lock(&s->lock);
+    size_t before = parked_bytes_locked(s);
     vmh_arena_unpark_upto(s->arena, passed);
     shard_note(s);
+    size_t released = before - parked_bytes_locked(s);
     bool left = vmh_arena_parked(s->arena) != 0;
     pthread_mutex_unlock(&s->lock);
     if (left && passed != UINT64_MAX)
-        vmh_reclaim_park(s->pack->reclaim, item, passed + 1);
+        vmh_reclaim_park(s->pack->reclaim, item, passed + 1, 0); /* their bytes count already */
+    return released;
 }
 
 CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim)
@@ -195,9 +206,10 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
         !vmh_dev_usable_take(pk->dev, want))
         return CUDA_ERROR_OUT_OF_MEMORY;
     unsigned home = vmh_packing_thread_shard();
-    bool synced = false;
-    /* The thread's own shard, then free space in the others, then parked frees released by
-     * a wait, and only then a new extent (in the thread's own shard). Other threads may take
+    /* The thread's own shard, then free space in the others, and only then a new extent (in
+     * the thread's own shard). Parked blocks are not waited for here (reclaim.h: the reclaim
+     * thread releases them, the front waits past VMMHOOK_PARK_LIMIT, and a new extent the
+     * driver has no memory for relieves the device, which waits). Other threads may take
      * the space of an extent this thread just added before it gets to use it: then it adds
      * another (each extent_add either makes memory or reports the driver's out of memory
      * after relieving the device), within a bound that only a pathological race could reach. */
@@ -208,18 +220,12 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
             others_alloc(pk, home, size, want,
                          atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0, out))
             break;
-        if (vmh_packing_has_parked(pk) && !synced) {
-            synced = true;
-            if (vmh_reclaim_wait(pk->reclaim) == CUDA_SUCCESS)
-                continue;
-        }
         CUresult rc = grown >= 64 ? CUDA_ERROR_OUT_OF_MEMORY
                                   : extent_add(pk, mine, size, no_address);
         if (rc != CUDA_SUCCESS) {
             vmh_dev_usable_give(pk->dev, want);
             return rc;
         }
-        synced = false; /* frees parked meanwhile may be released by a later wait */
     }
     idle_gauge(-(int64_t)want);
     return CUDA_SUCCESS;
@@ -241,8 +247,10 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req)
     vmh_packing_t *pk = s->pack;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
+    size_t parked_before = parked_bytes_locked(s);
     if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = parked_bytes_locked(s) - parked_before;
     /* An exported block is recycled like any other; its export dies here. */
     vmh_packed_export_t *x = exported_find_locked(s, p);
     if (x)
@@ -251,7 +259,9 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req)
     /* An item already queued is released by a wait that also covers this block, or parks
      * itself again for it (shard_release runs under this shard's lock). */
     if (!atomic_load(&s->parked_item.queued))
-        vmh_reclaim_park(pk->reclaim, &s->parked_item, gen);
+        vmh_reclaim_park(pk->reclaim, &s->parked_item, gen, bytes);
+    else
+        vmh_reclaim_add_bytes(pk->reclaim, bytes);
     vmh_dev_usable_give(pk->dev, info.usable);
     idle_gauge((int64_t)info.usable);
     *req = info.size;

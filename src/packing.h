@@ -69,8 +69,8 @@ struct vmh_ext {
 
 CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim);
 
-/* Serves size bytes: the thread's shard, then free space in the others, then parked frees
- * released by a wait, and only then a new extent. *no_address: the address space budget, not
+/* Serves size bytes: the thread's shard, then free space in the others, and only then a new
+ * extent (never waits for parked frees but on out of memory). *no_address: the address space budget, not
  * memory, ran out. */
 CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address);
 

@@ -306,7 +306,7 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
     for (int dev = 0; dev < VMH_MAX_DEVICES && rc == CUDA_SUCCESS; dev++) {
         vmh_tag_parts_t parts;
         if (vmh_heap_tag_parts(dev, tag, &parts))
-            rc = vmh_reclaim_wait(parts.reclaim);
+            rc = vmh_reclaim_wait(parts.reclaim, VMH_WAIT_APP);
     }
     if (rc == CUDA_SUCCESS) {
         vmh_heap_trim(); /* idle memory: cached buffers, empty packing extents */

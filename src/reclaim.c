@@ -1,10 +1,55 @@
-/* Heap layer 4b: parked frees and the wait that releases them (see reclaim.h). */
+/* Heap layer 4b: parked frees, the wait that releases them, and the reclaim thread (see
+ * reclaim.h). */
 #include "reclaim.h"
 
+#include "contexts.h"
 #include "driver.h"
+#include "log.h"
 #include "stats.h"
 
 #include <assert.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+
+static const vmh_options_t *opt;
+
+void vmh_reclaim_configure(const vmh_options_t *o)
+{
+    opt = o;
+}
+
+/* ---- the reclaim thread's state -----------------------------------------------------------
+ * One thread for the process: it serves every device's queue in turn. Its lock guards the
+ * queue table and running/stopping; the flags read without it are atomics. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;       /* a park while it sleeps, a stop */
+    pthread_mutex_t stop_lock; /* one stop at a time (one join) */
+    pthread_t thread;
+    bool running, stopping;
+    bool busy; /* inside a wait (tests' settle) */
+    vmh_reclaim_t *queues[VMH_MAX_DEVICES];
+    atomic_bool started;  /* a start was tried since the last stop: parks only wake it */
+    atomic_bool sleeping; /* it waits for a park with every queue empty */
+    atomic_bool closed;   /* the process exits: no thread any more */
+    atomic_bool in_child; /* a forked child: the thread does not exist here */
+    atomic_bool enabled;  /* tests may turn it off */
+} bg = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .wake = PTHREAD_COND_INITIALIZER,
+    .stop_lock = PTHREAD_MUTEX_INITIALIZER,
+    .enabled = true,
+};
+
+/* Pause between two background waits: bounds the thread to 10,000 synchronizations a second
+ * when the program frees faster than that while the GPU is idle (each wait then returns at
+ * once), while freed memory still comes back within a fraction of a millisecond. */
+#define BG_PACE_NS 100000L
+/* While a stream captures, how often the thread looks again (it must not synchronize then). */
+#define BG_CAPTURE_POLL_NS 1000000L
+/* After a failed wait (the driver refused it), before the next try. */
+#define BG_RETRY_NS 10000000L
 
 void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
 {
@@ -13,9 +58,18 @@ void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
     pthread_mutex_init(&r->wait_lock, NULL);
     atomic_init(&r->gen, 0);
     atomic_init(&r->pending, 0);
+    atomic_init(&r->parked_bytes, 0);
     r->synced_gen = 0;
     r->synced_any = false;
     r->head = r->tail = NULL;
+    pthread_mutex_lock(&bg.lock);
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        if (!bg.queues[i]) {
+            bg.queues[i] = r;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&bg.lock);
 }
 
 uint64_t vmh_reclaim_now(const vmh_reclaim_t *r)
@@ -28,10 +82,43 @@ bool vmh_reclaim_pending(const vmh_reclaim_t *r)
     return atomic_load_explicit((_Atomic size_t *)&r->pending, memory_order_relaxed) != 0;
 }
 
-void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen)
+size_t vmh_reclaim_parked_bytes(const vmh_reclaim_t *r)
+{
+    return atomic_load_explicit((_Atomic size_t *)&r->parked_bytes, memory_order_relaxed);
+}
+
+void vmh_reclaim_add_bytes(vmh_reclaim_t *r, size_t bytes)
+{
+    atomic_fetch_add_explicit(&r->parked_bytes, bytes, memory_order_relaxed);
+}
+
+static void bg_start(void);
+
+/* After something was queued (pending already counts it, sequentially consistent): starts the
+ * thread the first time, else wakes it when it sleeps. The thread announces its sleep before
+ * it looks at the queues a last time, and the park counts before it looks at the
+ * announcement, so one of the two always sees the other. */
+static void bg_kick(void)
+{
+    if (atomic_load(&bg.in_child) || atomic_load(&bg.closed))
+        return; /* no thread here, and its lock may have been held by a thread of the parent */
+    if (!atomic_load_explicit(&bg.started, memory_order_acquire)) {
+        bg_start();
+        return;
+    }
+    if (atomic_load(&bg.sleeping)) {
+        pthread_mutex_lock(&bg.lock);
+        pthread_cond_signal(&bg.wake);
+        pthread_mutex_unlock(&bg.lock);
+    }
+}
+
+void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t bytes)
 {
     assert(item->release && "a parked item says how it is released");
+    bool queued_now = false;
     pthread_mutex_lock(&r->lock);
+    atomic_fetch_add_explicit(&r->parked_bytes, bytes, memory_order_relaxed);
     if (atomic_load(&item->queued)) {
         if (gen < item->gen)
             item->gen = gen;
@@ -45,9 +132,12 @@ void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen)
             r->head = item;
         r->tail = item;
         atomic_store(&item->queued, true);
-        atomic_fetch_add_explicit(&r->pending, 1, memory_order_relaxed);
+        atomic_fetch_add(&r->pending, 1);
+        queued_now = true;
     }
     pthread_mutex_unlock(&r->lock);
+    if (queued_now)
+        bg_kick();
 }
 
 /* Takes every item parked with a generation <= g off the queue, in parking order. */
@@ -79,59 +169,76 @@ static vmh_parked_t *take_upto(vmh_reclaim_t *r, uint64_t g)
     return taken;
 }
 
-static void release_list(vmh_parked_t *it, uint64_t passed)
+static void release_list(vmh_reclaim_t *r, vmh_parked_t *it, uint64_t passed)
 {
     while (it) {
         vmh_parked_t *next = it->taken_next;
         it->taken_next = NULL;
-        it->release(it, passed);
+        size_t bytes = it->release(it, passed);
+        size_t before = atomic_fetch_sub_explicit(&r->parked_bytes, bytes, memory_order_relaxed);
+        assert(before >= bytes && "released no more than was parked");
+        (void)before;
         it = next;
     }
 }
 
-/* The one place that waits for the GPU: every piece of work queued on the device's context
- * before the call has completed when it returns CUDA_SUCCESS. */
-static CUresult wait_for_gpu(vmh_dev_t *d)
+/* The one place that waits for the GPU: every context of the device the program has made has
+ * finished the work submitted before the call when it returns CUDA_SUCCESS (contexts.h). Not
+ * only the context the library first saw: a kernel of another context may still write a
+ * buffer freed from this one (issue 14's late writes). */
+static CUresult wait_for_gpu(vmh_dev_t *d, vmh_waiter_t who)
 {
-    CUcontext cur = NULL;
-    CUresult rc = vmh_drv.cuCtxGetCurrent(&cur);
-    if (rc == CUDA_SUCCESS) {
-        if (cur == d->ctx) {
-            rc = vmh_drv.cuCtxSynchronize();
-        } else {
-            rc = vmh_drv.cuCtxPushCurrent(d->ctx);
-            if (rc == CUDA_SUCCESS) {
-                rc = vmh_drv.cuCtxSynchronize();
-                vmh_drv.cuCtxPopCurrent(&cur);
-            }
-        }
-    }
+    CUresult rc = vmh_ctx_sync_device(d->ordinal);
+    if (rc == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        return rc; /* refused without a driver call: nothing was synchronized */
     vmh_count(VMH_STAT_syncs, 1);
+    vmh_count(who == VMH_WAIT_APP ? VMH_STAT_syncs_blocking : VMH_STAT_syncs_background, 1);
     return rc;
 }
 
-static CUresult wait_now(vmh_reclaim_t *r)
+/* Under the wait lock. */
+static CUresult wait_now(vmh_reclaim_t *r, vmh_waiter_t who)
 {
     uint64_t g = atomic_fetch_add(&r->gen, 1);
-    CUresult rc = wait_for_gpu(r->dev);
+    CUresult rc = wait_for_gpu(r->dev, who);
     if (rc != CUDA_SUCCESS)
         return rc; /* a failed wait proves nothing: everything stays parked */
     assert(!r->synced_any || g > r->synced_gen); /* generations only move forward */
     r->synced_gen = g;
     r->synced_any = true;
-    release_list(take_upto(r, g), g);
+    release_list(r, take_upto(r, g), g);
     return CUDA_SUCCESS;
 }
 
-CUresult vmh_reclaim_wait(vmh_reclaim_t *r)
+CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
 {
+    /* The driver would refuse the synchronize and invalidate the capture (issue 14: a graph
+     * captured by PyTorch broke); memory parked meanwhile stays parked. */
+    if (who == VMH_WAIT_APP && vmh_capture_forbids_unsafe())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     uint64_t want = atomic_load(&r->gen);
     pthread_mutex_lock(&r->wait_lock);
     CUresult rc = CUDA_SUCCESS;
     if (!r->synced_any || r->synced_gen < want)
-        rc = wait_now(r);
+        rc = wait_now(r, who);
     pthread_mutex_unlock(&r->wait_lock);
     return rc;
+}
+
+void vmh_reclaim_throttle(vmh_reclaim_t *r)
+{
+    size_t limit = opt ? opt->park_limit : SIZE_MAX;
+    if (__builtin_expect(vmh_reclaim_parked_bytes(r) <= limit, 1))
+        return;
+    /* During a capture nothing is synchronized for the budget: the allocation is served from
+     * the cache or fresh memory, and the frees wait for the capture to end. */
+    if (vmh_capture_any())
+        return;
+    pthread_mutex_lock(&r->wait_lock);
+    /* The reclaim thread's wait, or another thread's, may have brought it under meanwhile. */
+    if (vmh_reclaim_parked_bytes(r) > limit)
+        wait_now(r, VMH_WAIT_APP);
+    pthread_mutex_unlock(&r->wait_lock);
 }
 
 void vmh_reclaim_release_all(vmh_reclaim_t *r)
@@ -140,12 +247,204 @@ void vmh_reclaim_release_all(vmh_reclaim_t *r)
      * later generation; UINT64_MAX covers them too. */
     vmh_parked_t *it;
     while ((it = take_upto(r, UINT64_MAX)))
-        release_list(it, UINT64_MAX);
+        release_list(r, it, UINT64_MAX);
 }
 
 void vmh_reclaim_destroy(vmh_reclaim_t *r)
 {
     assert(!r->head && "released before destroyed");
+    /* The thread picks only a queue with something parked, and uses it outside its lock:
+     * the heap stops it before destroying queues that held anything (vmh_heap_reset); a queue
+     * that never held anything (a device whose setup failed) may go at any time. */
+    pthread_mutex_lock(&bg.lock);
+    for (int i = 0; i < VMH_MAX_DEVICES; i++)
+        if (bg.queues[i] == r)
+            bg.queues[i] = NULL;
+    pthread_mutex_unlock(&bg.lock);
     pthread_mutex_destroy(&r->lock);
     pthread_mutex_destroy(&r->wait_lock);
 }
+
+/* ---- the reclaim thread --------------------------------------------------------------------- */
+
+/* The next queue with something parked, round robin from *next; bg.lock held. */
+static vmh_reclaim_t *pick_locked(int *next)
+{
+    for (int k = 0; k < VMH_MAX_DEVICES; k++) {
+        int i = (*next + k) % VMH_MAX_DEVICES;
+        vmh_reclaim_t *r = bg.queues[i];
+        if (r && atomic_load(&r->pending) != 0) {
+            *next = (i + 1) % VMH_MAX_DEVICES;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* Sleeps up to ns on the wake condition (a stop ends it early); bg.lock held. */
+static void nap_locked(long ns)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += ns;
+    while (t.tv_nsec >= 1000000000L) {
+        t.tv_nsec -= 1000000000L;
+        t.tv_sec++;
+    }
+    pthread_cond_timedwait(&bg.wake, &bg.lock, &t);
+}
+
+static void *reclaim_main(void *unused)
+{
+    (void)unused;
+    /* Relaxed capture interaction mode: by the driver's rule, another thread's capture then
+     * never makes this thread's synchronize a refused (and capture-invalidating) call. The
+     * look at vmh_capture_any() below still keeps it from synchronizing during a capture; this
+     * covers a capture that begins between that look and the synchronize. */
+    CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
+        vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
+    int next = 0;
+    pthread_mutex_lock(&bg.lock);
+    while (!bg.stopping) {
+        vmh_reclaim_t *r = pick_locked(&next);
+        if (!r) {
+            atomic_store(&bg.sleeping, true);
+            r = pick_locked(&next); /* a park that missed the announcement is seen here */
+            if (!r) {
+                pthread_cond_wait(&bg.wake, &bg.lock);
+                atomic_store(&bg.sleeping, false);
+                continue;
+            }
+            atomic_store(&bg.sleeping, false);
+        }
+        if (vmh_capture_any()) {
+            /* A synchronize now would be refused and invalidate a global-mode capture; frees
+             * parked before or during the capture wait for its end. */
+            nap_locked(BG_CAPTURE_POLL_NS);
+            continue;
+        }
+        bg.busy = true;
+        pthread_mutex_unlock(&bg.lock);
+        CUresult rc = vmh_reclaim_wait(r, VMH_WAIT_BACKGROUND);
+        pthread_mutex_lock(&bg.lock);
+        bg.busy = false;
+        if (!bg.stopping)
+            nap_locked(rc == CUDA_SUCCESS ? BG_PACE_NS : BG_RETRY_NS);
+    }
+    pthread_mutex_unlock(&bg.lock);
+    return NULL;
+}
+
+/* The process exits: the thread stops before the CUDA runtime's own exit handlers release the
+ * contexts and before the driver library's destructors run (an exit handler registered after
+ * theirs runs before them; the library's destructor, vmh_heap_shutdown, would be too late for
+ * a driver loaded after it). Frees after this stay parked or wait on the allocating thread. */
+static void bg_stop_at_exit(void)
+{
+    vmh_reclaim_stop(true);
+}
+
+/* In a child forked after the thread's first start: the thread does not exist there (and its
+ * lock may have been held at the fork). lifetime.c tells the heap too (vmh_reclaim_forked_child),
+ * but a fork the lifetime does not see (its handler is installed at the first interposed call)
+ * must not make the child join a thread it does not have at its exit. Atomics only. */
+static void bg_forked_child(void)
+{
+    atomic_store(&bg.in_child, true);
+}
+
+static void bg_register_exit(void)
+{
+    atexit(bg_stop_at_exit);
+    pthread_atfork(NULL, NULL, bg_forked_child);
+}
+
+static void bg_start(void)
+{
+    pthread_mutex_lock(&bg.lock);
+    if (!atomic_load(&bg.started) && !bg.running && atomic_load(&bg.enabled) &&
+        !atomic_load(&bg.closed) && !atomic_load(&bg.in_child)) {
+        /* The program's signals are never delivered to the library's thread. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int err = pthread_create(&bg.thread, NULL, reclaim_main, NULL);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (err == 0) {
+            bg.running = true;
+            static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+            pthread_once(&exit_once, bg_register_exit);
+        } else
+            vmh_log("cannot start the reclaim thread (error %d): freed memory is reclaimed by "
+                    "allocating threads (VMMHOOK_PARK_LIMIT) and on out of memory",
+                    err);
+    }
+    /* Tried once: a failed start is not tried again at every park. */
+    atomic_store_explicit(&bg.started, true, memory_order_release);
+    pthread_mutex_unlock(&bg.lock);
+}
+
+void vmh_reclaim_stop(bool for_good)
+{
+    if (atomic_load(&bg.in_child))
+        return; /* the thread is the parent's */
+    pthread_mutex_lock(&bg.stop_lock);
+    pthread_mutex_lock(&bg.lock);
+    atomic_store(&bg.closed, for_good);
+    bool running = bg.running;
+    pthread_t t = bg.thread;
+    if (running) {
+        bg.stopping = true;
+        pthread_cond_broadcast(&bg.wake);
+    }
+    pthread_mutex_unlock(&bg.lock);
+    if (running)
+        pthread_join(t, NULL); /* a wait in progress ends first: no driver call after this */
+    pthread_mutex_lock(&bg.lock);
+    bg.running = false;
+    bg.stopping = false;
+    atomic_store(&bg.sleeping, false);
+    atomic_store(&bg.started, false);
+    pthread_mutex_unlock(&bg.lock);
+    pthread_mutex_unlock(&bg.stop_lock);
+}
+
+void vmh_reclaim_forked_child(void)
+{
+    bg_forked_child();
+}
+
+bool vmh_reclaim_thread_running(void)
+{
+    if (atomic_load(&bg.in_child))
+        return false;
+    pthread_mutex_lock(&bg.lock);
+    bool running = bg.running;
+    pthread_mutex_unlock(&bg.lock);
+    return running;
+}
+
+#ifdef VMH_TESTING
+void vmh_reclaim_background(bool on)
+{
+    atomic_store(&bg.enabled, on);
+}
+
+bool vmh_reclaim_settle(unsigned timeout_ms)
+{
+    for (unsigned waited = 0;; waited++) {
+        pthread_mutex_lock(&bg.lock);
+        bool busy = bg.busy;
+        for (int i = 0; i < VMH_MAX_DEVICES; i++)
+            busy |= bg.queues[i] && atomic_load(&bg.queues[i]->pending) != 0;
+        pthread_mutex_unlock(&bg.lock);
+        if (!busy || vmh_capture_any())
+            return true;
+        if (waited >= timeout_ms)
+            return false;
+        struct timespec ms = {0, 1000000L};
+        nanosleep(&ms, NULL);
+    }
+}
+#endif

@@ -1,24 +1,37 @@
-/* Heap layer 4b: things to release once the GPU has passed a point.
+/* Heap layer 4b: things to release once the GPU has passed a point, and who waits for it.
  *
- * Freed memory may be handed out again only after the work queued before its free has
- * completed. A layer that frees something parks an item here with the device's current
- * generation (vmh_reclaim_now); the item carries how it is released (a function and the record
- * it is embedded in: ownership as data, so this file knows nothing of buffers, caches or
- * packing). A wait (vmh_reclaim_wait) first advances the generation (taking the old value g),
- * then waits for the GPU, then calls the release of every item parked with a generation <= g:
- * each was parked before the wait began, so no work queued before its free can still run.
+ * Freed memory may be handed out again only after the work submitted before its free, in every
+ * context of its device, has completed. A layer that frees something parks an item here with
+ * the device's current generation (vmh_reclaim_now) and its bytes; the item carries how it is
+ * released (a function and the record it is embedded in: ownership as data, so this file knows
+ * nothing of buffers, caches or packing). A wait (vmh_reclaim_wait) first advances the
+ * generation (taking the old value g), then waits for every context of the device
+ * (vmh_ctx_sync_device, contexts.h), then calls the release of every item parked with a
+ * generation <= g: each was parked before the wait began, so no work submitted before its free
+ * can still run.
  *
+ * Who waits. In steady state only the reclaim thread (one per process, started at the first
+ * park, never in a forked child, stopped at exit): it waits while anything is parked and no
+ * stream of the process captures, so application threads do not stall. An application thread
+ * waits only
+ *   - before an allocation, while the device's parked bytes exceed VMMHOOK_PARK_LIMIT and no
+ *     stream captures (vmh_reclaim_throttle);
+ *   - when the driver ran out of memory, or the program asked for it (VMMHOOK_FREE_SYNC, a
+ *     blocking vmm_realloc, vmh_heap_trim): vmh_reclaim_wait(r, VMH_WAIT_APP), which never
+ *     synchronizes while the driver would refuse it to the calling thread (a capture:
+ *     vmh_capture_forbids_unsafe) and answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED instead.
  * Threads that need parked memory at the same time share one wait: a thread that waited for
  * another's wait which began after its own request returns at once.
  *
  * Lock order: the wait lock, then whatever the release functions take (they run without the
- * queue lock, under the wait lock); a layer may park (taking the queue lock) while it holds its
- * own locks, but must never wait while it holds them.
+ * queue lock, under the wait lock); a layer may park (taking the queue lock and, rarely, the
+ * reclaim thread's lock) while it holds its own locks, but must never wait while it holds them.
  */
 #ifndef VMH_RECLAIM_H
 #define VMH_RECLAIM_H
 
 #include "device.h"
+#include "options.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,15 +41,17 @@
 typedef struct vmh_parked vmh_parked_t;
 
 /* Releases what `item` stands for; `passed` is the generation the GPU has passed (every free
- * tagged <= passed is safe). May park the item again (with a generation > passed). Runs
- * without any lock of this file. */
-typedef void (*vmh_release_fn)(vmh_parked_t *item, uint64_t passed);
+ * tagged <= passed is safe). Returns the parked bytes it made reusable (what vmh_reclaim_park
+ * and vmh_reclaim_add_bytes counted for them). May park the item again (with a generation
+ * > passed, and 0 more bytes: the bytes left were counted already). Runs without any lock of
+ * this file. */
+typedef size_t (*vmh_release_fn)(vmh_parked_t *item, uint64_t passed);
 
 /* Embedded in the record it stands for (container_of finds the record). */
 struct vmh_parked {
     vmh_release_fn release;
     uint64_t gen;
-    atomic_bool queued; /* parked and not yet taken for release */
+    atomic_bool queued;        /* parked and not yet taken for release */
     vmh_parked_t *prev, *next; /* the queue (its lock) */
     /* The list of items taken for one release (under the wait lock): a separate link, as
      * another thread may park an item again before its release runs. */
@@ -51,28 +66,74 @@ typedef struct vmh_reclaim {
     uint64_t synced_gen; /* the generation the last successful wait released */
     bool synced_any;
     vmh_parked_t *head, *tail;
-    _Atomic size_t pending; /* items queued */
+    _Atomic size_t pending;      /* items queued */
+    _Atomic size_t parked_bytes; /* bytes freed and not yet reusable (VMMHOOK_PARK_LIMIT) */
 } vmh_reclaim_t;
 
+/* Who is waiting: an application thread (counted as a blocking synchronization) or the reclaim
+ * thread. */
+typedef enum vmh_waiter { VMH_WAIT_APP, VMH_WAIT_BACKGROUND } vmh_waiter_t;
+
+/* The options this layer uses (park_limit). The snapshot must outlive the heap. */
+void vmh_reclaim_configure(const vmh_options_t *opt);
+
+/* Also makes r known to the reclaim thread (one queue per device ordinal). */
 void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev);
 
 /* The generation to tag a free with now. */
 uint64_t vmh_reclaim_now(const vmh_reclaim_t *r);
 
-/* Parks item (its release function set) to be released once the GPU has passed gen. An item
- * already queued keeps the earlier of its generation and gen. */
-void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen);
+/* Parks item (its release function set), `bytes` more bytes not reusable until then, to be
+ * released once the GPU has passed gen. An item already queued keeps the earlier of its
+ * generation and gen. Starts the reclaim thread the first time (or wakes it). */
+void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t bytes);
 
-/* Whether anything is parked (a hint: read without the lock). */
+/* Counts bytes parked under an item that is queued already (its release returns them), without
+ * the queue lock (packing's hot path). */
+void vmh_reclaim_add_bytes(vmh_reclaim_t *r, size_t bytes);
+
+/* Whether anything is parked (a hint: read without the lock); the bytes parked. */
 bool vmh_reclaim_pending(const vmh_reclaim_t *r);
+size_t vmh_reclaim_parked_bytes(const vmh_reclaim_t *r);
 
-/* Waits for the GPU to pass the current generation and releases what that frees. A failed wait
- * proves nothing: everything stays parked and the driver's code is returned. Never call with a
- * lock of the heap held. */
-CUresult vmh_reclaim_wait(vmh_reclaim_t *r);
+/* Waits for every context of the device to pass the current generation and releases what
+ * that frees. A failed wait proves nothing: everything stays parked and the driver's code is
+ * returned. VMH_WAIT_APP returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED at once, without any
+ * lock or driver call, when the calling thread may not synchronize (a capture). Never call
+ * with a lock of the heap held. */
+CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who);
+
+/* Before an allocation on an application thread: waits (as VMH_WAIT_APP) while more than
+ * VMMHOOK_PARK_LIMIT bytes are parked, unless a stream of the process is capturing (then the
+ * allocation is served from memory that needs no wait). Returns at once otherwise. */
+void vmh_reclaim_throttle(vmh_reclaim_t *r);
 
 /* Tests' reset: releases every item without waiting (the driver's ledger is checked after). */
 void vmh_reclaim_release_all(vmh_reclaim_t *r);
+/* Makes r unknown to the reclaim thread; stop the thread first (vmh_reclaim_stop). */
 void vmh_reclaim_destroy(vmh_reclaim_t *r);
+
+/* --- the reclaim thread --- */
+
+/* Stops the reclaim thread and waits until it has ended (it makes no driver call once this
+ * returns). for_good: at exit, no thread is started again; otherwise (tests' reset, also after
+ * an exit) the next park starts one again. */
+void vmh_reclaim_stop(bool for_good);
+
+/* In a forked child (atomics only, no lock): the parent's reclaim thread does not exist here
+ * and none is started. */
+void vmh_reclaim_forked_child(void);
+
+/* Whether the reclaim thread runs now (tests and reports). */
+bool vmh_reclaim_thread_running(void);
+
+#ifdef VMH_TESTING
+/* Tests: whether parks start the reclaim thread (default true; kept across vmh_reclaim_stop).
+ * Suites that count synchronizations turn it off and wait themselves. */
+void vmh_reclaim_background(bool on);
+/* Tests: waits until the reclaim thread has nothing left it could release now (the queues are
+ * empty, or a capture holds them), at most timeout_ms; false on timeout. */
+bool vmh_reclaim_settle(unsigned timeout_ms);
+#endif
 
 #endif

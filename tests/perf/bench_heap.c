@@ -60,13 +60,16 @@ static double bench_run(int nthreads)
 }
 
 /* Packed alloc+free pairs per second on the simulated driver, 1, 2 and 16 threads. The steady
- * state makes no driver call (vmh_heap_alloc_on with an existing device, async frees whose
- * parked blocks are released by the occasional synchronize), so this measures the heap's own
- * locking. Printed, not asserted. */
+ * state makes no driver call on the measured threads (vmh_heap_alloc_on with an existing
+ * device, async frees whose parked blocks the reclaim thread releases), so this measures the
+ * heap's own locking. Printed, not asserted. */
 static void bench_packed_pairs(void **state)
 {
     (void)state;
     vmh_opt.pack_below = 512 * MiB;
+    /* The product's reclaim: the thread releases parked blocks, the default park limit. */
+    vmh_opt.park_limit = 256 * MiB;
+    vmh_reclaim_background(true);
     CUdeviceptr warm;
     assert_int_equal(vmh_heap_alloc(4096, &warm), CUDA_SUCCESS); /* makes device 0's state */
     assert_int_equal(vmh_heap_free(warm, NULL, true), CUDA_SUCCESS);
@@ -74,13 +77,15 @@ static void bench_packed_pairs(void **state)
     double first = 0;
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
         uint64_t syncs = vmh_counter_get(VMH_STAT_syncs);
+        uint64_t blocking = vmh_counter_get(VMH_STAT_syncs_blocking);
         double rate = bench_run(counts[i]);
         if (i == 0)
             first = rate;
         printf("bench: packed alloc+free pairs/s, %2d thread(s): %9.0f (%.2fx); %llu "
-               "synchronizes, %zu MiB idle after\n",
+               "synchronizes (%llu blocking), %zu MiB idle after\n",
                counts[i], rate, rate / first,
                (unsigned long long)(vmh_counter_get(VMH_STAT_syncs) - syncs),
+               (unsigned long long)(vmh_counter_get(VMH_STAT_syncs_blocking) - blocking),
                vmh_heap_idle_bytes(0) / MiB);
     }
     fflush(stdout);

@@ -68,6 +68,7 @@ static void default_threshold_packs_medium_but_not_growable(void **state)
 {
     (void)state;
     vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default */
+    vmh_opt.park_limit = 0;         /* freed space reused at once (testutil.h) */
     assert_int_equal(vmh_opt.pack_below, 8 * MiB);
     CUdeviceptr a, b, g = 0;
     vmh_buffer_info_t info;
@@ -811,6 +812,7 @@ static void pressure_hook_runs_before_out_of_memory(void **state)
 static void packed_fast_path_makes_no_driver_call(void **state)
 {
     (void)state;
+    vmh_opt.park_limit = 256 * MiB; /* the default: no allocating thread waits (reclaim.h) */
     CUdeviceptr keep, p;
     assert_int_equal(vmh_heap_alloc(4096, &keep), CUDA_SUCCESS);
     sim_reset_counters();

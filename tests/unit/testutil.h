@@ -21,6 +21,7 @@
 #include "lifetime.h"
 #include "options.h"
 #include "range.h"
+#include "reclaim.h"
 #include "simdrv.h"
 #include "stats.h"
 
@@ -42,6 +43,7 @@ static inline void tu_set_current_device(int dev)
 static inline void tu_reset(const sim_config_t *cfg)
 {
     vmh_heap_reset();
+    vmh_contexts_reset(); /* the contexts of the previous simulated driver are gone */
     sim_reset(cfg);
     vmh_ctx_current_changed(); /* the contexts the thread knew are gone */
     vmh_driver_install(sim_table());
@@ -50,6 +52,11 @@ static inline void tu_reset(const sim_config_t *cfg)
     /* The suites use sizes of a few MiB for buffers of their own: pack only below 1 MiB here
      * (the packing tests of test_heap.c say what they pack). */
     vmh_opt.pack_below = MiB;
+    /* The suites count driver calls: no reclaim thread synchronizes behind their back, and an
+     * allocation waits for anything parked first (park limit 0), so that freed memory is
+     * reused deterministically. test_reclaim.c turns the thread on and sets its own limits. */
+    vmh_reclaim_background(false);
+    vmh_opt.park_limit = 0;
     vmh_stats_reset();
 }
 
