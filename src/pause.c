@@ -23,12 +23,10 @@
  */
 #include "pause.h"
 
-#include "api.h"
 #include "bigbuf.h"
 #include "contexts.h"
 #include "driver.h"
 #include "heap.h"
-#include "lifetime.h"
 #include "log.h"
 #include "packing.h"
 #include "reclaim.h"
@@ -42,8 +40,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#define VMM_API __attribute__((visibility("default")))
 
 static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t pin_limit; /* VMMHOOK_PIN_LIMIT */
@@ -363,7 +359,9 @@ void vmh_pause_configure(const vmh_options_t *opt)
 
 /* ---- the API --------------------------------------------------------------------------------- */
 
-static vmm_status to_status(CUresult rc)
+/* *driver_rc: the driver's code when the result is VMM_ERR_DRIVER (for vmm_last_driver_error,
+ * which the entry points keep). */
+static vmm_status to_status(CUresult rc, CUresult *driver_rc)
 {
     switch (rc) {
     case CUDA_SUCCESS:
@@ -372,14 +370,14 @@ static vmm_status to_status(CUresult rc)
         return VMM_ERR_NO_MEMORY;
     default:
         vmh_log("pause/resume: CUDA error %d", (int)rc);
-        vmh_api_note_driver_error(rc); /* for vmm_last_driver_error() */
+        *driver_rc = rc;
         return VMM_ERR_DRIVER;
     }
 }
 
-typedef vmm_status (*tag_op_t)(unsigned tag, unsigned flags);
+typedef vmm_status (*tag_op_t)(unsigned tag, unsigned flags, CUresult *driver_rc);
 
-static vmm_status pause_one(unsigned tag, unsigned flags)
+static vmm_status pause_one(unsigned tag, unsigned flags, CUresult *driver_rc)
 {
     if (!vmh_tag_transition(tag, VMH_TAG_RUNNING, VMH_TAG_PAUSING))
         return VMM_ERR_PAUSED;
@@ -395,10 +393,10 @@ static vmm_status pause_one(unsigned tag, unsigned flags)
         vmh_tag_transition(tag, VMH_TAG_PAUSING, VMH_TAG_RUNNING);
         vmh_heap_tag_freeze(tag, false);
     }
-    return to_status(rc);
+    return to_status(rc, driver_rc);
 }
 
-static vmm_status resume_one(unsigned tag, unsigned flags)
+static vmm_status resume_one(unsigned tag, unsigned flags, CUresult *driver_rc)
 {
     (void)flags;
     if (!vmh_tag_transition(tag, VMH_TAG_PAUSED, VMH_TAG_RESUMING))
@@ -412,15 +410,14 @@ static vmm_status resume_one(unsigned tag, unsigned flags)
     } else {
         vmh_tag_transition(tag, VMH_TAG_RESUMING, VMH_TAG_PAUSED);
     }
-    return to_status(rc);
+    return to_status(rc, driver_rc);
 }
 
 /* One tag by name, or (name NULL) every tag op applies to: VMM_ERR_PAUSED / NOT_PAUSED from a
  * tag it does not apply to are skipped then; the first other failure stops and is returned. */
-static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_status skip)
+static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_status skip,
+                           CUresult *driver_rc)
 {
-    if (!vmh_lifetime_ready())
-        return VMM_ERR_NO_DRIVER;
     /* The device wait (and the unmapping of memory a capture may be recording) would break
      * a capture in progress: the driver refuses the wait and invalidates the capture. */
     if (vmh_capture_any())
@@ -431,11 +428,11 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
     pthread_mutex_lock(&pause_lock);
     vmm_status st = VMM_OK;
     if (name) {
-        st = op(one, flags);
+        st = op(one, flags, driver_rc);
     } else {
         unsigned n = vmh_tag_count();
         for (unsigned t = 0; t < n && st == VMM_OK; t++) {
-            st = op(t, flags);
+            st = op(t, flags, driver_rc);
             if (st == skip)
                 st = VMM_OK;
         }
@@ -444,16 +441,16 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
     return st;
 }
 
-VMM_API vmm_status vmm_pause(const char *tag, unsigned flags)
+vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc)
 {
     if (flags & ~VMM_PAUSE_BACKUP)
         return VMM_ERR_INVALID;
-    return for_tags(tag, flags, pause_one, VMM_ERR_PAUSED);
+    return for_tags(tag, flags, pause_one, VMM_ERR_PAUSED, driver_rc);
 }
 
-VMM_API vmm_status vmm_resume(const char *tag)
+vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc)
 {
-    return for_tags(tag, 0, resume_one, VMM_ERR_NOT_PAUSED);
+    return for_tags(tag, 0, resume_one, VMM_ERR_NOT_PAUSED, driver_rc);
 }
 
 #ifdef VMH_TESTING
