@@ -244,6 +244,36 @@ static void first_pause_never_pins(void **state)
     assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
 }
 
+/* Pinning at resume is an optimisation: when the driver refuses it, the backup is copied back
+ * from pageable memory, the resume succeeds, nothing is counted as pinned, and the room it had
+ * claimed under VMMHOOK_PIN_LIMIT is free again for the next resume. */
+static void pin_refused_at_resume(void **state)
+{
+    (void)state;
+    CUdeviceptr big = alloc_in("w", 5 * MiB);
+    tu_fill(big, 5 * MiB, 31);
+    vmh_opt.pin_limit = 6 * MiB; /* room for this one backup only */
+    vmh_pause_configure(&vmh_opt);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    sim_fail_function("cuMemHostRegister", 1, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_int_equal(sim_faults_fired(), 1);
+    sim_clear_faults();
+    assert_true(tu_check(big, 5 * MiB, 31));
+    char buf[8192];
+    vmm_stats_json(buf, sizeof buf);
+    assert_non_null(strstr(buf, "\"pinned_host_bytes\": {\"current\": 0,"));
+    /* The room came back: the next resume pins. */
+    unsigned long registered = sim_calls("cuMemHostRegister");
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_int_equal(sim_calls("cuMemHostRegister"), registered + 1);
+    assert_true(tu_check(big, 5 * MiB, 31));
+    vmm_stats_json(buf, sizeof buf);
+    assert_null(strstr(buf, "\"pinned_host_bytes\": {\"current\": 0,"));
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+}
+
 static void defined_edges(void **state)
 {
     (void)state;
@@ -667,6 +697,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(pause_gives_back_one_tag, setup, teardown),
         cmocka_unit_test_setup_teardown(backup_keeps_contents, setup, teardown),
         cmocka_unit_test_setup_teardown(first_pause_never_pins, setup, teardown),
+        cmocka_unit_test_setup_teardown(pin_refused_at_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(defined_edges, setup, teardown),
         cmocka_unit_test_setup_teardown(free_while_paused, setup, teardown),
         cmocka_unit_test_setup_teardown(resume_out_of_memory, setup, teardown),
