@@ -101,9 +101,92 @@ static void *pageable_map(size_t len)
     return host;
 }
 
+/* Fresh host memory is zeroed by the kernel when first touched, which the copy into it would pay
+ * on top of copying. So a pause with a backup maps the pageable memory it will need at once, and
+ * a helper thread populates it (MADV_POPULATE_WRITE, piece by piece, from its end backwards)
+ * while the copies fill it from its start: each page is zeroed by whichever thread reaches it
+ * first, so the copies find more and more of their memory ready. Only the pausing thread (under
+ * pause_lock) hands out slices; the helper reads base and len only, and is joined before the
+ * pause returns or gives back any backup. */
+typedef struct prefill {
+    char *base;
+    size_t len;  /* a multiple of the page size */
+    size_t used; /* handed out from the start, each slice page-rounded */
+    pthread_t helper;
+    bool helper_running;
+} prefill_t;
+
+#define PREFILL_PIECE ((size_t)64 << 20)
+
+static prefill_t prefill;
+static atomic_bool prefill_stop;
+static size_t prefill_taken; /* bytes handed out since the last reset (tests) */
+
+static void *prefill_run(void *arg)
+{
+    const prefill_t *f = arg;
+    size_t end = f->len;
+    while (end > 0 && !atomic_load(&prefill_stop)) {
+        size_t n = end < PREFILL_PIECE ? end : PREFILL_PIECE;
+        end -= n;
+        /* EINVAL: a kernel without it (before 5.14): the copies fault the pages in. Other
+         * failures (no memory now) only leave the rest to the copies as well. */
+        if (madvise(f->base + end, n, MADV_POPULATE_WRITE) != 0)
+            break;
+    }
+    return NULL;
+}
+
+/* Before a pause's copies: len bytes expected to need fresh pageable memory. */
+static void prefill_begin(size_t len)
+{
+    prefill = (prefill_t){0};
+    if (len == 0 || !(prefill.base = pageable_map(page_round(len))))
+        return;
+    prefill.len = page_round(len);
+    atomic_store(&prefill_stop, false);
+    prefill.helper_running = pthread_create(&prefill.helper, NULL, prefill_run, &prefill) == 0;
+}
+
+/* A slice of the prefilled memory for a backup of size bytes; NULL when it has no room left. */
+static void *prefill_take(size_t size)
+{
+    size_t len = page_round(size);
+    if (!prefill.base || prefill.len - prefill.used < len)
+        return NULL;
+    void *host = prefill.base + prefill.used;
+    prefill.used += len;
+    prefill_taken += len;
+    return host;
+}
+
+/* After the copies: stops and joins the helper, and gives back what no backup took. Each slice
+ * taken is a mapping of its own from now on (backup_put unmaps exactly its pages). */
+static void prefill_end(void)
+{
+    atomic_store(&prefill_stop, true);
+    if (prefill.helper_running)
+        pthread_join(prefill.helper, NULL);
+    if (prefill.base && prefill.used < prefill.len)
+        munmap(prefill.base + prefill.used, prefill.len - prefill.used);
+    prefill = (prefill_t){0};
+}
+
+/* Bytes of kept pinned buffers free for the next backups. */
+static size_t pinned_free_bytes(void)
+{
+    size_t bytes = 0;
+    pthread_mutex_lock(&pinned_lock);
+    for (pinned_t *k = pinned_list; k; k = k->next)
+        if (!k->in_use)
+            bytes += k->size;
+    pthread_mutex_unlock(&pinned_lock);
+    return bytes;
+}
+
 /* Host memory for a backup of size bytes: a kept pinned buffer that is free and fits (the
- * smallest), else fresh pageable memory. Never pins (see above). NULL when the system has no
- * memory. */
+ * smallest), else a slice of the pause's prefilled memory, else fresh pageable memory. Never
+ * pins (see above). NULL when the system has no memory. */
 static void *backup_get(size_t size)
 {
     pthread_mutex_lock(&pinned_lock);
@@ -114,7 +197,10 @@ static void *backup_get(size_t size)
     if (best)
         best->in_use = true;
     pthread_mutex_unlock(&pinned_lock);
-    return best ? best->host : pageable_map(page_round(size));
+    if (best)
+        return best->host;
+    void *host = prefill_take(size);
+    return host ? host : pageable_map(page_round(size));
 }
 
 static pinned_t *pinned_find(const void *host)
@@ -291,6 +377,8 @@ static CUresult resume_records(unsigned tag)
     }
 }
 
+static void tag_memory(unsigned tag, vmh_tag_memory_t *out);
+
 /* *stays_paused: the pause failed and so did resuming what it had paused. */
 static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
 {
@@ -306,8 +394,18 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
     }
     if (rc == CUDA_SUCCESS) {
         vmh_heap_trim(); /* idle memory: cached buffers, empty packing extents */
+        if (backup) {
+            /* What the backups will need beyond the kept pinned memory (an estimate: a
+             * record that stays mapped takes nothing; the rest is given back at the end). */
+            vmh_tag_memory_t m;
+            tag_memory(tag, &m);
+            size_t need = m.mapped - m.kept, pinned = pinned_free_bytes();
+            prefill_begin(need > pinned ? need - pinned : 0);
+        }
         job_t j = {.backup = backup};
         rc = visit_tag(tag, visit_pause, &j, true);
+        if (backup)
+            prefill_end();
     }
     if (rc != CUDA_SUCCESS && resume_records(tag) != CUDA_SUCCESS) {
         /* Back to running failed too (out of memory after a failed copy): the tag stays
@@ -454,8 +552,14 @@ vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc)
 }
 
 #ifdef VMH_TESTING
+size_t vmh_pause_prefilled_bytes(void)
+{
+    return prefill_taken;
+}
+
 void vmh_pause_reset(void)
 {
+    prefill_taken = 0;
     pthread_mutex_lock(&pinned_lock);
     while (pinned_list) {
         pinned_t *k = pinned_list;

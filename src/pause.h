@@ -19,8 +19,10 @@ vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc);
 vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc);
 
 #ifdef VMH_TESTING
-/* Tests: gives back the host memory kept for backups. */
+/* Tests: gives back the host memory kept for backups (and zeroes the count below). */
 void vmh_pause_reset(void);
+/* Tests: bytes of backups placed in a pause's prefilled memory since the reset. */
+size_t vmh_pause_prefilled_bytes(void);
 #endif
 
 #endif

@@ -216,6 +216,8 @@ static void first_pause_never_pins(void **state)
         assert_int_equal(traced(names, n, "cuMemHostRegister").n, 0);
         assert_int_equal(traced(names, n, "cuMemHostAlloc").n, 0);
         assert_int_equal(memory_of("w").backed_up, memory_of("w").paused);
+        /* Nothing pinned yet: every backup went to the pause's prefilled memory. */
+        assert_int_equal(vmh_pause_prefilled_bytes(), (limit + 1) * memory_of("w").paused);
 
         sim_trace_begin();
         assert_int_equal(vmm_resume("w"), VMM_OK);
@@ -229,9 +231,11 @@ static void first_pause_never_pins(void **state)
             assert_true(reg.first < up.first);
         assert_true(tu_check(big, 5 * MiB, 21) && tu_check(small, 3000, 22));
     }
-    /* Kept pinned now: the next pause copies into it, pinning nothing. */
+    /* Kept pinned now: the next pause copies into it, pinning nothing (and prefilling nothing). */
+    size_t prefilled = vmh_pause_prefilled_bytes();
     sim_trace_begin();
     assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmh_pause_prefilled_bytes(), prefilled);
     size_t n = sim_trace_get(names, 4096);
     assert_int_equal(traced(names, n, "cuMemcpyDtoH").n, 2);
     assert_int_equal(traced(names, n, "cuMemHostRegister").n, 0);
