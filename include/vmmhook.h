@@ -98,8 +98,8 @@ vmm_status vmm_tag_push(const char *name);
 /* Returns to the tag below. VMM_ERR_INVALID when the thread's stack is empty. */
 vmm_status vmm_tag_pop(void);
 
-/* vmm_pause flag: copy each buffer's contents to pinned host memory first; vmm_resume writes
- * them back. Without it the contents are lost (resume gives fresh, uninitialised memory). */
+/* vmm_pause flag: copy each buffer's contents to host memory first (pinned when
+ * VMMHOOK_PIN_LIMIT keeps some; docs/SLEEP.md); vmm_resume writes them back. Without it the contents are lost (resume gives fresh, uninitialised memory). */
 #define VMM_PAUSE_BACKUP 1u
 
 /* Gives the physical memory of every buffer of `tag` (NULL: of every tag) back to the driver
@@ -111,7 +111,8 @@ vmm_status vmm_tag_pop(void);
  * exported to another process stay mapped (docs/SLEEP.md).
  * VMM_ERR_PAUSED: the named tag is paused already (nothing done; with NULL, paused tags are
  * skipped); VMM_ERR_UNKNOWN_TAG; VMM_ERR_INVALID: unknown flags; VMM_ERR_NO_MEMORY: no host
- * memory for a backup; VMM_ERR_DRIVER: a copy or the wait failed; VMM_ERR_CAPTURING: a stream
+ * memory for a backup; VMM_ERR_DRIVER: a copy or the wait failed (vmm_last_driver_error() tells
+ * the driver's code); VMM_ERR_CAPTURING: a stream
  * capture is in progress (nothing done). After a failure the tag is
  * running again with its contents (if even that fails, it stays paused: resume it). */
 vmm_status vmm_pause(const char *tag, unsigned flags);
@@ -120,7 +121,8 @@ vmm_status vmm_pause(const char *tag, unsigned flags);
  * paused tag), restores access for every device that had it (and for peers granted since),
  * and restores the contents of a VMM_PAUSE_BACKUP pause. VMM_ERR_NO_MEMORY: the device has no
  * room: nothing of the tag is left mapped, the tag stays paused with its backup, and the call
- * may be retried once memory is free. VMM_ERR_CAPTURING as for vmm_pause.
+ * may be retried once memory is free. VMM_ERR_DRIVER (vmm_last_driver_error() tells) and
+ * VMM_ERR_CAPTURING as for vmm_pause.
  * VMM_ERR_NOT_PAUSED: the named tag is not paused
  * (nothing done; with NULL, running tags are skipped); VMM_ERR_UNKNOWN_TAG. */
 vmm_status vmm_resume(const char *tag);

@@ -8,6 +8,7 @@
 #include "lifetime.h"
 #include "log.h"
 #include "options.h"
+#include "pause.h"
 #include "stats.h"
 
 #include <stdint.h>
@@ -112,6 +113,33 @@ VMM_API const char *vmm_status_string(vmm_status status)
         [VMM_ERR_CAPTURING] = "a CUDA stream capture is in progress",
     };
     return (unsigned)status < VMM_STATUS_COUNT ? text[status] : "unknown status";
+}
+
+/* vmm_pause / vmm_resume: pause.c does the work; the driver's code of a VMM_ERR_DRIVER is kept
+ * here with the others'. */
+static vmm_status tags_status(vmm_status st, CUresult driver_rc)
+{
+    if (st == VMM_ERR_DRIVER)
+        last_driver_error = (int)driver_rc;
+    return st;
+}
+
+VMM_API vmm_status vmm_pause(const char *tag, unsigned flags)
+{
+    if (!vmh_lifetime_ready())
+        return VMM_ERR_NO_DRIVER;
+    CUresult driver_rc = CUDA_ERROR_UNKNOWN;
+    vmm_status st = vmh_pause_tags(tag, flags, &driver_rc);
+    return tags_status(st, driver_rc);
+}
+
+VMM_API vmm_status vmm_resume(const char *tag)
+{
+    if (!vmh_lifetime_ready())
+        return VMM_ERR_NO_DRIVER;
+    CUresult driver_rc = CUDA_ERROR_UNKNOWN;
+    vmm_status st = vmh_resume_tags(tag, &driver_rc);
+    return tags_status(st, driver_rc);
 }
 
 VMM_API int vmm_last_driver_error(void)

@@ -441,12 +441,19 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)
     return rc;
 }
 
+/* Whether an extent (its owner record, read under its shard's lock) has memory mapped: a paused
+ * one (pause.c) has given its memory back already. */
+static bool ext_holds_memory(const void *owner)
+{
+    return ((const vmh_ext_t *)owner)->range != NULL;
+}
+
 size_t vmh_packing_idle_bytes(vmh_packing_t *pk)
 {
     size_t idle = 0;
     for (int i = 0; i < VMH_SHARDS; i++) {
         pthread_mutex_lock(&pk->shards[i].lock);
-        idle += vmh_arena_unused_extent_bytes(pk->shards[i].arena);
+        idle += vmh_arena_unused_extent_bytes(pk->shards[i].arena, ext_holds_memory);
         pthread_mutex_unlock(&pk->shards[i].lock);
     }
     return idle;

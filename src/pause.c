@@ -27,7 +27,6 @@
 #include "contexts.h"
 #include "driver.h"
 #include "heap.h"
-#include "lifetime.h"
 #include "log.h"
 #include "packing.h"
 #include "reclaim.h"
@@ -42,17 +41,20 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define VMM_API __attribute__((visibility("default")))
-
 static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t pin_limit; /* VMMHOOK_PIN_LIMIT */
 
 /* ---- host memory for backups ---------------------------------------------------------------- *
- * Copies between the device and pinned host memory run several times faster than with pageable
- * memory, but pinning costs about what one pageable copy costs (driver-facts.md section 6), so
- * pinning pays only when the memory is used again. Backups therefore go to plain host memory,
- * except that up to VMMHOOK_PIN_LIMIT bytes are pinned (cuMemHostRegister) when first used and
- * kept for the process, serving every later backup that fits. */
+ * Rates measured on an H200 (issue 15, driver-facts.md section 6): pinned copies ~51 GiB/s each
+ * way; pinning fresh memory (cudaHostAlloc, or registering memory nothing has touched: every page
+ * is faulted in by the pinning) ~2.4 GiB/s; registering memory already touched ~16 GiB/s; copies
+ * with pageable memory 9-12 GiB/s down, 6.5 GiB/s up. So pinning before the first copy makes the
+ * first pause run at the pinning rate. Instead a pause never pins: a backup goes into pinned
+ * memory kept from an earlier resume when one fits, else into fresh pageable memory, copied in one
+ * piece per record (the driver stages it). The resume registers that backup, now touched, before
+ * copying it back (16 GiB/s, then 51: faster than the 6.5 of a pageable copy up) when
+ * VMMHOOK_PIN_LIMIT has room, and keeps it pinned for the process: the next pause of the tag
+ * finds it and copies at the pinned rate. docs/SLEEP.md's design notes give the predicted rates. */
 
 typedef struct pinned {
     void *host;
@@ -63,7 +65,9 @@ typedef struct pinned {
 
 static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
 static pinned_t *pinned_list;
-static size_t pinned_bytes;
+static size_t pinned_bytes; /* kept pinned, plus room claimed by a registration under way */
+
+#define HUGE_PAGE ((size_t)2 << 20)
 
 static size_t page_round(size_t n)
 {
@@ -71,8 +75,118 @@ static size_t page_round(size_t n)
     return (n + page - 1) / page * page;
 }
 
-/* Host memory for size bytes; the calling thread has the device's context current (pinning
- * needs one). NULL when the system has none. */
+/* Fresh pageable memory of len bytes (a multiple of the page size), starting on a huge-page
+ * boundary when it is at least one huge page long, with huge pages advised: the copy faults it
+ * in, and huge pages make that 512 times fewer faults (advice only; the kernel may ignore it).
+ * Exactly [result, result + len) is mapped. NULL when the system has none. */
+static void *pageable_map(size_t len)
+{
+    size_t extra = len >= HUGE_PAGE ? HUGE_PAGE : 0;
+    if (len > SIZE_MAX - extra)
+        return NULL;
+    char *raw = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                     0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *host = raw;
+    if (extra) {
+        host = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        if (host > raw)
+            munmap(raw, (size_t)(host - raw));
+        size_t tail = (size_t)(raw + extra - host);
+        if (tail)
+            munmap(host + len, tail);
+    }
+    madvise(host, len, MADV_HUGEPAGE);
+    return host;
+}
+
+/* Fresh host memory is zeroed by the kernel when first touched, which the copy into it would pay
+ * on top of copying. So a pause with a backup maps the pageable memory it will need at once, and
+ * a helper thread populates it (MADV_POPULATE_WRITE, piece by piece, from its end backwards)
+ * while the copies fill it from its start: each page is zeroed by whichever thread reaches it
+ * first, so the copies find more and more of their memory ready. Only the pausing thread (under
+ * pause_lock) hands out slices; the helper reads base and len only, and is joined before the
+ * pause returns or gives back any backup. */
+typedef struct prefill {
+    char *base;
+    size_t len;  /* a multiple of the page size */
+    size_t used; /* handed out from the start, each slice page-rounded */
+    pthread_t helper;
+    bool helper_running;
+} prefill_t;
+
+#define PREFILL_PIECE ((size_t)64 << 20)
+
+static prefill_t prefill;
+static atomic_bool prefill_stop;
+static size_t prefill_taken; /* bytes handed out since the last reset (tests) */
+
+static void *prefill_run(void *arg)
+{
+    const prefill_t *f = arg;
+    size_t end = f->len;
+    while (end > 0 && !atomic_load(&prefill_stop)) {
+        size_t n = end < PREFILL_PIECE ? end : PREFILL_PIECE;
+        end -= n;
+        /* EINVAL: a kernel without it (before 5.14): the copies fault the pages in. Other
+         * failures (no memory now) only leave the rest to the copies as well. */
+        if (madvise(f->base + end, n, MADV_POPULATE_WRITE) != 0)
+            break;
+    }
+    return NULL;
+}
+
+/* Before a pause's copies: len bytes expected to need fresh pageable memory. */
+static void prefill_begin(size_t len)
+{
+    prefill = (prefill_t){0};
+    if (len == 0 || !(prefill.base = pageable_map(page_round(len))))
+        return;
+    prefill.len = page_round(len);
+    atomic_store(&prefill_stop, false);
+    prefill.helper_running = pthread_create(&prefill.helper, NULL, prefill_run, &prefill) == 0;
+}
+
+/* A slice of the prefilled memory for a backup of size bytes; NULL when it has no room left. */
+static void *prefill_take(size_t size)
+{
+    size_t len = page_round(size);
+    if (!prefill.base || prefill.len - prefill.used < len)
+        return NULL;
+    void *host = prefill.base + prefill.used;
+    prefill.used += len;
+    prefill_taken += len;
+    return host;
+}
+
+/* After the copies: stops and joins the helper, and gives back what no backup took. Each slice
+ * taken is a mapping of its own from now on (backup_put unmaps exactly its pages). */
+static void prefill_end(void)
+{
+    atomic_store(&prefill_stop, true);
+    if (prefill.helper_running)
+        pthread_join(prefill.helper, NULL);
+    if (prefill.base && prefill.used < prefill.len)
+        munmap(prefill.base + prefill.used, prefill.len - prefill.used);
+    prefill = (prefill_t){0};
+}
+
+/* Bytes of kept pinned buffers free for the next backups. */
+static size_t pinned_free_bytes(void)
+{
+    size_t bytes = 0;
+    pthread_mutex_lock(&pinned_lock);
+    for (pinned_t *k = pinned_list; k; k = k->next)
+        if (!k->in_use)
+            bytes += k->size;
+    pthread_mutex_unlock(&pinned_lock);
+    return bytes;
+}
+
+/* Host memory for a backup of size bytes: a kept pinned buffer that is free and fits (the
+ * smallest), else a slice of the pause's prefilled memory, else fresh pageable memory. Never
+ * pins (see above). NULL when the system has no memory. */
 static void *backup_get(size_t size)
 {
     pthread_mutex_lock(&pinned_lock);
@@ -82,23 +196,37 @@ static void *backup_get(size_t size)
             best = k;
     if (best)
         best->in_use = true;
-    /* Room to pin a new one: claimed now, given back below if pinning fails. */
-    bool pin = !best && pinned_bytes + page_round(size) <= pin_limit;
-    if (pin)
-        pinned_bytes += page_round(size);
     pthread_mutex_unlock(&pinned_lock);
     if (best)
         return best->host;
+    void *host = prefill_take(size);
+    return host ? host : pageable_map(page_round(size));
+}
 
+static pinned_t *pinned_find(const void *host)
+{
+    pinned_t *k = pinned_list;
+    while (k && k->host != host)
+        k = k->next;
+    return k;
+}
+
+/* Before a resume copies a backup back: pins it (it was touched by the pause's copy, so this is
+ * the fast registration) when it is not pinned yet and VMMHOOK_PIN_LIMIT has room, and keeps it
+ * for later backups. The calling thread has a context current (registration needs one). A
+ * failure only means the copy runs from pageable memory. */
+static void backup_pin_for_resume(void *host, size_t size)
+{
     size_t len = page_round(size);
-    void *host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (host == MAP_FAILED)
-        host = NULL;
-    else
-        /* Fresh memory is faulted in by the copy or the pinning, page by page: huge pages
-         * make that fewer faults (advice only; not measured here). */
-        madvise(host, len, MADV_HUGEPAGE);
-    pinned_t *k = pin && host ? malloc(sizeof *k) : NULL;
+    pthread_mutex_lock(&pinned_lock);
+    /* Room claimed now, given back below if registering fails. */
+    bool pin = !pinned_find(host) && len <= pin_limit && pinned_bytes <= pin_limit - len;
+    if (pin)
+        pinned_bytes += len;
+    pthread_mutex_unlock(&pinned_lock);
+    if (!pin)
+        return;
+    pinned_t *k = malloc(sizeof *k);
     /* PORTABLE: pinned for every context, as a kept buffer may serve another device later. */
     if (k && vmh_drv.cuMemHostRegister(host, len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
         *k = (pinned_t){host, len, true, NULL};
@@ -107,15 +235,12 @@ static void *backup_get(size_t size)
         pinned_list = k;
         pthread_mutex_unlock(&pinned_lock);
         vmh_tags_pinned_add((int64_t)len);
-        return host;
+        return;
     }
     free(k);
-    if (pin) {
-        pthread_mutex_lock(&pinned_lock);
-        pinned_bytes -= len;
-        pthread_mutex_unlock(&pinned_lock);
-    }
-    return host; /* pageable (or NULL) */
+    pthread_mutex_lock(&pinned_lock);
+    pinned_bytes -= len;
+    pthread_mutex_unlock(&pinned_lock);
 }
 
 /* Gives back a backup (vmh_host_release_fn): a pinned one stays pinned for the next backup,
@@ -123,9 +248,7 @@ static void *backup_get(size_t size)
 static void backup_put(void *host, size_t size)
 {
     pthread_mutex_lock(&pinned_lock);
-    pinned_t *k = pinned_list;
-    while (k && k->host != host)
-        k = k->next;
+    pinned_t *k = pinned_find(host);
     if (k)
         k->in_use = false;
     pthread_mutex_unlock(&pinned_lock);
@@ -177,6 +300,8 @@ static CUresult visit_prepare(vmh_range_t **range, vmh_paused_t **paused, bool e
     vmh_paused_t *p = *paused;
     if (!p || p->resumed)
         return CUDA_SUCCESS;
+    if (p->host)
+        backup_pin_for_resume(p->host, p->size);
     /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants. */
     return vmh_range_resume(p, &j->dev->prop, NULL, 0, p->host, &p->resumed);
 }
@@ -252,6 +377,8 @@ static CUresult resume_records(unsigned tag)
     }
 }
 
+static void tag_memory(unsigned tag, vmh_tag_memory_t *out);
+
 /* *stays_paused: the pause failed and so did resuming what it had paused. */
 static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
 {
@@ -267,8 +394,18 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
     }
     if (rc == CUDA_SUCCESS) {
         vmh_heap_trim(); /* idle memory: cached buffers, empty packing extents */
+        if (backup) {
+            /* What the backups will need beyond the kept pinned memory (an estimate: a
+             * record that stays mapped takes nothing; the rest is given back at the end). */
+            vmh_tag_memory_t m;
+            tag_memory(tag, &m);
+            size_t need = m.mapped - m.kept, pinned = pinned_free_bytes();
+            prefill_begin(need > pinned ? need - pinned : 0);
+        }
         job_t j = {.backup = backup};
         rc = visit_tag(tag, visit_pause, &j, true);
+        if (backup)
+            prefill_end();
     }
     if (rc != CUDA_SUCCESS && resume_records(tag) != CUDA_SUCCESS) {
         /* Back to running failed too (out of memory after a failed copy): the tag stays
@@ -320,7 +457,9 @@ void vmh_pause_configure(const vmh_options_t *opt)
 
 /* ---- the API --------------------------------------------------------------------------------- */
 
-static vmm_status to_status(CUresult rc)
+/* *driver_rc: the driver's code when the result is VMM_ERR_DRIVER (for vmm_last_driver_error,
+ * which the entry points keep). */
+static vmm_status to_status(CUresult rc, CUresult *driver_rc)
 {
     switch (rc) {
     case CUDA_SUCCESS:
@@ -329,13 +468,14 @@ static vmm_status to_status(CUresult rc)
         return VMM_ERR_NO_MEMORY;
     default:
         vmh_log("pause/resume: CUDA error %d", (int)rc);
+        *driver_rc = rc;
         return VMM_ERR_DRIVER;
     }
 }
 
-typedef vmm_status (*tag_op_t)(unsigned tag, unsigned flags);
+typedef vmm_status (*tag_op_t)(unsigned tag, unsigned flags, CUresult *driver_rc);
 
-static vmm_status pause_one(unsigned tag, unsigned flags)
+static vmm_status pause_one(unsigned tag, unsigned flags, CUresult *driver_rc)
 {
     if (!vmh_tag_transition(tag, VMH_TAG_RUNNING, VMH_TAG_PAUSING))
         return VMM_ERR_PAUSED;
@@ -351,10 +491,10 @@ static vmm_status pause_one(unsigned tag, unsigned flags)
         vmh_tag_transition(tag, VMH_TAG_PAUSING, VMH_TAG_RUNNING);
         vmh_heap_tag_freeze(tag, false);
     }
-    return to_status(rc);
+    return to_status(rc, driver_rc);
 }
 
-static vmm_status resume_one(unsigned tag, unsigned flags)
+static vmm_status resume_one(unsigned tag, unsigned flags, CUresult *driver_rc)
 {
     (void)flags;
     if (!vmh_tag_transition(tag, VMH_TAG_PAUSED, VMH_TAG_RESUMING))
@@ -368,15 +508,14 @@ static vmm_status resume_one(unsigned tag, unsigned flags)
     } else {
         vmh_tag_transition(tag, VMH_TAG_RESUMING, VMH_TAG_PAUSED);
     }
-    return to_status(rc);
+    return to_status(rc, driver_rc);
 }
 
 /* One tag by name, or (name NULL) every tag op applies to: VMM_ERR_PAUSED / NOT_PAUSED from a
  * tag it does not apply to are skipped then; the first other failure stops and is returned. */
-static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_status skip)
+static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_status skip,
+                           CUresult *driver_rc)
 {
-    if (!vmh_lifetime_ready())
-        return VMM_ERR_NO_DRIVER;
     /* The device wait (and the unmapping of memory a capture may be recording) would break
      * a capture in progress: the driver refuses the wait and invalidates the capture. */
     if (vmh_capture_any())
@@ -387,11 +526,11 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
     pthread_mutex_lock(&pause_lock);
     vmm_status st = VMM_OK;
     if (name) {
-        st = op(one, flags);
+        st = op(one, flags, driver_rc);
     } else {
         unsigned n = vmh_tag_count();
         for (unsigned t = 0; t < n && st == VMM_OK; t++) {
-            st = op(t, flags);
+            st = op(t, flags, driver_rc);
             if (st == skip)
                 st = VMM_OK;
         }
@@ -400,21 +539,27 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
     return st;
 }
 
-VMM_API vmm_status vmm_pause(const char *tag, unsigned flags)
+vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc)
 {
     if (flags & ~VMM_PAUSE_BACKUP)
         return VMM_ERR_INVALID;
-    return for_tags(tag, flags, pause_one, VMM_ERR_PAUSED);
+    return for_tags(tag, flags, pause_one, VMM_ERR_PAUSED, driver_rc);
 }
 
-VMM_API vmm_status vmm_resume(const char *tag)
+vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc)
 {
-    return for_tags(tag, 0, resume_one, VMM_ERR_NOT_PAUSED);
+    return for_tags(tag, 0, resume_one, VMM_ERR_NOT_PAUSED, driver_rc);
 }
 
 #ifdef VMH_TESTING
+size_t vmh_pause_prefilled_bytes(void)
+{
+    return prefill_taken;
+}
+
 void vmh_pause_reset(void)
 {
+    prefill_taken = 0;
     pthread_mutex_lock(&pinned_lock);
     while (pinned_list) {
         pinned_t *k = pinned_list;

@@ -4,15 +4,25 @@
 #ifndef VMH_PAUSE_H
 #define VMH_PAUSE_H
 
+#include "driver.h"
 #include "options.h"
+#include "vmmhook.h"
 
 /* VMMHOOK_PIN_LIMIT, and the per-tag memory figures of the statistics (tags.h). Called by the
  * front with the options snapshot. */
 void vmh_pause_configure(const vmh_options_t *opt);
 
+/* vmm_pause / vmm_resume (include/vmmhook.h) under the entry points (api.c), which check first
+ * that the library serves and keep the thread's last driver error: *driver_rc is set to the
+ * driver's code when the result is VMM_ERR_DRIVER, and left alone otherwise. */
+vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc);
+vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc);
+
 #ifdef VMH_TESTING
-/* Tests: gives back the host memory kept for backups. */
+/* Tests: gives back the host memory kept for backups (and zeroes the count below). */
 void vmh_pause_reset(void);
+/* Tests: bytes of backups placed in a pause's prefilled memory since the reset. */
+size_t vmh_pause_prefilled_bytes(void);
 #endif
 
 #endif

@@ -22,6 +22,7 @@ static void sleep_reset(const sim_config_t *cfg)
     tu_reset(cfg);
     assert_true(vmh_lifetime_ready()); /* reads the options once; the test's values come after */
     vmh_opt.pack_below = MiB;
+    vmh_opt.pin_limit = 0; /* a test that keeps pinned memory sets its own */
     vmh_pause_configure(&vmh_opt);
     vmh_tags_reset();
     vmh_pause_reset();
@@ -151,15 +152,16 @@ static void backup_keeps_contents(void **state)
     assert_true(tu_check(big, 5 * MiB, 11));
     assert_true(tu_check(small, 3000, 12));
     assert_int_equal(memory_of("w").backed_up, 0);
-    /* Without VMMHOOK_PIN_LIMIT nothing is pinned; with it, the first backup pins host memory
-     * and later ones reuse it (no more pinning). */
+    /* Without VMMHOOK_PIN_LIMIT nothing is pinned; with it, the first resume pins the backups
+     * (touched by the pause's copy) and later pauses and resumes reuse them (no more pinning). */
     assert_int_equal(sim_calls("cuMemHostRegister"), 0);
     vmh_opt.pin_limit = 64 * MiB;
     vmh_pause_configure(&vmh_opt);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
-        assert_int_equal(sim_calls("cuMemHostRegister"), 2); /* one per record, once */
+        assert_int_equal(sim_calls("cuMemHostRegister"), i == 0 ? 0 : 2);
         assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_int_equal(sim_calls("cuMemHostRegister"), 2); /* one per record, once */
         assert_true(tu_check(big, 5 * MiB, 11) && tu_check(small, 3000, 12));
     }
     char buf[8192];
@@ -167,6 +169,113 @@ static void backup_keeps_contents(void **state)
     assert_null(strstr(buf, "\"pinned_host_bytes\": {\"current\": 0,"));
     assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+}
+
+/* Trace positions of the first and last calls whose names start with prefix (the _v2 forms
+ * count), and how many; first = SIZE_MAX when none. */
+typedef struct trace_calls {
+    size_t first, last, n;
+} trace_calls_t;
+
+static trace_calls_t traced(const char **names, size_t n, const char *prefix)
+{
+    trace_calls_t t = {SIZE_MAX, 0, 0};
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(names[i], prefix, strlen(prefix)) == 0 &&
+            (names[i][strlen(prefix)] == '\0' || names[i][strlen(prefix)] == '_')) {
+            if (t.first == SIZE_MAX)
+                t.first = i;
+            t.last = i;
+            t.n++;
+        }
+    return t;
+}
+
+/* Pinning host memory nothing has touched runs at a fraction of the copy rate (SLEEP.md's design
+ * notes), so a pause never pins: with no pinned memory kept (VMMHOOK_PIN_LIMIT 0, or room but
+ * nothing kept yet) the pause's copies go to pageable memory with no cuMemHostRegister or
+ * cuMemHostAlloc at all. With room, the resume registers each backup before copying it back, and
+ * the next pause copies into that pinned memory without pinning again. */
+static void first_pause_never_pins(void **state)
+{
+    (void)state;
+    static const char *names[4096];
+    CUdeviceptr big = alloc_in("w", 5 * MiB), small = alloc_in("w", 3000);
+    tu_fill(big, 5 * MiB, 21);
+    tu_fill(small, 3000, 22);
+    for (int limit = 0; limit < 2; limit++) {
+        vmh_opt.pin_limit = limit ? 64 * MiB : 0;
+        vmh_pause_configure(&vmh_opt);
+        sim_reset_counters();
+        sim_trace_begin();
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        size_t n = sim_trace_get(names, 4096);
+        assert_true(n < 4096);
+        trace_calls_t down = traced(names, n, "cuMemcpyDtoH");
+        assert_int_equal(down.n, 2); /* one copy per record, whole */
+        assert_int_equal(traced(names, n, "cuMemHostRegister").n, 0);
+        assert_int_equal(traced(names, n, "cuMemHostAlloc").n, 0);
+        assert_int_equal(memory_of("w").backed_up, memory_of("w").paused);
+        /* Nothing pinned yet: every backup went to the pause's prefilled memory. */
+        assert_int_equal(vmh_pause_prefilled_bytes(), (limit + 1) * memory_of("w").paused);
+
+        sim_trace_begin();
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        n = sim_trace_get(names, 4096);
+        trace_calls_t reg = traced(names, n, "cuMemHostRegister");
+        trace_calls_t up = traced(names, n, "cuMemcpyHtoD");
+        assert_int_equal(up.n, 2);
+        assert_int_equal(reg.n, limit ? 2 : 0);
+        assert_int_equal(traced(names, n, "cuMemHostAlloc").n, 0);
+        if (limit) /* registered before the copy back that it speeds up */
+            assert_true(reg.first < up.first);
+        assert_true(tu_check(big, 5 * MiB, 21) && tu_check(small, 3000, 22));
+    }
+    /* Kept pinned now: the next pause copies into it, pinning nothing (and prefilling nothing). */
+    size_t prefilled = vmh_pause_prefilled_bytes();
+    sim_trace_begin();
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmh_pause_prefilled_bytes(), prefilled);
+    size_t n = sim_trace_get(names, 4096);
+    assert_int_equal(traced(names, n, "cuMemcpyDtoH").n, 2);
+    assert_int_equal(traced(names, n, "cuMemHostRegister").n, 0);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    n = sim_trace_get(names, 4096);
+    sim_trace_end();
+    assert_int_equal(traced(names, n, "cuMemHostRegister").n, 0);
+    assert_true(tu_check(big, 5 * MiB, 21) && tu_check(small, 3000, 22));
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+}
+
+/* Pinning at resume is an optimisation: when the driver refuses it, the backup is copied back
+ * from pageable memory, the resume succeeds, nothing is counted as pinned, and the room it had
+ * claimed under VMMHOOK_PIN_LIMIT is free again for the next resume. */
+static void pin_refused_at_resume(void **state)
+{
+    (void)state;
+    CUdeviceptr big = alloc_in("w", 5 * MiB);
+    tu_fill(big, 5 * MiB, 31);
+    vmh_opt.pin_limit = 6 * MiB; /* room for this one backup only */
+    vmh_pause_configure(&vmh_opt);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    sim_fail_function("cuMemHostRegister", 1, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_int_equal(sim_faults_fired(), 1);
+    sim_clear_faults();
+    assert_true(tu_check(big, 5 * MiB, 31));
+    char buf[8192];
+    vmm_stats_json(buf, sizeof buf);
+    assert_non_null(strstr(buf, "\"pinned_host_bytes\": {\"current\": 0,"));
+    /* The room came back: the next resume pins. */
+    unsigned long registered = sim_calls("cuMemHostRegister");
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_int_equal(sim_calls("cuMemHostRegister"), registered + 1);
+    assert_true(tu_check(big, 5 * MiB, 31));
+    vmm_stats_json(buf, sizeof buf);
+    assert_null(strstr(buf, "\"pinned_host_bytes\": {\"current\": 0,"));
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
 }
 
 static void defined_edges(void **state)
@@ -245,10 +354,14 @@ static void free_while_paused(void **state)
     assert_false(sim_is_mapped(p));
     assert_true(mapped(keep, 200));
     assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
-    /* An extent emptied while paused is given back by a trim while still paused. */
+    /* An extent emptied while paused is given back by a trim while still paused. Until then it
+     * is not idle memory: its memory went at the pause, and cuMemGetInfo's free (which adds the
+     * idle bytes) counts it already. */
     CUdeviceptr lone = alloc_in("solo", 100);
     assert_int_equal(vmm_pause("solo", 0), VMM_OK);
+    size_t idle = vmh_heap_idle_bytes(0);
     assert_int_equal(vmh_heap_free(lone, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_idle_bytes(0), idle);
     vmh_heap_trim();
     assert_false(sim_is_reserved(lone));
     assert_int_equal(vmm_resume("solo"), VMM_OK);
@@ -538,7 +651,9 @@ static unsigned sweep_one(bool resume)
         if (resume)
             assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
         sim_reset_counters();
-        sim_fail_call(i, INJECTED);
+        /* Two codes in turn: vmm_last_driver_error must be this call's, not a previous one's. */
+        CUresult injected = i % 2 ? INJECTED : CUDA_ERROR_OPERATING_SYSTEM;
+        sim_fail_call(i, injected);
         vmm_status st = resume ? vmm_resume("kv") : vmm_pause("kv", VMM_PAUSE_BACKUP);
         sim_clear_faults();
         if (st == VMM_OK) {
@@ -547,6 +662,7 @@ static unsigned sweep_one(bool resume)
                     resume ? "resume" : "pause", i, names[i - 1]);
         }
         assert_int_equal(st, VMM_ERR_DRIVER);
+        assert_int_equal(vmm_last_driver_error(), injected);
         if (resume && !tfix_paused(&f))
             fprintf(stderr, "resume: call %lu (%s) failed: the tag is not left paused\n", i,
                     names[i - 1]);
@@ -584,6 +700,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(pause_gives_back_one_tag, setup, teardown),
         cmocka_unit_test_setup_teardown(backup_keeps_contents, setup, teardown),
+        cmocka_unit_test_setup_teardown(first_pause_never_pins, setup, teardown),
+        cmocka_unit_test_setup_teardown(pin_refused_at_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(defined_edges, setup, teardown),
         cmocka_unit_test_setup_teardown(free_while_paused, setup, teardown),
         cmocka_unit_test_setup_teardown(resume_out_of_memory, setup, teardown),
