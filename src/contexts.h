@@ -35,7 +35,7 @@ void vmh_ctx_forget(CUcontext ctx);
 void vmh_ctx_current_changed(void);
 
 /* A capture began on `stream` in `mode` on the calling thread (cuStreamBeginCapture*), or
- * ended (cuStreamEndCapture, whatever its result). */
+ * ended (cuStreamEndCapture, whatever its result, or cuStreamDestroy of the stream). */
 void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode);
 void vmh_capture_ended(CUstream stream);
 
