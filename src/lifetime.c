@@ -8,6 +8,7 @@
 #include "heap.h"
 #include "pause.h"
 #include "stats.h"
+#include "tags.h"
 #include "testable.h"
 
 #include <pthread.h>
@@ -35,6 +36,7 @@ static void start(void)
     snapshot = vmh_options_load();
     /* the trace clock starts here, and the trace file exists from now */
     vmh_stats_configure(snapshot);
+    vmh_stats_set_tag_report(vmh_tags_report_table, vmh_tags_json);
     vmh_heap_configure(snapshot);
     vmh_pause_configure(snapshot);
     pthread_atfork(NULL, NULL, vmh_lifetime_fork_child);

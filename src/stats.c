@@ -9,7 +9,6 @@
  * formatted on the stack and written with one write(2) each, and errno is preserved for the
  * interposed callers. */
 #include "stats.h"
-#include "tags.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -313,6 +312,15 @@ static int trace_get(void)
     return st == TRACE_OPEN ? trace_fd : -1;
 }
 
+static _Atomic(vmh_stats_table_fn) tag_table;
+static _Atomic(vmh_stats_json_fn) tag_json;
+
+void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json)
+{
+    atomic_store(&tag_table, table);
+    atomic_store(&tag_json, json);
+}
+
 void vmh_stats_configure(const vmh_options_t *o)
 {
     cfg.stats = o->stats;
@@ -537,7 +545,9 @@ static void report_table(void)
                 (unsigned long long)atomic_load(&leak_count),
                 vmh_fmt_bytes(b, sizeof(b), atomic_load(&leak_bytes)));
     }
-    vmh_tags_report_table();
+    vmh_stats_table_fn table = atomic_load(&tag_table);
+    if (table)
+        table();
 }
 
 /* A bounded string builder on the caller's stack. */
@@ -578,7 +588,9 @@ static void report_json(void)
                   (long long)vmh_gauge_peak((vmh_gauge_t)i), i + 1 < VMH_GAUGE_COUNT ? "," : "");
     sb_printf(&b, "  },\n  \"tags\": ");
     if (!b.overflow) {
-        size_t need = vmh_tags_json(b.p + b.len, b.cap - b.len, 4);
+        vmh_stats_json_fn json = atomic_load(&tag_json);
+        size_t need = json ? json(b.p + b.len, b.cap - b.len, 4)
+                           : (size_t)snprintf(b.p + b.len, b.cap - b.len, "{}");
         b.overflow = need >= b.cap - b.len;
         b.len += b.overflow ? 0 : need;
     }

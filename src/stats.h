@@ -83,6 +83,15 @@ void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream
  * is off; a JSON file that cannot be opened at exit gets one line. */
 void vmh_stats_configure(const vmh_options_t *o);
 
+/* The per-tag section of the report, written by a layer above this one (tags.c): a function
+ * that logs its lines of the exit table, and one that writes its JSON value into buf (at most
+ * len bytes, indented by indent) and returns the length it needed, like snprintf. Set by the
+ * front at start (lifetime.c); without it the table has no tag lines and the JSON says
+ * "tags": {}. Stats calls up only through these, so no arrow of the layer diagram points up. */
+typedef void (*vmh_stats_table_fn)(void);
+typedef size_t (*vmh_stats_json_fn)(char *buf, size_t len, int indent);
+void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json);
+
 /* Called at exit: the stats table / JSON when asked. Once per process (later calls do
  * nothing); call it after the leak report so that the JSON includes the leak totals. */
 void vmh_stats_report(void);
