@@ -2,7 +2,8 @@
  * Below every other module but log and options; configured by the front with
  * vmh_stats_configure, never by reading the options' global.
  *
- * Counters are relaxed atomics, cheap enough for the fast path. Gauges keep a peak. */
+ * Counters are relaxed atomics sharded by thread (no shared line on the fast path), summed by
+ * vmh_counter_get. Gauges keep a peak. */
 #ifndef VMH_STATS_H
 #define VMH_STATS_H
 
