@@ -52,7 +52,7 @@ typedef struct gauge_slot {
 
 static counter_shard_t counter_shards[VMH_STAT_SHARDS];
 static atomic_uint next_shard;
-/* The calling thread's shard plus one; 0: none given yet. */
+/* The calling thread's number (vmh_thread_shard) plus one; 0: none given yet. */
 static __thread unsigned tl_shard __attribute__((tls_model("initial-exec")));
 static gauge_slot_t gauges[VMH_GAUGE_COUNT];
 
@@ -65,14 +65,22 @@ static const char *const gauge_help[] = {VMH_GAUGES(VMH_HELP_ITEM)};
 #undef VMH_NAME_ITEM
 #undef VMH_HELP_ITEM
 
-static counter_shard_t *my_shard(void)
+unsigned vmh_thread_shard(void)
 {
     unsigned s = tl_shard;
     if (__builtin_expect(s == 0, 0)) {
-        s = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) % VMH_STAT_SHARDS + 1;
+        /* Never 0 again: the count wraps only after 2^32 threads, skipping 0. */
+        do
+            s = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) + 1;
+        while (s == 0);
         tl_shard = s;
     }
-    return &counter_shards[s - 1];
+    return s - 1;
+}
+
+static counter_shard_t *my_shard(void)
+{
+    return &counter_shards[vmh_thread_shard() % VMH_STAT_SHARDS];
 }
 
 void vmh_count(vmh_counter_t c, uint64_t n)
