@@ -37,6 +37,7 @@ typedef struct ctx_rec {
     int device;
     unsigned waits;  /* vmh_ctx_sync_device calls between their push and their pop */
     bool forgetting; /* vmh_ctx_forget waits for `waits` to reach 0: start no new wait */
+    bool dead;       /* the driver said it no longer exists: the last wait forgets it */
 } ctx_rec_t;
 
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -73,6 +74,15 @@ static ctx_rec_t *ctx_find_locked(CUcontext ctx)
     return NULL;
 }
 
+/* Drops a record (no wait in progress on it) and makes every thread ask the driver for its
+ * current context again (it may be the one gone, or a new context may now have its address). */
+static void ctx_remove_locked(ctx_rec_t *r)
+{
+    assert(r->waits == 0);
+    *r = ctx_recs[--ctx_count];
+    atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
+}
+
 void vmh_ctx_seen(CUcontext ctx, int device)
 {
     if (ctx == NULL || device < 0)
@@ -81,6 +91,7 @@ void vmh_ctx_seen(CUcontext ctx, int device)
     ctx_rec_t *r = ctx_find_locked(ctx);
     if (r != NULL) {
         r->device = device; /* the same address, a context made again after a destroy */
+        r->dead = false;
     } else {
         if (ctx_count == ctx_capacity) {
             size_t cap = ctx_capacity ? 2 * ctx_capacity : 8;
@@ -112,9 +123,10 @@ void vmh_ctx_forget(CUcontext ctx)
             r = ctx_find_locked(ctx); /* the array may have moved or shrunk meanwhile */
             assert(r != NULL && r->forgetting);
         }
-        *r = ctx_recs[--ctx_count];
+        ctx_remove_locked(r);
+    } else {
+        atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
     }
-    atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
     pthread_mutex_unlock(&ctx_lock);
 }
 
@@ -289,6 +301,15 @@ bool vmh_capture_forbids_unsafe(void)
  * Waiting for a device.
  */
 
+/* What the driver answers for a context it no longer has: CUDA_ERROR_INVALID_CONTEXT when the
+ * destroyed handle is passed in (cuCtxPushCurrent), CUDA_ERROR_CONTEXT_IS_DESTROYED when it is
+ * still current on the calling thread (cuCtxSynchronize; cuCtxDestroy leaves it current on the
+ * threads other than the destroying one). */
+static bool ctx_destroyed_answer(CUresult rc)
+{
+    return rc == CUDA_ERROR_INVALID_CONTEXT || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
+
 /* Synchronizes one context from the calling thread, whose current context is `current`. */
 static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
 {
@@ -353,13 +374,16 @@ CUresult vmh_ctx_sync_device(int device)
     pthread_mutex_unlock(&ctx_lock);
 
     CUresult first_error = CUDA_SUCCESS;
+    size_t gone = 0; /* the first `gone` entries of list: contexts the driver no longer knows */
     for (size_t i = 0; i < n; i++) {
         rc = ctx_sync_one(list[i], current);
-        /* A context the driver no longer knows (a primary context released to zero by a
-         * thread that bypassed the interposer) has no work left to wait for. */
-        if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_CONTEXT_IS_DESTROYED &&
-            first_error == CUDA_SUCCESS)
+        if (ctx_destroyed_answer(rc)) {
+            CUcontext dead = list[i];
+            list[i] = list[gone];
+            list[gone++] = dead;
+        } else if (rc != CUDA_SUCCESS && first_error == CUDA_SUCCESS) {
             first_error = rc;
+        }
     }
 
     lock(&ctx_lock);
@@ -367,6 +391,14 @@ CUresult vmh_ctx_sync_device(int device)
         ctx_rec_t *r = ctx_find_locked(list[i]);
         assert(r != NULL && r->waits > 0); /* forget waits for us */
         r->waits--;
+        /* Destroyed behind the interposer's back (a thread that bypassed it, a library that
+         * resolved the driver itself): no work of it is left to wait for, and keeping it would
+         * fail every later wait of the device, so nothing freed there would be reused again.
+         * The last wait on it forgets it, unless vmh_ctx_forget does (it waits for us). */
+        if (i < gone)
+            r->dead = true;
+        if (r->dead && r->waits == 0 && !r->forgetting)
+            ctx_remove_locked(r);
     }
     pthread_cond_broadcast(&ctx_waits_done);
     pthread_mutex_unlock(&ctx_lock);

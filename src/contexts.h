@@ -35,7 +35,7 @@ void vmh_ctx_forget(CUcontext ctx);
 void vmh_ctx_current_changed(void);
 
 /* A capture began on `stream` in `mode` on the calling thread (cuStreamBeginCapture*), or
- * ended (cuStreamEndCapture, whatever its result). */
+ * ended (cuStreamEndCapture, whatever its result, or cuStreamDestroy of the stream). */
 void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode);
 void vmh_capture_ended(CUstream stream);
 
@@ -66,9 +66,10 @@ bool vmh_capture_any(void);
  * of the process is capturing (vmh_capture_any(), which includes every case where
  * vmh_capture_forbids_unsafe() holds): a context synchronize waits for the context's capturing
  * streams too, which conflicts with a capture whatever its mode. A context destroyed meanwhile is
- * skipped (vmh_ctx_forget waits for a wait in progress on it), and so is one the driver answers
- * CUDA_ERROR_CONTEXT_IS_DESTROYED for; any other error of a synchronize is returned (the first
- * one), after the other contexts were waited for. The calling thread's current context is
+ * skipped (vmh_ctx_forget waits for a wait in progress on it); one destroyed without a report
+ * (the driver answers CUDA_ERROR_INVALID_CONTEXT or CUDA_ERROR_CONTEXT_IS_DESTROYED for it) is
+ * skipped and forgotten, so that it fails no later wait; any other error of a synchronize is
+ * returned (the first one), after the other contexts were waited for. The calling thread's current context is
  * learnt here if no report named it. The caller counts its waits (VMH_STAT_syncs). */
 CUresult vmh_ctx_sync_device(int device);
 

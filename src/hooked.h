@@ -131,7 +131,10 @@ typedef CUresult(CUDAAPI *IP_PFN_cuStreamBeginCapture_v10000)(CUstream hStream);
     X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz, "cuStreamEndCapture", 10000,    \
       INT_MAX, IP_STREAM_PTSZ)                                                                     \
     X(cuThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010,             \
-      "cuThreadExchangeStreamCaptureMode", 10010, INT_MAX, IP_STREAM_NONE)
+      "cuThreadExchangeStreamCaptureMode", 10010, INT_MAX, IP_STREAM_NONE)                          \
+    X(cuStreamDestroy, PFN_cuStreamDestroy_v4000, "cuStreamDestroy", 2000, 4000, IP_STREAM_NONE)    \
+    X(cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000, "cuStreamDestroy", 4000, INT_MAX,              \
+      IP_STREAM_NONE)
 /* clang-format on */
 
 #define IP_ENUM_ITEM(sym, pfn, base, since, until, stream) IP_##sym,

@@ -269,6 +269,31 @@ CUresult vmh_ip_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
     return r;
 }
 
+/* A stream destroyed while it captures (the program never called cuStreamEndCapture, as after
+ * an exception) takes its capture with it: without this report the library would believe a
+ * capture still runs and refuse every wait, so that nothing freed would be reused again. After
+ * the driver's answer: a failed destroy leaves the stream and its capture as they were. */
+static CUresult ip_stream_destroyed(CUresult r, CUstream stream)
+{
+    if (r == CUDA_SUCCESS)
+        vmh_capture_ended(stream);
+    return r;
+}
+
+CUresult vmh_ip_cuStreamDestroy(CUstream hStream)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamDestroy, hStream);
+    return ip_stream_destroyed(r, hStream);
+}
+
+CUresult vmh_ip_cuStreamDestroy_v2(CUstream hStream)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamDestroy_v2, hStream);
+    return ip_stream_destroyed(r, hStream);
+}
+
 /* *mode holds the mode asked for before the call and the previous one after it. */
 CUresult vmh_ip_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {

@@ -8,6 +8,7 @@
 #include "ipc.h"
 #include "ipc_import.h"
 
+#include "contexts.h"
 #include "driver.h"
 #include "handle.h"
 #include "lifetime.h"
@@ -38,6 +39,7 @@ typedef struct import_entry {
     uint64_t socket_token;
     vmh_ipc_token_t export;
     CUcontext ctx;
+    int device; /* ctx's: the close waits for every context of it */
     vmh_range_t *range;
     CUdeviceptr ptr; /* range->base + offset: what the program got */
     size_t size;
@@ -321,6 +323,7 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
                                            .socket_token = h->socket_token,
                                            .export = h->export,
                                            .ctx = ctx,
+                                           .device = (int)dev,
                                            .range = range,
                                            .ptr = ptr,
                                            .size = rep.size,
@@ -335,25 +338,30 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
 
 /* ---- close ---------------------------------------------------------------------------------- */
 
-/* Waits for the work queued in ctx before its mapping goes: the program may have launched
- * kernels on the memory just before closing it (cuMemUnmap does not wait, driver-facts 2a). */
-static void sync_context(CUcontext ctx)
+/* Before a mapping goes, the work queued on it must have completed: the program may have
+ * launched kernels on the memory just before closing it (cuMemUnmap does not wait,
+ * driver-facts 2a), from any context of the device (the mapping is the process's). The wait is
+ * contexts.h's: it waits for every context of the device, skips destroyed ones, and refuses
+ * (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, no driver call) while any stream captures, where a
+ * context synchronize would be refused or invalidate the capture. Any other failure of the
+ * wait (a context in an error state) does not keep the mapping: its work is over either way. */
+static CUresult wait_before_unmap(int device)
 {
-    CUcontext cur = NULL;
-    if (CALL(vmh_drv.cuCtxGetCurrent(&cur)) != CUDA_SUCCESS)
-        cur = NULL;
-    bool pushed = false;
-    if (cur != ctx) {
-        if (CALL(vmh_drv.cuCtxPushCurrent(ctx)) != CUDA_SUCCESS)
-            return; /* the context is gone, and its work with it */
-        pushed = true;
-    }
-    CALL(vmh_drv.cuCtxSynchronize());
+    CUresult rc = vmh_ctx_sync_device(device);
+    if (rc == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        return rc;
     vmh_count(VMH_STAT_syncs, 1);
-    if (pushed) {
-        CUcontext popped;
-        CALL(vmh_drv.cuCtxPopCurrent(&popped));
-    }
+    vmh_count(VMH_STAT_syncs_blocking, 1); /* the program's thread, in its close */
+    return CUDA_SUCCESS;
+}
+
+/* The entry of p, under imp_lock; NULL when p is not an open import. */
+static import_entry_t *import_find_locked(CUdeviceptr p)
+{
+    for (size_t i = 0; i < nimports; i++)
+        if (imports[i].ptr == p)
+            return &imports[i];
+    return NULL;
 }
 
 CUresult vmh_ipc_close(CUdeviceptr p)
@@ -361,26 +369,46 @@ CUresult vmh_ipc_close(CUdeviceptr p)
     if (atomic_load_explicit(&nimports_atomic, memory_order_relaxed) == 0)
         return CUDA_ERROR_NOT_FOUND;
     pthread_mutex_lock(&imp_lock);
-    size_t i = 0;
-    while (i < nimports && imports[i].ptr != p)
-        i++;
-    if (i == nimports) {
+    import_entry_t *e = import_find_locked(p);
+    if (e == NULL) {
         pthread_mutex_unlock(&imp_lock);
         return CUDA_ERROR_NOT_FOUND;
     }
-    import_entry_t e = imports[i];
-    if (--imports[i].refs > 0) {
+    if (e->refs > 1) {
+        e->refs--;
         pthread_mutex_unlock(&imp_lock);
         return CUDA_SUCCESS;
     }
-    imports[i] = imports[--nimports];
+    int device = e->device;
+    pthread_mutex_unlock(&imp_lock);
+    /* The last reference: wait (without the lock) before anything changes, so that a close
+     * refused during a capture leaves the import open, to be closed after the capture. At exit
+     * the driver may be gone: the mapping is forgotten (the process ends with it). */
+    bool ready = vmh_lifetime_ready();
+    if (ready) {
+        CUresult rc = wait_before_unmap(device);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    /* Another thread may have opened it again (one more reference: it stays) or closed it
+     * (a double close, as natively an error) meanwhile. */
+    pthread_mutex_lock(&imp_lock);
+    e = import_find_locked(p);
+    if (e == NULL) {
+        pthread_mutex_unlock(&imp_lock);
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    if (e->refs > 1) {
+        e->refs--;
+        pthread_mutex_unlock(&imp_lock);
+        return CUDA_SUCCESS;
+    }
+    vmh_range_t *range = e->range;
+    *e = imports[--nimports];
     atomic_store(&nimports_atomic, nimports);
     pthread_mutex_unlock(&imp_lock);
-    /* At exit the driver may be gone: forget the mapping (the process ends with it). */
-    if (!vmh_lifetime_ready())
-        return CUDA_SUCCESS;
-    sync_context(e.ctx);
-    vmh_range_destroy(e.range);
+    if (ready)
+        vmh_range_destroy(range);
     return CUDA_SUCCESS;
 }
 

@@ -149,14 +149,21 @@ static const opt_row_t rows[] = {
      "A bad or refused value stops the program (abort) instead of a warning.",
      "See \"When values are read, and bad values\" below."},
     {"VMMHOOK_FREE_SYNC", K_BOOL, FIELD(free_sync), "off", 0, 0, NO_WORDS,
-     "Every free synchronizes the context like cudaFree instead of being deferred.",
-     "Without it frees are deferred and batched: the memory is reused once the GPU has passed "
-     "the free."},
+     "Every free (not cuMemFreeAsync) blocks like cudaFree until the work queued before it has "
+     "finished in every context of the buffer's device, not only the calling thread's.",
+     "Without it a free returns at once, unlike cudaFree, and the memory is reused once the "
+     "background reclaim has seen the GPU pass the free. During a stream capture a free never "
+     "waits (the driver would refuse it and break the capture): it stays parked until the "
+     "capture ends."},
     {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "256M", 0, 0, NO_WORDS,
-     "Freed bytes not yet reusable past which an allocating thread waits for the GPU itself "
-     "instead of leaving the wait to the background reclaim.",
+     "Freed bytes not yet reusable, per device, past which an allocating thread waits for the "
+     "GPU itself instead of leaving the wait to the background reclaim.",
      "Freed memory is parked until the GPU has passed the free (it may still be in use by "
-     "queued work)."},
+     "queued work). The trade: a larger limit lets the program run further ahead of the GPU "
+     "without a blocking wait, at the price of up to that much more device memory held; a "
+     "smaller one holds less but makes allocating threads stall (counted as "
+     "`syncs_blocking`) whenever frees outrun the reclaim. `0` waits at every allocation after a "
+     "free. Never waits during a stream capture."},
     {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "0", 0, 0, NO_WORDS,
      "Pinned host memory kept between pauses for the backups of vmm_pause(VMM_PAUSE_BACKUP); "
      "0 keeps none.",

@@ -59,6 +59,8 @@ void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
     atomic_init(&r->gen, 0);
     atomic_init(&r->pending, 0);
     atomic_init(&r->parked_bytes, 0);
+    for (int i = 0; i < VMH_PARK_SHARDS; i++)
+        atomic_init(&r->parked_shard[i].bytes, 0);
     r->synced_gen = 0;
     r->synced_any = false;
     r->head = r->tail = NULL;
@@ -82,14 +84,38 @@ bool vmh_reclaim_pending(const vmh_reclaim_t *r)
     return atomic_load_explicit((_Atomic size_t *)&r->pending, memory_order_relaxed) != 0;
 }
 
+/* The moved total alone (vmh_reclaim_t): off by less than VMH_PARK_SHARDS quanta. */
+static int64_t parked_rough(const vmh_reclaim_t *r)
+{
+    return atomic_load_explicit((_Atomic int64_t *)&r->parked_bytes, memory_order_relaxed);
+}
+
 size_t vmh_reclaim_parked_bytes(const vmh_reclaim_t *r)
 {
-    return atomic_load_explicit((_Atomic size_t *)&r->parked_bytes, memory_order_relaxed);
+    int64_t sum = parked_rough(r);
+    for (int i = 0; i < VMH_PARK_SHARDS; i++)
+        sum += atomic_load_explicit((_Atomic int64_t *)&r->parked_shard[i].bytes,
+                                    memory_order_relaxed);
+    /* Read while shards move: a release's take may be seen before the park it undoes. */
+    return sum > 0 ? (size_t)sum : 0;
+}
+
+/* Counts delta parked bytes on the calling thread's shard, moving the shard's count into the
+ * total once it passes a quantum. The move is an exchange: whatever another thread of the same
+ * shard added meanwhile is moved with it or stays, never lost. */
+static void parked_add(vmh_reclaim_t *r, int64_t delta)
+{
+    vmh_park_shard_t *s = &r->parked_shard[vmh_thread_shard() % VMH_PARK_SHARDS];
+    int64_t now = atomic_fetch_add_explicit(&s->bytes, delta, memory_order_relaxed) + delta;
+    if (__builtin_expect(now < VMH_PARK_QUANTUM && now > -VMH_PARK_QUANTUM, 1))
+        return;
+    int64_t moved = atomic_exchange_explicit(&s->bytes, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->parked_bytes, moved, memory_order_relaxed);
 }
 
 void vmh_reclaim_add_bytes(vmh_reclaim_t *r, size_t bytes)
 {
-    atomic_fetch_add_explicit(&r->parked_bytes, bytes, memory_order_relaxed);
+    parked_add(r, (int64_t)bytes);
 }
 
 static void bg_start(void);
@@ -118,7 +144,7 @@ void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t
     assert(item->release && "a parked item says how it is released");
     bool queued_now = false;
     pthread_mutex_lock(&r->lock);
-    atomic_fetch_add_explicit(&r->parked_bytes, bytes, memory_order_relaxed);
+    parked_add(r, (int64_t)bytes);
     if (atomic_load(&item->queued)) {
         if (gen < item->gen)
             item->gen = gen;
@@ -175,9 +201,7 @@ static void release_list(vmh_reclaim_t *r, vmh_parked_t *it, uint64_t passed)
         vmh_parked_t *next = it->taken_next;
         it->taken_next = NULL;
         size_t bytes = it->release(it, passed);
-        size_t before = atomic_fetch_sub_explicit(&r->parked_bytes, bytes, memory_order_relaxed);
-        assert(before >= bytes && "released no more than was parked");
-        (void)before;
+        parked_add(r, -(int64_t)bytes);
         it = next;
     }
 }
@@ -228,7 +252,17 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
 void vmh_reclaim_throttle(vmh_reclaim_t *r)
 {
     size_t limit = opt ? opt->park_limit : SIZE_MAX;
-    if (__builtin_expect(vmh_reclaim_parked_bytes(r) <= limit, 1))
+    /* First the moved total alone (one line, rarely written); the exact sum only when that is
+     * within the shards' slack of the limit. */
+    const int64_t slack = VMH_PARK_SHARDS * VMH_PARK_QUANTUM;
+    if (__builtin_expect(limit >= (size_t)slack, 1)) {
+        size_t rough_limit = limit - (size_t)slack;
+        if (rough_limit > INT64_MAX)
+            rough_limit = INT64_MAX;
+        if (parked_rough(r) <= (int64_t)rough_limit)
+            return;
+    }
+    if (vmh_reclaim_parked_bytes(r) <= limit)
         return;
     /* During a capture nothing is synchronized for the budget: the allocation is served from
      * the cache or fresh memory, and the frees wait for the capture to end. */
@@ -253,6 +287,7 @@ void vmh_reclaim_release_all(vmh_reclaim_t *r)
 void vmh_reclaim_destroy(vmh_reclaim_t *r)
 {
     assert(!r->head && "released before destroyed");
+    assert(vmh_reclaim_parked_bytes(r) == 0 && "every parked byte was released");
     /* The thread picks only a queue with something parked, and uses it outside its lock:
      * the heap stops it before destroying queues that held anything (vmh_heap_reset); a queue
      * that never held anything (a device whose setup failed) may go at any time. */

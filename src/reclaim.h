@@ -58,6 +58,19 @@ struct vmh_parked {
     vmh_parked_t *taken_next;
 };
 
+/* Parked bytes are counted per thread shard, so that frees on many threads do not all write
+ * one line: a thread adds to (or, releasing, takes from) its shard, and moves the shard's count
+ * into the device's total once it passes VMH_PARK_QUANTUM either way. The exact figure is the
+ * total plus every shard; the total alone is off by less than VMH_PARK_SHARDS quanta, which is
+ * what vmh_reclaim_throttle's first look allows for. Each count sits 64 bytes from the next:
+ * never two in one cache line (no _Alignas: the heap callocs this). */
+#define VMH_PARK_SHARDS 16
+#define VMH_PARK_QUANTUM ((int64_t)1 << 20)
+typedef struct vmh_park_shard {
+    _Atomic int64_t bytes;
+    char pad[64 - sizeof(int64_t)];
+} vmh_park_shard_t;
+
 typedef struct vmh_reclaim {
     vmh_dev_t *dev;
     pthread_mutex_t lock;      /* the queue */
@@ -67,7 +80,9 @@ typedef struct vmh_reclaim {
     bool synced_any;
     vmh_parked_t *head, *tail;
     _Atomic size_t pending;      /* items queued */
-    _Atomic size_t parked_bytes; /* bytes freed and not yet reusable (VMMHOOK_PARK_LIMIT) */
+    /* Bytes freed and not yet reusable (VMMHOOK_PARK_LIMIT): the moved part, then the shards. */
+    _Atomic int64_t parked_bytes;
+    vmh_park_shard_t parked_shard[VMH_PARK_SHARDS];
 } vmh_reclaim_t;
 
 /* Who is waiting: an application thread (counted as a blocking synchronization) or the reclaim

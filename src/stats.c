@@ -1,8 +1,9 @@
 /* Utility layer: counters and gauges, the allocation trace, the exit reports (table, JSON, leaks).
  *
- * Counters and gauges are relaxed atomics, each on its own cache line: they are bumped on every
- * served call from every thread, and a shared line would make them the contention point. Only
- * totals matter, never the order between two counters, hence relaxed.
+ * Counters are relaxed atomics sharded by thread (summed on read), gauges relaxed atomics each
+ * on its own cache line: they are bumped on every served call from every thread, and a shared
+ * line would make them the contention point. Only totals matter, never the order between two
+ * counters, hence relaxed.
  *
  * Files (trace, its gauges companion, JSON) are created owner-only (0600): a trace holds
  * addresses and sizes of the program's memory. Nothing here allocates or uses stdio; lines are
@@ -31,16 +32,28 @@
 
 /* ---- counters and gauges ---------------------------------------------------------------- */
 
-typedef struct counter_slot {
-    _Alignas(64) _Atomic uint64_t v;
-} counter_slot_t;
+/* Counters are sharded by thread: every served call, and the lookups inside dlsym and
+ * cuGetProcAddress, bump one, and a single shared line per counter made them the point where
+ * all threads met (issue 14: 16 threads ran slower than one). Each thread adds to the shard it
+ * was given at its first count (round robin, so threads share a shard only past
+ * VMH_STAT_SHARDS of them, and then still count right: the adds stay atomic); a read sums the
+ * shards. The shard index is an initial-exec thread-local: no allocation, no lock and no
+ * __tls_get_addr, which the counts made inside dlsym must not need. */
+#define VMH_STAT_SHARDS 64
+
+typedef struct counter_shard {
+    _Alignas(64) _Atomic uint64_t v[VMH_COUNTER_COUNT];
+} counter_shard_t;
 
 typedef struct gauge_slot {
     _Alignas(64) _Atomic int64_t cur;
     _Atomic int64_t peak;
 } gauge_slot_t;
 
-static counter_slot_t counters[VMH_COUNTER_COUNT];
+static counter_shard_t counter_shards[VMH_STAT_SHARDS];
+static atomic_uint next_shard;
+/* The calling thread's number (vmh_thread_shard) plus one; 0: none given yet. */
+static __thread unsigned tl_shard __attribute__((tls_model("initial-exec")));
 static gauge_slot_t gauges[VMH_GAUGE_COUNT];
 
 #define VMH_NAME_ITEM(name, help) #name,
@@ -52,10 +65,28 @@ static const char *const gauge_help[] = {VMH_GAUGES(VMH_HELP_ITEM)};
 #undef VMH_NAME_ITEM
 #undef VMH_HELP_ITEM
 
+unsigned vmh_thread_shard(void)
+{
+    unsigned s = tl_shard;
+    if (__builtin_expect(s == 0, 0)) {
+        /* Never 0 again: the count wraps only after 2^32 threads, skipping 0. */
+        do
+            s = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) + 1;
+        while (s == 0);
+        tl_shard = s;
+    }
+    return s - 1;
+}
+
+static counter_shard_t *my_shard(void)
+{
+    return &counter_shards[vmh_thread_shard() % VMH_STAT_SHARDS];
+}
+
 void vmh_count(vmh_counter_t c, uint64_t n)
 {
     if ((unsigned)c < VMH_COUNTER_COUNT)
-        atomic_fetch_add_explicit(&counters[c].v, n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&my_shard()->v[c], n, memory_order_relaxed);
 }
 
 void vmh_gauge_add(vmh_gauge_t g, int64_t delta)
@@ -76,9 +107,12 @@ void vmh_gauge_add(vmh_gauge_t g, int64_t delta)
 
 uint64_t vmh_counter_get(vmh_counter_t c)
 {
-    return (unsigned)c < VMH_COUNTER_COUNT
-               ? atomic_load_explicit(&counters[c].v, memory_order_relaxed)
-               : 0;
+    if ((unsigned)c >= VMH_COUNTER_COUNT)
+        return 0;
+    uint64_t sum = 0;
+    for (unsigned i = 0; i < VMH_STAT_SHARDS; i++)
+        sum += atomic_load_explicit(&counter_shards[i].v[c], memory_order_relaxed);
+    return sum;
 }
 
 int64_t vmh_gauge_get(vmh_gauge_t g)
@@ -510,8 +544,9 @@ static atomic_bool reported;
 
 void vmh_stats_reset(void)
 {
-    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
-        atomic_store_explicit(&counters[i].v, 0, memory_order_relaxed);
+    for (unsigned k = 0; k < VMH_STAT_SHARDS; k++)
+        for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
+            atomic_store_explicit(&counter_shards[k].v[i], 0, memory_order_relaxed);
     for (unsigned i = 0; i < VMH_GAUGE_COUNT; i++) {
         atomic_store_explicit(&gauges[i].cur, 0, memory_order_relaxed);
         atomic_store_explicit(&gauges[i].peak, 0, memory_order_relaxed);

@@ -2,7 +2,8 @@
  * Below every other module but log and options; configured by the front with
  * vmh_stats_configure, never by reading the options' global.
  *
- * Counters are relaxed atomics, cheap enough for the fast path. Gauges keep a peak. */
+ * Counters are relaxed atomics sharded by thread (no shared line on the fast path), summed by
+ * vmh_counter_get. Gauges keep a peak. */
 #ifndef VMH_STATS_H
 #define VMH_STATS_H
 
@@ -46,6 +47,12 @@ typedef enum vmh_gauge { VMH_GAUGES(VMH_ENUM_ITEM) VMH_GAUGE_COUNT } vmh_gauge_t
 void vmh_count(vmh_counter_t c, uint64_t n);
 void vmh_gauge_add(vmh_gauge_t g, int64_t delta); /* updates the peak */
 uint64_t vmh_counter_get(vmh_counter_t c);
+
+/* The calling thread's number, given round robin at its first call and fixed after: modulo a
+ * shard count it spreads threads over shards (counters here, parked bytes in reclaim.c) so
+ * that threads rarely share one. An initial-exec thread-local: no allocation, no lock, no
+ * __tls_get_addr (safe inside dlsym). */
+unsigned vmh_thread_shard(void);
 int64_t vmh_gauge_get(vmh_gauge_t g);
 int64_t vmh_gauge_peak(vmh_gauge_t g);
 void vmh_stats_reset(void);

@@ -405,6 +405,16 @@ static void check_capture(void)
              "cuMemAlloc beside another thread's thread-local capture");
     CHECK_RC(other_end(&o, th), CUDA_SUCCESS, "its capture stays valid");
 
+    /* A capturing stream destroyed without cuStreamEndCapture: its capture is over (the
+     * driver drops it with the stream), so allocations are served again. */
+    CUstream doomed = NULL;
+    CHECK_RC(p_cuStreamCreate(&doomed, 0), CUDA_SUCCESS, "cuStreamCreate");
+    CHECK_RC(p_cuStreamBeginCapture(doomed, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS,
+             "cuStreamBeginCapture(global)");
+    CHECK_RC(p_cuStreamDestroy(doomed), CUDA_SUCCESS, "cuStreamDestroy of a capturing stream");
+    CHECK_RC(alloc_during_capture("after a capturing stream was destroyed"), CUDA_SUCCESS,
+             "cuMemAlloc once the capturing stream is gone");
+
     CHECK_RC(alloc_during_capture("after everything"), CUDA_SUCCESS, "cuMemAlloc at the end");
     CHECK_RC(p_cuStreamDestroy(s), CUDA_SUCCESS, "cuStreamDestroy");
     CHECK_RC(p_cuStreamDestroy(s2), CUDA_SUCCESS, "cuStreamDestroy");
@@ -468,9 +478,10 @@ int main(int argc, char **argv)
               p_cuStreamBeginCapture != p_cuStreamBeginCapture_ptsz &&
               ip_in_hook((void *)p_cuStreamEndCapture) &&
               ip_in_hook((void *)p_cuThreadExchangeStreamCaptureMode) &&
+              ip_in_hook((void *)p_cuStreamDestroy) &&
               ip_in_hook((void *)p_cuMemAllocFromPoolAsync) &&
               ip_in_hook((void *)p_cuMemAllocManaged) && !ip_in_hook((void *)p_cuStreamCreate),
-          "the context, capture and allocator entry points are the library's wrappers; "
+          "the context, capture, stream-destroy and allocator entry points are the library's wrappers; "
           "cuStreamCreate is the driver's");
 
     CUcontext ctx0, ctx1;

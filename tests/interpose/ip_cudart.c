@@ -162,6 +162,7 @@ static const struct {
     {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", 11020},
     {"cuMemAllocManaged", "cuMemAllocManaged", "cuMemAllocManaged", 6000},
     {"cuStreamCreate", NULL, NULL, 2000},
+    {"cuStreamDestroy", "cuStreamDestroy_v2", "cuStreamDestroy_v2", 4000},
     {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", 11020},
     {"cuInit", NULL, NULL, 2000},
     {"cuDeviceGet", NULL, NULL, 2000},

@@ -236,6 +236,78 @@ static void sync_device_lands_work_of_a_created_context(void **state)
     assert_int_equal(sim_calls("cuCtxPushCurrent"), 0);
 }
 
+/* Destroyed on the driver directly (behind the interposer, no vmh_ctx_forget): the push for
+ * the wait answers CUDA_ERROR_INVALID_CONTEXT, like the real driver for a destroyed handle; the
+ * wait still succeeds for the device and the context is forgotten. */
+static void sync_device_forgets_a_context_destroyed_behind_its_back(void **state)
+{
+    (void)state;
+    const vmh_driver_t *D = sim_table();
+    CUcontext ctx0 = primary(0), mine = NULL;
+    assert_int_equal(D->cuCtxCreate(&mine, NULL, 0, 0), CUDA_SUCCESS);
+    vmh_ctx_seen(mine, 0);
+    CUcontext popped = NULL;
+    assert_int_equal(D->cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    sim_set_current_device(0);
+    assert_int_equal(D->cuCtxDestroy(mine), CUDA_SUCCESS); /* not reported */
+    assert_int_equal(D->cuCtxPushCurrent(mine), CUDA_ERROR_INVALID_CONTEXT); /* the answer */
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxPushCurrent"), 1); /* tried once */
+    assert_ptr_equal(driver_current(), ctx0);
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_sync_device(0), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxPushCurrent"), 0); /* forgotten */
+    assert_int_equal(sim_calls("cuCtxSynchronize"), 1);
+}
+
+typedef struct dead_current {
+    CUcontext ctx;
+    atomic_int step;
+    CUresult sync_rc, again_rc;
+    unsigned long pushes_again;
+} dead_current_t;
+
+/* Keeps the context current while another thread destroys it: its synchronize then answers
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED, which forgets it too. */
+static bool sync_with_dead_current(void *arg)
+{
+    dead_current_t *d = arg;
+    if (sim_table()->cuCtxSetCurrent(d->ctx) != CUDA_SUCCESS)
+        return false;
+    atomic_store(&d->step, 1);
+    wait_step(&d->step, 2);
+    d->sync_rc = vmh_ctx_sync_device(0);
+    sim_reset_counters();
+    d->again_rc = vmh_ctx_sync_device(0);
+    d->pushes_again = sim_calls("cuCtxPushCurrent") + sim_calls("cuCtxSynchronize");
+    return true;
+}
+
+static void sync_device_forgets_a_dead_current_context(void **state)
+{
+    (void)state;
+    const vmh_driver_t *D = sim_table();
+    CUcontext mine = NULL;
+    assert_int_equal(D->cuCtxCreate(&mine, NULL, 0, 0), CUDA_SUCCESS);
+    vmh_ctx_seen(mine, 0);
+    CUcontext popped = NULL;
+    assert_int_equal(D->cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    sim_set_current_device(-1); /* this thread waits for nothing of device 0 itself */
+    dead_current_t d = {.ctx = mine};
+    pthread_t th;
+    thread_call_t call = {sync_with_dead_current, &d, false};
+    assert_int_equal(pthread_create(&th, NULL, thread_main, &call), 0);
+    wait_step(&d.step, 1);
+    assert_int_equal(D->cuCtxDestroy(mine), CUDA_SUCCESS); /* behind the interposer */
+    atomic_store(&d.step, 2);
+    pthread_join(th, NULL);
+    assert_true(call.result);
+    assert_int_equal(d.sync_rc, CUDA_SUCCESS);
+    assert_int_equal(d.again_rc, CUDA_SUCCESS);
+    assert_int_equal(d.pushes_again, 0); /* forgotten: nothing of device 0 left to wait for */
+}
+
 static void sync_device_learns_the_callers_context(void **state)
 {
     (void)state;
@@ -521,6 +593,8 @@ int main(void)
         T(sync_device_waits_every_context_of_the_device_only),
         T(sync_device_lands_work_of_a_created_context),
         T(sync_device_learns_the_callers_context),
+        T(sync_device_forgets_a_context_destroyed_behind_its_back),
+        T(sync_device_forgets_a_dead_current_context),
         T(sync_device_of_a_forgotten_context_skips_it),
         T(sync_device_reports_the_drivers_error),
         T(forget_waits_for_a_wait_in_progress),

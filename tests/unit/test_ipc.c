@@ -15,6 +15,8 @@
 #endif
 #include "testutil.h"
 
+#include "contexts.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -287,6 +289,40 @@ static void big_buffer_round_trip(void **state)
     assert_int_equal(vmh_ipc_close(q), CUDA_ERROR_NOT_FOUND);
     assert_int_equal(vmh_ipc_import_count(), 0);
     assert_true(tu_check(p, n, 2));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+/* Closing the last reference waits for the device's work before the mapping goes; during a
+ * capture that wait would be refused and invalidate the capture: the close is refused without
+ * a driver call and the import stays open, to be closed after the capture (a blocking wait). */
+static void close_during_capture_is_refused_and_kept(void **state)
+{
+    (void)state;
+    const size_t n = 4 * MiB;
+    CUdeviceptr p, q;
+    assert_int_equal(vmh_heap_alloc(n, &p), CUDA_SUCCESS);
+    CUipcMemHandle h = get_handle(p);
+    assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_SUCCESS);
+    const vmh_driver_t *D = sim_table();
+    CUstream s;
+    assert_int_equal(D->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(D->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    vmh_capture_began(s, CU_STREAM_CAPTURE_MODE_GLOBAL); /* what the interposer reports */
+    sim_reset_counters();
+    assert_int_equal(vmh_ipc_close(q), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(sim_call_count(), 0);
+    assert_true(sim_is_mapped(q));
+    assert_int_equal(vmh_ipc_import_count(), 1);
+    CUgraph g = NULL;
+    assert_int_equal(D->cuStreamEndCapture(s, &g), CUDA_SUCCESS); /* not invalidated */
+    vmh_capture_ended(s);
+    assert_int_equal(D->cuGraphDestroy(g), CUDA_SUCCESS);
+    assert_int_equal(D->cuStreamDestroy(s), CUDA_SUCCESS);
+    uint64_t blocking = vmh_counter_get(VMH_STAT_syncs_blocking);
+    assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
+    assert_false(sim_is_mapped(q));
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), blocking + 1);
+    assert_int_equal(vmh_ipc_import_count(), 0);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
@@ -1289,6 +1325,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(foreign_and_bad_handles_are_not_ours, setup, teardown),
         cmocka_unit_test_setup_teardown(same_process_flags_and_context, setup, teardown),
         cmocka_unit_test_setup_teardown(big_buffer_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(close_during_capture_is_refused_and_kept, setup, teardown),
         cmocka_unit_test_setup_teardown(packed_buffer_maps_its_chunk_at_the_offset, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(importer_keeps_its_view_through_grow_and_free, setup,

@@ -160,14 +160,14 @@ static void late_write_with_the_reclaim_thread(void **state)
     late_write_run(true);
 }
 
-/* A context the library waited on is destroyed through the interposer (forgotten first, as
- * interpose.c reports cuCtxDestroy); the next waits skip it and memory is still reused. (One
- * destroyed behind the interposer's back is not covered: the push for its wait answers
- * CUDA_ERROR_INVALID_CONTEXT, which contexts.c counts as a failed wait.) */
+/* A context the library waited on is destroyed, through the interposer (forgotten first, as
+ * interpose.c reports cuCtxDestroy) or behind its back (destroyed on the driver directly: the
+ * push for the wait answers CUDA_ERROR_INVALID_CONTEXT); the next waits skip it and memory is
+ * still reused. */
 static void destroyed_context_is_skipped(void **state)
 {
     (void)state;
-    for (int forget = 1; forget < 2; forget++) {
+    for (int forget = 0; forget < 2; forget++) {
         reset(NULL, false, 0);
         CUcontext other = second_context();
         CUdeviceptr p, q;
@@ -185,7 +185,13 @@ static void destroyed_context_is_skipped(void **state)
         assert_int_equal(vmh_heap_alloc(8 * MiB, &p), CUDA_SUCCESS);
         assert_int_equal(p, q); /* the wait succeeded without the destroyed context */
         assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), blocking + 1);
+        /* Forgotten either way: the next wait asks nothing of it. */
+        sim_reset_counters();
         assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+        assert_int_equal(vmh_heap_alloc(8 * MiB, &q), CUDA_SUCCESS);
+        assert_int_equal(q, p);
+        assert_int_equal(sim_calls("cuCtxPushCurrent"), 0);
+        assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
         teardown(NULL);
     }
 }
@@ -523,6 +529,59 @@ static void threads_churn_with_the_reclaim_thread(void **state)
     assert_int_equal(sim_hazards(), 0);
 }
 
+/* Parked bytes are counted on per-thread shards and moved into the device's total a quantum at
+ * a time: many threads adding and one releasing, the exact figure is right at every quiet
+ * point (park_limit_makes_the_allocating_thread_wait checks the limit itself, below a quantum). */
+typedef struct parked_adder {
+    vmh_reclaim_t *r;
+    size_t bytes, times;
+} parked_adder_t;
+
+static void *add_parked(void *arg)
+{
+    parked_adder_t *a = arg;
+    for (size_t i = 0; i < a->times; i++)
+        vmh_reclaim_add_bytes(a->r, a->bytes);
+    return NULL;
+}
+
+static size_t released_bytes;
+
+static size_t release_counted(vmh_parked_t *item, uint64_t passed)
+{
+    (void)item;
+    (void)passed;
+    return released_bytes;
+}
+
+static void parked_bytes_sharded_by_thread(void **state)
+{
+    (void)state;
+    reset(NULL, false, SIZE_MAX);
+    vmh_reclaim_t r;
+    vmh_reclaim_init(&r, NULL); /* never waited on: no device needed */
+    enum { THREADS = 8 };
+    pthread_t t[THREADS];
+    parked_adder_t a[THREADS];
+    size_t want = 0;
+    for (int i = 0; i < THREADS; i++) {
+        /* Odd sizes: shards pass the quantum at different points. */
+        a[i] = (parked_adder_t){&r, 4096 + (size_t)i * 513, 5000 + (size_t)i * 37};
+        want += a[i].bytes * a[i].times;
+        assert_int_equal(pthread_create(&t[i], NULL, add_parked, &a[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+    assert_int_equal(vmh_reclaim_parked_bytes(&r), want);
+    assert_true(want > (size_t)VMH_PARK_SHARDS * VMH_PARK_QUANTUM); /* quanta were moved */
+    vmh_parked_t item = {.release = release_counted};
+    released_bytes = want;
+    vmh_reclaim_park(&r, &item, vmh_reclaim_now(&r), 0);
+    vmh_reclaim_release_all(&r);
+    assert_int_equal(vmh_reclaim_parked_bytes(&r), 0);
+    vmh_reclaim_destroy(&r);
+}
+
 /* ---- failures on the new paths ------------------------------------------------------------ */
 
 /* The reclaim thread's wait fails (each synchronize, push and pop in turn): nothing is released
@@ -628,6 +687,7 @@ int main(void)
         cmocka_unit_test_teardown(captures_race_the_reclaim_thread, teardown),
         cmocka_unit_test_teardown(out_of_memory_during_capture_does_not_wait, teardown),
         cmocka_unit_test_teardown(threads_churn_with_the_reclaim_thread, teardown),
+        cmocka_unit_test_teardown(parked_bytes_sharded_by_thread, teardown),
         cmocka_unit_test_teardown(reclaim_thread_stops_at_exit, teardown),
         cmocka_unit_test_teardown(forked_child_has_no_reclaim_thread, teardown),
         cmocka_unit_test_teardown(background_wait_failures_are_retried, teardown),
