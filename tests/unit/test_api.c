@@ -127,19 +127,6 @@ static void detection_helpers(void **state)
 
 static atomic_bool churn_stop;
 
-/* Set in a forked child. LeakSanitizer (the ASan build) calls this at exit before its leak
- * check, which takes the sanitizer allocator's lock: in a child forked while a churn thread was
- * inside malloc that lock stays held for ever (the GCC runtime takes no lock around fork), and
- * the child would hang in the sanitizer, not in the library. The child's leaks are its parent's
- * buffers anyway; the library's own leak report is still checked below. */
-static volatile sig_atomic_t in_forked_child;
-
-int __lsan_is_turned_off(void);
-int __lsan_is_turned_off(void)
-{
-    return in_forked_child;
-}
-
 static void *churn_small(void *arg)
 {
     (void)arg;
@@ -159,7 +146,7 @@ static void *churn_small(void *arg)
  * _exit), which must not report the parent's buffers as the child's leaks. */
 static void fork_child(CUdeviceptr big, CUdeviceptr small, int errfd)
 {
-    in_forked_child = 1;
+    tu_forked_child(); /* no LeakSanitizer check at its exit (testutil.h); ours still runs */
     alarm(10); /* a hang (a lock held by a parent thread at the fork) ends the child */
     dup2(errfd, 2);
     int bad = 0;
