@@ -205,11 +205,12 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
     if (hit) {
         /* Once served, the range is the buffer's: a pause may swap it out at once. */
         CUdeviceptr base = hit->base;
+        size_t hit_size = hit->size; /* once back in the cache, a trim may destroy it */
         if (!serve_range(bb, hit, size, growable, site)) {
             /* The registry already covered it: only a record can be missing. */
-            vmh_dev_usable_give(d, hit->size);
+            vmh_dev_usable_give(d, hit_size);
             vmh_cache_put(bb->cache, hit);
-            idle_gauge((int64_t)hit->size);
+            idle_gauge((int64_t)hit_size);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         vmh_count(VMH_STAT_cache_hits, 1);
