@@ -24,8 +24,8 @@
     X(passthrough_calls, "calls passed to the driver")                                             \
     X(driver_calls, "driver calls made by the library")                                            \
     X(syncs, "context synchronizations")                                                           \
-    X(syncs_blocking, "synchronizations that blocked an application thread")                       \
-    X(syncs_background, "synchronizations made by the reclaim thread")                             \
+    X(syncs_blocking, "  of them blocking an app thread")                                          \
+    X(syncs_background, "  of them by the reclaim thread")                                         \
     X(cache_hits, "allocations served from the cache")                                             \
     X(grows_in_place, "grows that kept the pointer")                                               \
     X(moves, "grows that moved the buffer")                                                        \
