@@ -516,6 +516,9 @@ void vmh_contexts_reset(void)
     ctx_count = 0;
     atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
     pthread_mutex_unlock(&ctx_lock);
+    lock(&gate_lock);
+    assert(gate_syncs == 0 && gate_begins == 0); /* no test leaves one behind */
+    pthread_mutex_unlock(&gate_lock);
     lock(&cap_lock);
     atomic_store_explicit(&cap_count, 0, memory_order_release);
     atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
