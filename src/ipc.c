@@ -8,11 +8,11 @@
 
 #include "driver.h"
 #include "heap.h"
-#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 #include "stats.h"
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -20,6 +20,17 @@
 #define CALL(expr) (expr)
 
 static atomic_flag warned_handle_type = ATOMIC_FLAG_INIT;
+
+/* Handed down by lifetime.c (vmh_ipc_configure) before any other call. */
+static const vmh_options_t *configured_opt;
+static void (*configured_before_export)(void);
+
+void vmh_ipc_configure(const vmh_options_t *opt, void (*before_export)(void))
+{
+    assert(opt != NULL && before_export != NULL);
+    configured_opt = opt;
+    configured_before_export = before_export;
+}
 
 static void warn_handle_type(const char *why)
 {
@@ -41,8 +52,9 @@ CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)
 {
     if (!out)
         return CUDA_ERROR_INVALID_VALUE;
-    /* The front's snapshot (lifetime.c): the handle type the chunks were asked to carry. */
-    vmh_handle_kind_t kind = vmh_lifetime_options()->handle;
+    /* The front's snapshot (vmh_ipc_configure): the handle type the chunks were asked to carry. */
+    assert(configured_opt != NULL);
+    vmh_handle_kind_t kind = configured_opt->handle;
     if (kind != VMH_HANDLE_POSIX_FD) {
         vmh_buffer_info_t bi;
         if (!vmh_heap_find(p, &bi))
@@ -53,7 +65,7 @@ CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)
         return CUDA_ERROR_INVALID_VALUE;
     }
     vmh_export_t ex;
-    vmh_lifetime_ipc_began(); /* its exit and fork handlers, from now on */
+    configured_before_export(); /* lifetime's exit and fork handlers, from now on */
     vmh_heap_on_pressure(ipc_on_pressure);
     CUresult rc = vmh_heap_export(p, &ex);
     if (rc != CUDA_SUCCESS)

@@ -58,6 +58,21 @@
 #include <stdint.h>
 
 #include "ipc_wire.h"
+#include "options.h"
+
+/* ---- what the layer above (lifetime.c) hands down ---------------------------------------- */
+
+/* Called once at the library's start, before any other call here: opt is the options snapshot
+ * (the handle type the chunks carry is read from it at each export), and before_export is
+ * called before every export: lifetime installs its IPC exit and fork handling there, once,
+ * after the driver was initialized. IPC includes nothing above itself; what it needs from
+ * its lifetime comes down as this data. */
+void vmh_ipc_configure(const vmh_options_t *opt, void (*before_export)(void));
+
+/* The process exited, or this is a forked child (lifetime.c, which owns both): from now on a
+ * last close forgets its mapping without a driver call. Only an atomic store: callable in a
+ * child right after fork(). */
+void vmh_ipc_stop(void);
 
 /* ---- the entry points' work (interpose.c) ----------------------------------------------- */
 
@@ -82,7 +97,7 @@ CUresult vmh_ipc_open(const CUipcMemHandle *h, unsigned int flags, CUdeviceptr *
 
 /* cuIpcCloseMemHandle: drops one reference of a pointer vmh_ipc_open returned; the last one
  * waits for the context's queued work and unmaps. CUDA_ERROR_NOT_FOUND when p was not opened
- * here (the caller passes to the driver). After exit (vmh_lifetime_ready false) the mapping
+ * here (the caller passes to the driver). After vmh_ipc_stop (exit, a forked child) the mapping
  * is forgotten without a driver call: the driver may be gone, and the process ends with it. */
 CUresult vmh_ipc_close(CUdeviceptr p);
 

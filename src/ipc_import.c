@@ -11,7 +11,6 @@
 #include "contexts.h"
 #include "driver.h"
 #include "handle.h"
-#include "lifetime.h"
 #include "log.h"
 #include "range.h"
 #include "stats.h"
@@ -27,6 +26,15 @@
 
 /* A driver call; vmh_drv counts it (driver.h). */
 #define CALL(expr) (expr)
+
+/* Set by lifetime.c at exit and in a forked child (vmh_ipc_stop): closes then make no driver
+ * call. */
+static atomic_bool stopped;
+
+void vmh_ipc_stop(void)
+{
+    atomic_store(&stopped, true);
+}
 
 VMH_TESTABLE _Atomic int vmh_ipc_exchange_timeout_ms = 10000;
 
@@ -384,7 +392,7 @@ CUresult vmh_ipc_close(CUdeviceptr p)
     /* The last reference: wait (without the lock) before anything changes, so that a close
      * refused during a capture leaves the import open, to be closed after the capture. At exit
      * the driver may be gone: the mapping is forgotten (the process ends with it). */
-    bool ready = vmh_lifetime_ready();
+    bool ready = !atomic_load(&stopped) && vmh_driver_ready();
     if (ready) {
         CUresult rc = wait_before_unmap(device);
         if (rc != CUDA_SUCCESS)

@@ -6,6 +6,7 @@
 
 #include "driver.h"
 #include "heap.h"
+#include "ipc.h"
 #include "ipc_export.h"
 #include "ipc_listener.h"
 #include "pause.h"
@@ -30,9 +31,12 @@ VMH_TESTABLE void vmh_lifetime_fork_child(void)
     if (!atomic_load(&start_done) || !vmh_driver_loaded())
         return; /* the parent never used the driver: the child may, natively or through us */
     atomic_store(&phase, LIFE_CHILD);
+    vmh_ipc_stop();
     vmh_contexts_after_fork_child(); /* no context or capture report may block the child */
     vmh_heap_forked_child();
 }
+
+static void ipc_began(void);
 
 static void start(void)
 {
@@ -42,6 +46,7 @@ static void start(void)
     vmh_stats_set_tag_report(vmh_tags_report_table, vmh_tags_json);
     vmh_heap_configure(snapshot);
     vmh_pause_configure(snapshot);
+    vmh_ipc_configure(snapshot, ipc_began);
     pthread_atfork(NULL, NULL, vmh_lifetime_fork_child);
     atomic_store(&start_done, true);
 }
@@ -96,7 +101,8 @@ static void ipc_hooks(void)
     pthread_atfork(ipc_prefork, ipc_postfork, ipc_postfork);
 }
 
-void vmh_lifetime_ipc_began(void)
+/* IPC calls this before each export (vmh_ipc_configure): the handlers above, once. */
+static void ipc_began(void)
 {
     pthread_once(&ipc_hooks_once, ipc_hooks);
 }
@@ -110,6 +116,7 @@ VMH_TESTABLE void vmh_lifetime_exit(void)
     if (!vmh_driver_loaded() || !snapshot ||
         !atomic_compare_exchange_strong(&phase, &expected, LIFE_EXITED))
         return;
+    vmh_ipc_stop();
     vmh_heap_shutdown(snapshot->leaks);
     vmh_stats_report();
 }

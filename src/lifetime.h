@@ -10,10 +10,12 @@
  *           driver answers as it does natively (CUDA is not usable in such a child). The child
  *           takes no lock another thread of the parent may have held, writes no report and
  *           reports no leak.
- *   IPC     once the process first exports (vmh_lifetime_ipc_began), an exit handler stops the
- *           IPC listener and export table before libcuda's teardown, and fork handlers keep
+ *   IPC     start hands IPC the snapshot and a function it calls before each export
+ *           (vmh_ipc_configure); at the first, an exit handler stops the IPC listener and
+ *           export table before libcuda's teardown, and fork handlers keep
  *           their locks from being inherited held (ipc_listener.h, ipc_export.h: shutdown,
- *           prefork, postfork). The IPC files register no handler of their own.
+ *           prefork, postfork). The IPC files register no handler of their own. Exit and a
+ *           fork child tell IPC with vmh_ipc_stop: IPC includes nothing of this layer.
  */
 #ifndef VMH_LIFETIME_H
 #define VMH_LIFETIME_H
@@ -29,10 +31,6 @@ bool vmh_lifetime_ready(void);
 
 /* The options snapshot (valid after vmh_lifetime_ready). */
 const vmh_options_t *vmh_lifetime_options(void);
-
-/* The IPC layer is about to export (the driver is initialized): installs its exit and fork
- * handling, once. */
-void vmh_lifetime_ipc_began(void);
 
 #ifdef VMH_TESTING
 /* Tests: what the destructor does at exit, what the fork handler does in a child, and what the

@@ -532,6 +532,7 @@ static void forked_child_has_no_reclaim_thread(void **state)
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
+            tu_forked_child();
             alarm(10); /* a join of the parent's thread would hang: the alarm ends it */
             if (told)
                 vmh_heap_forked_child();                /* what lifetime.c's fork handler does */

@@ -5,6 +5,7 @@
 #define VMH_TESTUTIL_H
 
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -34,6 +35,24 @@ static inline void tu_set_current_device(int dev)
     vmh_ctx_current_changed();
 }
 #define sim_set_current_device(dev) tu_set_current_device(dev)
+
+/* A forked child that ends with exit() calls tu_forked_child() first. LeakSanitizer (the ASan
+ * build) asks __lsan_is_turned_off() at exit before its leak check, which takes the sanitizer
+ * allocator's lock: in a child forked while another thread was inside malloc, that lock stays
+ * held for ever (GCC's runtime takes no lock around fork) and the child would hang in the
+ * sanitizer, not in the library. A child's leaks are its parent's memory anyway. (Not static:
+ * the runtime finds it by name; each suite is one file, so it is defined once.) */
+static volatile sig_atomic_t tu_in_forked_child;
+int __lsan_is_turned_off(void);
+int __lsan_is_turned_off(void)
+{
+    return tu_in_forked_child;
+}
+
+static inline void tu_forked_child(void)
+{
+    tu_in_forked_child = 1;
+}
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
