@@ -12,10 +12,14 @@
  *     again once);
  *   - the captures in progress (stream, mode, thread) under cap_lock, with a count read without
  *     the lock, so that the question "may I synchronize?" costs one atomic load when nothing
- *     captures (the steady state), and each thread's capture interaction mode.
+ *     captures (the steady state), and each thread's capture interaction mode;
+ *   - the gate between the library's synchronizes and the program's capture begins, under
+ *     gate_lock: a count of synchronizes past their capture check and one of captures
+ *     beginning, so that no capture begins during a synchronize (issue 14).
  *
- * Lock order: ctx_lock and cap_lock are never held together, nor across a driver call. Both
- * are made anew in a forked child (vmh_contexts_after_fork_child, registered at first use).
+ * Lock order: ctx_lock, cap_lock and gate_lock are never held together, nor across a driver
+ * call. All are made anew in a forked child (vmh_contexts_after_fork_child, registered at first
+ * use).
  */
 #include "contexts.h"
 
@@ -208,7 +212,7 @@ static bool cap_same_stream(const capture_rec_t *c, CUstream stream, pthread_t s
            (stream != CU_STREAM_PER_THREAD || pthread_equal(c->thread, self));
 }
 
-void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode)
+static void capture_record(CUstream stream, CUstreamCaptureMode mode)
 {
     pthread_t self = pthread_self();
     lock(&cap_lock);
@@ -239,6 +243,62 @@ void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode)
     cap_recs[n] = (capture_rec_t){.stream = stream, .mode = mode, .thread = self};
     atomic_store_explicit(&cap_count, n + 1, memory_order_release);
     pthread_mutex_unlock(&cap_lock);
+}
+
+/* The gate. A synchronize checks for captures and counts itself in gate_syncs in one hold of
+ * gate_lock; a capture begin counts itself in gate_begins, then waits for gate_syncs to drain,
+ * makes the real call and records its capture before it leaves. So a synchronize that passed the
+ * check runs to its end with no capture begun meanwhile, and one that comes while a begin is
+ * pending refuses at once (as it would a moment later, the capture recorded): a synchronize never
+ * blocks here, and a stream of synchronizes cannot starve a begin. Nothing is held across the
+ * driver calls on either side; a begin waits only for synchronizes, which wait only for the GPU. */
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_syncs_done = PTHREAD_COND_INITIALIZER;
+static unsigned gate_syncs;  /* vmh_ctx_sync_device calls past their capture check */
+static unsigned gate_begins; /* vmh_capture_begin / vmh_capture_began calls not yet left */
+
+CUresult vmh_capture_begin(CUstream stream, CUstreamCaptureMode mode, vmh_capture_begin_fn begin,
+                           void *call)
+{
+    lock(&gate_lock);
+    gate_begins++;
+    while (gate_syncs != 0)
+        pthread_cond_wait(&gate_syncs_done, &gate_lock);
+    pthread_mutex_unlock(&gate_lock);
+
+    CUresult r = begin != NULL ? begin(call) : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        capture_record(stream, mode);
+
+    lock(&gate_lock);
+    assert(gate_begins > 0);
+    gate_begins--;
+    pthread_mutex_unlock(&gate_lock);
+    return r;
+}
+
+void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode)
+{
+    (void)vmh_capture_begin(stream, mode, NULL, NULL);
+}
+
+/* Counts a synchronize in, unless a capture is in progress or beginning. */
+static bool gate_sync_enter(void)
+{
+    lock(&gate_lock);
+    bool may = gate_begins == 0 && !vmh_capture_any();
+    gate_syncs += may;
+    pthread_mutex_unlock(&gate_lock);
+    return may;
+}
+
+static void gate_sync_leave(void)
+{
+    lock(&gate_lock);
+    assert(gate_syncs > 0);
+    if (--gate_syncs == 0)
+        pthread_cond_broadcast(&gate_syncs_done);
+    pthread_mutex_unlock(&gate_lock);
 }
 
 void vmh_capture_ended(CUstream stream)
@@ -313,6 +373,9 @@ static bool ctx_destroyed_answer(CUresult rc)
 /* Synchronizes one context from the calling thread, whose current context is `current`. */
 static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
 {
+    /* The gate: no capture began since the check of vmh_ctx_sync_device (the reclaim thread's
+     * synchronize during a capture broke PyTorch's graphs, issue 14). */
+    assert(!vmh_capture_any() && "a context synchronize while a stream captures");
     if (ctx == current)
         return vmh_drv.cuCtxSynchronize();
     CUresult rc = vmh_drv.cuCtxPushCurrent(ctx);
@@ -325,16 +388,9 @@ static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
     return rc != CUDA_SUCCESS ? rc : prc;
 }
 
-CUresult vmh_ctx_sync_device(int device)
+/* vmh_ctx_sync_device once past the gate. */
+static CUresult sync_device_gated(int device)
 {
-    /* Stricter than the rule for potentially unsafe calls: a context synchronize waits for
-     * every stream of the context, and waiting for a capturing stream conflicts with the
-     * capture whatever the modes (a device synchronize on one thread invalidates another
-     * thread's thread-local capture, as TensorRT users found). Which context a capture's
-     * stream belongs to is not known here, so any capture in progress refuses the wait; the
-     * library then serves from memory that needs none. */
-    if (vmh_capture_any())
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     /* The calling thread's current context, from the driver (a wait is costly anyway, and a
      * stale cache here would synchronize the wrong context); known from here on, so that a
      * program that never went through an interposed context call (the unit tests) still has
@@ -407,6 +463,22 @@ CUresult vmh_ctx_sync_device(int device)
     return first_error;
 }
 
+CUresult vmh_ctx_sync_device(int device)
+{
+    /* Stricter than the rule for potentially unsafe calls: a context synchronize waits for
+     * every stream of the context, and waiting for a capturing stream conflicts with the
+     * capture whatever the modes (a device synchronize on one thread invalidates another
+     * thread's thread-local capture, as TensorRT users found). Which context a capture's
+     * stream belongs to is not known here, so any capture in progress refuses the wait; the
+     * library then serves from memory that needs none. The check and the count are one step
+     * of the gate, so a capture cannot begin between them and the synchronize. */
+    if (!gate_sync_enter())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    CUresult rc = sync_device_gated(device);
+    gate_sync_leave();
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Lifetime.
  */
@@ -428,6 +500,10 @@ void vmh_contexts_after_fork_child(void)
             cap_recs[kept++] = cap_recs[i];
     atomic_store_explicit(&cap_count, kept, memory_order_release);
     atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
+    pthread_mutex_init(&gate_lock, NULL);
+    pthread_cond_init(&gate_syncs_done, NULL);
+    gate_syncs = 0;
+    gate_begins = 0;
 }
 
 #ifdef VMH_TESTING
@@ -440,11 +516,22 @@ void vmh_contexts_reset(void)
     ctx_count = 0;
     atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
     pthread_mutex_unlock(&ctx_lock);
+    lock(&gate_lock);
+    assert(gate_syncs == 0 && gate_begins == 0); /* no test leaves one behind */
+    pthread_mutex_unlock(&gate_lock);
     lock(&cap_lock);
     atomic_store_explicit(&cap_count, 0, memory_order_release);
     atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
     pthread_mutex_unlock(&cap_lock);
     tl_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
     tl_current.generation = 0;
+}
+
+unsigned vmh_capture_begins_pending(void)
+{
+    lock(&gate_lock);
+    unsigned n = gate_begins;
+    pthread_mutex_unlock(&gate_lock);
+    return n;
 }
 #endif

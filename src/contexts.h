@@ -34,8 +34,22 @@ void vmh_ctx_forget(CUcontext ctx);
  * cuCtxPopCurrent, cuCtxCreate, cuDevicePrimaryCtx*, cuCtxDestroy of the current one). */
 void vmh_ctx_current_changed(void);
 
-/* A capture began on `stream` in `mode` on the calling thread (cuStreamBeginCapture*), or
- * ended (cuStreamEndCapture, whatever its result, or cuStreamDestroy of the stream). */
+/* Begins a capture on `stream` in `mode` for the calling thread: `begin(call)` makes the real
+ * cuStreamBeginCapture* call (the interposer's, with its arguments in `call`), and a success is
+ * recorded as by vmh_capture_began. Beginning a capture and a library synchronize
+ * (vmh_ctx_sync_device) exclude each other: this waits, holding no lock, while synchronizes
+ * that started before it are in progress (a context synchronize of a context with a capturing
+ * stream fails and invalidates the capture, in any mode), and no synchronize starts from its
+ * call until its capture is recorded (they answer CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED). Returns
+ * what `begin` returned. */
+typedef CUresult (*vmh_capture_begin_fn)(void *call);
+CUresult vmh_capture_begin(CUstream stream, CUstreamCaptureMode mode, vmh_capture_begin_fn begin,
+                           void *call);
+
+/* A capture began on `stream` in `mode` on the calling thread, begun without vmh_capture_begin
+ * (tests; a report after the fact): waits out the synchronizes in progress like it, then
+ * records. Or a capture ended (cuStreamEndCapture, whatever its result, or cuStreamDestroy of
+ * the stream). */
 void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode);
 void vmh_capture_ended(CUstream stream);
 
@@ -62,10 +76,11 @@ bool vmh_capture_any(void);
 /* Waits (from the calling thread) until every context of `device` that the program has made
  * has finished the work submitted before the call: synchronizes each of them in turn, making it
  * current on the calling thread for the wait and restoring the thread's previous context.
- * Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without calling the driver while any stream
- * of the process is capturing (vmh_capture_any(), which includes every case where
- * vmh_capture_forbids_unsafe() holds): a context synchronize waits for the context's capturing
- * streams too, which conflicts with a capture whatever its mode. A context destroyed meanwhile is
+ * Returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED at once, without calling the driver, while any
+ * stream of the process is capturing (vmh_capture_any(), which includes every case where
+ * vmh_capture_forbids_unsafe() holds) or a capture is beginning (vmh_capture_begin): a context
+ * synchronize waits for the context's capturing streams too, which conflicts with a capture
+ * whatever its mode. Once past that check no capture begins until it returns. A context destroyed meanwhile is
  * skipped (vmh_ctx_forget waits for a wait in progress on it); one destroyed without a report
  * (the driver answers CUDA_ERROR_INVALID_CONTEXT or CUDA_ERROR_CONTEXT_IS_DESTROYED for it) is
  * skipped and forgotten, so that it fails no later wait; any other error of a synchronize is
@@ -87,6 +102,8 @@ void vmh_contexts_after_fork_child(void);
 #ifdef VMH_TESTING
 /* Tests: forget every context and capture. */
 void vmh_contexts_reset(void);
+/* Tests: the captures beginning now (waiting for synchronizes, or in their real call). */
+unsigned vmh_capture_begins_pending(void);
 #endif
 
 #endif

@@ -194,41 +194,86 @@ static CUstream ip_ptsz_stream(CUstream s)
     return s != NULL ? s : CU_STREAM_PER_THREAD;
 }
 
-static CUresult ip_capture_began(CUresult r, CUstream stream, CUstreamCaptureMode mode)
+/* One begin call of the program, whichever form: contexts.c makes it through ip_begin_real
+ * once no library synchronize is in progress (vmh_capture_begin), and records its capture. */
+typedef enum {
+    IP_BEGIN_V1,
+    IP_BEGIN_V1_PTSZ,
+    IP_BEGIN_V2,
+    IP_BEGIN_V2_PTSZ,
+    IP_BEGIN_TO_GRAPH,
+    IP_BEGIN_TO_GRAPH_PTSZ,
+} ip_begin_form_t;
+
+typedef struct ip_begin_call {
+    ip_begin_form_t form;
+    CUstream stream; /* as the program passed it */
+    CUstreamCaptureMode mode;
+    CUgraph graph;
+    const CUgraphNode *dependencies;
+    const CUgraphEdgeData *dependency_data;
+    size_t dependency_count;
+} ip_begin_call_t;
+
+static CUresult ip_begin_real(void *arg)
 {
-    if (r == CUDA_SUCCESS)
-        vmh_capture_began(stream, mode);
+    const ip_begin_call_t *c = arg;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    switch (c->form) {
+    case IP_BEGIN_V1:
+        IP_CALL_REAL(r, cuStreamBeginCapture, c->stream);
+        break;
+    case IP_BEGIN_V1_PTSZ:
+        IP_CALL_REAL(r, cuStreamBeginCapture_ptsz, c->stream);
+        break;
+    case IP_BEGIN_V2:
+        IP_CALL_REAL(r, cuStreamBeginCapture_v2, c->stream, c->mode);
+        break;
+    case IP_BEGIN_V2_PTSZ:
+        IP_CALL_REAL(r, cuStreamBeginCapture_v2_ptsz, c->stream, c->mode);
+        break;
+    case IP_BEGIN_TO_GRAPH:
+        IP_CALL_REAL(r, cuStreamBeginCaptureToGraph, c->stream, c->graph, c->dependencies,
+                     c->dependency_data, c->dependency_count, c->mode);
+        break;
+    case IP_BEGIN_TO_GRAPH_PTSZ:
+        IP_CALL_REAL(r, cuStreamBeginCaptureToGraph_ptsz, c->stream, c->graph, c->dependencies,
+                     c->dependency_data, c->dependency_count, c->mode);
+        break;
+    }
     return r;
+}
+
+static CUresult ip_begin(ip_begin_call_t call)
+{
+    bool ptsz = call.form == IP_BEGIN_V1_PTSZ || call.form == IP_BEGIN_V2_PTSZ ||
+                call.form == IP_BEGIN_TO_GRAPH_PTSZ;
+    CUstream recorded = ptsz ? ip_ptsz_stream(call.stream) : call.stream;
+    return vmh_capture_begin(recorded, call.mode, ip_begin_real, &call);
 }
 
 /* The first ABI (CUDA 10.0) has no mode. Recorded as global, the strictest: the library then
  * refrains from whatever any mode could forbid. */
 CUresult vmh_ip_cuStreamBeginCapture(CUstream hStream)
 {
-    CUresult r;
-    IP_CALL_REAL(r, cuStreamBeginCapture, hStream);
-    return ip_capture_began(r, hStream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return ip_begin((ip_begin_call_t){
+        .form = IP_BEGIN_V1, .stream = hStream, .mode = CU_STREAM_CAPTURE_MODE_GLOBAL});
 }
 
 CUresult vmh_ip_cuStreamBeginCapture_ptsz(CUstream hStream)
 {
-    CUresult r;
-    IP_CALL_REAL(r, cuStreamBeginCapture_ptsz, hStream);
-    return ip_capture_began(r, ip_ptsz_stream(hStream), CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return ip_begin((ip_begin_call_t){
+        .form = IP_BEGIN_V1_PTSZ, .stream = hStream, .mode = CU_STREAM_CAPTURE_MODE_GLOBAL});
 }
 
 CUresult vmh_ip_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
-    CUresult r;
-    IP_CALL_REAL(r, cuStreamBeginCapture_v2, hStream, mode);
-    return ip_capture_began(r, hStream, mode);
+    return ip_begin((ip_begin_call_t){.form = IP_BEGIN_V2, .stream = hStream, .mode = mode});
 }
 
 CUresult vmh_ip_cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
 {
-    CUresult r;
-    IP_CALL_REAL(r, cuStreamBeginCapture_v2_ptsz, hStream, mode);
-    return ip_capture_began(r, ip_ptsz_stream(hStream), mode);
+    return ip_begin((ip_begin_call_t){.form = IP_BEGIN_V2_PTSZ, .stream = hStream, .mode = mode});
 }
 
 CUresult vmh_ip_cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
@@ -236,10 +281,13 @@ CUresult vmh_ip_cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
                                             const CUgraphEdgeData *dependencyData,
                                             size_t numDependencies, CUstreamCaptureMode mode)
 {
-    CUresult r;
-    IP_CALL_REAL(r, cuStreamBeginCaptureToGraph, hStream, hGraph, dependencies, dependencyData,
-                 numDependencies, mode);
-    return ip_capture_began(r, hStream, mode);
+    return ip_begin((ip_begin_call_t){.form = IP_BEGIN_TO_GRAPH,
+                                      .stream = hStream,
+                                      .mode = mode,
+                                      .graph = hGraph,
+                                      .dependencies = dependencies,
+                                      .dependency_data = dependencyData,
+                                      .dependency_count = numDependencies});
 }
 
 CUresult vmh_ip_cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
@@ -247,10 +295,13 @@ CUresult vmh_ip_cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGrap
                                                  const CUgraphEdgeData *dependencyData,
                                                  size_t numDependencies, CUstreamCaptureMode mode)
 {
-    CUresult r;
-    IP_CALL_REAL(r, cuStreamBeginCaptureToGraph_ptsz, hStream, hGraph, dependencies, dependencyData,
-                 numDependencies, mode);
-    return ip_capture_began(r, ip_ptsz_stream(hStream), mode);
+    return ip_begin((ip_begin_call_t){.form = IP_BEGIN_TO_GRAPH_PTSZ,
+                                      .stream = hStream,
+                                      .mode = mode,
+                                      .graph = hGraph,
+                                      .dependencies = dependencies,
+                                      .dependency_data = dependencyData,
+                                      .dependency_count = numDependencies});
 }
 
 CUresult vmh_ip_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)

@@ -332,10 +332,11 @@ static void nap_locked(long ns)
 static void *reclaim_main(void *unused)
 {
     (void)unused;
-    /* Relaxed capture interaction mode: by the driver's rule, another thread's capture then
-     * never makes this thread's synchronize a refused (and capture-invalidating) call. The
-     * look at vmh_capture_any() below still keeps it from synchronizing during a capture; this
-     * covers a capture that begins between that look and the synchronize. */
+    /* Relaxed capture interaction mode: by the driver's rule, another thread's global-mode
+     * capture then never makes this thread's potentially unsafe calls (the releases after a
+     * wait) refused ones. It does not cover the synchronize itself: a context synchronize
+     * conflicts with a capture in any mode. That one is kept apart by contexts.c: it refuses
+     * while a capture is in progress, and a capture cannot begin while it runs (issue 14). */
     CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
     if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
         vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);

@@ -515,9 +515,16 @@ static bool capture_global_s2(void *arg)
     return true;
 }
 
-/* Forked while another thread waits on a context and has a capture in progress: in the child,
- * forgetting that context and reporting captures return at once, and only this thread's own
- * capture is left. */
+static void *begin_global_s2(void *arg)
+{
+    (void)arg;
+    vmh_capture_began(S2, CU_STREAM_CAPTURE_MODE_GLOBAL); /* held at the gate meanwhile */
+    return NULL;
+}
+
+/* Forked while another thread waits on a context and a third one's capture begin waits for that
+ * wait: in the child, forgetting that context and beginning captures return at once, and the
+ * pending begin is gone. In the parent the begin goes through once the wait is over. */
 static void child_after_fork_never_blocks(void **state)
 {
     (void)state;
@@ -529,11 +536,12 @@ static void child_after_fork_never_blocks(void **state)
     atomic_store(&sync_entered, 0);
     atomic_store(&sync_release, 0);
     CUresult sync_rc = CUDA_ERROR_UNKNOWN;
-    pthread_t waiter;
+    pthread_t waiter, beginner;
     assert_int_equal(pthread_create(&waiter, NULL, sync_thread, &sync_rc), 0);
     wait_step(&sync_entered, 1);
-    assert_true(on_thread(capture_global_s2, NULL)); /* another thread's, still in progress */
-    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    assert_int_equal(pthread_create(&beginner, NULL, begin_global_s2, NULL), 0);
+    while (vmh_capture_begins_pending() == 0)
+        usleep(100);
 
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -542,23 +550,54 @@ static void child_after_fork_never_blocks(void **state)
         /* vmh_contexts_after_fork_child has run (pthread_atfork, registered by contexts.c) */
         vmh_ctx_forget(ctx1);
         int code = 0;
+        if (vmh_capture_begins_pending() != 0 || vmh_capture_any())
+            code = 2; /* the other thread's begin kept */
+        vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        if (!vmh_capture_any())
+            code = 3;
+        vmh_capture_ended(S1);
+        _exit(code);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_false(vmh_capture_any()); /* still held at the gate */
+    atomic_store(&sync_release, 1);
+    pthread_join(waiter, NULL);
+    pthread_join(beginner, NULL);
+    vmh_driver_install(sim_table());
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(sync_rc, CUDA_SUCCESS);
+    assert_true(vmh_capture_any()); /* begun after the wait */
+    vmh_capture_ended(S2);
+}
+
+/* Forked while this thread and another have captures in progress: in the child only this
+ * thread's own capture is left. */
+static void child_keeps_only_its_own_capture(void **state)
+{
+    (void)state;
+    assert_true(on_thread(capture_global_s2, NULL)); /* another thread's, still in progress */
+    vmh_capture_began(S1, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(10);
+        int code = 0;
         if (!vmh_capture_any())
             code = 2; /* own capture lost */
         vmh_capture_ended(S1);
         if (vmh_capture_any())
             code = 3; /* the other thread's capture kept */
-        vmh_capture_began(S2, CU_STREAM_CAPTURE_MODE_GLOBAL);
-        vmh_capture_ended(S2);
         _exit(code);
     }
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
-    atomic_store(&sync_release, 1);
-    pthread_join(waiter, NULL);
-    vmh_driver_install(sim_table());
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
-    assert_int_equal(sync_rc, CUDA_SUCCESS);
+    vmh_capture_ended(S1);
+    vmh_capture_ended(S2); /* reported by this thread for the other: a named stream is one */
+    assert_false(vmh_capture_any());
 }
 
 /* --------------------------------------------------------------------------------------------- */
@@ -603,6 +642,7 @@ int main(void)
         T(capture_per_thread_stream_is_per_thread),
         T(sync_refused_during_capture_without_a_driver_call),
         T(child_after_fork_never_blocks),
+        T(child_keeps_only_its_own_capture),
         T(driver_calls_counted_once),
 #undef T
     };

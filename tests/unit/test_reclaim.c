@@ -14,6 +14,7 @@
 
 #include <cudaTypedefs.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -307,12 +308,29 @@ static void free_sync_blocks_like_native(void **state)
 
 /* ---- captures ----------------------------------------------------------------------------- */
 
+/* The simulated driver's begin, made through the gate as the interposer makes it. */
+typedef struct {
+    CUstream stream;
+    CUstreamCaptureMode mode;
+} begin_call_t;
+
+static CUresult sim_begin(void *arg)
+{
+    const begin_call_t *c = arg;
+    return F.begin_capture(c->stream, c->mode);
+}
+
+static void begin_capture_on(CUstream s, CUstreamCaptureMode mode)
+{
+    begin_call_t call = {s, mode};
+    assert_int_equal(vmh_capture_begin(s, mode, sim_begin, &call), CUDA_SUCCESS);
+}
+
 static CUstream begin_capture(CUstreamCaptureMode mode)
 {
     CUstream s;
     assert_int_equal(F.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    assert_int_equal(F.begin_capture(s, mode), CUDA_SUCCESS);
-    vmh_capture_began(s, mode);
+    begin_capture_on(s, mode);
     return s;
 }
 
@@ -360,9 +378,8 @@ static void global_capture_keeps_frees_parked(void **state)
 }
 
 /* Captures begin and end again and again while the reclaim thread has work: none is refused a
- * call or invalidated. (A stress test: a capture that begins between the thread's look at the
- * captures and its synchronize is covered by the thread's relaxed interaction mode, but that
- * window is too narrow to be hit on purpose here.) */
+ * call or invalidated. (A stress test; the window between the thread's look at the captures and
+ * its synchronize is hit on purpose by capture_begun_during_a_background_sync_waits.) */
 static void captures_race_the_reclaim_thread(void **state)
 {
     (void)state;
@@ -381,6 +398,54 @@ static void captures_race_the_reclaim_thread(void **state)
     assert_int_equal(sim_capture_refusals(), 0);
     assert_true(vmh_reclaim_settle(5000));
     assert_true(vmh_counter_get(VMH_STAT_syncs_background) >= 1);
+}
+
+/* The reclaim thread's synchronize hands over to the test thread, which begins a capture, and
+ * goes on only once that capture has begun or is held at the gate (issue 14: on the driver a
+ * context synchronize during a capture fails and invalidates it, in any mode). */
+static struct {
+    vmh_driver_t table;  /* the simulated driver's, with the synchronize below */
+    atomic_bool armed;   /* the next synchronize hands over */
+    atomic_bool go;      /* the test thread may begin its capture */
+    atomic_bool begun;   /* its begin returned */
+} race;
+
+static CUresult sync_letting_a_capture_begin(void)
+{
+    if (atomic_exchange(&race.armed, false)) {
+        atomic_store(&race.go, true);
+        while (!atomic_load(&race.begun) && vmh_capture_begins_pending() == 0)
+            sleep_ms(1);
+    }
+    return sim_table()->cuCtxSynchronize();
+}
+
+static void capture_begun_during_a_background_sync_waits(void **state)
+{
+    (void)state;
+    reset(NULL, true, SIZE_MAX);
+    race.table = *sim_table();
+    race.table.cuCtxSynchronize = sync_letting_a_capture_begin;
+    atomic_store(&race.go, false);
+    atomic_store(&race.begun, false);
+    vmh_driver_install(&race.table); /* before the reclaim thread starts: at the first park */
+    CUstream s;
+    assert_int_equal(F.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);
+    atomic_store(&race.armed, true);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS); /* wakes the thread */
+    for (int ms = 0; !atomic_load(&race.go); ms++) {
+        assert_true(ms < 5000);
+        sleep_ms(1);
+    }
+    /* The thread is inside vmh_ctx_sync_device, past its look at the captures. */
+    begin_capture_on(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    atomic_store(&race.begun, true);
+    assert_int_equal(sim_capture_refusals(), 0);
+    assert_int_equal(sim_sync_count(NULL), 1); /* it finished first, and none began after */
+    end_capture_ok(s);
+    assert_true(vmh_reclaim_settle(5000));
 }
 
 /* cudaMalloc in relaxed mode during a capture (PyTorch's graph pools): served from fresh memory
@@ -686,6 +751,7 @@ int main(void)
         cmocka_unit_test_teardown(global_capture_keeps_frees_parked, teardown),
         cmocka_unit_test_teardown(relaxed_capture_allocation_without_sync, teardown),
         cmocka_unit_test_teardown(captures_race_the_reclaim_thread, teardown),
+        cmocka_unit_test_teardown(capture_begun_during_a_background_sync_waits, teardown),
         cmocka_unit_test_teardown(out_of_memory_during_capture_does_not_wait, teardown),
         cmocka_unit_test_teardown(threads_churn_with_the_reclaim_thread, teardown),
         cmocka_unit_test_teardown(parked_bytes_sharded_by_thread, teardown),
