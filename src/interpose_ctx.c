@@ -147,41 +147,21 @@ static void ip_primary_going(CUdevice dev)
         vmh_ctx_forget(atomic_load_explicit(&ip_primary[dev], memory_order_acquire));
 }
 
-CUresult vmh_ip_cuDevicePrimaryCtxRelease(CUdevice dev)
-{
-    ip_primary_going(dev);
-    CUresult r;
-    IP_CALL_REAL(r, cuDevicePrimaryCtxRelease, dev);
-    vmh_ctx_current_changed();
-    return r;
-}
-
-CUresult vmh_ip_cuDevicePrimaryCtxRelease_v2(CUdevice dev)
-{
-    ip_primary_going(dev);
-    CUresult r;
-    IP_CALL_REAL(r, cuDevicePrimaryCtxRelease_v2, dev);
-    vmh_ctx_current_changed();
-    return r;
-}
-
-CUresult vmh_ip_cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    ip_primary_going(dev);
-    CUresult r;
-    IP_CALL_REAL(r, cuDevicePrimaryCtxReset, dev);
-    vmh_ctx_current_changed();
-    return r;
-}
-
-CUresult vmh_ip_cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    ip_primary_going(dev);
-    CUresult r;
-    IP_CALL_REAL(r, cuDevicePrimaryCtxReset_v2, dev);
-    vmh_ctx_current_changed();
-    return r;
-}
+/* The four release/reset forms differ only in the real function they call. */
+#define IP_PRIMARY_GOING_WRAPPER(sym)                                                              \
+    CUresult vmh_ip_##sym(CUdevice dev)                                                            \
+    {                                                                                              \
+        ip_primary_going(dev);                                                                     \
+        CUresult r;                                                                                \
+        IP_CALL_REAL(r, sym, dev);                                                                 \
+        vmh_ctx_current_changed();                                                                 \
+        return r;                                                                                  \
+    }
+IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxRelease)
+IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxRelease_v2)
+IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxReset)
+IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxReset_v2)
+#undef IP_PRIMARY_GOING_WRAPPER
 
 /* ---------------------------------------------------------------------------------------------
  * Stream capture.
