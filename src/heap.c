@@ -101,8 +101,7 @@ static bool dev_relieve(vmh_dev_t *d)
     vmh_pressure_fn hook = atomic_load(&pressure_hook);
     /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
     bool dropped = hook && hook();
-    if (vmh_reclaim_pending(&h->reclaim))
-        vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
+    vmh_reclaim_drain(&h->reclaim);
     size_t bytes = vmh_cache_trim(&h->cache);
     FOR_EACH_PART(h, p)
         bytes += vmh_packing_trim(&p->pack);
@@ -588,8 +587,7 @@ size_t vmh_heap_trim(void)
         hdev_t *h = atomic_load_explicit(&devs[i], memory_order_acquire);
         if (!h || h->dev.unsupported)
             continue;
-        if (vmh_reclaim_pending(&h->reclaim))
-            vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP); /* not during a capture (reclaim.h) */
+        vmh_reclaim_drain(&h->reclaim); /* not during a capture (reclaim.h) */
         size_t b = vmh_cache_trim(&h->cache);
         FOR_EACH_PART(h, p)
             b += vmh_packing_trim(&p->pack);

@@ -249,6 +249,16 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
     return rc;
 }
 
+CUresult vmh_reclaim_drain(vmh_reclaim_t *r)
+{
+    if (vmh_reclaim_pending(r))
+        return vmh_reclaim_wait(r, VMH_WAIT_APP);
+    /* Nothing queued: items taken by a wait in progress are released under its lock. */
+    pthread_mutex_lock(&r->wait_lock);
+    pthread_mutex_unlock(&r->wait_lock);
+    return CUDA_SUCCESS;
+}
+
 void vmh_reclaim_throttle(vmh_reclaim_t *r)
 {
     size_t limit = opt ? opt->park_limit : SIZE_MAX;

@@ -118,6 +118,13 @@ size_t vmh_reclaim_parked_bytes(const vmh_reclaim_t *r);
  * with a lock of the heap held. */
 CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who);
 
+/* Waits (as VMH_WAIT_APP) until everything parked before the call has been released: a wait
+ * when anything is queued, else until a wait in progress (the reclaim thread's) has finished
+ * its releases: it takes its items off the queue before it releases them, so an empty queue
+ * alone does not mean that their memory is back (issue 13: a trim racing the reclaim thread
+ * left a chunk mapped). Returns what the wait returned (CUDA_SUCCESS when none was needed). */
+CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
+
 /* Before an allocation on an application thread: waits (as VMH_WAIT_APP) while more than
  * VMMHOOK_PARK_LIMIT bytes are parked, unless a stream of the process is capturing (then the
  * allocation is served from memory that needs no wait). Returns at once otherwise. */

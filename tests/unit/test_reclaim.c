@@ -736,6 +736,77 @@ static void oom_wait_failure_sweep(void **state)
     }
 }
 
+/* A trim (or an out-of-memory retry) that finds the queue empty while the reclaim thread is
+ * still releasing what it took off the queue must wait for those releases: otherwise the trim
+ * runs before the memory is back and misses it (issue 13: CI's ip_ipc found a chunk still
+ * held after vmm_trim, the H200's realloc_gpu 64 MiB still mapped at exit). */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool in_release, may_finish, released, drained;
+} slow = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, false, false};
+
+static size_t slow_release(vmh_parked_t *item, uint64_t passed)
+{
+    (void)item;
+    (void)passed;
+    pthread_mutex_lock(&slow.lock);
+    slow.in_release = true;
+    pthread_cond_broadcast(&slow.cond);
+    while (!slow.may_finish)
+        pthread_cond_wait(&slow.cond, &slow.lock);
+    slow.released = true;
+    pthread_mutex_unlock(&slow.lock);
+    return 4096;
+}
+
+static void *background_wait(void *r)
+{
+    assert_int_equal(vmh_reclaim_wait(r, VMH_WAIT_BACKGROUND), CUDA_SUCCESS);
+    return NULL;
+}
+
+static void *drain(void *r)
+{
+    assert_int_equal(vmh_reclaim_drain(r), CUDA_SUCCESS);
+    pthread_mutex_lock(&slow.lock);
+    slow.drained = true;
+    pthread_mutex_unlock(&slow.lock);
+    return NULL;
+}
+
+static void drain_waits_for_releases_in_progress(void **state)
+{
+    (void)state;
+    reset(NULL, false, SIZE_MAX);
+    vmh_dev_t dev = {.ordinal = 0};
+    vmh_reclaim_t r;
+    vmh_reclaim_init(&r, &dev);
+    vmh_parked_t item = {.release = slow_release};
+    vmh_reclaim_park(&r, &item, vmh_reclaim_now(&r), 4096);
+
+    pthread_t waiter, drainer;
+    assert_int_equal(pthread_create(&waiter, NULL, background_wait, &r), 0);
+    pthread_mutex_lock(&slow.lock);
+    while (!slow.in_release)
+        pthread_cond_wait(&slow.cond, &slow.lock);
+    pthread_mutex_unlock(&slow.lock);
+    assert_false(vmh_reclaim_pending(&r)); /* taken off the queue, not yet released */
+
+    assert_int_equal(pthread_create(&drainer, NULL, drain, &r), 0);
+    sleep_ms(50);
+    pthread_mutex_lock(&slow.lock);
+    assert_false(slow.drained); /* the release is still running: the drain waits for it */
+    slow.may_finish = true;
+    pthread_cond_broadcast(&slow.cond);
+    pthread_mutex_unlock(&slow.lock);
+    assert_int_equal(pthread_join(drainer, NULL), 0);
+    assert_int_equal(pthread_join(waiter, NULL), 0);
+    assert_true(slow.released && slow.drained);
+    assert_int_equal(vmh_reclaim_parked_bytes(&r), 0);
+    vmh_reclaim_destroy(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -759,6 +830,7 @@ int main(void)
         cmocka_unit_test_teardown(forked_child_has_no_reclaim_thread, teardown),
         cmocka_unit_test_teardown(background_wait_failures_are_retried, teardown),
         cmocka_unit_test_teardown(oom_wait_failure_sweep, teardown),
+        cmocka_unit_test_teardown(drain_waits_for_releases_in_progress, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
