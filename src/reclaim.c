@@ -45,7 +45,9 @@ static struct {
 /* Pause between two background waits: bounds the thread to 10,000 synchronizations a second
  * when the program frees faster than that while the GPU is idle (each wait then returns at
  * once), while freed memory still comes back within a fraction of a millisecond. */
-#define BG_PACE_NS 100000L
+#ifndef VMH_BG_PACE_NS /* a build may try another pace (tools/probe/park-limit-sweep.sh) */
+#define VMH_BG_PACE_NS 100000L
+#endif
 /* While a stream captures, how often the thread looks again (it must not synchronize then). */
 #define BG_CAPTURE_POLL_NS 1000000L
 /* After a failed wait (the driver refused it), before the next try. */
@@ -278,11 +280,20 @@ void vmh_reclaim_throttle(vmh_reclaim_t *r)
      * the cache or fresh memory, and the frees wait for the capture to end. */
     if (vmh_capture_any())
         return;
+    /* The thread stalls from here: behind the wait in progress (the reclaim thread's, which
+     * holds the lock until the GPU has passed it) and then, if that did not bring the parked
+     * bytes under the limit, its own. Both count as the stall (park_wait_us). */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     pthread_mutex_lock(&r->wait_lock);
     /* The reclaim thread's wait, or another thread's, may have brought it under meanwhile. */
     if (vmh_reclaim_parked_bytes(r) > limit)
         wait_now(r, VMH_WAIT_APP);
     pthread_mutex_unlock(&r->wait_lock);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int64_t us = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000;
+    vmh_count(VMH_STAT_park_waits, 1);
+    vmh_count(VMH_STAT_park_wait_us, us > 0 ? (uint64_t)us : 0);
 }
 
 void vmh_reclaim_release_all(vmh_reclaim_t *r)
@@ -376,7 +387,7 @@ static void *reclaim_main(void *unused)
         pthread_mutex_lock(&bg.lock);
         bg.busy = false;
         if (!bg.stopping)
-            nap_locked(rc == CUDA_SUCCESS ? BG_PACE_NS : BG_RETRY_NS);
+            nap_locked(rc == CUDA_SUCCESS ? VMH_BG_PACE_NS : BG_RETRY_NS);
     }
     pthread_mutex_unlock(&bg.lock);
     return NULL;

@@ -26,6 +26,8 @@
     X(syncs, "context synchronizations")                                                           \
     X(syncs_blocking, "  of them blocking an app thread")                                          \
     X(syncs_background, "  of them by the reclaim thread")                                         \
+    X(park_waits, "allocations that waited at the park limit")                                     \
+    X(park_wait_us, "  microseconds they waited")                                                  \
     X(cache_hits, "allocations served from the cache")                                             \
     X(grows_in_place, "grows that kept the pointer")                                               \
     X(moves, "grows that moved the buffer")                                                        \

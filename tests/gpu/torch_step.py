@@ -150,6 +150,9 @@ def main():
             print("SYNC " + " ".join(f"{k} {(a[k] - b.get(k, 0)) / n:.2f}" for k in sorted(a)))
         else:
             print("I vmm_stats_json has no counter named *sync* or *wait*")
+        ca, cb = after.get("counters", {}), before.get("counters", {})
+        print("COUNTS " + " ".join(f"{k} {(v - cb.get(k, 0)) / n:.2f}" for k, v in sorted(ca.items())
+                                   if isinstance(v, (int, float))))
         pr, pm = gauge_peak(after, "bytes_requested"), gauge_peak(after, "bytes_mapped")
         if pr and pm:
             print(f"MEM peak_requested {pr} peak_device {pm} source hook-gauges(whole-run)")

@@ -237,11 +237,13 @@ static void park_limit_makes_the_allocating_thread_wait(void **state)
     assert_int_equal(vmh_heap_alloc(4 * MiB, &q), CUDA_SUCCESS);
     assert_true(q != p[0] && q != p[1]);
     assert_int_equal(vmh_counter_get(VMH_STAT_syncs), 0);
+    assert_int_equal(vmh_counter_get(VMH_STAT_park_waits), 0);
     assert_int_equal(vmh_heap_free(p[2], NULL, false), CUDA_SUCCESS);
     /* 12 MiB parked: the next allocation waits once and reuses. */
     CUdeviceptr r;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &r), CUDA_SUCCESS);
     assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 1);
+    assert_int_equal(vmh_counter_get(VMH_STAT_park_waits), 1); /* and the stall is counted */
     assert_true(r == p[0] || r == p[1] || r == p[2]);
     assert_int_equal(vmh_heap_free(r, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
