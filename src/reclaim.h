@@ -15,7 +15,8 @@
  * stream of the process captures, so application threads do not stall. An application thread
  * waits only
  *   - before an allocation, while the device's parked bytes exceed VMMHOOK_PARK_LIMIT and no
- *     stream captures (vmh_reclaim_throttle);
+ *     stream captures (vmh_reclaim_throttle), and at the free of one buffer larger than the
+ *     limit (the heap's front);
  *   - when the driver ran out of memory, or the program asked for it (VMMHOOK_FREE_SYNC, a
  *     blocking vmm_realloc, vmh_heap_trim): vmh_reclaim_wait(r, VMH_WAIT_APP), which never
  *     synchronizes while the driver would refuse it to the calling thread (a capture:

@@ -249,6 +249,30 @@ static void park_limit_makes_the_allocating_thread_wait(void **state)
     assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
 }
 
+/* The free of one buffer larger than the park limit waits at the free, as cudaFree does: the
+ * next allocation of its size then comes from the cache without a wait of its own. A smaller
+ * free does not wait; an asynchronous free never does. */
+static void free_larger_than_the_park_limit_waits_at_the_free(void **state)
+{
+    (void)state;
+    reset(NULL, false, 10 * MiB);
+    CUdeviceptr small, big, again, async_big;
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &small), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(16 * MiB, &big), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(16 * MiB, &async_big), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 0);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 1);
+    assert_int_equal(vmh_heap_alloc(16 * MiB, &again), CUDA_SUCCESS);
+    assert_true(again == big); /* from the cache */
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 1);
+    assert_int_equal(vmh_counter_get(VMH_STAT_park_waits), 0);
+    assert_int_equal(vmh_heap_free(async_big, NULL, true), CUDA_SUCCESS);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 1);
+    assert_int_equal(vmh_heap_free(again, NULL, false), CUDA_SUCCESS);
+}
+
 /* Out of memory with frees parked: the allocating thread waits, reclaims and retries. */
 static void out_of_memory_waits_and_retries(void **state)
 {
@@ -818,6 +842,7 @@ int main(void)
         cmocka_unit_test_teardown(destroyed_context_is_skipped, teardown),
         cmocka_unit_test_teardown(steady_state_has_no_blocking_sync, teardown),
         cmocka_unit_test_teardown(park_limit_makes_the_allocating_thread_wait, teardown),
+        cmocka_unit_test_teardown(free_larger_than_the_park_limit_waits_at_the_free, teardown),
         cmocka_unit_test_teardown(out_of_memory_waits_and_retries, teardown),
         cmocka_unit_test_teardown(trim_releases_parked_frees_for_another_allocator, teardown),
         cmocka_unit_test_teardown(free_sync_blocks_like_native, teardown),
