@@ -121,11 +121,21 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
 
 /* ---- usable bytes (VMMHOOK_MEM_LIMIT) ---------------------------------------------------- */
 
+/* Raises the recent peak to `now` (usually one relaxed load: the peak is rarely passed). */
+static void peak_note(vmh_dev_t *d, size_t now)
+{
+    size_t peak = atomic_load_explicit(&d->peak_usable, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak_explicit(&d->peak_usable, &peak, now,
+                                                                memory_order_relaxed,
+                                                                memory_order_relaxed))
+        ;
+}
+
 bool vmh_dev_usable_take(vmh_dev_t *d, size_t n)
 {
     size_t limit = opt->mem_limit;
     if (!limit) {
-        atomic_fetch_add_explicit(&d->live_usable, n, memory_order_relaxed);
+        peak_note(d, atomic_fetch_add_explicit(&d->live_usable, n, memory_order_relaxed) + n);
         return true;
     }
     size_t cur = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
@@ -134,7 +144,20 @@ bool vmh_dev_usable_take(vmh_dev_t *d, size_t n)
             return false;
     } while (!atomic_compare_exchange_weak_explicit(&d->live_usable, &cur, cur + n,
                                                     memory_order_relaxed, memory_order_relaxed));
+    peak_note(d, cur + n);
     return true;
+}
+
+size_t vmh_dev_usable_peak(const vmh_dev_t *d)
+{
+    return atomic_load_explicit((_Atomic size_t *)&d->peak_usable, memory_order_relaxed);
+}
+
+void vmh_dev_usable_peak_reset(vmh_dev_t *d)
+{
+    atomic_store_explicit(&d->peak_usable,
+                          atomic_load_explicit(&d->live_usable, memory_order_relaxed),
+                          memory_order_relaxed);
 }
 
 void vmh_dev_usable_give(vmh_dev_t *d, size_t n)
@@ -146,7 +169,10 @@ void vmh_dev_usable_give(vmh_dev_t *d, size_t n)
 
 void vmh_dev_usable_adjust(vmh_dev_t *d, int64_t delta)
 {
-    atomic_fetch_add_explicit(&d->live_usable, (size_t)delta, memory_order_relaxed);
+    size_t now = atomic_fetch_add_explicit(&d->live_usable, (size_t)delta, memory_order_relaxed) +
+                 (size_t)delta;
+    if (delta > 0)
+        peak_note(d, now);
 }
 
 /* ---- address space (VMMHOOK_VA_LIMIT, VMMHOOK_HEADROOM) ---------------------------------- */

@@ -61,6 +61,9 @@ struct vmh_dev {
     /* Usable bytes of live buffers (and of allocations in flight), for VMMHOOK_MEM_LIMIT:
      * taken before a buffer is made (vmh_dev_usable_take), so the limit is never exceeded. */
     _Atomic size_t live_usable;
+    /* The most live_usable has been since the last vmh_dev_usable_peak_reset (a trim): the
+     * cache may keep what the program held at that peak and does not hold now (cache.h). */
+    _Atomic size_t peak_usable;
     vmh_relieve_fn relieve; /* set by the front before the device is published */
 };
 
@@ -77,6 +80,9 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx);
 bool vmh_dev_usable_take(vmh_dev_t *d, size_t n);
 void vmh_dev_usable_give(vmh_dev_t *d, size_t n);
 void vmh_dev_usable_adjust(vmh_dev_t *d, int64_t delta);
+/* The recent peak of the usable bytes (peak_usable), and its reset to the bytes live now. */
+size_t vmh_dev_usable_peak(const vmh_dev_t *d);
+void vmh_dev_usable_peak_reset(vmh_dev_t *d);
 
 /* Address space for a buffer of `size` bytes (headroom when it may grow, within the
  * VMMHOOK_VA_LIMIT budget), and whether `reserve` more bytes would pass the budget. */
