@@ -31,7 +31,9 @@
  * Build: meson setup build -Dunit_tests=enabled (it links the simulated driver and the unit
  * suites' set-up, hence cmocka); run:
  *   build/tools/probe/churn_sim [--pack 8M,16M,...] [--threads 1,16] [--steps N] [--warmup N]
- *                               [--no-reclaim-thread] [--quiet]
+ *                               [--repeat N] [--no-reclaim-thread] [--quiet]
+ * With --repeat N every setting runs N times (a fresh heap each) and a figure that differs is
+ * printed as its min-max.
  * Exit 0, or 1 when an allocation failed or the driver's ledger was not empty at the end.
  */
 #ifndef VMH_TESTING
@@ -321,6 +323,81 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     return res;
 }
 
+/* ---- the table ---------------------------------------------------------------------------- */
+
+/* One cell: the figure, or "min-max" over the repetitions when they differ as printed. */
+static void cell(char *buf, size_t len, const char *fmt, double lo, double hi)
+{
+    char a[32], b[32];
+    snprintf(a, sizeof a, fmt, lo);
+    snprintf(b, sizeof b, fmt, hi);
+    if (strcmp(a, b) == 0)
+        snprintf(buf, len, "%s", a);
+    else
+        snprintf(buf, len, "%s-%s", a, b);
+}
+
+/* The figures of the table, in its column order. */
+#define COLUMNS(X)                                                                                 \
+    X("driver calls / 1000 steps", "%.1f", r->driver_calls)                                       \
+    X("of them VMM", "%.1f", r->vmm_calls)                                                         \
+    X("syncs", "%.1f", r->syncs)                                                                   \
+    X("blocking syncs", "%.1f", r->syncs_blocking)                                                 \
+    X("cache hits / 1000", "%.1f", r->cache_hits)                                                  \
+    X("mapped / requested, bench (d) window", "%.3f", r->window_ratio)                             \
+    X("mapped / requested, whole run", "%.3f", r->run_ratio)                                       \
+    X("peak mapped MiB", "%.0f", (double)r->peak_mapped / MiB)                                     \
+    X("peak requested MiB", "%.0f", (double)r->peak_requested / MiB)                               \
+    X("peak reserved MiB", "%.0f", (double)r->peak_reserved / MiB)                                 \
+    X("sim us/step", "%.2f", r->sim_us_per_step)
+
+/* A markdown row for one setting over its nrep results. */
+static void print_row(const result_t *res, int nrep)
+{
+    printf("| %zuM | %d |", res[0].pack_below / MiB, res[0].threads);
+#define PRINT_COLUMN(title, fmt, expr)                                                             \
+    {                                                                                              \
+        double lo = 0, hi = 0;                                                                     \
+        for (int k = 0; k < nrep; k++) {                                                           \
+            const result_t *r = &res[k];                                                           \
+            double v = (expr);                                                                     \
+            lo = k == 0 || v < lo ? v : lo;                                                        \
+            hi = k == 0 || v > hi ? v : hi;                                                        \
+        }                                                                                          \
+        char c[64];                                                                                \
+        cell(c, sizeof c, fmt, lo, hi);                                                            \
+        /* bench (d)'s window is run on one thread only */                                         \
+        printf(" %s |", strcmp(title, "mapped / requested, bench (d) window") == 0 &&           \
+                                res[0].threads != 1                                                \
+                            ? "-"                                                                  \
+                            : c);                                                                  \
+    }
+    COLUMNS(PRINT_COLUMN)
+#undef PRINT_COLUMN
+    printf("\n");
+}
+
+static void print_table(const result_t *res, int nsettings, int nrep)
+{
+#define PRINT_TITLE(title, fmt, expr) printf(" %s |", title);
+#define PRINT_RULE(title, fmt, expr) printf(" --- |");
+    printf("\n| pack below | threads |");
+    COLUMNS(PRINT_TITLE)
+    printf("\n| --- | --- |");
+    COLUMNS(PRINT_RULE)
+    printf("\n");
+#undef PRINT_TITLE
+#undef PRINT_RULE
+    result_t *one = calloc((size_t)nrep, sizeof *one);
+    assert(one);
+    for (int i = 0; i < nsettings; i++) {
+        for (int k = 0; k < nrep; k++)
+            one[k] = res[k * nsettings + i];
+        print_row(one, nrep);
+    }
+    free(one);
+}
+
 /* ---- command line ------------------------------------------------------------------------- */
 
 static int parse_sizes(const char *s, size_t *out, int max)
@@ -339,7 +416,8 @@ static int parse_sizes(const char *s, size_t *out, int max)
 static void usage(void)
 {
     fprintf(stderr, "usage: churn_sim [--pack 8M,16M,32M,64M,128M,512M] [--threads 1,16] "
-                    "[--steps 200000] [--warmup 20000] [--no-reclaim-thread] [--quiet]\n");
+                    "[--steps 200000] [--warmup 20000] [--repeat 1] [--no-reclaim-thread] "
+                    "[--quiet]\n");
     exit(2);
 }
 
@@ -349,7 +427,7 @@ int main(int argc, char **argv)
     int npacks = 6;
     size_t threads[MAX_SETTINGS] = {1, 16};
     int nthreads = 2;
-    long steps = 200000, warmup = 20000;
+    long steps = 200000, warmup = 20000, repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--pack") == 0 && v) {
@@ -364,6 +442,9 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--warmup") == 0 && v) {
             warmup = strtol(v, NULL, 10);
             i++;
+        } else if (strcmp(a, "--repeat") == 0 && v) {
+            repeat = strtol(v, NULL, 10);
+            i++;
         } else if (strcmp(a, "--no-reclaim-thread") == 0) {
             reclaim_thread = false;
         } else if (strcmp(a, "--quiet") == 0) {
@@ -372,7 +453,8 @@ int main(int argc, char **argv)
             usage();
         }
     }
-    if (npacks <= 0 || nthreads <= 0 || steps <= 0 || warmup < MEM_WINDOW_STEPS)
+    if (npacks <= 0 || nthreads <= 0 || steps <= 0 || warmup < MEM_WINDOW_STEPS || repeat < 1 ||
+        repeat > 100)
         usage();
     for (int i = 0; i < nthreads; i++)
         if (threads[i] < 1 || threads[i] > MAX_THREADS || threads[i] > LIVE_BLOCKS)
@@ -381,37 +463,22 @@ int main(int argc, char **argv)
     vmh_options_t env;
     vmh_options_apply(&env, vmh_options_env_get, NULL);
     printf("churn_sim: bench.cu's churn on the simulated driver, %ld measured steps after %ld "
-           "(fill + warm-up); VMMHOOK_CACHE_LIMIT %zu MiB, VMMHOOK_PARK_LIMIT %zu MiB; reclaim "
-           "thread %s\n",
-           steps, warmup, env.cache_limit / MiB, env.park_limit / MiB,
+           "(fill + warm-up), %ld run(s) of each setting; VMMHOOK_CACHE_LIMIT %zu MiB, "
+           "VMMHOOK_PARK_LIMIT %zu MiB; reclaim thread %s\n",
+           steps, warmup, repeat, env.cache_limit / MiB, env.park_limit / MiB,
            reclaim_thread ? "on (syncs are instant here)" : "off");
-    result_t res[MAX_SETTINGS * MAX_SETTINGS];
-    int nres = 0;
+    int nsettings = npacks * nthreads;
+    result_t *res = calloc((size_t)(nsettings * repeat), sizeof *res);
+    assert(res);
     bool failed = false;
-    for (int p = 0; p < npacks; p++)
-        for (int t = 0; t < nthreads; t++) {
-            res[nres] = run_one(packs[p], (int)threads[t], warmup, steps);
-            failed |= res[nres].failed;
-            nres++;
-        }
-
-    printf("\n| pack below | threads | driver calls / 1000 steps | of them VMM | syncs | "
-           "blocking syncs | cache hits / 1000 | mapped / requested, bench (d) window | "
-           "mapped / requested, whole run | peak mapped MiB | peak requested MiB | "
-           "peak reserved MiB | sim us/step |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for (int i = 0; i < nres; i++) {
-        const result_t *r = &res[i];
-        char window[32] = "-";
-        if (r->threads == 1)
-            snprintf(window, sizeof window, "%.3f", r->window_ratio);
-        printf("| %zuM | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %s | %.3f | %lld | %lld | %lld | "
-               "%.2f |\n",
-               r->pack_below / MiB, r->threads, r->driver_calls, r->vmm_calls, r->syncs,
-               r->syncs_blocking, r->cache_hits, window, r->run_ratio,
-               (long long)(r->peak_mapped / (int64_t)MiB),
-               (long long)(r->peak_requested / (int64_t)MiB),
-               (long long)(r->peak_reserved / (int64_t)MiB), r->sim_us_per_step);
-    }
+    for (int k = 0; k < repeat; k++)
+        for (int p = 0; p < npacks; p++)
+            for (int t = 0; t < nthreads; t++) {
+                result_t *r = &res[k * nsettings + p * nthreads + t];
+                *r = run_one(packs[p], (int)threads[t], warmup, steps);
+                failed |= r->failed;
+            }
+    print_table(res, nsettings, (int)repeat);
+    free(res);
     return failed ? 1 : 0;
 }
