@@ -16,8 +16,9 @@
  * product's background reclaim thread unless --no-reclaim-thread): fill, `--warmup` steps, then
  * `--steps` measured steps (split over the threads). Printed:
  *   - per 1000 measured steps: the library's VMH_STAT_driver_calls, its cache hits, blocking
- *     synchronizations and waits at VMMHOOK_PARK_LIMIT, and the simulated driver's own count of each entry point called
- *     (sim_calls), so that a driver call is attributed to cuMemCreate, cuMemMap, ...;
+ *     synchronizations and waits at VMMHOOK_PARK_LIMIT, and the simulated driver's own count
+ *     of each entry point called (sim_calls), so that a driver call is attributed to
+ *     cuMemCreate, cuMemMap, ...;
  *   - the library's gauges: peak bytes mapped / peak bytes requested, at the end of bench (d)'s
  *     window (fill + 4000 steps, one thread only: the GPU figure it compares with) and over the
  *     whole run; peak bytes reserved.
@@ -48,6 +49,7 @@
 #include "optparse.h"
 
 #include <assert.h>
+#include <math.h>
 #include <pthread.h>
 #include <time.h>
 
@@ -148,9 +150,18 @@ static long share(long total, int threads, int t)
     return total / threads + (t < total % threads ? 1 : 0);
 }
 
-/* Each worker: fill; [barrier] bench (d)'s window (thread 0 of a 1-thread run only) [barrier]
- * warm-up [barrier] measured steps [barrier] free all. The main thread reads the counters at
- * the barriers. */
+/* Between two phases every worker stops until the main thread has read the counters and
+ * gauges: one barrier says that all have arrived, a second that the reading is done (with one,
+ * the workers would run on while the main thread reads). */
+static void worker_pause(run_t *run)
+{
+    pthread_barrier_wait(&run->phase);
+    pthread_barrier_wait(&run->phase);
+}
+
+/* Each worker: fill; [pause] bench (d)'s window (thread 0 of a 1-thread run only) [pause]
+ * warm-up [pause] measured steps [pause] free all. The main thread reads the counters in the
+ * pauses. */
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
@@ -159,17 +170,17 @@ static void *worker_main(void *arg)
     sim_set_current_device(0); /* as cudart makes the primary context current on each thread */
     for (int i = 0; i < c->nlive; i++)
         fill_one(c, i);
-    pthread_barrier_wait(&run->phase);
+    worker_pause(run);
     long window = run->threads == 1 ? MEM_WINDOW_STEPS : 0;
     for (long k = 0; k < window; k++)
         step(c);
-    pthread_barrier_wait(&run->phase);
+    worker_pause(run);
     for (long k = share(run->warmup, run->threads, w->t) - window; k > 0; k--)
         step(c);
-    pthread_barrier_wait(&run->phase);
+    worker_pause(run);
     for (long k = share(run->steps, run->threads, w->t); k > 0; k--)
         step(c);
-    pthread_barrier_wait(&run->phase);
+    worker_pause(run);
     free_all(c);
     return NULL;
 }
@@ -208,8 +219,8 @@ typedef struct result {
 /* The VMM entry points a large request's own chunk needs, made or given back. */
 static bool is_vmm_call(const char *name)
 {
-    static const char *const vmm[] = {"cuMemCreate",   "cuMemRelease",      "cuMemMap",
-                                      "cuMemUnmap",    "cuMemSetAccess",    "cuMemAddressReserve",
+    static const char *const vmm[] = {"cuMemCreate",     "cuMemRelease",   "cuMemMap",
+                                      "cuMemUnmap",      "cuMemSetAccess", "cuMemAddressReserve",
                                       "cuMemAddressFree"};
     for (size_t i = 0; i < sizeof vmm / sizeof vmm[0]; i++)
         if (strcmp(name, vmm[i]) == 0)
@@ -258,17 +269,22 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     snapshot_t after = {.sim = calloc(nentries, sizeof(unsigned long))};
     assert(before.sim && after.sim);
 
+    /* Each phase: wait until every worker has arrived, read, let them go on. */
     pthread_barrier_wait(&run.phase); /* filled */
+    pthread_barrier_wait(&run.phase);
     pthread_barrier_wait(&run.phase); /* bench (d)'s window done (1 thread) */
     run.window_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
     run.window_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
+    pthread_barrier_wait(&run.phase);
     pthread_barrier_wait(&run.phase); /* warmed up */
     snap(&before);
+    pthread_barrier_wait(&run.phase);
     pthread_barrier_wait(&run.phase); /* measured steps done */
     snap(&after);
     res.peak_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
     res.peak_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
     res.peak_reserved = vmh_gauge_peak(VMH_STAT_bytes_reserved);
+    pthread_barrier_wait(&run.phase);
     for (int t = 0; t < threads; t++)
         pthread_join(tid[t], NULL);
     pthread_barrier_destroy(&run.phase);
@@ -289,7 +305,9 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     }
     res.vmm_calls = per_k(vmm, steps);
     res.syncs = per_k(syncs, steps);
-    res.window_ratio = threads == 1 ? (double)run.window_mapped / (double)run.window_requested : 0;
+    /* bench (d)'s window is run on one thread only */
+    res.window_ratio =
+        threads == 1 ? (double)run.window_mapped / (double)run.window_requested : (double)NAN;
     res.run_ratio = (double)res.peak_mapped / (double)res.peak_requested;
     res.sim_us_per_step = ((double)(after.at.tv_sec - before.at.tv_sec) * 1e6 +
                            (double)(after.at.tv_nsec - before.at.tv_nsec) / 1e3) /
@@ -330,9 +348,14 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
 
 /* ---- the table ---------------------------------------------------------------------------- */
 
-/* One cell: the figure, or "min-max" over the repetitions when they differ as printed. */
+/* One cell: the figure, or "min-max" over the repetitions when they differ as printed; "-" for
+ * a figure not measured (NAN). */
 static void cell(char *buf, size_t len, const char *fmt, double lo, double hi)
 {
+    if (isnan(lo)) {
+        snprintf(buf, len, "-");
+        return;
+    }
     char a[32], b[32];
     snprintf(a, sizeof a, fmt, lo);
     snprintf(b, sizeof b, fmt, hi);
@@ -344,7 +367,7 @@ static void cell(char *buf, size_t len, const char *fmt, double lo, double hi)
 
 /* The figures of the table, in its column order. */
 #define COLUMNS(X)                                                                                 \
-    X("driver calls / 1000 steps", "%.1f", r->driver_calls)                                       \
+    X("driver calls / 1000 steps", "%.1f", r->driver_calls)                                        \
     X("of them VMM", "%.1f", r->vmm_calls)                                                         \
     X("syncs", "%.1f", r->syncs)                                                                   \
     X("blocking syncs", "%.1f", r->syncs_blocking)                                                 \
@@ -372,11 +395,7 @@ static void print_row(const result_t *res, int nrep)
         }                                                                                          \
         char c[64];                                                                                \
         cell(c, sizeof c, fmt, lo, hi);                                                            \
-        /* bench (d)'s window is run on one thread only */                                         \
-        printf(" %s |", strcmp(title, "mapped / requested, bench (d) window") == 0 &&           \
-                                res[0].threads != 1                                                \
-                            ? "-"                                                                  \
-                            : c);                                                                  \
+        printf(" %s |", c);                                                                        \
     }
     COLUMNS(PRINT_COLUMN)
 #undef PRINT_COLUMN
