@@ -1,0 +1,509 @@
+/* churn_sim: the churn of tools/bench/bench.cu (workloads b, c, d) run through the library's
+ * heap on the simulated driver, once per packing threshold, to see what each threshold costs in
+ * driver calls and in memory (issue 14: "large requests without driver calls in steady state
+ * ... without giving up the memory ratio"). CPU only: it measures counts and bytes, never the
+ * GPU's speed.
+ *
+ * The workload is bench.cu's, step for step: 1000 live blocks; sizes from splitmix64 with the
+ * bench's seed, 70% in [1 B, 64 KiB), 25% in [64 KiB, 8 MiB), 5% in [8 MiB, 256 MiB); one step
+ * frees a random live block and allocates a new size into its slot. With T threads, thread t
+ * keeps 1000/T blocks (the first 1000 % T one more) with seed + 1 + t, as bench (c) does. The
+ * calls are those cudaMalloc / cudaFree reach under the hook: vmh_heap_alloc on the thread's
+ * current context and vmh_heap_free(p, NULL, async false) (interpose_mem.c).
+ *
+ * Per threshold and thread count, from a fresh heap (tests/unit/testutil.h's tu_reset, then the
+ * product's options from the environment, VMMHOOK_* as the library reads them, and the
+ * product's background reclaim thread unless --no-reclaim-thread): fill, `--warmup` steps, then
+ * `--steps` measured steps (split over the threads). Printed:
+ *   - per 1000 measured steps: the library's VMH_STAT_driver_calls, its cache hits, blocking
+ *     synchronizations and waits at VMMHOOK_PARK_LIMIT, and the simulated driver's own count
+ *     of each entry point called (sim_calls), so that a driver call is attributed to
+ *     cuMemCreate, cuMemMap, ...;
+ *   - the library's gauges: peak bytes mapped / peak bytes requested, at the end of bench (d)'s
+ *     window (fill + 4000 steps, one thread only: the GPU figure it compares with) and over the
+ *     whole run; peak bytes reserved.
+ *
+ * Timing is not the GPU's. The simulated driver's synchronizations return at once, and a step
+ * here costs well under a microsecond of CPU (6.6-13.9 us on the H200, BENCHMARKS.md), so the
+ * product's reclaim thread, which releases parked frees in the background, gets ahead of the
+ * allocating thread at another rate than on a GPU: the blocking synchronizations and waits at
+ * VMMHOOK_PARK_LIMIT counted here (and the parked bytes inside the peaks) are this machine's
+ * scheduling, not a GPU's. With --no-reclaim-thread parked frees are released only when an
+ * allocation finds more than VMMHOOK_PARK_LIMIT parked: deterministic on one thread, and the
+ * most that parking can hold. The "sim us/step" column is CPU time on the simulated driver
+ * (one global mutex), not a speed.
+ *
+ * Build: meson setup build -Dunit_tests=enabled (it links the simulated driver and the unit
+ * suites' set-up, hence cmocka); run:
+ *   build/tools/probe/churn_sim [--pack 8M,16M,...] [--threads 1,16] [--steps N] [--warmup N]
+ *                               [--repeat N] [--no-reclaim-thread] [--quiet]
+ * With --repeat N every setting runs N times (a fresh heap each) and a figure that differs is
+ * printed as its min-max.
+ * Exit 0, or 1 when an allocation failed or the driver's ledger was not empty at the end.
+ */
+#ifndef VMH_TESTING
+#define VMH_TESTING 1
+#endif
+#include "testutil.h"
+
+#include "optparse.h"
+
+#include <assert.h>
+#include <math.h>
+#include <pthread.h>
+#include <time.h>
+
+#define KiB ((size_t)1 << 10)
+#define LIVE_BLOCKS 1000
+#define BENCH_SEED 0x5eed20261202ull /* tools/bench/bench.cu's kSeed */
+#define MEM_WINDOW_STEPS 4000        /* bench (d): fill + 4000 steps */
+#define MAX_THREADS 64
+#define MAX_SETTINGS 16
+
+/* ---- bench.cu's random sizes (keep in step with its Rng) ---------------------------------- */
+
+typedef struct rng {
+    uint64_t s;
+} rng_t;
+
+static uint64_t rng_next(rng_t *r) /* splitmix64 */
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static size_t rng_range(rng_t *r, size_t lo, size_t hi) /* [lo, hi) */
+{
+    return lo + (size_t)(rng_next(r) % (hi - lo));
+}
+
+static size_t churn_size(rng_t *r)
+{
+    uint64_t c = rng_next(r) % 100;
+    if (c < 70)
+        return rng_range(r, 1, 64 * KiB);
+    if (c < 95)
+        return rng_range(r, 64 * KiB, 8 * MiB);
+    return rng_range(r, 8 * MiB, 256 * MiB);
+}
+
+/* ---- one thread's live set ---------------------------------------------------------------- */
+
+typedef struct churner {
+    int nlive;
+    rng_t rng;
+    CUdeviceptr p[LIVE_BLOCKS];
+    CUresult err; /* the first failure, CUDA_SUCCESS while none */
+} churner_t;
+
+static void fill_one(churner_t *c, int i)
+{
+    CUresult r = vmh_heap_alloc(churn_size(&c->rng), &c->p[i]);
+    if (r != CUDA_SUCCESS && c->err == CUDA_SUCCESS)
+        c->err = r;
+    if (r != CUDA_SUCCESS)
+        c->p[i] = 0;
+}
+
+static void step(churner_t *c)
+{
+    int i = (int)(rng_next(&c->rng) % (uint64_t)c->nlive);
+    if (c->p[i]) {
+        CUresult r = vmh_heap_free(c->p[i], NULL, false);
+        if (r != CUDA_SUCCESS && c->err == CUDA_SUCCESS)
+            c->err = r;
+    }
+    fill_one(c, i);
+}
+
+static void free_all(churner_t *c)
+{
+    for (int i = 0; i < c->nlive; i++)
+        if (c->p[i]) {
+            CUresult r = vmh_heap_free(c->p[i], NULL, false);
+            if (r != CUDA_SUCCESS && c->err == CUDA_SUCCESS)
+                c->err = r;
+            c->p[i] = 0;
+        }
+}
+
+/* ---- a run: one threshold, one thread count ----------------------------------------------- */
+
+typedef struct run {
+    int threads;
+    long warmup, steps; /* in all, split over the threads */
+    pthread_barrier_t phase;
+    churner_t *ch;
+    /* Filled by the main thread between the phases. */
+    int64_t window_mapped, window_requested; /* peaks at the end of bench (d)'s window */
+} run_t;
+
+typedef struct worker {
+    run_t *run;
+    int t;
+} worker_t;
+
+static long share(long total, int threads, int t)
+{
+    return total / threads + (t < total % threads ? 1 : 0);
+}
+
+/* Between two phases every worker stops until the main thread has read the counters and
+ * gauges: one barrier says that all have arrived, a second that the reading is done (with one,
+ * the workers would run on while the main thread reads). */
+static void worker_pause(run_t *run)
+{
+    pthread_barrier_wait(&run->phase);
+    pthread_barrier_wait(&run->phase);
+}
+
+/* Each worker: fill; [pause] bench (d)'s window (thread 0 of a 1-thread run only) [pause]
+ * warm-up [pause] measured steps [pause] free all. The main thread reads the counters in the
+ * pauses. */
+static void *worker_main(void *arg)
+{
+    worker_t *w = arg;
+    run_t *run = w->run;
+    churner_t *c = &run->ch[w->t];
+    sim_set_current_device(0); /* as cudart makes the primary context current on each thread */
+    for (int i = 0; i < c->nlive; i++)
+        fill_one(c, i);
+    worker_pause(run);
+    long window = run->threads == 1 ? MEM_WINDOW_STEPS : 0;
+    for (long k = 0; k < window; k++)
+        step(c);
+    worker_pause(run);
+    for (long k = share(run->warmup, run->threads, w->t) - window; k > 0; k--)
+        step(c);
+    worker_pause(run);
+    for (long k = share(run->steps, run->threads, w->t); k > 0; k--)
+        step(c);
+    worker_pause(run);
+    free_all(c);
+    return NULL;
+}
+
+/* What is counted over the measured steps. */
+typedef struct snapshot {
+    uint64_t counters[VMH_COUNTER_COUNT];
+    unsigned long *sim; /* per simulated entry point, sim_entry_count() of them */
+    struct timespec at;
+} snapshot_t;
+
+static void snap(snapshot_t *s)
+{
+    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
+        s->counters[i] = vmh_counter_get((vmh_counter_t)i);
+    for (size_t i = 0; i < sim_entry_count(); i++)
+        s->sim[i] = sim_calls(sim_entry_name(i));
+    clock_gettime(CLOCK_MONOTONIC, &s->at);
+}
+
+static double per_k(uint64_t n, long steps)
+{
+    return 1000.0 * (double)n / (double)steps;
+}
+
+typedef struct result {
+    size_t pack_below;
+    int threads;
+    double driver_calls, cache_hits, vmm_calls, syncs, syncs_blocking, park_waits; /* per 1000 */
+    double window_ratio, run_ratio;
+    int64_t peak_mapped, peak_requested, peak_reserved;
+    double sim_us_per_step;
+    bool failed;
+} result_t;
+
+/* The VMM entry points a large request's own chunk needs, made or given back. */
+static bool is_vmm_call(const char *name)
+{
+    static const char *const vmm[] = {"cuMemCreate",     "cuMemRelease",   "cuMemMap",
+                                      "cuMemUnmap",      "cuMemSetAccess", "cuMemAddressReserve",
+                                      "cuMemAddressFree"};
+    for (size_t i = 0; i < sizeof vmm / sizeof vmm[0]; i++)
+        if (strcmp(name, vmm[i]) == 0)
+            return true;
+    return false;
+}
+
+static bool is_sync_call(const char *name)
+{
+    return strncmp(name, "cuCtxSynchronize", 16) == 0 || strcmp(name, "cuStreamSynchronize") == 0;
+}
+
+static bool quiet;
+static bool reclaim_thread = true;
+
+static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
+{
+    result_t res = {.pack_below = pack_below, .threads = threads};
+    sim_config_t cfg = {.memory = 141 * GiB}; /* the H200's memory, 2 MiB granularity */
+    tu_reset(&cfg);
+    /* The product's options (tu_reset sets the unit suites' own), then the threshold tried. */
+    if (vmh_options_apply(&vmh_opt, vmh_options_env_get, NULL) != 0)
+        fprintf(stderr, "churn_sim: a VMMHOOK_* value was refused (see above)\n");
+    vmh_opt.pack_below = pack_below;
+    vmh_reclaim_background(reclaim_thread);
+
+    run_t run = {.threads = threads, .warmup = warmup, .steps = steps};
+    run.ch = calloc((size_t)threads, sizeof *run.ch);
+    assert(run.ch);
+    for (int t = 0; t < threads; t++) {
+        run.ch[t].nlive = (int)share(LIVE_BLOCKS, threads, t);
+        run.ch[t].rng.s = threads == 1 ? BENCH_SEED : BENCH_SEED + 1 + (uint64_t)t;
+    }
+    pthread_barrier_init(&run.phase, NULL, (unsigned)threads + 1);
+    pthread_t tid[MAX_THREADS];
+    worker_t w[MAX_THREADS];
+    for (int t = 0; t < threads; t++) {
+        w[t] = (worker_t){&run, t};
+        if (pthread_create(&tid[t], NULL, worker_main, &w[t]) != 0) {
+            fprintf(stderr, "churn_sim: pthread_create failed\n");
+            exit(1);
+        }
+    }
+    size_t nentries = sim_entry_count();
+    snapshot_t before = {.sim = calloc(nentries, sizeof(unsigned long))};
+    snapshot_t after = {.sim = calloc(nentries, sizeof(unsigned long))};
+    assert(before.sim && after.sim);
+
+    /* Each phase: wait until every worker has arrived, read, let them go on. */
+    pthread_barrier_wait(&run.phase); /* filled */
+    pthread_barrier_wait(&run.phase);
+    pthread_barrier_wait(&run.phase); /* bench (d)'s window done (1 thread) */
+    run.window_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
+    run.window_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
+    pthread_barrier_wait(&run.phase);
+    pthread_barrier_wait(&run.phase); /* warmed up */
+    snap(&before);
+    pthread_barrier_wait(&run.phase);
+    pthread_barrier_wait(&run.phase); /* measured steps done */
+    snap(&after);
+    res.peak_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
+    res.peak_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
+    res.peak_reserved = vmh_gauge_peak(VMH_STAT_bytes_reserved);
+    pthread_barrier_wait(&run.phase);
+    for (int t = 0; t < threads; t++)
+        pthread_join(tid[t], NULL);
+    pthread_barrier_destroy(&run.phase);
+
+#define DELTA(c) (after.counters[VMH_STAT_##c] - before.counters[VMH_STAT_##c])
+    res.driver_calls = per_k(DELTA(driver_calls), steps);
+    res.cache_hits = per_k(DELTA(cache_hits), steps);
+    res.syncs_blocking = per_k(DELTA(syncs_blocking), steps);
+    res.park_waits = per_k(DELTA(park_waits), steps);
+#undef DELTA
+    uint64_t vmm = 0, syncs = 0;
+    for (size_t i = 0; i < nentries; i++) {
+        uint64_t n = after.sim[i] - before.sim[i];
+        if (is_vmm_call(sim_entry_name(i)))
+            vmm += n;
+        if (is_sync_call(sim_entry_name(i)))
+            syncs += n;
+    }
+    res.vmm_calls = per_k(vmm, steps);
+    res.syncs = per_k(syncs, steps);
+    /* bench (d)'s window is run on one thread only */
+    res.window_ratio =
+        threads == 1 ? (double)run.window_mapped / (double)run.window_requested : (double)NAN;
+    res.run_ratio = (double)res.peak_mapped / (double)res.peak_requested;
+    res.sim_us_per_step = ((double)(after.at.tv_sec - before.at.tv_sec) * 1e6 +
+                           (double)(after.at.tv_nsec - before.at.tv_nsec) / 1e3) /
+                          (double)steps;
+
+    for (int t = 0; t < threads; t++)
+        if (run.ch[t].err != CUDA_SUCCESS) {
+            fprintf(stderr, "churn_sim: pack %zu MiB, %d threads: thread %d: error %d\n",
+                    pack_below / MiB, threads, t, (int)run.ch[t].err);
+            res.failed = true;
+        }
+    if (!quiet) {
+        printf("## pack below %zu MiB, %d thread(s): simulated driver calls per 1000 measured "
+               "steps\n",
+               pack_below / MiB, threads);
+        for (size_t i = 0; i < nentries; i++) {
+            uint64_t n = after.sim[i] - before.sim[i];
+            if (n)
+                printf("   %-28s %9.2f\n", sim_entry_name(i), per_k(n, steps));
+        }
+    }
+    free(before.sim);
+    free(after.sim);
+    free(run.ch);
+
+    /* As the unit suites end: the reclaim thread stopped, the cache given back, and nothing may
+     * be left in the driver. */
+    vmh_reclaim_stop(false);
+    vmh_reclaim_background(false);
+    vmh_heap_trim();
+    if (!sim_ledger_empty()) {
+        sim_ledger_dump();
+        fprintf(stderr, "churn_sim: the driver's ledger is not empty after the run\n");
+        res.failed = true;
+    }
+    return res;
+}
+
+/* ---- the table ---------------------------------------------------------------------------- */
+
+/* One cell: the figure, or "min-max" over the repetitions when they differ as printed; "-" for
+ * a figure not measured (NAN). */
+static void cell(char *buf, size_t len, const char *fmt, double lo, double hi)
+{
+    if (isnan(lo)) {
+        snprintf(buf, len, "-");
+        return;
+    }
+    char a[32], b[32];
+    snprintf(a, sizeof a, fmt, lo);
+    snprintf(b, sizeof b, fmt, hi);
+    if (strcmp(a, b) == 0)
+        snprintf(buf, len, "%s", a);
+    else
+        snprintf(buf, len, "%s-%s", a, b);
+}
+
+/* The figures of the table, in its column order. */
+#define COLUMNS(X)                                                                                 \
+    X("driver calls / 1000 steps", "%.1f", r->driver_calls)                                        \
+    X("of them VMM", "%.1f", r->vmm_calls)                                                         \
+    X("syncs", "%.1f", r->syncs)                                                                   \
+    X("blocking syncs", "%.1f", r->syncs_blocking)                                                 \
+    X("park waits", "%.1f", r->park_waits)                                                         \
+    X("cache hits / 1000", "%.1f", r->cache_hits)                                                  \
+    X("mapped / requested, bench (d) window", "%.3f", r->window_ratio)                             \
+    X("mapped / requested, whole run", "%.3f", r->run_ratio)                                       \
+    X("peak mapped MiB", "%.0f", (double)r->peak_mapped / MiB)                                     \
+    X("peak requested MiB", "%.0f", (double)r->peak_requested / MiB)                               \
+    X("peak reserved MiB", "%.0f", (double)r->peak_reserved / MiB)                                 \
+    X("sim us/step", "%.2f", r->sim_us_per_step)
+
+/* A markdown row for one setting over its nrep results. */
+static void print_row(const result_t *res, int nrep)
+{
+    printf("| %zuM | %d |", res[0].pack_below / MiB, res[0].threads);
+#define PRINT_COLUMN(title, fmt, expr)                                                             \
+    {                                                                                              \
+        double lo = 0, hi = 0;                                                                     \
+        for (int k = 0; k < nrep; k++) {                                                           \
+            const result_t *r = &res[k];                                                           \
+            double v = (expr);                                                                     \
+            lo = k == 0 || v < lo ? v : lo;                                                        \
+            hi = k == 0 || v > hi ? v : hi;                                                        \
+        }                                                                                          \
+        char c[64];                                                                                \
+        cell(c, sizeof c, fmt, lo, hi);                                                            \
+        printf(" %s |", c);                                                                        \
+    }
+    COLUMNS(PRINT_COLUMN)
+#undef PRINT_COLUMN
+    printf("\n");
+}
+
+static void print_table(const result_t *res, int nsettings, int nrep)
+{
+#define PRINT_TITLE(title, fmt, expr) printf(" %s |", title);
+#define PRINT_RULE(title, fmt, expr) printf(" --- |");
+    printf("\n| pack below | threads |");
+    COLUMNS(PRINT_TITLE)
+    printf("\n| --- | --- |");
+    COLUMNS(PRINT_RULE)
+    printf("\n");
+#undef PRINT_TITLE
+#undef PRINT_RULE
+    result_t *one = calloc((size_t)nrep, sizeof *one);
+    assert(one);
+    for (int i = 0; i < nsettings; i++) {
+        for (int k = 0; k < nrep; k++)
+            one[k] = res[k * nsettings + i];
+        print_row(one, nrep);
+    }
+    free(one);
+}
+
+/* ---- command line ------------------------------------------------------------------------- */
+
+static int parse_sizes(const char *s, size_t *out, int max)
+{
+    int n = 0;
+    while (*s) {
+        size_t len = strcspn(s, ",");
+        if (n == max || vmh_parse_size(s, len, &out[n]) != 0)
+            return -1;
+        n++;
+        s += len + (s[len] == ',');
+    }
+    return n;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: churn_sim [--pack 8M,16M,32M,64M,128M,512M] [--threads 1,16] "
+                    "[--steps 200000] [--warmup 20000] [--repeat 1] [--no-reclaim-thread] "
+                    "[--quiet]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    size_t packs[MAX_SETTINGS] = {8 * MiB, 16 * MiB, 32 * MiB, 64 * MiB, 128 * MiB, 512 * MiB};
+    int npacks = 6;
+    size_t threads[MAX_SETTINGS] = {1, 16};
+    int nthreads = 2;
+    long steps = 200000, warmup = 20000, repeat = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--pack") == 0 && v) {
+            npacks = parse_sizes(v, packs, MAX_SETTINGS);
+            i++;
+        } else if (strcmp(a, "--threads") == 0 && v) {
+            nthreads = parse_sizes(v, threads, MAX_SETTINGS);
+            i++;
+        } else if (strcmp(a, "--steps") == 0 && v) {
+            steps = strtol(v, NULL, 10);
+            i++;
+        } else if (strcmp(a, "--warmup") == 0 && v) {
+            warmup = strtol(v, NULL, 10);
+            i++;
+        } else if (strcmp(a, "--repeat") == 0 && v) {
+            repeat = strtol(v, NULL, 10);
+            i++;
+        } else if (strcmp(a, "--no-reclaim-thread") == 0) {
+            reclaim_thread = false;
+        } else if (strcmp(a, "--quiet") == 0) {
+            quiet = true;
+        } else {
+            usage();
+        }
+    }
+    if (npacks <= 0 || nthreads <= 0 || steps <= 0 || warmup < MEM_WINDOW_STEPS || repeat < 1 ||
+        repeat > 100)
+        usage();
+    for (int i = 0; i < nthreads; i++)
+        if (threads[i] < 1 || threads[i] > MAX_THREADS || threads[i] > LIVE_BLOCKS)
+            usage();
+
+    vmh_options_t env;
+    vmh_options_apply(&env, vmh_options_env_get, NULL);
+    printf("churn_sim: bench.cu's churn on the simulated driver, %ld measured steps after %ld "
+           "(fill + warm-up), %ld run(s) of each setting; VMMHOOK_CACHE_LIMIT %zu MiB, "
+           "VMMHOOK_PARK_LIMIT %zu MiB; reclaim thread %s\n",
+           steps, warmup, repeat, env.cache_limit / MiB, env.park_limit / MiB,
+           reclaim_thread ? "on (syncs are instant here)" : "off");
+    int nsettings = npacks * nthreads;
+    result_t *res = calloc((size_t)(nsettings * repeat), sizeof *res);
+    assert(res);
+    bool failed = false;
+    for (int k = 0; k < repeat; k++)
+        for (int p = 0; p < npacks; p++)
+            for (int t = 0; t < nthreads; t++) {
+                result_t *r = &res[k * nsettings + p * nthreads + t];
+                *r = run_one(packs[p], (int)threads[t], warmup, steps);
+                failed |= r->failed;
+            }
+    print_table(res, nsettings, (int)repeat);
+    free(res);
+    return failed ? 1 : 0;
+}
