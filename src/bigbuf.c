@@ -219,7 +219,7 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
     }
 
     /* A miss: recycle idle memory before asking for more (cache.h). */
-    vmh_cache_make_room(bb->cache, rounded);
+    vmh_cache_make_room(bb->cache, rounded, vmh_reclaim_parked_bytes(bb->reclaim));
     vmh_range_t *r;
     CUresult rc = vmh_dev_range_new(d, rounded, vmh_dev_reserve_for(rounded, growable), &r,
                                     no_address);

@@ -136,21 +136,22 @@ vmh_range_t *vmh_cache_take(vmh_cache_t *c, size_t rounded)
     return r;
 }
 
-void vmh_cache_make_room(vmh_cache_t *c, size_t rounded)
+void vmh_cache_make_room(vmh_cache_t *c, size_t rounded, size_t parked)
 {
     pthread_mutex_lock(&c->lock);
     size_t floor = opt->cache_limit < CACHE_FLOOR ? opt->cache_limit : CACHE_FLOOR;
     size_t live = atomic_load_explicit(&c->dev->live_usable, memory_order_relaxed);
     size_t allowance = live / 32 > floor ? live / 32 : floor;
     /* Idle bytes that may stay: the allowance beside the new bytes, or what the program held
-     * at its recent peak and does not hold now (live counts the new bytes already: the caller
-     * took them), whichever is more. Keeping the latter makes the footprint no larger than
-     * that peak was, and a program that repeats its steps (a training loop: the activations
-     * of one step are freed and asked for again in the next) finds them here instead of making
-     * them anew, seven driver calls each (issue 14). */
+     * at its recent peak and holds neither live nor parked now (live counts the new bytes
+     * already: the caller took them), whichever is more. Keeping the latter makes the
+     * footprint no larger than that peak was, and a program that repeats its steps (a
+     * training loop: the activations of one step are freed and asked for again in the next)
+     * finds them here instead of making them anew, seven driver calls each (issue 14). */
     size_t keep = allowance > rounded ? allowance - rounded : 0;
     size_t peak = vmh_dev_usable_peak(c->dev);
-    size_t below_peak = peak > live ? peak - live : 0;
+    size_t held = live + parked < live ? SIZE_MAX : live + parked;
+    size_t below_peak = peak > held ? peak - held : 0;
     if (below_peak > opt->cache_limit)
         below_peak = opt->cache_limit;
     if (below_peak > keep)

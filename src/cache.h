@@ -39,12 +39,13 @@ void vmh_cache_put(vmh_cache_t *c, vmh_range_t *r);
  * VMMHOOK_MEM_LIMIT is not used. NULL when none fits. */
 vmh_range_t *vmh_cache_take(vmh_cache_t *c, size_t rounded);
 
-/* Before a miss makes `rounded` new bytes: gives back idle ranges so that the cache does not
- * make the footprint grow beyond the larger of the device's recent peak of live bytes (since
- * the last trim; the cache then holds what the program held at that peak and does not hold
- * now, within VMMHOOK_CACHE_LIMIT) and the live bytes plus a small allowance (1/32 of them, or
- * up to 256 MiB within VMMHOOK_CACHE_LIMIT for programs that repeat a few sizes). */
-void vmh_cache_make_room(vmh_cache_t *c, size_t rounded);
+/* Before a miss makes `rounded` new bytes (`parked`: the device's bytes freed and not yet
+ * reusable): gives back idle ranges so that the cache does not make the footprint grow beyond
+ * the larger of the device's recent peak of live bytes (since the last trim; the cache then
+ * holds what the program held at that peak and holds neither live nor parked now, within
+ * VMMHOOK_CACHE_LIMIT) and the live bytes plus a small allowance (1/32 of them, or up to
+ * 256 MiB within VMMHOOK_CACHE_LIMIT for programs that repeat a few sizes). */
+void vmh_cache_make_room(vmh_cache_t *c, size_t rounded, size_t parked);
 
 /* Gives back every idle range and resets the device's recent peak; returns the bytes. */
 size_t vmh_cache_trim(vmh_cache_t *c);

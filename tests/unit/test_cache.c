@@ -72,6 +72,26 @@ static void a_trim_resets_the_peak(void **state)
     assert_int_equal(vmh_heap_free(other, NULL, false), CUDA_SUCCESS);
 }
 
+/* Parked bytes count as held: the cache keeps only what the program holds neither live nor
+ * parked, so that idle and parked memory together stay within the peak. */
+static void parked_bytes_count_against_the_room(void **state)
+{
+    (void)state;
+    CUdeviceptr p[STEP_BUFFERS], other, next;
+    alloc_step(p, STEP_BUFFERS); /* peak: 512 MiB */
+    free_step(p, STEP_BUFFERS);
+    assert_int_equal(vmh_heap_alloc(40 * MiB, &other), CUDA_SUCCESS); /* 448 MiB stay idle */
+    vmh_opt.park_limit = GiB; /* from here frees stay parked: no wait, no reclaim thread */
+    assert_int_equal(vmh_heap_free(other, NULL, false), CUDA_SUCCESS);
+    /* A miss with 48 MiB live and 40 MiB parked: at most 512 - 88 = 424 MiB stay in the cache
+     * (448 if the parked bytes did not count); the idle bytes count the parked ones too. */
+    assert_int_equal(vmh_heap_alloc(48 * MiB, &next), CUDA_SUCCESS);
+    size_t idle = vmh_heap_idle_bytes(0);
+    assert_true(idle <= 424 * MiB + 40 * MiB);
+    assert_true(idle > 424 * MiB + 40 * MiB - STEP_SIZE);
+    assert_int_equal(vmh_heap_free(next, NULL, false), CUDA_SUCCESS);
+}
+
 /* VMMHOOK_CACHE_LIMIT still bounds what the peak earns. */
 static void the_cache_limit_bounds_the_room(void **state)
 {
@@ -91,6 +111,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(repeated_steps_are_served_from_the_cache, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(a_trim_resets_the_peak, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(parked_bytes_count_against_the_room, tu_setup,
+                                        tu_teardown),
         cmocka_unit_test_setup_teardown(the_cache_limit_bounds_the_room, tu_setup, tu_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
