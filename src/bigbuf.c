@@ -200,8 +200,11 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
         !vmh_dev_usable_take(d, rounded))
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* Parked buffers are not waited for here (reclaim.h: the reclaim thread releases them to
-     * the cache, the front waits past VMMHOOK_PARK_LIMIT, the device on out of memory). */
+     * the cache, the device waits on out of memory) unless a miss is about to make new memory
+     * while more than VMMHOOK_PARK_LIMIT is parked: then what the wait released may hit. */
     vmh_range_t *hit = vmh_cache_take(bb->cache, rounded);
+    if (!hit && vmh_reclaim_throttle(bb->reclaim))
+        hit = vmh_cache_take(bb->cache, rounded);
     if (hit) {
         /* Once served, the range is the buffer's: a pause may swap it out at once. */
         CUdeviceptr base = hit->base;

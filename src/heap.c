@@ -231,7 +231,6 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
                          CUdeviceptr *out, bool *no_address)
 {
     assert(running() && size > 0);
-    vmh_reclaim_throttle(&h->reclaim); /* past VMMHOOK_PARK_LIMIT the allocating thread waits */
     tagpart_t *p = part_get(h, tag);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -370,7 +369,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
         vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
     else if (!async && opt->park_limit != 0 && req > opt->park_limit && !vmh_capture_any())
         /* One buffer larger than the park limit: the next allocation would have to wait for
-         * it anyway (vmh_reclaim_throttle); waiting here, as native cudaFree does, puts it in
+         * it anyway if it needs new memory (vmh_reclaim_throttle); waiting here, as native cudaFree does, puts it in
          * the cache before that allocation comes, without a handoff to the reclaim thread
          * (issue 13: a 1 GiB free-then-allocate pair). A limit of 0 keeps its meaning: every
          * allocation after a free waits. */

@@ -215,18 +215,28 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
     unsigned home = vmh_packing_thread_shard();
     /* The thread's own shard, then free space in the others, and only then a new extent (in
      * the thread's own shard). Parked blocks are not waited for here (reclaim.h: the reclaim
-     * thread releases them, the front waits past VMMHOOK_PARK_LIMIT, and a new extent the
+     * thread releases them, a thread about to add an extent waits past VMMHOOK_PARK_LIMIT, and a new extent the
      * driver has no memory for relieves the device, which waits). Other threads may take
      * the space of an extent this thread just added before it gets to use it: then it adds
      * another (each extent_add either makes memory or reports the driver's out of memory
      * after relieving the device), within a bound that only a pathological race could reach. */
     vmh_shard_t *mine = &pk->shards[home];
+    bool throttled = false;
     for (int grown = 0;; grown++) {
         if ((atomic_load_explicit(&mine->free, memory_order_relaxed) >= want &&
              shard_alloc(mine, size, false, out) == 0) ||
             others_alloc(pk, home, size, want,
                          atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0, out))
             break;
+        /* New memory is needed: past VMMHOOK_PARK_LIMIT the thread waits first, and what
+         * that released may serve it (reclaim.h). */
+        if (!throttled) {
+            throttled = true;
+            if (vmh_reclaim_throttle(pk->reclaim)) {
+                grown--;
+                continue;
+            }
+        }
         CUresult rc = grown >= 64 ? CUDA_ERROR_OUT_OF_MEMORY
                                   : extent_add(pk, mine, size, no_address);
         if (rc != CUDA_SUCCESS) {

@@ -261,7 +261,7 @@ CUresult vmh_reclaim_drain(vmh_reclaim_t *r)
     return CUDA_SUCCESS;
 }
 
-void vmh_reclaim_throttle(vmh_reclaim_t *r)
+bool vmh_reclaim_throttle(vmh_reclaim_t *r)
 {
     size_t limit = opt ? opt->park_limit : SIZE_MAX;
     /* First the moved total alone (one line, rarely written); the exact sum only when that is
@@ -272,14 +272,14 @@ void vmh_reclaim_throttle(vmh_reclaim_t *r)
         if (rough_limit > INT64_MAX)
             rough_limit = INT64_MAX;
         if (parked_rough(r) <= (int64_t)rough_limit)
-            return;
+            return false;
     }
     if (vmh_reclaim_parked_bytes(r) <= limit)
-        return;
+        return false;
     /* During a capture nothing is synchronized for the budget: the allocation is served from
      * the cache or fresh memory, and the frees wait for the capture to end. */
     if (vmh_capture_any())
-        return;
+        return false;
     /* The thread stalls from here: behind the wait in progress (the reclaim thread's, which
      * holds the lock until the GPU has passed it) and then, if that did not bring the parked
      * bytes under the limit, its own. Both count as the stall (park_wait_us). */
@@ -294,6 +294,7 @@ void vmh_reclaim_throttle(vmh_reclaim_t *r)
     int64_t us = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000;
     vmh_count(VMH_STAT_park_waits, 1);
     vmh_count(VMH_STAT_park_wait_us, us > 0 ? (uint64_t)us : 0);
+    return true;
 }
 
 void vmh_reclaim_release_all(vmh_reclaim_t *r)

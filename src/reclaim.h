@@ -14,9 +14,9 @@
  * park, never in a forked child, stopped at exit): it waits while anything is parked and no
  * stream of the process captures, so application threads do not stall. An application thread
  * waits only
- *   - before an allocation, while the device's parked bytes exceed VMMHOOK_PARK_LIMIT and no
- *     stream captures (vmh_reclaim_throttle), and at the free of one buffer larger than the
- *     limit (the heap's front);
+ *   - before an allocation makes new memory, while the device's parked bytes exceed
+ *     VMMHOOK_PARK_LIMIT and no stream captures (vmh_reclaim_throttle), and at the free of one
+ *     buffer larger than the limit (the heap's front);
  *   - when the driver ran out of memory, or the program asked for it (VMMHOOK_FREE_SYNC, a
  *     blocking vmm_realloc, vmh_heap_trim): vmh_reclaim_wait(r, VMH_WAIT_APP), which never
  *     synchronizes while the driver would refuse it to the calling thread (a capture:
@@ -126,10 +126,13 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who);
  * left a chunk mapped). Returns what the wait returned (CUDA_SUCCESS when none was needed). */
 CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
 
-/* Before an allocation on an application thread: waits (as VMH_WAIT_APP) while more than
- * VMMHOOK_PARK_LIMIT bytes are parked, unless a stream of the process is capturing (then the
- * allocation is served from memory that needs no wait). Returns at once otherwise. */
-void vmh_reclaim_throttle(vmh_reclaim_t *r);
+/* Before an allocation on an application thread makes new memory (it found none in the cache
+ * or in free packed space: an allocation served from memory the program already has grows
+ * nothing and never waits): waits (as VMH_WAIT_APP) while more than VMMHOOK_PARK_LIMIT bytes
+ * are parked, unless a stream of the process is capturing (then the allocation is served from
+ * fresh memory, which needs no wait). Returns whether it waited (the caller then looks for
+ * released memory again before making new). */
+bool vmh_reclaim_throttle(vmh_reclaim_t *r);
 
 /* Tests' reset: releases every item without waiting (the driver's ledger is checked after). */
 void vmh_reclaim_release_all(vmh_reclaim_t *r);

@@ -273,6 +273,35 @@ static void free_larger_than_the_park_limit_waits_at_the_free(void **state)
     assert_int_equal(vmh_heap_free(again, NULL, false), CUDA_SUCCESS);
 }
 
+/* Past the park limit only an allocation that needs new memory waits: one the cache (or free
+ * packed space) can serve grows nothing and goes on at once. */
+static void allocation_served_from_the_cache_does_not_wait(void **state)
+{
+    (void)state;
+    reset(NULL, false, 10 * MiB);
+    CUdeviceptr x[3], a, c, hit, second;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(vmh_heap_alloc(4 * MiB, &x[i]), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(16 * MiB, &c), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(c, NULL, false), CUDA_SUCCESS); /* waits: a and c cached */
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 1);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(vmh_heap_free(x[i], NULL, false), CUDA_SUCCESS); /* 12 MiB parked */
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &hit), CUDA_SUCCESS);
+    assert_true(hit == a);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 1);
+    assert_int_equal(vmh_counter_get(VMH_STAT_park_waits), 0);
+    /* The next one misses (only c, 16 MiB, is cached): it waits, then reuses a parked one. */
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &second), CUDA_SUCCESS);
+    assert_int_equal(vmh_counter_get(VMH_STAT_park_waits), 1);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), 2);
+    assert_true(second == x[0] || second == x[1] || second == x[2]);
+    assert_int_equal(vmh_heap_free(hit, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(second, NULL, false), CUDA_SUCCESS);
+}
+
 /* Out of memory with frees parked: the allocating thread waits, reclaims and retries. */
 static void out_of_memory_waits_and_retries(void **state)
 {
@@ -843,6 +872,7 @@ int main(void)
         cmocka_unit_test_teardown(steady_state_has_no_blocking_sync, teardown),
         cmocka_unit_test_teardown(park_limit_makes_the_allocating_thread_wait, teardown),
         cmocka_unit_test_teardown(free_larger_than_the_park_limit_waits_at_the_free, teardown),
+        cmocka_unit_test_teardown(allocation_served_from_the_cache_does_not_wait, teardown),
         cmocka_unit_test_teardown(out_of_memory_waits_and_retries, teardown),
         cmocka_unit_test_teardown(trim_releases_parked_frees_for_another_allocator, teardown),
         cmocka_unit_test_teardown(free_sync_blocks_like_native, teardown),
