@@ -156,15 +156,15 @@ static const opt_row_t rows[] = {
      "waits (the driver would refuse it and break the capture): it stays parked until the "
      "capture ends."},
     {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "512M", 0, 0, NO_WORDS,
-     "Freed bytes not yet reusable, per device, past which an allocating thread waits for the "
-     "GPU itself instead of leaving the wait to the background reclaim.",
+     "Freed bytes not yet reusable, per device, past which an allocation that needs new memory "
+     "waits for the GPU itself instead of leaving the wait to the background reclaim.",
      "Freed memory is parked until the GPU has passed the free (it may still be in use by "
      "queued work). The trade: a larger limit lets the program run further ahead of the GPU "
      "without a wait, at the price of up to that much more device memory held; a smaller one "
      "holds less but makes allocating threads stall (counted as `park_waits`, and as "
      "`syncs_blocking` when they synchronize themselves) whenever frees outrun the reclaim. "
      "The free of one buffer larger than the limit waits at the free, as cudaFree does. `0` "
-     "waits at every allocation after a free. Never waits during a stream capture. The default is the best of a "
+     "makes an allocation that needs new memory wait whenever anything is parked. Never waits during a stream capture. The default is the best of a "
      "sweep of PyTorch training with its caching allocator off (BENCHMARKS.md)."},
     {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "0", 0, 0, NO_WORDS,
      "Pinned host memory kept between pauses for the backups of vmm_pause(VMM_PAUSE_BACKUP); "
