@@ -164,8 +164,9 @@ static const opt_row_t rows[] = {
      "holds less but makes allocating threads stall (counted as `park_waits`, and as "
      "`syncs_blocking` when they synchronize themselves) whenever frees outrun the reclaim. "
      "The free of one buffer larger than the limit waits at the free, as cudaFree does. `0` "
-     "makes an allocation that needs new memory wait whenever anything is parked. Never waits during a stream capture. The default is the best of a "
-     "sweep of PyTorch training with its caching allocator off (BENCHMARKS.md)."},
+     "makes an allocation that needs new memory wait whenever anything is parked. Never waits "
+     "during a stream capture. The default is the best of a sweep of PyTorch training with its "
+     "caching allocator off (BENCHMARKS.md)."},
     {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "0", 0, 0, NO_WORDS,
      "Pinned host memory kept between pauses for the backups of vmm_pause(VMM_PAUSE_BACKUP); "
      "0 keeps none.",
