@@ -41,17 +41,11 @@
  * printed as its min-max.
  * Exit 0, or 1 when an allocation failed or the driver's ledger was not empty at the end.
  */
-#ifndef VMH_TESTING
-#define VMH_TESTING 1
-#endif
-#include "testutil.h"
+#include "simprobe.h"
 
 #include "optparse.h"
 
-#include <assert.h>
-#include <math.h>
 #include <pthread.h>
-#include <time.h>
 
 #define KiB ((size_t)1 << 10)
 #define LIVE_BLOCKS 1000
@@ -185,22 +179,6 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* What is counted over the measured steps. */
-typedef struct snapshot {
-    uint64_t counters[VMH_COUNTER_COUNT];
-    unsigned long *sim; /* per simulated entry point, sim_entry_count() of them */
-    struct timespec at;
-} snapshot_t;
-
-static void snap(snapshot_t *s)
-{
-    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
-        s->counters[i] = vmh_counter_get((vmh_counter_t)i);
-    for (size_t i = 0; i < sim_entry_count(); i++)
-        s->sim[i] = sim_calls(sim_entry_name(i));
-    clock_gettime(CLOCK_MONOTONIC, &s->at);
-}
-
 static double per_k(uint64_t n, long steps)
 {
     return 1000.0 * (double)n / (double)steps;
@@ -216,36 +194,14 @@ typedef struct result {
     bool failed;
 } result_t;
 
-/* The VMM entry points a large request's own chunk needs, made or given back. */
-static bool is_vmm_call(const char *name)
-{
-    static const char *const vmm[] = {"cuMemCreate",     "cuMemRelease",   "cuMemMap",
-                                      "cuMemUnmap",      "cuMemSetAccess", "cuMemAddressReserve",
-                                      "cuMemAddressFree"};
-    for (size_t i = 0; i < sizeof vmm / sizeof vmm[0]; i++)
-        if (strcmp(name, vmm[i]) == 0)
-            return true;
-    return false;
-}
-
-static bool is_sync_call(const char *name)
-{
-    return strncmp(name, "cuCtxSynchronize", 16) == 0 || strcmp(name, "cuStreamSynchronize") == 0;
-}
-
 static bool quiet;
 static bool reclaim_thread = true;
 
 static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
 {
     result_t res = {.pack_below = pack_below, .threads = threads};
-    sim_config_t cfg = {.memory = 141 * GiB}; /* the H200's memory, 2 MiB granularity */
-    tu_reset(&cfg);
-    /* The product's options (tu_reset sets the unit suites' own), then the threshold tried. */
-    if (vmh_options_apply(&vmh_opt, vmh_options_env_get, NULL) != 0)
-        fprintf(stderr, "churn_sim: a VMMHOOK_* value was refused (see above)\n");
-    vmh_opt.pack_below = pack_below;
-    vmh_reclaim_background(reclaim_thread);
+    probe_heap_reset("churn_sim", reclaim_thread);
+    vmh_opt.pack_below = pack_below; /* the threshold tried */
 
     run_t run = {.threads = threads, .warmup = warmup, .steps = steps};
     run.ch = calloc((size_t)threads, sizeof *run.ch);
@@ -265,9 +221,9 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
         }
     }
     size_t nentries = sim_entry_count();
-    snapshot_t before = {.sim = calloc(nentries, sizeof(unsigned long))};
-    snapshot_t after = {.sim = calloc(nentries, sizeof(unsigned long))};
-    assert(before.sim && after.sim);
+    probe_snapshot_t before, after;
+    probe_snapshot_init(&before);
+    probe_snapshot_init(&after);
 
     /* Each phase: wait until every worker has arrived, read, let them go on. */
     pthread_barrier_wait(&run.phase); /* filled */
@@ -277,10 +233,10 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     run.window_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
     pthread_barrier_wait(&run.phase);
     pthread_barrier_wait(&run.phase); /* warmed up */
-    snap(&before);
+    probe_snap(&before);
     pthread_barrier_wait(&run.phase);
     pthread_barrier_wait(&run.phase); /* measured steps done */
-    snap(&after);
+    probe_snap(&after);
     res.peak_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
     res.peak_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
     res.peak_reserved = vmh_gauge_peak(VMH_STAT_bytes_reserved);
@@ -298,9 +254,9 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     uint64_t vmm = 0, syncs = 0;
     for (size_t i = 0; i < nentries; i++) {
         uint64_t n = after.sim[i] - before.sim[i];
-        if (is_vmm_call(sim_entry_name(i)))
+        if (probe_is_vmm_call(sim_entry_name(i)))
             vmm += n;
-        if (is_sync_call(sim_entry_name(i)))
+        if (probe_is_sync_call(sim_entry_name(i)))
             syncs += n;
     }
     res.vmm_calls = per_k(vmm, steps);
@@ -329,41 +285,16 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
                 printf("   %-28s %9.2f\n", sim_entry_name(i), per_k(n, steps));
         }
     }
-    free(before.sim);
-    free(after.sim);
+    probe_snapshot_free(&before);
+    probe_snapshot_free(&after);
     free(run.ch);
 
-    /* As the unit suites end: the reclaim thread stopped, the cache given back, and nothing may
-     * be left in the driver. */
-    vmh_reclaim_stop(false);
-    vmh_reclaim_background(false);
-    vmh_heap_trim();
-    if (!sim_ledger_empty()) {
-        sim_ledger_dump();
-        fprintf(stderr, "churn_sim: the driver's ledger is not empty after the run\n");
+    if (!probe_heap_finish("churn_sim"))
         res.failed = true;
-    }
     return res;
 }
 
 /* ---- the table ---------------------------------------------------------------------------- */
-
-/* One cell: the figure, or "min-max" over the repetitions when they differ as printed; "-" for
- * a figure not measured (NAN). */
-static void cell(char *buf, size_t len, const char *fmt, double lo, double hi)
-{
-    if (isnan(lo)) {
-        snprintf(buf, len, "-");
-        return;
-    }
-    char a[32], b[32];
-    snprintf(a, sizeof a, fmt, lo);
-    snprintf(b, sizeof b, fmt, hi);
-    if (strcmp(a, b) == 0)
-        snprintf(buf, len, "%s", a);
-    else
-        snprintf(buf, len, "%s-%s", a, b);
-}
 
 /* The figures of the table, in its column order. */
 #define COLUMNS(X)                                                                                 \
@@ -394,7 +325,7 @@ static void print_row(const result_t *res, int nrep)
             hi = k == 0 || v > hi ? v : hi;                                                        \
         }                                                                                          \
         char c[64];                                                                                \
-        cell(c, sizeof c, fmt, lo, hi);                                                            \
+        probe_cell(c, sizeof c, fmt, lo, hi);                                                      \
         printf(" %s |", c);                                                                        \
     }
     COLUMNS(PRINT_COLUMN)
