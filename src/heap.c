@@ -368,11 +368,11 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     if (opt->free_sync && !async)
         vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
     else if (!async && opt->park_limit != 0 && req > opt->park_limit && !vmh_capture_any())
-        /* One buffer larger than the park limit: the next allocation would have to wait for
-         * it anyway if it needs new memory (vmh_reclaim_throttle); waiting here, as native cudaFree does, puts it in
-         * the cache before that allocation comes, without a handoff to the reclaim thread
-         * (issue 13: a 1 GiB free-then-allocate pair). A limit of 0 keeps its meaning: every
-         * allocation after a free waits. */
+        /* One buffer larger than the park limit: the next allocation that needs new memory
+         * would wait for it anyway (vmh_reclaim_throttle); waiting here, as native cudaFree
+         * does, puts it in the cache before that allocation comes, without a handoff to the
+         * reclaim thread (issue 13: a 1 GiB free-then-allocate pair). A limit of 0 keeps its
+         * meaning (reclaim.h): no wait at the free. */
         vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
     return CUDA_SUCCESS;
 }

@@ -215,8 +215,9 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
     unsigned home = vmh_packing_thread_shard();
     /* The thread's own shard, then free space in the others, and only then a new extent (in
      * the thread's own shard). Parked blocks are not waited for here (reclaim.h: the reclaim
-     * thread releases them, a thread about to add an extent waits past VMMHOOK_PARK_LIMIT, and a new extent the
-     * driver has no memory for relieves the device, which waits). Other threads may take
+     * thread releases them, a thread about to add an extent waits past VMMHOOK_PARK_LIMIT,
+     * and a new extent the driver has no memory for relieves the device, which waits).
+     * Other threads may take
      * the space of an extent this thread just added before it gets to use it: then it adds
      * another (each extent_add either makes memory or reports the driver's out of memory
      * after relieving the device), within a bound that only a pathological race could reach. */
