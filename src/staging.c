@@ -38,7 +38,15 @@ static CUresult queue_piece(vmh_staging_t *s, size_t k, CUdeviceptr src, size_t 
 
 CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n)
 {
-    assert(s->slot[0] && !s->in_flight);
+    assert(s->slot[0]);
+    /* A copy left queued by a failed wait (the caller may go on: a failure it takes for "skip
+     * this one") must land before its slot is written again. */
+    if (s->in_flight) {
+        CUresult rc = vmh_drv.cuStreamSynchronize(s->stream);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        s->in_flight = false;
+    }
     if (n == 0)
         return CUDA_SUCCESS;
     if (!s->stream) {

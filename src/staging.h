@@ -36,8 +36,8 @@ CUresult vmh_staging_open(vmh_staging_t *s, CUcontext ctx, size_t slot_size, int
  * every byte is in dst when it returns CUDA_SUCCESS. The copy is ordered after nothing: the
  * caller has waited for the work that writes src. On failure (the driver's code: making the
  * stream, queueing a copy, waiting for one) dst holds part of the bytes and the ring is still
- * usable, and still to be closed; a copy queued before the failure is waited for by
- * vmh_staging_leave_context. */
+ * usable, and still to be closed; a copy queued before the failure is waited for by the next
+ * copy or by vmh_staging_leave_context. */
 CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n);
 
 /* The end of the copies in the current context (the one the copies ran in, still current):

@@ -408,6 +408,27 @@ static void small_totals_copy_directly(void **state)
     wfix_free(&f);
 }
 
+/* CUDA_ERROR_NOT_PERMITTED from a copy reads, to the pause, like memory with another holder: the
+ * buffer stays mapped and the pause goes on (pause.c's visit_pause). The wait that answered it
+ * left its piece queued; the ring waits for it before it reuses the slot. */
+static void refused_wait_then_next_buffer(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    sim_fail_function("cuStreamSynchronize", 1, CUDA_ERROR_NOT_PERMITTED);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    sim_clear_faults();
+    assert_true(vmh_pause_staged_bytes() > 0);
+    assert_int_equal(sim_live_host(), 0);
+    assert_int_equal(sim_live_streams(), 0);
+    assert_int_equal(sim_pending_ops(), 0);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_true(wfix_intact(&f));
+    assert_int_equal(sim_hazards(), 0);
+    wfix_free(&f);
+}
+
 /* The ring on two devices: one pair of slots, a stream in each device's context. */
 static void staging_over_two_devices(void **state)
 {
@@ -540,6 +561,7 @@ int main(void)
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(first_pause_stages_and_resume_restores, setup, teardown),
         cmocka_unit_test_setup_teardown(small_totals_copy_directly, setup, teardown),
+        cmocka_unit_test_setup_teardown(refused_wait_then_next_buffer, setup, teardown),
         cmocka_unit_test_setup_teardown(staging_over_two_devices, setup, teardown),
         cmocka_unit_test_setup_teardown(fault_sweep_staged_pause, setup, teardown),
     };
