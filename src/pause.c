@@ -207,7 +207,7 @@ static void backup_put(void *host, size_t size)
 typedef struct job {
     const vmh_dev_t *dev;
     bool backup;
-    bool stage;        /* pageable backups go through the ring (false again if it cannot open) */
+    bool stage; /* pageable backups go through the ring (false again if it cannot open) */
     bool staging_open;
     vmh_staging_t staging;
 } job_t;
