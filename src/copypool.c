@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#define HUGE_PAGE ((size_t)2 << 20) /* x86-64's and arm64's (4 KiB base pages) PMD size */
+
 /* Takes parts of the current job until none is left; called and returns with the lock held. */
 static void copy_parts_locked(vmh_copy_pool_t *pool)
 {
@@ -72,9 +74,13 @@ void vmh_copy_pool_run(vmh_copy_pool_t *pool, void *dst, const void *src, size_t
     }
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t workers = (size_t)pool->nthreads;
-    /* One part per worker, page-rounded so that no two threads fault the same small page
-     * (16 MiB over 8 workers: 2 MiB each, one huge page each when the destination is aligned). */
-    size_t part = ((n + workers - 1) / workers + page - 1) / page * page;
+    /* Parts of one huge page when there is more than one, taken in turn by whichever worker is
+     * free: with transparent huge pages the first touch of a huge page faults and zeroes all of
+     * it, so two threads in one huge page would wait for each other (and a huge-page aligned
+     * destination, as the pause's backups are, gets one fault per part). Below that, one
+     * page-rounded part per worker. */
+    size_t part =
+        n > HUGE_PAGE ? HUGE_PAGE : ((n + workers - 1) / workers + page - 1) / page * page;
     pthread_mutex_lock(&pool->lock);
     assert(pool->next == pool->nparts && pool->parts_done == pool->nparts); /* no job running */
     pool->dst = dst;

@@ -36,8 +36,9 @@ typedef struct vmh_copy_pool {
  * thread; with none, vmh_copy_pool_run copies on the calling thread. */
 void vmh_copy_pool_start(vmh_copy_pool_t *pool, int want);
 
-/* Copies n bytes from src to dst (not overlapping) in one part per worker, each part a whole
- * number of pages but the last; returns when every byte is copied. */
+/* Copies n bytes from src to dst (not overlapping) in parts that the workers take in turn (2 MiB
+ * each, one huge page, when n is larger; else one page-rounded part per worker); returns when
+ * every byte is copied. */
 void vmh_copy_pool_run(vmh_copy_pool_t *pool, void *dst, const void *src, size_t n);
 
 /* Stops and joins the workers. */

@@ -65,13 +65,15 @@ static bool pattern_on_device(CUdeviceptr p, size_t n, unsigned seed)
 static void copy_pool_copies_every_byte(void **state)
 {
     (void)state;
-    size_t max = 3 * MiB + 4097;
+    size_t max = 10 * MiB + 3;
     unsigned char *src = malloc(max), *dst = malloc(max);
     assert_non_null(src);
     assert_non_null(dst);
     for (size_t i = 0; i < max; i++)
         src[i] = pattern(i, 5);
-    static const size_t sizes[] = {0, 1, 4095, 4096, 3 * 4096 + 5, MiB + 7, 3 * MiB + 4097};
+    /* Page-rounded parts per worker up to 2 MiB; above, 2 MiB parts, more than workers. */
+    static const size_t sizes[] = {
+        0, 1, 4095, 4096, 3 * 4096 + 5, MiB + 7, 3 * MiB + 4097, 10 * MiB + 3};
     for (int want = 0; want <= 3; want += 3) { /* none: the caller copies; three workers */
         vmh_copy_pool_t pool;
         vmh_copy_pool_start(&pool, want);
