@@ -11,7 +11,8 @@
  *
  * Pause: freeze the tag's sets, wait for the device (the context synchronize of reclaim.h, which
  * also releases parked frees), give back idle memory, then pause each record (copy to host
- * memory first when asked). A failure resumes what the call paused and unfreezes.
+ * memory first when asked: through the staging ring of staging.h for fresh pageable memory, see
+ * "host memory for backups" below). A failure resumes what the call paused and unfreezes.
  * Resume: prepare every paused record (new memory mapped at its addresses, backup copied back;
  * the description keeps the new range), and only when all succeeded commit them all; otherwise
  * drop what was prepared, so that out of memory leaves the whole tag paused and retryable.
@@ -30,11 +31,11 @@
 #include "log.h"
 #include "packing.h"
 #include "reclaim.h"
+#include "staging.h"
 #include "tags.h"
 
 #include <assert.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,13 +49,17 @@ static size_t pin_limit; /* VMMHOOK_PIN_LIMIT */
  * Rates measured on an H200 (issue 15, driver-facts.md section 6): pinned copies ~51 GiB/s each
  * way; pinning fresh memory (cudaHostAlloc, or registering memory nothing has touched: every page
  * is faulted in by the pinning) ~2.4 GiB/s; registering memory already touched ~16 GiB/s; copies
- * with pageable memory 9-12 GiB/s down, 6.5 GiB/s up. So pinning before the first copy makes the
- * first pause run at the pinning rate. Instead a pause never pins: a backup goes into pinned
- * memory kept from an earlier resume when one fits, else into fresh pageable memory, copied in one
- * piece per record (the driver stages it). The resume registers that backup, now touched, before
- * copying it back (16 GiB/s, then 51: faster than the 6.5 of a pageable copy up) when
- * VMMHOOK_PIN_LIMIT has room, and keeps it pinned for the process: the next pause of the tag
- * finds it and copies at the pinned rate. docs/SLEEP.md's design notes give the predicted rates. */
+ * with pageable memory 9-12 GiB/s down, 6.5 GiB/s up. So pinning a backup before its first copy
+ * makes the first pause run at the pinning rate. Instead a pause never pins a backup: it goes
+ * into pinned memory kept from an earlier resume when one fits, copied directly at the pinned
+ * rate; else into fresh pageable memory, through the staging ring (staging.h: the driver copies
+ * into two small pinned slots in turn while a pool of threads copies each filled slot out,
+ * faulting the fresh pages in on several cores), or with one direct copy when the pause's
+ * pageable total is small or the ring's slots cannot be pinned. The resume registers such a
+ * backup, now touched, before copying it back (16 GiB/s, then 51: faster than the 6.5 of a
+ * pageable copy up) when VMMHOOK_PIN_LIMIT has room, and keeps it pinned for the process: the
+ * next pause of the tag finds it and copies at the pinned rate. docs/SLEEP.md's design notes
+ * give the measured and the predicted rates. */
 
 typedef struct pinned {
     void *host;
@@ -68,6 +73,16 @@ static pinned_t *pinned_list;
 static size_t pinned_bytes; /* kept pinned, plus room claimed by a registration under way */
 
 #define HUGE_PAGE ((size_t)2 << 20)
+
+/* The staging ring (the probe's best case, tools/probe/backup_rate.c: two slots of 16 MiB and
+ * 8 threads, 11.09 GiB/s into fresh memory on an H200). Below STAGING_MIN bytes of pageable
+ * backups in a pause the ring's setup (pinning 32 MiB, starting the threads) is not worth it. */
+#define STAGING_SLOT ((size_t)16 << 20)
+#define STAGING_MIN ((size_t)64 << 20)
+#define STAGING_WORKERS 8
+
+static size_t staging_slot = STAGING_SLOT, staging_min = STAGING_MIN; /* tests may set them */
+static size_t staged_bytes; /* backed up through the ring since the last reset (tests) */
 
 static size_t page_round(size_t n)
 {
@@ -101,77 +116,6 @@ static void *pageable_map(size_t len)
     return host;
 }
 
-/* Fresh host memory is zeroed by the kernel when first touched, which the copy into it would pay
- * on top of copying. So a pause with a backup maps the pageable memory it will need at once, and
- * a helper thread populates it (MADV_POPULATE_WRITE, piece by piece, from its end backwards)
- * while the copies fill it from its start: each page is zeroed by whichever thread reaches it
- * first, so the copies find more and more of their memory ready. Only the pausing thread (under
- * pause_lock) hands out slices; the helper reads base and len only, and is joined before the
- * pause returns or gives back any backup. */
-typedef struct prefill {
-    char *base;
-    size_t len;  /* a multiple of the page size */
-    size_t used; /* handed out from the start, each slice page-rounded */
-    pthread_t helper;
-    bool helper_running;
-} prefill_t;
-
-#define PREFILL_PIECE ((size_t)64 << 20)
-
-static prefill_t prefill;
-static atomic_bool prefill_stop;
-static size_t prefill_taken; /* bytes handed out since the last reset (tests) */
-
-static void *prefill_run(void *arg)
-{
-    const prefill_t *f = arg;
-    size_t end = f->len;
-    while (end > 0 && !atomic_load(&prefill_stop)) {
-        size_t n = end < PREFILL_PIECE ? end : PREFILL_PIECE;
-        end -= n;
-        /* EINVAL: a kernel without it (before 5.14): the copies fault the pages in. Other
-         * failures (no memory now) only leave the rest to the copies as well. */
-        if (madvise(f->base + end, n, MADV_POPULATE_WRITE) != 0)
-            break;
-    }
-    return NULL;
-}
-
-/* Before a pause's copies: len bytes expected to need fresh pageable memory. */
-static void prefill_begin(size_t len)
-{
-    prefill = (prefill_t){0};
-    if (len == 0 || !(prefill.base = pageable_map(page_round(len))))
-        return;
-    prefill.len = page_round(len);
-    atomic_store(&prefill_stop, false);
-    prefill.helper_running = pthread_create(&prefill.helper, NULL, prefill_run, &prefill) == 0;
-}
-
-/* A slice of the prefilled memory for a backup of size bytes; NULL when it has no room left. */
-static void *prefill_take(size_t size)
-{
-    size_t len = page_round(size);
-    if (!prefill.base || prefill.len - prefill.used < len)
-        return NULL;
-    void *host = prefill.base + prefill.used;
-    prefill.used += len;
-    prefill_taken += len;
-    return host;
-}
-
-/* After the copies: stops and joins the helper, and gives back what no backup took. Each slice
- * taken is a mapping of its own from now on (backup_put unmaps exactly its pages). */
-static void prefill_end(void)
-{
-    atomic_store(&prefill_stop, true);
-    if (prefill.helper_running)
-        pthread_join(prefill.helper, NULL);
-    if (prefill.base && prefill.used < prefill.len)
-        munmap(prefill.base + prefill.used, prefill.len - prefill.used);
-    prefill = (prefill_t){0};
-}
-
 /* Bytes of kept pinned buffers free for the next backups. */
 static size_t pinned_free_bytes(void)
 {
@@ -185,9 +129,9 @@ static size_t pinned_free_bytes(void)
 }
 
 /* Host memory for a backup of size bytes: a kept pinned buffer that is free and fits (the
- * smallest), else a slice of the pause's prefilled memory, else fresh pageable memory. Never
- * pins (see above). NULL when the system has no memory. */
-static void *backup_get(size_t size)
+ * smallest; *pinned true), else fresh pageable memory. Never pins (see above). NULL when the
+ * system has no memory. */
+static void *backup_get(size_t size, bool *pinned)
 {
     pthread_mutex_lock(&pinned_lock);
     pinned_t *best = NULL;
@@ -197,10 +141,8 @@ static void *backup_get(size_t size)
     if (best)
         best->in_use = true;
     pthread_mutex_unlock(&pinned_lock);
-    if (best)
-        return best->host;
-    void *host = prefill_take(size);
-    return host ? host : pageable_map(page_round(size));
+    *pinned = best != NULL;
+    return best ? best->host : pageable_map(page_round(size));
 }
 
 static pinned_t *pinned_find(const void *host)
@@ -258,11 +200,40 @@ static void backup_put(void *host, size_t size)
 
 /* ---- visits ---------------------------------------------------------------------------------- */
 
-/* What a visit of one tag needs: the device being visited, whether to back up. */
+/* What a visit of one tag needs: the device being visited, whether to back up; for a pause
+ * with backups, the staging ring: wanted when enough pageable backups are expected, opened at
+ * the first one (pinning its slots needs a context current, which a visit has), closed by the
+ * pause before it returns. */
 typedef struct job {
     const vmh_dev_t *dev;
     bool backup;
+    bool stage; /* pageable backups go through the ring (false again if it cannot open) */
+    bool staging_open;
+    vmh_staging_t staging;
 } job_t;
+
+static CUresult staged_copy(void *dst, CUdeviceptr src, size_t n, void *arg)
+{
+    return vmh_staging_copy(arg, dst, src, n);
+}
+
+/* How to copy a backup into fresh pageable memory: through the ring (opened now if it is the
+ * first), else directly (NULL: one cuMemcpyDtoH, which the driver stages itself). */
+static vmh_backup_copy_fn pageable_copy(job_t *j)
+{
+    if (j->stage && !j->staging_open) {
+        CUresult rc = vmh_staging_open(&j->staging, j->dev->ctx, staging_slot, STAGING_WORKERS);
+        j->staging_open = rc == CUDA_SUCCESS;
+        if (!j->staging_open) {
+            /* Slower, not wrong: the pause goes on with direct copies. */
+            vmh_log("pause: pinning the backup staging slots failed (CUDA error %d): copying "
+                    "directly",
+                    (int)rc);
+            j->stage = false;
+        }
+    }
+    return j->staging_open ? staged_copy : NULL;
+}
 
 static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
 {
@@ -273,10 +244,13 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
         return CUDA_SUCCESS;
     size_t size = (*range)->size;
     void *host = NULL;
-    if (j->backup && !(host = backup_get(size)))
+    bool pinned = false;
+    if (j->backup && !(host = backup_get(size, &pinned)))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* A kept pinned buffer takes the direct copy, at the pinned rate. */
+    vmh_backup_copy_fn copy = host && !pinned ? pageable_copy(j) : NULL;
     vmh_paused_t *p;
-    CUresult rc = vmh_range_pause(*range, host, &p);
+    CUresult rc = vmh_range_pause(*range, host, copy, &j->staging, &p);
     if (rc != CUDA_SUCCESS) {
         if (host)
             backup_put(host, size);
@@ -284,6 +258,8 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
          * yet, an export being made) stays mapped, like an exported buffer. */
         return rc == CUDA_ERROR_NOT_PERMITTED ? CUDA_SUCCESS : rc;
     }
+    if (copy)
+        staged_bytes += size;
     p->host = host;
     p->host_release = host ? backup_put : NULL;
     *range = NULL;
@@ -351,6 +327,8 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
             rc = vmh_bigbuf_visit(parts.big, fn, j);
         if (rc == CUDA_SUCCESS && parts.pack)
             rc = vmh_packing_visit(parts.pack, fn, j);
+        if (j->staging_open) /* its stream belongs to this context */
+            vmh_staging_leave_context(&j->staging);
         CUcontext popped;
         if (with_context)
             vmh_drv.cuCtxPopCurrent(&popped);
@@ -394,18 +372,18 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
     }
     if (rc == CUDA_SUCCESS) {
         vmh_heap_trim(); /* idle memory: cached buffers, empty packing extents */
+        job_t j = {.backup = backup};
         if (backup) {
             /* What the backups will need beyond the kept pinned memory (an estimate: a
-             * record that stays mapped takes nothing; the rest is given back at the end). */
+             * record that stays mapped takes nothing). */
             vmh_tag_memory_t m;
             tag_memory(tag, &m);
             size_t need = m.mapped - m.kept, pinned = pinned_free_bytes();
-            prefill_begin(need > pinned ? need - pinned : 0);
+            j.stage = need > pinned && need - pinned >= staging_min;
         }
-        job_t j = {.backup = backup};
         rc = visit_tag(tag, visit_pause, &j, true);
-        if (backup)
-            prefill_end();
+        if (j.staging_open)
+            vmh_staging_close(&j.staging); /* before any resume below: nothing pinned stays */
     }
     if (rc != CUDA_SUCCESS && resume_records(tag) != CUDA_SUCCESS) {
         /* Back to running failed too (out of memory after a failed copy): the tag stays
@@ -552,14 +530,21 @@ vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc)
 }
 
 #ifdef VMH_TESTING
-size_t vmh_pause_prefilled_bytes(void)
+size_t vmh_pause_staged_bytes(void)
 {
-    return prefill_taken;
+    return staged_bytes;
+}
+
+void vmh_pause_set_staging(size_t slot, size_t min_total)
+{
+    staging_slot = slot ? slot : STAGING_SLOT;
+    staging_min = min_total ? min_total : STAGING_MIN;
 }
 
 void vmh_pause_reset(void)
 {
-    prefill_taken = 0;
+    staged_bytes = 0;
+    vmh_pause_set_staging(0, 0);
     pthread_mutex_lock(&pinned_lock);
     while (pinned_list) {
         pinned_t *k = pinned_list;

@@ -19,10 +19,14 @@ vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc);
 vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc);
 
 #ifdef VMH_TESTING
-/* Tests: gives back the host memory kept for backups (and zeroes the count below). */
+/* Tests: gives back the host memory kept for backups, zeroes the count below and restores the
+ * staging ring's sizes. */
 void vmh_pause_reset(void);
-/* Tests: bytes of backups placed in a pause's prefilled memory since the reset. */
-size_t vmh_pause_prefilled_bytes(void);
+/* Tests: bytes of backups copied through the staging ring since the reset. */
+size_t vmh_pause_staged_bytes(void);
+/* Tests: the staging ring's slot size, and the pageable backup bytes a pause needs to use it
+ * (0: the library's values, 16 MiB and 64 MiB), so that a test reaches many slots cheaply. */
+void vmh_pause_set_staging(size_t slot, size_t min_total);
 #endif
 
 #endif

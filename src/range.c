@@ -246,7 +246,8 @@ void vmh_paused_destroy(vmh_paused_t *p)
     free(p);
 }
 
-CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_paused_t **out)
+CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
+                         vmh_paused_t **out)
 {
     if (!r || !out || !r->nmaps)
         return CUDA_ERROR_INVALID_VALUE;
@@ -274,7 +275,8 @@ CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_paused_t **out)
             seg_start(&p->segs[p->nsegs++], m);
     }
     if (backup) {
-        CUresult rc = vmh_drv.cuMemcpyDtoH(backup, r->base, r->size);
+        CUresult rc = copy ? copy(backup, r->base, r->size, copy_arg)
+                           : vmh_drv.cuMemcpyDtoH(backup, r->base, r->size);
         if (rc != CUDA_SUCCESS) {
             vmh_paused_destroy(p);
             return rc;

@@ -96,14 +96,21 @@ struct vmh_paused {
     vmh_paused_seg_t segs[];
 };
 
-/* Pauses r: when backup is not NULL, first copies r's r->size bytes into it (host memory, best
- * pinned; the copy waits for work queued on the legacy stream, not for other streams: the
- * caller synchronizes first), then unmaps every mapping and releases every chunk. On success r
- * is consumed (destroyed) and *out describes it. Needs a context current on r's device for the
- * copy. CUDA_ERROR_NOT_PERMITTED when r does not own its memory alone (a mapping or a chunk
- * has another holder: unmapping would not give the memory back, e.g. an exported chunk);
- * on any failure r is untouched and still mapped. */
-CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_paused_t **out);
+/* How a pause copies a range's bytes into its backup (the pause layer's choice, as data: a
+ * direct copy, or one through a staging ring): n bytes of device memory at src into host memory
+ * at dst, every byte landed when it returns CUDA_SUCCESS; the driver's code otherwise. */
+typedef CUresult (*vmh_backup_copy_fn)(void *dst, CUdeviceptr src, size_t n, void *arg);
+
+/* Pauses r: when backup is not NULL, first copies r's r->size bytes into it (host memory) with
+ * copy(backup, r->base, r->size, copy_arg), or with one cuMemcpyDtoH when copy is NULL (which
+ * waits for work queued on the legacy stream, not for other streams; a copy function may wait
+ * for none: the caller synchronizes first); then unmaps every mapping and releases every chunk.
+ * On success r is consumed (destroyed) and *out describes it. Needs a context current on r's
+ * device for the copy. CUDA_ERROR_NOT_PERMITTED when r does not own its memory alone (a mapping
+ * or a chunk has another holder: unmapping would not give the memory back, e.g. an exported
+ * chunk); on any failure r is untouched and still mapped. */
+CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
+                         vmh_paused_t **out);
 
 /* Maps new memory at exactly p's addresses: one chunk of prop (its location.id set to each
  * segment's device) per segment, with the segment's access descriptors, or with access[0..n)

@@ -19,6 +19,7 @@ LAYERS = [
     ("tags", ["tags"]),
     ("driver table", ["driver"]),
     ("contexts", ["contexts"]),
+    ("backup staging", ["copypool", "staging"]),
     ("handles", ["handle"]),
     ("ranges", ["range"]),
     ("arena, registry", ["arena", "arena_internal", "arena_check", "registry"]),

@@ -50,7 +50,7 @@ static void pause_keeps_addresses(void **state)
     assert_int_equal(sim_device_used(0), 3 * GRAN);
 
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_SUCCESS);
     assert_non_null(p);
     assert_int_equal(p->base, base);
     assert_int_equal(p->size, size);
@@ -102,7 +102,7 @@ static void backup_restores_contents(void **state)
     unsigned char *host = malloc(size);
     assert_non_null(host);
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r, host, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_pause(r, host, NULL, NULL, &p), CUDA_SUCCESS);
     assert_int_equal(sim_live_allocations(), 0);
     assert_int_equal(host[5], (unsigned char)(5 * 131u + 99));
 
@@ -141,7 +141,7 @@ static void segments_follow_reservations_and_access(void **state)
     vmh_paused_t *p = NULL;
     unsigned char *host = malloc(3 * GRAN);
     assert_non_null(host);
-    assert_int_equal(vmh_range_pause(g, host, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_pause(g, host, NULL, NULL, &p), CUDA_SUCCESS);
     assert_int_equal(p->nsegs, 2);
     assert_int_equal(p->segs[0].size, 2 * GRAN);
     assert_int_equal(p->segs[1].size, GRAN);
@@ -175,12 +175,12 @@ static void shared_memory_is_not_paused(void **state)
     tu_fill(r->base, r->size, 1);
     vmh_alloc_t *held = vmh_alloc_ref(r->maps[1]->alloc); /* as an export holds it */
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r, NULL, &p), CUDA_ERROR_NOT_PERMITTED);
+    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_ERROR_NOT_PERMITTED);
     assert_null(p);
     vmh_alloc_unref(held);
     vmh_range_t *copy = NULL;
     assert_int_equal(vmh_range_shrink(r, r->size, &copy), CUDA_SUCCESS); /* shares mappings */
-    assert_int_equal(vmh_range_pause(r, NULL, &p), CUDA_ERROR_NOT_PERMITTED);
+    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_ERROR_NOT_PERMITTED);
     vmh_range_destroy(copy);
     assert_mapped(r->base, r->size, true);
     assert_true(tu_check(r->base, r->size, 1));
@@ -211,7 +211,7 @@ static void resume_out_of_memory_then_retry(void **state)
     unsigned char *host = malloc(2 * GRAN);
     assert_non_null(host);
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r2, host, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_pause(r2, host, NULL, NULL, &p), CUDA_SUCCESS);
     assert_int_equal(p->nsegs, 2);
 
     /* Another user takes all but one chunk's worth. */
@@ -241,7 +241,7 @@ static void never_mapped_twice(void **state)
     (void)state;
     vmh_range_t *r = range_of(2, 0);
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_SUCCESS);
     CUmemAllocationProp pr = prop0();
     vmh_range_t *a = NULL, *b = NULL;
     assert_int_equal(vmh_range_resume(p, &pr, NULL, 0, NULL, &a), CUDA_SUCCESS);
@@ -265,11 +265,11 @@ static void bad_arguments(void **state)
     vmh_paused_t *p = NULL;
     CUmemAllocationProp pr = prop0();
     vmh_range_t *out = NULL;
-    assert_int_equal(vmh_range_pause(NULL, NULL, &p), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_range_pause(NULL, NULL, NULL, NULL, &p), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(vmh_range_resume(NULL, &pr, NULL, 0, NULL, &out), CUDA_ERROR_INVALID_VALUE);
     vmh_range_t *r = range_of(1, 0);
-    assert_int_equal(vmh_range_pause(r, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_range_pause(r, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_SUCCESS);
     assert_int_equal(vmh_range_resume(p, NULL, NULL, 0, NULL, &out), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(vmh_range_resume(p, &pr, NULL, 1, NULL, &out), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(vmh_range_resume(p, &pr, NULL, VMH_MAX_ACCESS + 1, NULL, &out),
@@ -314,7 +314,7 @@ static void pfix_running(pfix_t *f)
 static void pfix_paused(pfix_t *f)
 {
     pfix_running(f);
-    assert_int_equal(vmh_range_pause(f->r, f->host, &f->p), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_pause(f->r, f->host, NULL, NULL, &f->p), CUDA_SUCCESS);
     assert_int_equal(f->p->nsegs, 3);
     f->r = NULL;
 }
@@ -322,7 +322,7 @@ static void pfix_paused(pfix_t *f)
 static CUresult run_pause(pfix_t *f)
 {
     vmh_paused_t *p = NULL;
-    CUresult rc = vmh_range_pause(f->r, f->host, &p);
+    CUresult rc = vmh_range_pause(f->r, f->host, NULL, NULL, &p);
     if (rc == CUDA_SUCCESS) {
         f->r = NULL;
         f->p = p;
