@@ -217,13 +217,15 @@ void vmh_ipc_export_untake(vmh_export_t *ex)
 {
     if (!ex->chunks)
         return;
+    vmh_export_t described = *ex;
+    described.chunks = NULL;
     pthread_mutex_lock(&table_lock);
     if (!table_shut)
         vmh_heap_export_release(ex);
     else
         free(ex->chunks);
     pthread_mutex_unlock(&table_lock);
-    ex->chunks = NULL;
+    *ex = described;
 }
 
 #ifdef VMH_TESTING

@@ -41,7 +41,8 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
                             int *fds);
 
 /* Drops the references of a taken copy (after exit began only its array: the driver may be
- * gone, and the process ends with the references). */
+ * gone, and the process ends with the references). The copy keeps its description (base, size,
+ * offset, device, nchunks) with chunks NULL; a second call does nothing. */
 void vmh_ipc_export_untake(vmh_export_t *ex);
 
 /* Lifetime (lifetime.c calls these; the table registers no handler of its own): exit began, so no driver

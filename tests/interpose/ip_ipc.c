@@ -565,7 +565,11 @@ int main(int argc, char **argv)
     if (importer_handle) {
         /* The freed exported chunk lives on for its importer, and only for it: the library
          * holds no handle, mapping or reservation of it (issue 16: before round 10 the freed
-         * packed slot stayed the library's for good). */
+         * packed slot stayed the library's for good). The listener thread closes its copy of
+         * the descriptor just after the send that gave this process the importer's: allowed
+         * a moment (CI once checked before that close). */
+        for (int i = 0; i < 200 && sim.sim_live_handles() > 1; i++)
+            usleep(10 * 1000);
         CHECK(sim.sim_live_allocations() == 1 && sim.sim_live_handles() == 1 &&
                   sim.sim_live_mappings() == 0 && sim.sim_live_reservations() == 0,
               "after the frees and vmm_trim only the importer's handle is left (%zu allocations, "
@@ -575,6 +579,9 @@ int main(int argc, char **argv)
         PFN_cuMemRelease_v10020 release_drv =
             (PFN_cuMemRelease_v10020)driver_fn("cuMemRelease", 10020);
         CHECK_RC(release_drv(importer_handle), CUDA_SUCCESS, "the importer lets go");
+        /* Its memory goes with the last descriptor too: the listener's copy (above). */
+        for (int i = 0; i < 200 && !sim.sim_ledger_empty(); i++)
+            usleep(10 * 1000);
     }
     CHECK(sim.sim_ledger_empty(), "after the frees and vmm_trim the driver holds nothing");
     if (!sim.sim_ledger_empty())
