@@ -255,8 +255,10 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
         if (host)
             backup_put(host, size);
         /* Memory with another holder (a range left by a move that the GPU has not passed
-         * yet, an export being made) stays mapped, like an exported buffer. */
-        return rc == CUDA_ERROR_NOT_PERMITTED ? CUDA_SUCCESS : rc;
+         * yet, an export being made) stays mapped, like an exported buffer. The same code
+         * from the copy is a failure: the range tells the two apart. */
+        return rc == CUDA_ERROR_NOT_PERMITTED && !vmh_range_owned_alone(*range) ? CUDA_SUCCESS
+                                                                                : rc;
     }
     if (copy)
         staged_bytes += size;

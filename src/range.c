@@ -246,19 +246,26 @@ void vmh_paused_destroy(vmh_paused_t *p)
     free(p);
 }
 
-CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
-                         vmh_paused_t **out)
+bool vmh_range_owned_alone(const vmh_range_t *r)
 {
-    if (!r || !out || !r->nmaps)
-        return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < r->nmaps; i++) {
         const vmh_map_t *m = r->maps[i];
         /* Another holder of the mapping would keep it mapped, another holder of the chunk
          * (an export, a range left by a move) would keep the memory alive: pausing would give
          * nothing back and the resumed range would no longer share memory with that holder. */
         if (atomic_load(&m->refs) != 1 || atomic_load(&m->alloc->refs) != 1)
-            return CUDA_ERROR_NOT_PERMITTED;
+            return false;
     }
+    return true;
+}
+
+CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
+                         vmh_paused_t **out)
+{
+    if (!r || !out || !r->nmaps)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!vmh_range_owned_alone(r))
+        return CUDA_ERROR_NOT_PERMITTED;
     /* At most one segment per mapping; usually far fewer. */
     if (r->nmaps > (SIZE_MAX - sizeof(vmh_paused_t)) / sizeof(vmh_paused_seg_t))
         return CUDA_ERROR_OUT_OF_MEMORY;

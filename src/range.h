@@ -109,6 +109,9 @@ typedef CUresult (*vmh_backup_copy_fn)(void *dst, CUdeviceptr src, size_t n, voi
  * device for the copy. CUDA_ERROR_NOT_PERMITTED when r does not own its memory alone (a mapping
  * or a chunk has another holder: unmapping would not give the memory back, e.g. an exported
  * chunk); on any failure r is untouched and still mapped. */
+/* Whether r alone holds its mappings and chunks (what vmh_range_pause needs). */
+bool vmh_range_owned_alone(const vmh_range_t *r);
+
 CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
                          vmh_paused_t **out);
 

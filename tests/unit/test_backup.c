@@ -410,21 +410,25 @@ static void small_totals_copy_directly(void **state)
     wfix_free(&f);
 }
 
-/* CUDA_ERROR_NOT_PERMITTED from a copy reads, to the pause, like memory with another holder: the
- * buffer stays mapped and the pause goes on (pause.c's visit_pause). The wait that answered it
- * left its piece queued; the ring waits for it before it reuses the slot. */
-static void refused_wait_then_next_buffer(void **state)
+/* CUDA_ERROR_NOT_PERMITTED from a copy is a failed copy, not memory with another holder (which
+ * stays mapped: pause.c's visit_pause asks the range which it was): the pause fails, resumes
+ * what it had paused, and leaves nothing pinned, no stream and nothing queued (the wait that
+ * answered it left its piece queued: the ring waits for it before it lets go). A later pause
+ * of the same tag then works. */
+static void refused_copy_fails_the_pause(void **state)
 {
     (void)state;
     wfix_t f;
     wfix_make(&f);
     sim_fail_function("cuStreamSynchronize", 1, CUDA_ERROR_NOT_PERMITTED);
-    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_not_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
     sim_clear_faults();
-    assert_true(vmh_pause_staged_bytes() > 0);
     assert_int_equal(sim_live_host(), 0);
     assert_int_equal(sim_live_streams(), 0);
     assert_int_equal(sim_pending_ops(), 0);
+    assert_true(wfix_intact(&f));
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_true(vmh_pause_staged_bytes() > 0);
     assert_int_equal(vmm_resume("w"), VMM_OK);
     assert_true(wfix_intact(&f));
     assert_int_equal(sim_hazards(), 0);
@@ -562,7 +566,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(staging_failure_in_another_context, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(first_pause_stages_and_resume_restores, setup, teardown),
         cmocka_unit_test_setup_teardown(small_totals_copy_directly, setup, teardown),
-        cmocka_unit_test_setup_teardown(refused_wait_then_next_buffer, setup, teardown),
+        cmocka_unit_test_setup_teardown(refused_copy_fails_the_pause, setup, teardown),
         cmocka_unit_test_setup_teardown(staging_over_two_devices, setup, teardown),
         cmocka_unit_test_setup_teardown(fault_sweep_staged_pause, setup, teardown),
     };
