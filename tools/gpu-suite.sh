@@ -29,7 +29,8 @@
 #      two_ctx, capture and fork_churn (issues 14, 16) are among them [60-90 s];
 #   4b. the programs that need the GPU alone, one at a time (tools/gpu-suite/exclusive.sh):
 #      mallocasync_after_free native and hooked, pause_resume hooked (VMMHOOK_PIN_LIMIT=9G; its
-#      timings against issue 15's targets in a table), torch_sleep.py hooked [50-90 s];
+#      timings against issue 15's targets in a table), then tools/probe/backup_rate.c (the first
+#      pause's copy mechanism without the library, an INFO row), torch_sleep.py hooked [65-105 s];
 #   5. tests/gpu/torch_train.py (nocache, cache, expandable; pluggable under the hook only),
 #      native vs hooked losses, bit for bit, and tests/gpu/torch_graph.py native vs hooked, all
 #      in parallel [40-60 s]; then tests/gpu/torch_step.py three times, one at a time (caching

@@ -5,6 +5,9 @@
 #   mallocasync_after_free  (issue 14) takes 70% of the device, then 30% from other allocators;
 #   pause_resume            (issue 15) 40 GiB paused and resumed, a second process takes it; its
 #                           "T" lines (timings against the issue's targets) become a table;
+#   backup_rate             (issue 15) tools/probe/backup_rate.c beside pause_resume: the rate of
+#                           the first pause's mechanism (a staging ring into fresh host memory)
+#                           and its alternatives, without the library, in the same run;
 #   torch_sleep.py          (issue 15) a second process fills the whole GPU while paused.
 # Natively pause_resume and torch_sleep only skip (the API is the hook's): pause_resume's native
 # run checks that (a second); torch_sleep's native run is left out (a PyTorch start for a skip).
@@ -41,6 +44,7 @@ exclusive_run() {
             judge "pause_resume [VMMHOOK_PIN_LIMIT=9G]" static pause_resume.static.native \
                 pause_resume.static.hooked 77 served 0
             pause_table
+            backup_probe
         fi
     fi
 
@@ -85,4 +89,22 @@ pause_table() {
     miss=$(grep '^T .* MISS$' "$out" | awk '{printf "%s=%s%s (%s); ", $2, $3, $4, $5}')
     info_row "pause_resume timings (issue 15 targets)" static "-" "$(rcname "$(rc_of pause_resume.static.hooked)")" \
         "$met met; misses: ${miss:-none} (table below)"
+}
+
+# tools/probe/backup_rate.c (8 GiB device to fresh host memory, several ways): an INFO row with
+# its rates, to compare the library's first pause (pause_resume's first_pause line) with the
+# mechanism it copies through, measured in the same run.
+backup_probe() {
+    local bin=$W/bin/backup_rate t
+    gcc -O2 -o "$bin" tools/probe/backup_rate.c -I"${CUDA_HOME:-/usr/local/cuda}/include" \
+        -lcuda -lpthread >"$LOG/backup_rate.build" 2>&1 || {
+        info_row "backup_rate probe" static "-" "-" "did not build: $(tail -1 "$LOG/backup_rate.build")"
+        return 0
+    }
+    t=$(tmo 60 30)
+    [ "$t" = 0 ] && return 0
+    say "backup_rate probe: alone on the GPU, timeout ${t}s ($(elapsed) s)"
+    timeout "$t" "$bin" 8 >"$LOG/backup_rate.out" 2>&1
+    info_row "backup_rate probe (8 GiB, GiB/s)" static "$(rcname $?)" "-" \
+        "$(awk '/GiB\/s/{printf "%s %s; ", $1, $2}' "$LOG/backup_rate.out")"
 }
