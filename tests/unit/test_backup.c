@@ -10,6 +10,7 @@
 #define VMH_TESTING 1 /* vmh_tags_reset, vmh_pause_reset, vmh_pause_set_staging */
 #endif
 #include "testutil.h"
+#include "testtags.h"
 
 #include "copypool.h"
 #include "lifetime.h"
@@ -288,24 +289,7 @@ static int setup(void **state)
     return 0;
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    vmh_heap_trim();
-    vmh_pause_reset();
-    tu_assert_ledger_empty();
-    vmh_tags_reset();
-    return 0;
-}
 
-static CUdeviceptr alloc_in(const char *tag, size_t size)
-{
-    assert_int_equal(vmm_tag_push(tag), VMM_OK);
-    CUdeviceptr p = 0;
-    assert_int_equal(vmh_heap_alloc(size, &p), CUDA_SUCCESS);
-    assert_int_equal(vmm_tag_pop(), VMM_OK);
-    return p;
-}
 
 /* The tag "w": records smaller than a slot (2 MiB), one slot and a part (4 MiB), many slots and
  * a part (20 MiB), and a packed small buffer (its 2 MiB extent). */
@@ -319,7 +303,7 @@ static void wfix_make(wfix_t *f)
     static const size_t sizes[4] = {2 * MiB, 4 * MiB, 20 * MiB, 3000};
     for (int i = 0; i < 4; i++) {
         f->n[i] = sizes[i];
-        f->p[i] = alloc_in("w", sizes[i]);
+        f->p[i] = tt_alloc_in("w", sizes[i]);
         pattern_fill(f->p[i], sizes[i], 70u + (unsigned)i);
     }
     vmh_heap_trim();
@@ -441,10 +425,10 @@ static void staging_over_two_devices(void **state)
     (void)state;
     sim_config_t cfg = {.devices = 2};
     backup_reset(&cfg);
-    CUdeviceptr p0 = alloc_in("w", 8 * MiB);
+    CUdeviceptr p0 = tt_alloc_in("w", 8 * MiB);
     pattern_fill(p0, 8 * MiB, 80);
     sim_set_current_device(1);
-    CUdeviceptr p1 = alloc_in("w", 10 * MiB);
+    CUdeviceptr p1 = tt_alloc_in("w", 10 * MiB);
     pattern_fill(p1, 10 * MiB, 81);
     sim_set_current_device(0);
     sim_reset_counters();
@@ -564,11 +548,11 @@ int main(void)
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(staging_failures_leave_nothing, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(staging_failure_in_another_context, tu_setup, tu_teardown),
-        cmocka_unit_test_setup_teardown(first_pause_stages_and_resume_restores, setup, teardown),
-        cmocka_unit_test_setup_teardown(small_totals_copy_directly, setup, teardown),
-        cmocka_unit_test_setup_teardown(refused_copy_fails_the_pause, setup, teardown),
-        cmocka_unit_test_setup_teardown(staging_over_two_devices, setup, teardown),
-        cmocka_unit_test_setup_teardown(fault_sweep_staged_pause, setup, teardown),
+        cmocka_unit_test_setup_teardown(first_pause_stages_and_resume_restores, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(small_totals_copy_directly, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(refused_copy_fails_the_pause, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(staging_over_two_devices, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(fault_sweep_staged_pause, setup, tt_teardown),
     };
     return cmocka_run_group_tests_name("backup", tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 #define VMH_TESTING 1 /* vmh_tags_reset, vmh_pause_reset */
 #endif
 #include "testutil.h"
+#include "testtags.h"
 
 #include "contexts.h"
 #include "lifetime.h"
@@ -35,27 +36,7 @@ static int setup(void **state)
     return 0;
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    vmh_heap_trim();
-    vmh_pause_reset();
-    tu_assert_ledger_empty();
-    vmh_tags_reset();
-    return 0;
-}
 
-/* A buffer of size bytes allocated under tag (NULL: the thread's current tag). */
-static CUdeviceptr alloc_in(const char *tag, size_t size)
-{
-    if (tag)
-        assert_int_equal(vmm_tag_push(tag), VMM_OK);
-    CUdeviceptr p = 0;
-    assert_int_equal(vmh_heap_alloc(size, &p), CUDA_SUCCESS);
-    if (tag)
-        assert_int_equal(vmm_tag_pop(), VMM_OK);
-    return p;
-}
 
 static bool mapped(CUdeviceptr p, size_t n)
 {
@@ -95,9 +76,9 @@ static vmh_tag_memory_t memory_of(const char *tag)
 static void pause_gives_back_one_tag(void **state)
 {
     (void)state;
-    CUdeviceptr big = alloc_in("kv", 3 * MiB), small = alloc_in("kv", 4096);
-    CUdeviceptr w = alloc_in("weights", 3 * MiB), wsmall = alloc_in("weights", 4096);
-    CUdeviceptr d = alloc_in(NULL, 5000);
+    CUdeviceptr big = tt_alloc_in("kv", 3 * MiB), small = tt_alloc_in("kv", 4096);
+    CUdeviceptr w = tt_alloc_in("weights", 3 * MiB), wsmall = tt_alloc_in("weights", 4096);
+    CUdeviceptr d = tt_alloc_in(NULL, 5000);
     tu_fill(w, 3 * MiB, 1);
     tu_fill(wsmall, 4096, 2);
     tu_fill(d, 5000, 3);
@@ -140,7 +121,7 @@ static void pause_gives_back_one_tag(void **state)
 static void backup_keeps_contents(void **state)
 {
     (void)state;
-    CUdeviceptr big = alloc_in("w", 5 * MiB), small = alloc_in("w", 3000);
+    CUdeviceptr big = tt_alloc_in("w", 5 * MiB), small = tt_alloc_in("w", 3000);
     tu_fill(big, 5 * MiB, 11);
     tu_fill(small, 3000, 12);
     assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
@@ -201,7 +182,7 @@ static void first_pause_never_pins(void **state)
 {
     (void)state;
     static const char *names[4096];
-    CUdeviceptr big = alloc_in("w", 5 * MiB), small = alloc_in("w", 3000);
+    CUdeviceptr big = tt_alloc_in("w", 5 * MiB), small = tt_alloc_in("w", 3000);
     tu_fill(big, 5 * MiB, 21);
     tu_fill(small, 3000, 22);
     for (int limit = 0; limit < 2; limit++) {
@@ -255,7 +236,7 @@ static void first_pause_never_pins(void **state)
 static void pin_refused_at_resume(void **state)
 {
     (void)state;
-    CUdeviceptr big = alloc_in("w", 5 * MiB);
+    CUdeviceptr big = tt_alloc_in("w", 5 * MiB);
     tu_fill(big, 5 * MiB, 31);
     vmh_opt.pin_limit = 6 * MiB; /* room for this one backup only */
     vmh_pause_configure(&vmh_opt);
@@ -282,7 +263,7 @@ static void pin_refused_at_resume(void **state)
 static void defined_edges(void **state)
 {
     (void)state;
-    CUdeviceptr p = alloc_in("kv", 3 * MiB), q = alloc_in("kv", 100);
+    CUdeviceptr p = tt_alloc_in("kv", 3 * MiB), q = tt_alloc_in("kv", 100);
     assert_int_equal(vmm_pause("nope", 0), VMM_ERR_UNKNOWN_TAG);
     assert_int_equal(vmm_resume("nope"), VMM_ERR_UNKNOWN_TAG);
     assert_int_equal(vmm_pause("kv", 0x80), VMM_ERR_INVALID);
@@ -311,7 +292,7 @@ static void defined_edges(void **state)
     assert_int_equal(vmm_realloc(&vr, 100), VMM_ERR_NO_MEMORY);
     assert_int_equal(vmm_tag_pop(), VMM_OK);
     /* ... while other tags allocate as ever. */
-    CUdeviceptr other = alloc_in("other", 100);
+    CUdeviceptr other = tt_alloc_in("other", 100);
 
     /* vmm_realloc of a paused buffer: refused, untouched. */
     void *vp = (void *)(uintptr_t)p, *vq = (void *)(uintptr_t)q;
@@ -342,7 +323,7 @@ static void defined_edges(void **state)
 static void free_while_paused(void **state)
 {
     (void)state;
-    CUdeviceptr p = alloc_in("kv", 3 * MiB), q = alloc_in("kv", 100), keep = alloc_in("kv", 200);
+    CUdeviceptr p = tt_alloc_in("kv", 3 * MiB), q = tt_alloc_in("kv", 100), keep = tt_alloc_in("kv", 200);
     assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
     unsigned long released = sim_calls("cuMemRelease");
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
@@ -358,7 +339,7 @@ static void free_while_paused(void **state)
     /* An extent emptied while paused is given back by a trim while still paused. Until then it
      * is not idle memory: its memory went at the pause, and cuMemGetInfo's free (which adds the
      * idle bytes) counts it already. */
-    CUdeviceptr lone = alloc_in("solo", 100);
+    CUdeviceptr lone = tt_alloc_in("solo", 100);
     assert_int_equal(vmm_pause("solo", 0), VMM_OK);
     size_t idle = vmh_heap_idle_bytes(0);
     assert_int_equal(vmh_heap_free(lone, NULL, false), CUDA_SUCCESS);
@@ -376,12 +357,12 @@ static void resume_out_of_memory(void **state)
     (void)state;
     sim_config_t cfg = {.memory = 16 * GRAN};
     sleep_reset(&cfg);
-    CUdeviceptr a = alloc_in("kv", 5 * MiB), b = alloc_in("kv", 7 * MiB), s = alloc_in("kv", 64);
+    CUdeviceptr a = tt_alloc_in("kv", 5 * MiB), b = tt_alloc_in("kv", 7 * MiB), s = tt_alloc_in("kv", 64);
     tu_fill(a, 5 * MiB, 21);
     tu_fill(b, 7 * MiB, 22);
     tu_fill(s, 64, 23);
     assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
-    CUdeviceptr filler = alloc_in("other", 12 * GRAN); /* leaves 4 granules: not enough */
+    CUdeviceptr filler = tt_alloc_in("other", 12 * GRAN); /* leaves 4 granules: not enough */
     assert_int_equal(vmm_resume("kv"), VMM_ERR_NO_MEMORY);
     assert_true(unmapped_but_reserved(a, 5 * MiB));
     assert_true(unmapped_but_reserved(b, 7 * MiB));
@@ -401,7 +382,7 @@ static void resume_out_of_memory(void **state)
 static void exported_buffer_stays(void **state)
 {
     (void)state;
-    CUdeviceptr p = alloc_in("kv", 3 * MiB), q = alloc_in("kv", 3 * MiB);
+    CUdeviceptr p = tt_alloc_in("kv", 3 * MiB), q = tt_alloc_in("kv", 3 * MiB);
     tu_fill(p, 3 * MiB, 31);
     vmh_export_t ex;
     assert_int_equal(vmh_heap_export(p, &ex), CUDA_SUCCESS);
@@ -422,7 +403,7 @@ static void peer_access_restored(void **state)
     sim_config_t cfg = {.devices = 3};
     sleep_reset(&cfg);
     assert_int_equal(vmh_heap_set_peer_access(0, 1, true), CUDA_SUCCESS);
-    CUdeviceptr p = alloc_in("kv", 3 * MiB), s = alloc_in("kv", 128);
+    CUdeviceptr p = tt_alloc_in("kv", 3 * MiB), s = tt_alloc_in("kv", 128);
     assert_int_equal(sim_access_flags(p, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
     assert_int_equal(vmh_heap_set_peer_access(0, 2, true), CUDA_SUCCESS);
@@ -441,9 +422,9 @@ static void several_devices(void **state)
     (void)state;
     sim_config_t cfg = {.devices = 2};
     sleep_reset(&cfg);
-    CUdeviceptr p0 = alloc_in("kv", 3 * MiB);
+    CUdeviceptr p0 = tt_alloc_in("kv", 3 * MiB);
     sim_set_current_device(1);
-    CUdeviceptr p1 = alloc_in("kv", 3 * MiB), s1 = alloc_in("kv", 99);
+    CUdeviceptr p1 = tt_alloc_in("kv", 3 * MiB), s1 = tt_alloc_in("kv", 99);
     tu_fill(p1, 3 * MiB, 41);
     sim_set_current_device(0);
     tu_fill(p0, 3 * MiB, 40);
@@ -473,7 +454,7 @@ static unsigned char byte_at(CUdeviceptr p)
 static void queued_work_and_replay(void **state)
 {
     (void)state;
-    CUdeviceptr p = alloc_in("kv", 3 * MiB), s = alloc_in("kv", 512);
+    CUdeviceptr p = tt_alloc_in("kv", 3 * MiB), s = tt_alloc_in("kv", 512);
     /* Without a backup nothing else lands the work: the pause's own wait must. */
     assert_int_equal(sim_launch_write(NULL, NULL, p, 4096, 0x11), CUDA_SUCCESS);
     assert_int_equal(vmm_pause("kv", 0), VMM_OK);
@@ -552,7 +533,7 @@ static void pause_while_others_allocate(void **state)
     pthread_t th[4];
     for (int i = 0; i < 4; i++)
         assert_int_equal(pthread_create(&th[i], NULL, churn_thread, &c), 0);
-    CUdeviceptr mine = alloc_in("kv", 3 * MiB);
+    CUdeviceptr mine = tt_alloc_in("kv", 3 * MiB);
     for (int round = 0; round < 30; round++) {
         vmm_status st = vmm_pause("kv", round & 1 ? VMM_PAUSE_BACKUP : 0);
         assert_int_equal(st, VMM_OK);
@@ -584,14 +565,14 @@ static void tfix_make(tfix_t *f)
 {
     sleep_reset(NULL);
     vmh_opt.headroom = 0;
-    f->big = alloc_in("kv", 3 * MiB);
+    f->big = tt_alloc_in("kv", 3 * MiB);
     void *g = NULL;
     assert_int_equal(vmm_tag_push("kv"), VMM_OK);
     assert_int_equal(vmm_realloc(&g, 2 * MiB), VMM_OK);
     assert_int_equal(vmm_realloc(&g, 6 * MiB), VMM_OK); /* two chunks */
     assert_int_equal(vmm_tag_pop(), VMM_OK);
     f->grown = (CUdeviceptr)(uintptr_t)g;
-    f->small = alloc_in("kv", 1000);
+    f->small = tt_alloc_in("kv", 1000);
     vmh_heap_trim();
     tu_fill(f->big, 3 * MiB, 51);
     tu_fill(f->grown, 6 * MiB, 52);
@@ -699,19 +680,19 @@ static void fault_sweep(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(pause_gives_back_one_tag, setup, teardown),
-        cmocka_unit_test_setup_teardown(backup_keeps_contents, setup, teardown),
-        cmocka_unit_test_setup_teardown(first_pause_never_pins, setup, teardown),
-        cmocka_unit_test_setup_teardown(pin_refused_at_resume, setup, teardown),
-        cmocka_unit_test_setup_teardown(defined_edges, setup, teardown),
-        cmocka_unit_test_setup_teardown(free_while_paused, setup, teardown),
-        cmocka_unit_test_setup_teardown(resume_out_of_memory, setup, teardown),
-        cmocka_unit_test_setup_teardown(exported_buffer_stays, setup, teardown),
-        cmocka_unit_test_setup_teardown(peer_access_restored, setup, teardown),
-        cmocka_unit_test_setup_teardown(several_devices, setup, teardown),
-        cmocka_unit_test_setup_teardown(queued_work_and_replay, setup, teardown),
-        cmocka_unit_test_setup_teardown(pause_while_others_allocate, setup, teardown),
-        cmocka_unit_test_setup_teardown(fault_sweep, setup, teardown),
+        cmocka_unit_test_setup_teardown(pause_gives_back_one_tag, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(backup_keeps_contents, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(first_pause_never_pins, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(pin_refused_at_resume, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(defined_edges, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(free_while_paused, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(resume_out_of_memory, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(exported_buffer_stays, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(peer_access_restored, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(several_devices, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(queued_work_and_replay, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(pause_while_others_allocate, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(fault_sweep, setup, tt_teardown),
     };
     return cmocka_run_group_tests_name("sleep", tests, NULL, NULL);
 }

@@ -317,16 +317,8 @@ static void print_row(const result_t *res, int nrep)
     printf("| %zuM | %d |", res[0].pack_below / MiB, res[0].threads);
 #define PRINT_COLUMN(title, fmt, expr)                                                             \
     {                                                                                              \
-        double lo = 0, hi = 0;                                                                     \
-        for (int k = 0; k < nrep; k++) {                                                           \
-            const result_t *r = &res[k];                                                           \
-            double v = (expr);                                                                     \
-            lo = k == 0 || v < lo ? v : lo;                                                        \
-            hi = k == 0 || v > hi ? v : hi;                                                        \
-        }                                                                                          \
-        char c[64];                                                                                \
-        probe_cell(c, sizeof c, fmt, lo, hi);                                                      \
-        printf(" %s |", c);                                                                        \
+        const result_t *r;                                                                         \
+        PROBE_PRINT_RANGE(fmt, nrep, (r = &res[k], (expr)));                                       \
     }
     COLUMNS(PRINT_COLUMN)
 #undef PRINT_COLUMN

@@ -107,4 +107,19 @@ static inline void probe_cell(char *buf, size_t len, const char *fmt, double lo,
         snprintf(buf, len, "%s-%s", a, b);
 }
 
+/* Prints " <cell> |" for the figure `expr` over the repetitions k = 0 .. n-1 (expr may use k):
+ * one value, or "min-max" when they differ as printed (probe_cell). */
+#define PROBE_PRINT_RANGE(fmt, n, expr)                                                            \
+    do {                                                                                           \
+        double lo_ = 0, hi_ = 0;                                                                   \
+        for (int k = 0; k < (n); k++) {                                                            \
+            double v_ = (expr);                                                                    \
+            lo_ = k == 0 || v_ < lo_ ? v_ : lo_;                                                   \
+            hi_ = k == 0 || v_ > hi_ ? v_ : hi_;                                                   \
+        }                                                                                          \
+        char cell_[64];                                                                            \
+        probe_cell(cell_, sizeof cell_, fmt, lo_, hi_);                                            \
+        printf(" %s |", cell_);                                                                    \
+    } while (0)
+
 #endif

@@ -626,16 +626,8 @@ static void print_row(const char *label, const replay_figures_t *fig, int runs, 
     printf("| %s |", label);
 #define PRINT_COLUMN(title, fmt, expr)                                                             \
     {                                                                                              \
-        double lo = 0, hi = 0;                                                                     \
-        for (int k = 0; k < runs; k++) {                                                           \
-            const replay_figures_t *f = &fig[k * stride];                                          \
-            double v = (expr);                                                                     \
-            lo = k == 0 || v < lo ? v : lo;                                                        \
-            hi = k == 0 || v > hi ? v : hi;                                                        \
-        }                                                                                          \
-        char c[64];                                                                                \
-        probe_cell(c, sizeof c, fmt, lo, hi);                                                      \
-        printf(" %s |", c);                                                                        \
+        const replay_figures_t *f;                                                                 \
+        PROBE_PRINT_RANGE(fmt, runs, (f = &fig[k * stride], (expr)));                              \
     }
     COLUMNS(PRINT_COLUMN)
 #undef PRINT_COLUMN
