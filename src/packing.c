@@ -233,10 +233,8 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
          * that released may serve it (reclaim.h). */
         if (!throttled) {
             throttled = true;
-            if (vmh_reclaim_throttle(pk->reclaim)) {
-                grown--;
+            if (vmh_reclaim_throttle(pk->reclaim))
                 continue;
-            }
         }
         CUresult rc = grown >= 64 ? CUDA_ERROR_OUT_OF_MEMORY
                                   : extent_add(pk, mine, size, no_address);

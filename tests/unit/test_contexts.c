@@ -369,6 +369,23 @@ static void *sync_thread(void *p)
     return NULL;
 }
 
+/* Device 1's primary context, known, and a thread (*waiter, its result in *rc) inside a wait on
+ * it that blocks until sync_release is set. */
+static CUcontext start_blocked_wait(pthread_t *waiter, CUresult *rc)
+{
+    CUcontext ctx1 = primary(1);
+    vmh_ctx_seen(ctx1, 1);
+    blocking_table = *sim_table();
+    blocking_table.cuCtxSynchronize = blocking_sync;
+    vmh_driver_install(&blocking_table);
+    atomic_store(&sync_entered, 0);
+    atomic_store(&sync_release, 0);
+    *rc = CUDA_ERROR_UNKNOWN;
+    assert_int_equal(pthread_create(waiter, NULL, sync_thread, rc), 0);
+    wait_step(&sync_entered, 1);
+    return ctx1;
+}
+
 static void *forget_thread(void *p)
 {
     forget_arg_t *f = p;
@@ -380,18 +397,9 @@ static void *forget_thread(void *p)
 static void forget_waits_for_a_wait_in_progress(void **state)
 {
     (void)state;
-    CUcontext ctx1 = primary(1);
-    vmh_ctx_seen(ctx1, 1);
-    blocking_table = *sim_table();
-    blocking_table.cuCtxSynchronize = blocking_sync;
-    vmh_driver_install(&blocking_table);
-    atomic_store(&sync_entered, 0);
-    atomic_store(&sync_release, 0);
-
-    CUresult sync_rc = CUDA_ERROR_UNKNOWN;
+    CUresult sync_rc;
     pthread_t waiter, forgetter;
-    assert_int_equal(pthread_create(&waiter, NULL, sync_thread, &sync_rc), 0);
-    wait_step(&sync_entered, 1);
+    CUcontext ctx1 = start_blocked_wait(&waiter, &sync_rc);
     forget_arg_t f = {.ctx = ctx1, .done = 0};
     assert_int_equal(pthread_create(&forgetter, NULL, forget_thread, &f), 0);
     usleep(50 * 1000);
@@ -528,17 +536,9 @@ static void *begin_global_s2(void *arg)
 static void child_after_fork_never_blocks(void **state)
 {
     (void)state;
-    CUcontext ctx1 = primary(1);
-    vmh_ctx_seen(ctx1, 1);
-    blocking_table = *sim_table();
-    blocking_table.cuCtxSynchronize = blocking_sync;
-    vmh_driver_install(&blocking_table);
-    atomic_store(&sync_entered, 0);
-    atomic_store(&sync_release, 0);
-    CUresult sync_rc = CUDA_ERROR_UNKNOWN;
+    CUresult sync_rc;
     pthread_t waiter, beginner;
-    assert_int_equal(pthread_create(&waiter, NULL, sync_thread, &sync_rc), 0);
-    wait_step(&sync_entered, 1);
+    CUcontext ctx1 = start_blocked_wait(&waiter, &sync_rc);
     assert_int_equal(pthread_create(&beginner, NULL, begin_global_s2, NULL), 0);
     while (vmh_capture_begins_pending() == 0)
         usleep(100);
