@@ -12,6 +12,10 @@
 
 #define EXTENT_MAX ((size_t)64 << 20)
 
+#ifdef VMH_TESTING
+void (*vmh_packing_test_extent_published)(void);
+#endif
+
 /* Free packed space and parked blocks are idle bytes (VMH_STAT_bytes_cached). */
 static void idle_gauge(int64_t delta)
 {
@@ -94,8 +98,15 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
     return CUDA_SUCCESS;
 }
 
-/* Adds a packing extent large enough for `size` to shard s. */
-static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool *no_address)
+/* Adds a packing extent large enough for `size` to shard s and serves `size` from it in the
+ * same hold of the shard's lock. So a new extent is never seen empty: a trim on another thread
+ * (a pause's) cannot take it between its publication and its use, and nothing of its range is
+ * read once the lock is let go (CI found both: a pause's trim destroyed an extent that its
+ * allocating thread then read, tests/unit/test_heap.c's trim_never_takes_an_extent_being_served).
+ * *out: the block. OUT_OF_MEMORY with nothing left behind when the driver or host memory runs
+ * out. */
+static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t size,
+                                   bool *no_address, CUdeviceptr *out)
 {
     vmh_dev_t *d = pk->dev;
     size_t want;
@@ -112,6 +123,7 @@ static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool 
     CUresult rc = vmh_dev_range_new(d, want, want, &r, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
+    const size_t mapped = r->size;
     pthread_mutex_lock(&s->lock);
     vmh_ext_t *e = s->spare;
     if (e) {
@@ -122,15 +134,26 @@ static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool 
         e->o.lock = &s->lock;
         e->shard = s;
     }
+    uintptr_t p = 0;
     /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
     if (e && !atomic_load(&pk->frozen)) {
         e->range = r;
         e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
     }
-    if (!e || !e->extent || !vmh_registry_set(r->base, r->size, e)) {
-        /* An extent the arena knows but the registry does not cannot happen: the arena
-         * only learns of it above, and add_extent failing leaves nothing behind. */
+    if (!e || !e->extent || vmh_arena_alloc(s->arena, size, &p) != 0 ||
+        !vmh_registry_set(r->base, r->size, e)) {
+        /* Nothing of it was published: the arena learnt of it above, under this lock, and
+         * forgets it here (an extent whose only block is released again is empty). */
         if (e) {
+            if (e->extent) {
+                if (p)
+                    vmh_arena_release(s->arena, e->extent, p, NULL);
+                uintptr_t base;
+                size_t bytes;
+                void *back = vmh_arena_take_empty_extent(s->arena, &base, &bytes);
+                assert(back == e);
+                (void)back;
+            }
             e->range = NULL;
             e->extent = NULL;
             e->prev = NULL;
@@ -148,7 +171,12 @@ static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool 
     s->exts = e;
     shard_note(s);
     pthread_mutex_unlock(&s->lock);
-    idle_gauge((int64_t)r->size);
+#ifdef VMH_TESTING
+    if (vmh_packing_test_extent_published)
+        vmh_packing_test_extent_published();
+#endif
+    idle_gauge((int64_t)mapped);
+    *out = p;
     return CUDA_SUCCESS;
 }
 
@@ -216,28 +244,24 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
     /* The thread's own shard, then free space in the others, and only then a new extent (in
      * the thread's own shard). Parked blocks are not waited for here (reclaim.h: the reclaim
      * thread releases them, a thread about to add an extent waits past VMMHOOK_PARK_LIMIT,
-     * and a new extent the driver has no memory for relieves the device, which waits).
-     * Other threads may take
-     * the space of an extent this thread just added before it gets to use it: then it adds
-     * another (each extent_add either makes memory or reports the driver's out of memory
-     * after relieving the device), within a bound that only a pathological race could reach. */
+     * and a new extent the driver has no memory for relieves the device, which waits). A new
+     * extent is made with this request served from it, so no other thread takes its room
+     * first and no trim takes it empty. */
     vmh_shard_t *mine = &pk->shards[home];
-    bool throttled = false;
-    for (int grown = 0;; grown++) {
-        if ((atomic_load_explicit(&mine->free, memory_order_relaxed) >= want &&
-             shard_alloc(mine, size, false, out) == 0) ||
-            others_alloc(pk, home, size, want,
-                         atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0, out))
-            break;
+    bool served = false;
+    for (int attempt = 0; attempt < 2 && !served; attempt++) {
+        served = (atomic_load_explicit(&mine->free, memory_order_relaxed) >= want &&
+                  shard_alloc(mine, size, false, out) == 0) ||
+                 others_alloc(pk, home, size, want,
+                              atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0,
+                              out);
         /* New memory is needed: past VMMHOOK_PARK_LIMIT the thread waits first, and what
          * that released may serve it (reclaim.h). */
-        if (!throttled) {
-            throttled = true;
-            if (vmh_reclaim_throttle(pk->reclaim))
-                continue;
-        }
-        CUresult rc = grown >= 64 ? CUDA_ERROR_OUT_OF_MEMORY
-                                  : extent_add(pk, mine, size, no_address);
+        if (!served && (attempt > 0 || !vmh_reclaim_throttle(pk->reclaim)))
+            break;
+    }
+    if (!served) {
+        CUresult rc = extent_add_serving(pk, mine, size, no_address, out);
         if (rc != CUDA_SUCCESS) {
             vmh_dev_usable_give(pk->dev, want);
             return rc;

@@ -6,6 +6,8 @@
 #endif
 #include "testutil.h"
 
+#include "packing.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -947,6 +949,39 @@ static void packed_fast_path_makes_no_driver_call(void **state)
     assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- issue 20: a trim between a new extent's publication and its use ---- */
+
+static void trim_in_the_window(void)
+{
+    vmh_packing_test_extent_published = NULL; /* once */
+    vmh_heap_trim();                          /* what a pause on another thread does */
+}
+
+/* A pause's trim ran on another thread just after an allocating thread had published a new
+ * packing extent and let go of its shard's lock (CI, ASan: the allocating thread then read the
+ * extent's range, which the trim had destroyed). The hook runs the trim in that window, every
+ * time: the new extent must already hold the block it was made for, so the trim leaves it
+ * alone, the allocation is served from it with one chunk made, and nothing is read of memory
+ * the trim gave back (ASan would say so). */
+static void trim_never_takes_an_extent_being_served(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(VMH_ARENA_ALIGN, &p), CUDA_SUCCESS); /* the device set up */
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim();
+    sim_reset_counters();
+    vmh_packing_test_extent_published = trim_in_the_window;
+    assert_int_equal(vmh_heap_alloc(4096, &p), CUDA_SUCCESS);
+    assert_null(vmh_packing_test_extent_published); /* the window was met */
+    assert_int_equal(sim_calls("cuMemCreate"), 1);
+    assert_int_equal(sim_calls("cuMemUnmap"), 0);
+    assert_true(sim_is_mapped(p));
+    tu_fill(p, 4096, 9);
+    assert_true(tu_check(p, 4096, 9));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
 /* ---- trace of vmm_realloc (issue 16) ---- */
 
 /* The number of lines of the trace at path whose action and pointer are as given, and their
@@ -1133,6 +1168,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(pressure_hook_runs_before_out_of_memory, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(packed_fast_path_makes_no_driver_call, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(trim_never_takes_an_extent_being_served, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_is_traced, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(idle_bytes_count_only_whole_chunks, tu_setup, tu_teardown),
