@@ -231,6 +231,8 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
                          CUdeviceptr *out, bool *no_address)
 {
     assert(running() && size > 0);
+    if (__builtin_expect(vmh_work_split_wait_pending(), 0))
+        vmh_work_split_wait(); /* a second context seen here: before anything is reused */
     tagpart_t *p = part_get(h, tag);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -353,8 +355,11 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     assert(o->kind == VMH_OWN_EXTENT || o->kind == VMH_OWN_BIG);
     assert(o->dev && hdev_of(o->dev)->dev.ordinal == o->dev->ordinal);
     size_t req = 0;
+    /* Freed memory reused at once while the program's work runs in one queue (contexts.h:
+     * the note, then the look, in that order, so that the rule's end covers this free). */
+    bool at_once = opt->stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
     CUresult rc = o->kind == VMH_OWN_EXTENT
-                      ? vmh_packing_park_locked((vmh_ext_t *)o, p, &req)
+                      ? vmh_packing_park_locked((vmh_ext_t *)o, p, at_once, &req)
                       : vmh_bigbuf_park_locked((vmh_big_t *)o, p, &req);
     vmh_owner_unlock(o);
     if (rc != CUDA_SUCCESS)
@@ -367,7 +372,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
      * asked for native blocking frees (DESIGN.md, "Frees"). */
     if (opt->free_sync && !async)
         vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
-    else if (!async && opt->park_limit != 0 && req > opt->park_limit && !vmh_capture_any())
+    else if (!async && !(at_once && o->kind == VMH_OWN_EXTENT) && opt->park_limit != 0 && req > opt->park_limit && !vmh_capture_any())
         /* One buffer larger than the park limit: the next allocation that needs new memory
          * would wait for it anyway (vmh_reclaim_throttle); waiting here, as native cudaFree
          * does, puts it in the cache before that allocation comes, without a handoff to the
@@ -607,6 +612,19 @@ size_t vmh_heap_trim(void)
     if (hook)
         hook();
     return bytes;
+}
+
+void vmh_heap_trim_paused(void)
+{
+    if (in_child())
+        return;
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = atomic_load_explicit(&devs[i], memory_order_acquire);
+        if (!h || h->dev.unsupported)
+            continue;
+        FOR_EACH_PART(h, p)
+            vmh_packing_trim_paused(&p->pack);
+    }
 }
 
 size_t vmh_heap_idle_bytes(int device)

@@ -110,6 +110,10 @@ void vmh_heap_on_pressure(vmh_pressure_fn fn);
  * ran out of memory, then retries that call once. */
 size_t vmh_heap_trim(void);
 
+/* Gives back the address space of packed extents whose every block was freed while their tag was
+ * paused (they hold no memory: no wait, no unmap), so that a resume does not map them again. */
+void vmh_heap_trim_paused(void);
+
 /* Idle bytes held for reuse on a device, reported as free by cuMemGetInfo: only what an
  * allocation would actually get, whatever its size: cached and parked buffers of their own
  * (whole ranges) and packing extents with no live block (a trim gives them back). Free space

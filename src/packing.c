@@ -47,7 +47,9 @@ static void shard_note(vmh_shard_t *s)
     atomic_store_explicit(&s->extents, st.extents, memory_order_relaxed);
 }
 
-static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, bool retired_only);
+/* Which empty extents unlink_empty_locked takes. */
+typedef enum { EMPTY_ALL, EMPTY_RETIRED, EMPTY_PAUSED } empty_kind_t;
+static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind);
 static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list);
 
 /* Bytes of the shard's parked blocks (what it counts in reclaim's parked bytes); locked. */
@@ -68,7 +70,7 @@ static size_t shard_release(vmh_parked_t *item, uint64_t passed)
     pthread_mutex_lock(&s->lock);
     size_t before = parked_bytes_locked(s);
     vmh_arena_unpark_upto(s->arena, passed);
-    vmh_ext_t *retired = unlink_empty_locked(s, true);
+    vmh_ext_t *retired = unlink_empty_locked(s, EMPTY_RETIRED);
     shard_note(s);
     size_t released = before - parked_bytes_locked(s);
     bool left = vmh_arena_parked(s->arena) != 0;
@@ -281,35 +283,41 @@ static vmh_packed_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
     return NULL;
 }
 
-CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req)
+CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req)
 {
     vmh_shard_t *s = e->shard;
     vmh_packing_t *pk = s->pack;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
-    size_t parked_before = parked_bytes_locked(s);
-    if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    size_t bytes = parked_bytes_locked(s) - parked_before;
     /* An exported block's export dies here, and its memory is never served again: another
      * process may still map the extent's chunk (an import holds the whole chunk), as natively
      * memory freed by its exporter stays the importer's. The extent serves nothing more and
      * goes once its other blocks are freed and the GPU is past them (shard_release). */
     vmh_packed_export_t *x = exported_find_locked(s, p);
-    if (x) {
-        *x = s->exported[--s->nexported];
-        vmh_arena_retire_extent(s->arena, e->extent);
-        /* Its free space is stranded until its other blocks go: the next extents start small
-         * again, so that a program exporting small buffers strands little. */
-        s->extent_next = pk->dev->gran;
+    if (at_once && !x) {
+        if (vmh_arena_release(s->arena, e->extent, p, &info) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        vmh_reclaim_freed_at_once(pk->reclaim);
+    } else {
+        size_t parked_before = parked_bytes_locked(s);
+        if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        size_t bytes = parked_bytes_locked(s) - parked_before;
+        if (x) {
+            *x = s->exported[--s->nexported];
+            vmh_arena_retire_extent(s->arena, e->extent);
+            /* Its free space is stranded until its other blocks go: the next extents start
+             * small again, so that a program exporting small buffers strands little. */
+            s->extent_next = pk->dev->gran;
+        }
+        /* An item already queued is released by a wait that also covers this block, or parks
+         * itself again for it (shard_release runs under this shard's lock). */
+        if (!atomic_load(&s->parked_item.queued))
+            vmh_reclaim_park(pk->reclaim, &s->parked_item, gen, bytes);
+        else
+            vmh_reclaim_add_bytes(pk->reclaim, bytes);
     }
     shard_note(s);
-    /* An item already queued is released by a wait that also covers this block, or parks
-     * itself again for it (shard_release runs under this shard's lock). */
-    if (!atomic_load(&s->parked_item.queued))
-        vmh_reclaim_park(pk->reclaim, &s->parked_item, gen, bytes);
-    else
-        vmh_reclaim_add_bytes(pk->reclaim, bytes);
     vmh_dev_usable_give(pk->dev, info.usable);
     idle_gauge((int64_t)info.usable);
     *req = info.size;
@@ -390,15 +398,23 @@ bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t se
     return x && x->serial == serial;
 }
 
-/* Takes shard s's empty extents (only retired ones when retired_only) out of its arena, list
- * and the registry; returns them linked by next. s is locked. */
-static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, bool retired_only)
+static bool ext_holds_memory(const void *owner);
+static bool ext_paused(const void *owner)
+{
+    return !ext_holds_memory(owner);
+}
+
+/* Takes shard s's empty extents of a kind out of its arena, list and the registry; returns
+ * them linked by next. s is locked. */
+static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind)
 {
     vmh_ext_t *empty = NULL, *e;
     uintptr_t base;
     size_t size;
-    while ((e = retired_only ? vmh_arena_take_retired_extent(s->arena, &base, &size)
-                             : vmh_arena_take_empty_extent(s->arena, &base, &size))) {
+    while ((e = kind == EMPTY_RETIRED  ? vmh_arena_take_retired_extent(s->arena, &base, &size)
+                : kind == EMPTY_PAUSED ? vmh_arena_take_empty_extent_where(s->arena, ext_paused,
+                                                                           &base, &size)
+                                       : vmh_arena_take_empty_extent(s->arena, &base, &size))) {
         vmh_registry_set(base, size, NULL);
         if (e->prev)
             e->prev->next = e->next;
@@ -439,19 +455,30 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
     return bytes;
 }
 
-size_t vmh_packing_trim(vmh_packing_t *pk)
+/* Gives back the shard's empty extents of a kind; returns the bytes that were mapped. */
+static size_t trim_kind(vmh_packing_t *pk, empty_kind_t kind)
 {
     size_t bytes = 0;
     for (int i = 0; i < VMH_SHARDS; i++) {
         vmh_shard_t *s = &pk->shards[i];
         pthread_mutex_lock(&s->lock);
-        vmh_ext_t *empty = unlink_empty_locked(s, false);
+        vmh_ext_t *empty = unlink_empty_locked(s, kind);
         shard_note(s);
         pthread_mutex_unlock(&s->lock);
         if (empty)
             bytes += extents_destroy(s, empty);
     }
     return bytes;
+}
+
+size_t vmh_packing_trim(vmh_packing_t *pk)
+{
+    return trim_kind(pk, EMPTY_ALL);
+}
+
+void vmh_packing_trim_paused(vmh_packing_t *pk)
+{
+    trim_kind(pk, EMPTY_PAUSED);
 }
 
 CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)

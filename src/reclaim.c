@@ -61,6 +61,7 @@ void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
     atomic_init(&r->gen, 0);
     atomic_init(&r->pending, 0);
     atomic_init(&r->parked_bytes, 0);
+    atomic_init(&r->freed_at_once, 0);
     for (int i = 0; i < VMH_PARK_SHARDS; i++)
         atomic_init(&r->parked_shard[i].bytes, 0);
     r->synced_gen = 0;
@@ -251,9 +252,29 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
     return rc;
 }
 
+void vmh_reclaim_freed_at_once(vmh_reclaim_t *r)
+{
+    uint64_t mark = vmh_reclaim_now(r) + 1;
+    if (atomic_load_explicit(&r->freed_at_once, memory_order_relaxed) < mark)
+        atomic_store_explicit(&r->freed_at_once, mark, memory_order_relaxed);
+}
+
+/* Whether a free released at once is not yet passed by a successful wait (under the wait lock
+ * or as a hint). */
+static bool freed_at_once_unpassed(vmh_reclaim_t *r)
+{
+    uint64_t mark = atomic_load_explicit(&r->freed_at_once, memory_order_relaxed);
+    return mark != 0 && (!r->synced_any || r->synced_gen < mark - 1);
+}
+
 CUresult vmh_reclaim_drain(vmh_reclaim_t *r)
 {
     if (vmh_reclaim_pending(r))
+        return vmh_reclaim_wait(r, VMH_WAIT_APP);
+    pthread_mutex_lock(&r->wait_lock);
+    bool unpassed = freed_at_once_unpassed(r);
+    pthread_mutex_unlock(&r->wait_lock);
+    if (unpassed)
         return vmh_reclaim_wait(r, VMH_WAIT_APP);
     /* Nothing queued: items taken by a wait in progress are released under its lock. */
     pthread_mutex_lock(&r->wait_lock);

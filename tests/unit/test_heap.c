@@ -66,17 +66,21 @@ static void packs_small_requests(void **state)
     assert_int_equal(vmh_heap_free(p[7], NULL, false), CUDA_ERROR_INVALID_VALUE);
 }
 
-static void default_threshold_packs_medium_but_not_growable(void **state)
+static void default_threshold_packs_every_size_but_not_growable(void **state)
 {
     (void)state;
-    vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default */
+    vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default: every size */
     vmh_opt.park_limit = 0;         /* freed space reused at once (testutil.h) */
-    assert_int_equal(vmh_opt.pack_below, 8 * MiB);
-    CUdeviceptr a, b, g = 0;
+    vmh_opt.stream_ordered = false; /* parked, then reused after the wait */
+    assert_int_equal(vmh_opt.pack_below, (size_t)1 << 40);
+    CUdeviceptr a, b, c, g = 0;
     vmh_buffer_info_t info;
     assert_int_equal(vmh_heap_alloc(5 * MiB, &a), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(3 * MiB, &b), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(300 * MiB, &c), CUDA_SUCCESS);
     assert_true(vmh_heap_find(a, &info) && info.packed);
+    assert_true(vmh_heap_find(c, &info) && info.packed && info.size == 300 * MiB);
+    assert_int_equal(vmh_heap_free(c, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_realloc(&g, 5 * MiB, NULL, false), CUDA_SUCCESS);
     assert_true(vmh_heap_find(g, &info) && !info.packed); /* may grow in place */
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
@@ -1137,7 +1141,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(serves_and_frees, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(packs_small_requests, tu_setup, tu_teardown),
-        cmocka_unit_test_setup_teardown(default_threshold_packs_medium_but_not_growable, tu_setup,
+        cmocka_unit_test_setup_teardown(default_threshold_packs_every_size_but_not_growable, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(reuses_after_one_sync, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(never_reused_before_the_sync, tu_setup, tu_teardown),
