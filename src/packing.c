@@ -11,6 +11,7 @@
 #include <string.h>
 
 #define EXTENT_MAX ((size_t)64 << 20)
+#define EXTENT_SHARE 16
 
 #ifdef VMH_TESTING
 void (*vmh_packing_test_extent_published)(void);
@@ -114,10 +115,18 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
     size_t want;
     if (!vmh_round_up(size, d->gran, &want))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* Small requests share extents that double in size, so that a program with many makes
+     * few chunks; the doubling stops at 1/EXTENT_SHARE of the device's live bytes (and
+     * EXTENT_MAX), so that the free space a new extent brings stays a small part of what the
+     * program uses (the stored PyTorch trace: 1.17x its peak with 64 MiB extents, 1.08x with
+     * 16 MiB ones for a 642 MiB program). A larger request gets an extent of its own size. */
+    size_t share = atomic_load_explicit(&d->live_usable, memory_order_relaxed) / EXTENT_SHARE;
+    share -= share % d->gran;
     pthread_mutex_lock(&s->lock);
-    if (want < s->extent_next)
-        want = s->extent_next;
-    if (s->extent_next < EXTENT_MAX)
+    size_t next = s->extent_next < share ? s->extent_next : share;
+    if (want < next)
+        want = next;
+    if (s->extent_next < EXTENT_MAX && s->extent_next <= share)
         s->extent_next *= 2;
     pthread_mutex_unlock(&s->lock);
 
@@ -404,18 +413,22 @@ static bool ext_paused(const void *owner)
     return !ext_holds_memory(owner);
 }
 
-/* Takes shard s's empty extents of a kind out of its arena, list and the registry; returns
- * them linked by next. s is locked. */
-static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind)
+/* Takes shard s's empty extents of a kind out of its arena, list and the registry, until they
+ * hold at least *budget bytes (then lowered by theirs; NULL: all); returns them linked by next.
+ * s is locked. */
+static vmh_ext_t *unlink_empty_upto_locked(vmh_shard_t *s, empty_kind_t kind, size_t *budget)
 {
     vmh_ext_t *empty = NULL, *e;
     uintptr_t base;
     size_t size;
-    while ((e = kind == EMPTY_RETIRED  ? vmh_arena_take_retired_extent(s->arena, &base, &size)
+    while ((!budget || *budget > 0) &&
+           (e = kind == EMPTY_RETIRED  ? vmh_arena_take_retired_extent(s->arena, &base, &size)
                 : kind == EMPTY_PAUSED ? vmh_arena_take_empty_extent_where(s->arena, ext_paused,
                                                                            &base, &size)
                                        : vmh_arena_take_empty_extent(s->arena, &base, &size))) {
         vmh_registry_set(base, size, NULL);
+        if (budget)
+            *budget -= size < *budget ? size : *budget;
         if (e->prev)
             e->prev->next = e->next;
         else
@@ -427,6 +440,11 @@ static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind)
         empty = e;
     }
     return empty;
+}
+
+static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind)
+{
+    return unlink_empty_upto_locked(s, kind, NULL);
 }
 
 /* Gives back the memory of extents unlinked from s (s not locked: driver calls) and keeps
@@ -455,14 +473,15 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
     return bytes;
 }
 
-/* Gives back the shard's empty extents of a kind; returns the bytes that were mapped. */
-static size_t trim_kind(vmh_packing_t *pk, empty_kind_t kind)
+/* Gives back the shards' empty extents of a kind, until at least *budget bytes (NULL: all);
+ * returns the bytes that were mapped. */
+static size_t trim_kind(vmh_packing_t *pk, empty_kind_t kind, size_t *budget)
 {
     size_t bytes = 0;
-    for (int i = 0; i < VMH_SHARDS; i++) {
+    for (int i = 0; i < VMH_SHARDS && (!budget || *budget > 0); i++) {
         vmh_shard_t *s = &pk->shards[i];
         pthread_mutex_lock(&s->lock);
-        vmh_ext_t *empty = unlink_empty_locked(s, kind);
+        vmh_ext_t *empty = unlink_empty_upto_locked(s, kind, budget);
         shard_note(s);
         pthread_mutex_unlock(&s->lock);
         if (empty)
@@ -473,12 +492,17 @@ static size_t trim_kind(vmh_packing_t *pk, empty_kind_t kind)
 
 size_t vmh_packing_trim(vmh_packing_t *pk)
 {
-    return trim_kind(pk, EMPTY_ALL);
+    return trim_kind(pk, EMPTY_ALL, NULL);
+}
+
+size_t vmh_packing_trim_upto(vmh_packing_t *pk, size_t bytes)
+{
+    return trim_kind(pk, EMPTY_ALL, &bytes);
 }
 
 void vmh_packing_trim_paused(vmh_packing_t *pk)
 {
-    trim_kind(pk, EMPTY_PAUSED);
+    trim_kind(pk, EMPTY_PAUSED, NULL);
 }
 
 CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)

@@ -110,6 +110,8 @@ bool vmh_packing_has_parked(vmh_packing_t *pk);
 
 /* Gives back every empty extent; returns the bytes. */
 size_t vmh_packing_trim(vmh_packing_t *pk);
+/* Gives back empty extents until at least `bytes` (or all there are); returns the bytes. */
+size_t vmh_packing_trim_upto(vmh_packing_t *pk, size_t bytes);
 /* Gives back the reservations of the paused extents whose blocks were all freed while paused
  * (they hold no memory: no wait is needed), so that a resume does not map them again. */
 void vmh_packing_trim_paused(vmh_packing_t *pk);

@@ -136,6 +136,17 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who);
  * alone does not mean that their memory is back (issue 13: a trim racing the reclaim thread
  * left a chunk mapped). Returns what the wait returned (CUDA_SUCCESS when none was needed). */
 CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
+/* The same as `who` (the reclaim thread's tidy passes VMH_WAIT_BACKGROUND). */
+CUresult vmh_reclaim_pass(vmh_reclaim_t *r, vmh_waiter_t who);
+
+/* What may stay parked on the device before an allocating thread that needs new memory waits
+ * itself (vmh_reclaim_throttle, and the heap's wait at the free of one larger buffer): a share
+ * of the program's recent peak of live bytes (1/VMH_PARK_SHARE, at least VMH_PARK_FLOOR), so
+ * that a 642 MiB program does not hold 512 MiB parked nor a 60 GiB one stall at 512 MiB;
+ * VMMHOOK_PARK_LIMIT caps it (0: nothing may stay parked). */
+#define VMH_PARK_SHARE 8
+#define VMH_PARK_FLOOR ((size_t)64 << 20)
+size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r);
 
 /* Before an allocation on an application thread makes new memory (it found none in the cache
  * or in free packed space: an allocation served from memory the program already has grows

@@ -33,6 +33,7 @@
     X(moves, "grows that moved the buffer")                                                        \
     X(copies, "device copies made by realloc")                                                     \
     X(trims, "cache trims")                                                                        \
+    X(tidy_bytes, "idle bytes given back by the background tidy")                                 \
     X(oom_retries, "allocations retried after a trim")
 
 #define VMH_GAUGES(X)                                                                              \
