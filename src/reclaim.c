@@ -413,6 +413,7 @@ static void *reclaim_main(void *unused)
      * wait) refused ones. It does not cover the synchronize itself: a context synchronize
      * conflicts with a capture in any mode. That one is kept apart by contexts.c: it refuses
      * while a capture is in progress, and a capture cannot begin while it runs (issue 14). */
+    vmh_stats_background_thread = true;
     CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
     if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
         vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
