@@ -510,6 +510,7 @@ void vmh_work_queue_split(const char *why)
         return;
     atomic_store(&work_split_why, why);
     atomic_store(&work_split_unwaited, true);
+    vmh_count(VMH_STAT_queue_splits, 1);
     vmh_debug("the program's work is no longer in one queue per device (%s): frees park from "
               "now on", why);
 }

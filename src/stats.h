@@ -35,6 +35,7 @@
     X(copies, "device copies made by realloc")                                                     \
     X(trims, "cache trims")                                                                        \
     X(tidy_bytes, "idle bytes given back by the background tidy")                                 \
+    X(queue_splits, "second queues of work seen (frees park since)")                               \
     X(oom_retries, "allocations retried after a trim")
 
 #define VMH_GAUGES(X)                                                                              \
