@@ -159,18 +159,19 @@ static const opt_row_t rows[] = {
      "background reclaim has seen the GPU pass the free. During a stream capture a free never "
      "waits (the driver would refuse it and break the capture): it stays parked until the "
      "capture ends."},
-    {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "512M", 0, 0, NO_WORDS,
-     "Freed bytes not yet reusable, per device, past which an allocation that needs new memory "
-     "waits for the GPU itself instead of leaving the wait to the background reclaim.",
+    {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "8G", 0, 0, NO_WORDS,
+     "The cap on freed bytes not yet reusable, per device, past which an allocation that "
+     "needs new memory waits for the GPU itself instead of leaving the wait to the background "
+     "reclaim; the budget below the cap follows the program.",
      "Freed memory is parked until the GPU has passed the free (it may still be in use by "
-     "queued work). The trade: a larger limit lets the program run further ahead of the GPU "
-     "without a wait, at the price of up to that much more device memory held; a smaller one "
-     "holds less but makes allocating threads stall (counted as `park_waits`, and as "
-     "`syncs_blocking` when they synchronize themselves) whenever frees outrun the reclaim. "
-     "The free of one buffer larger than the limit waits at the free, as cudaFree does. `0` "
-     "makes an allocation that needs new memory wait whenever anything is parked. Never waits "
-     "during a stream capture. The default is the best of a sweep of PyTorch training with its "
-     "caching allocator off (BENCHMARKS.md)."},
+     "queued work), unless the program's work runs in one queue (`VMMHOOK_STREAM_ORDERED`), "
+     "where it is reused at once. What may stay parked is 1/8 of the program's recent peak of "
+     "live bytes on the device, at least 64 MiB, and at most this value: a small program does "
+     "not hold much freed memory back, a large one does not stall where a small one would. "
+     "Past it, an allocating thread stalls (counted as `park_waits`, and as `syncs_blocking` "
+     "when it synchronizes itself); the free of one buffer larger than the budget waits at the "
+     "free, as cudaFree does. `0` makes an allocation that needs new memory wait whenever "
+     "anything is parked. Never waits during a stream capture."},
     {"VMMHOOK_STREAM_ORDERED", K_BOOL, FIELD(stream_ordered), "on", 0, 0, NO_WORDS,
      "Reuse freed memory at once while the program's work runs in one queue per device.",
      "While the program has created no stream and has one context per device, everything it "

@@ -130,7 +130,7 @@ static void test_defaults(void **state)
     assert_false(o.leaks);
     assert_false(o.strict);
     assert_false(o.free_sync);
-    assert_int_equal(o.park_limit, (size_t)512 << 20);
+    assert_int_equal(o.park_limit, (size_t)8 << 30);
     assert_int_equal(o.pin_limit, 0);
     assert_true(o.stream_ordered);
 }
@@ -739,7 +739,7 @@ static void test_park_pin_limits(void **state)
     env_set(&e, "VMMHOOK_PIN_LIMIT", "-1");
     vmh_options_t o;
     assert_int_equal(vmh_options_apply(&o, fake_get, &e), -1);
-    assert_int_equal(o.park_limit, 512ull << 20);
+    assert_int_equal(o.park_limit, 8ull << 30);
     assert_int_equal(o.pin_limit, 0);
     assert_non_null(strstr(logbuf, "VMMHOOK_PARK_LIMIT=\"lots\" is not valid"));
     assert_non_null(strstr(logbuf, "VMMHOOK_PIN_LIMIT=\"-1\" is not valid"));
