@@ -625,19 +625,6 @@ bool vmh_options_check_granularity(const vmh_options_t *o, size_t min_gran, size
     }
 }
 
-size_t vmh_options_granularity(size_t min_gran, size_t rec_gran)
-{
-    size_t g;
-    char why[160];
-    if (!vmh_options_check_granularity(&vmh_opt, min_gran, rec_gran, &g, why, sizeof(why))) {
-        char instead[80], b[32];
-        snprintf(instead, sizeof(instead), "the recommended granularity %s",
-                 vmh_fmt_bytes(b, sizeof(b), g));
-        vmh_options_refuse("VMMHOOK_GRANULARITY", why, instead);
-    }
-    return g;
-}
-
 static _Atomic uint32_t refused_mask;
 
 void vmh_options_refuse(const char *name, const char *why, const char *instead)

@@ -126,15 +126,12 @@ void vmh_options_defaults(vmh_options_t *o);
  * its configuration from the snapshot. */
 const vmh_options_t *vmh_options_load(void);
 
-/* For heap.c: the chunk granularity to use for one set of allocation properties, given the
- * driver's minimum and recommended granularity queried for exactly those properties (handle
- * type, RDMA flag). An explicit VMMHOOK_GRANULARITY that is not a multiple of min_gran is a bad
- * value: one warning naming the variable, its value and the minimum, and the recommended
- * granularity is used instead; with VMMHOOK_STRICT the program stops (vmh_options_exit). */
-size_t vmh_options_granularity(size_t min_gran, size_t rec_gran);
-
-/* The check behind vmh_options_granularity, without the warning: true and *out, or false, *out
- * the fallback (recommended) and why a short reason. */
+/* The chunk granularity to use for one set of allocation properties, given the driver's
+ * minimum and recommended granularity queried for exactly those properties (handle type, RDMA
+ * flag): true and *out; or false when an explicit VMMHOOK_GRANULARITY is not a multiple of
+ * min_gran, *out the fallback (recommended) and why a short reason. No warning: device.c
+ * (vmh_dev_setup) warns with vmh_options_refuse, and also makes one chunk of the size to find a
+ * granularity the driver cannot serve at all. */
 bool vmh_options_check_granularity(const vmh_options_t *o, size_t min_gran, size_t rec_gran,
                                    size_t *out, char *why, size_t whylen);
 

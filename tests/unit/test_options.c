@@ -682,38 +682,6 @@ static void test_granularity_check(void **state)
     assert_int_equal(g, 1);
 }
 
-static void test_granularity_refused_once(void **state)
-{
-    (void)state;
-    const size_t M2 = 2u << 20;
-    vmh_opt.gran_mode = VMH_GRAN_BYTES;
-    vmh_opt.gran_bytes = 3u << 20;
-    assert_int_equal(vmh_options_granularity(M2, M2), M2);
-    assert_int_equal(vmh_options_granularity(M2, M2), M2);
-    assert_int_equal(loglines, 1);
-    assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_GRANULARITY=\"3M\" is refused: not a "
-                                   "multiple of the driver's minimum granularity 2097152 (2 MiB)"));
-    assert_non_null(strstr(logbuf, "accepted: min, recommended"));
-    assert_non_null(strstr(logbuf, "using the recommended granularity 2 MiB\n"));
-    assert_int_equal(exit_calls, 0);
-    /* Good values say nothing. */
-    vmh_opt.gran_bytes = 64u << 20;
-    assert_int_equal(vmh_options_granularity(M2, M2), 64u << 20);
-    assert_int_equal(loglines, 1);
-}
-
-static void test_granularity_strict(void **state)
-{
-    (void)state;
-    vmh_opt.gran_mode = VMH_GRAN_BYTES;
-    vmh_opt.gran_bytes = 3u << 20;
-    vmh_opt.strict = true;
-    vmh_options_granularity(2u << 20, 2u << 20);
-    assert_int_equal(exit_calls, 1);
-    assert_int_equal(exit_status, 2);
-    assert_non_null(strstr(logbuf, "stopping because VMMHOOK_STRICT is set"));
-}
-
 static void test_handle_type_refused(void **state)
 {
     (void)state;
@@ -982,8 +950,6 @@ int main(void)
         cmocka_unit_test_setup(test_unknown_variables, setup),
         cmocka_unit_test_setup(test_format_round_trip, setup),
         cmocka_unit_test_setup(test_granularity_check, setup),
-        cmocka_unit_test_setup(test_granularity_refused_once, setup),
-        cmocka_unit_test_setup(test_granularity_strict, setup),
         cmocka_unit_test_setup(test_handle_type_refused, setup),
         cmocka_unit_test_setup(test_park_pin_limits, setup),
         cmocka_unit_test_setup(test_load_returns_snapshot, setup),
