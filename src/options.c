@@ -75,12 +75,15 @@ static const opt_row_t rows[] = {
     {"VMMHOOK_GRANULARITY", K_GRAN, FIELD(gran_mode), "recommended", 0, VMH_GRANULARITY_MAX,
      WORDS(gran_words),
      "Chunk size of device memory: the driver's minimum or recommended granularity, or a size "
-     "that is a multiple of the minimum, at most 1T.",
+     "that is a multiple of the minimum, at most 256G.",
      "The granularities are those the driver gives for the exact allocation properties in use "
-     "(handle type, RDMA flag). An explicit size above 1T is refused when the options are read "
-     "(no GPU has that much memory, and every chunk would fail); whether it is a multiple of "
-     "the minimum is checked when the first chunk is made, and one that is not gets a warning "
-     "naming the minimum, and the recommended granularity is used instead."},
+     "(handle type, RDMA flag). An explicit size above 256G is refused when the options are "
+     "read, and by `vmmhook --check` (no GPU has that much memory: the largest have 288 GB; "
+     "every chunk would fail). The rest is checked against the driver when a device is first "
+     "set up, which `--check` cannot do: a size that is not a multiple of the minimum, or one "
+     "the driver cannot make on this GPU (one chunk of it is made and released then), gets a "
+     "warning naming the value and the reason (the minimum, or the driver's answer), and the "
+     "recommended granularity is used instead; with `VMMHOOK_STRICT` the program stops."},
     {"VMMHOOK_HANDLE_TYPE", K_ENUM, FIELD(handle), "posix_fd", 0, 0, WORDS(handle_words),
      "Shareable handle type requested for every chunk, so that CUDA IPC works on served memory.",
      "It is the `requestedHandleTypes` of `cuMemCreate`; CUDA IPC is `cudaIpcGetMemHandle` "
@@ -188,7 +191,7 @@ static const char *forms(const opt_row_t *r)
         return "none, posix_fd, fabric"; /* the only enum row */
     case K_GRAN:
         return "min, recommended, or a size such as 2M or 64M that is a multiple of the "
-               "driver's minimum granularity, at most 1T";
+               "driver's minimum granularity, at most 256G";
     case K_DEVMASK:
         return "all, none, or a comma-separated list of device ordinals 0 to 63, e.g. 0,1,3";
     case K_STRING:
@@ -280,7 +283,7 @@ static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, cons
             rc = ERANGE;
         }
         if (rc == 0 && r->max != 0 && bytes > r->max) {
-            *reason = "larger than any GPU's memory; at most 1T";
+            *reason = "larger than any GPU's memory; at most 256G";
             rc = ERANGE;
         }
         if (rc == 0) {

@@ -24,9 +24,12 @@ typedef enum vmh_handle_kind {
     VMH_HANDLE_KIND_COUNT
 } vmh_handle_kind_t;
 
-/* The largest VMMHOOK_GRANULARITY accepted: 1 TiB, more than any GPU's memory (the H200 has
- * 141 GiB): a larger chunk could never be created, and every allocation would fail. */
-#define VMH_GRANULARITY_MAX ((size_t)1 << 40)
+/* The largest VMMHOOK_GRANULARITY accepted: 256 GiB, the largest power of two below the memory
+ * of the largest GPUs (288 GB; the H200 has 141 GiB). A size above it is refused when the
+ * options are read, so that vmmhook --check, which has no driver to ask, refuses it too; one
+ * below it that this GPU cannot make is found at the device's set-up (device.c). A larger
+ * chunk could never be created, and every served allocation would fail. */
+#define VMH_GRANULARITY_MAX ((size_t)256 << 30)
 
 typedef struct vmh_options {
     vmh_gran_mode_t gran_mode; /* VMMHOOK_GRANULARITY */

@@ -730,23 +730,32 @@ static void test_load_returns_snapshot(void **state)
     assert_int_equal(a->va_limit != 0, 1); /* parsed (defaults at least), not zeros */
 }
 
-/* VMMHOOK_GRANULARITY has an upper bound, checked when the options are read: 1T is accepted,
- * anything above gets the warning and the default. */
+/* VMMHOOK_GRANULARITY has an upper bound, checked when the options are read: 256G is accepted,
+ * anything above (1T and 512G, which every served allocation used to fail with, issue 20) gets
+ * the warning and the default. */
 static void test_granularity_upper_bound(void **state)
 {
     (void)state;
-    fake_env_t e = {0};
-    env_set(&e, "VMMHOOK_GRANULARITY", "2T");
     vmh_options_t o;
-    assert_int_equal(vmh_options_apply(&o, fake_get, &e), -1);
-    assert_int_equal(o.gran_mode, VMH_GRAN_RECOMMENDED);
-    assert_non_null(strstr(logbuf, "VMMHOOK_GRANULARITY=\"2T\" is not valid (larger than any "
-                                   "GPU's memory; at most 1T)"));
-    assert_non_null(strstr(logbuf, "using the default recommended"));
+    static const char *const over[] = {"2T", "1T", "512G", "257G"};
+    for (size_t i = 0; i < sizeof(over) / sizeof(over[0]); i++) {
+        log_reset();
+        fake_env_t e = {0};
+        env_set(&e, "VMMHOOK_GRANULARITY", over[i]);
+        assert_int_equal(vmh_options_apply(&o, fake_get, &e), -1);
+        assert_int_equal(o.gran_mode, VMH_GRAN_RECOMMENDED);
+        char want[128];
+        snprintf(want, sizeof(want),
+                 "VMMHOOK_GRANULARITY=\"%s\" is not valid (larger than any GPU's memory; at "
+                 "most 256G)",
+                 over[i]);
+        assert_non_null(strstr(logbuf, want));
+        assert_non_null(strstr(logbuf, "using the default recommended"));
+    }
 
     log_reset();
     fake_env_t f = {0};
-    env_set(&f, "VMMHOOK_GRANULARITY", "1T");
+    env_set(&f, "VMMHOOK_GRANULARITY", "256G");
     assert_int_equal(vmh_options_apply(&o, fake_get, &f), 0);
     assert_int_equal(o.gran_mode, VMH_GRAN_BYTES);
     assert_int_equal(o.gran_bytes, VMH_GRANULARITY_MAX);
