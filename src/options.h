@@ -105,8 +105,16 @@ int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *arg, unsigned *
 /* Prints every resolved option with vmh_log, marking those equal to the default. */
 void vmh_options_print(const vmh_options_t *o);
 
-/* Warns about VMMHOOK_* names in envp that are not in the table; returns how many. */
-int vmh_options_check_unknown(char *const *envp);
+/* Warns about VMMHOOK_* names in envp that are not in the table, one line each, with the
+ * closest known name when one is near ("VMMHOOK_GRANULARTY: unknown variable, ignored; did you
+ * mean VMMHOOK_GRANULARITY?"); `check`: for vmmhook-config --check, which fails on them
+ * ("unknown", not "ignored"). Returns how many. */
+int vmh_options_check_unknown(char *const *envp, bool check);
+
+/* As vmh_options_parse, for vmmhook-config --check: each warning ends with the accepted forms,
+ * not with what the library would do about the value (the check fails instead). Returns the
+ * number of bad values. */
+unsigned vmh_options_parse_for_check(vmh_options_t *o, vmh_getenv_fn get, void *arg);
 
 /* "VMMHOOK_A=v VMMHOOK_B=w": the options of *o that differ from the defaults (paths quoted),
  * into buf; whole items only. Returns the length. */

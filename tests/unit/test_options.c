@@ -597,10 +597,76 @@ static void test_unknown_variables(void **state)
                     "VMMHOOKX=1",
                     "VMMHOOK_TRACE",
                     NULL};
-    assert_int_equal(vmh_options_check_unknown(envp), 2);
+    assert_int_equal(vmh_options_check_unknown(envp, false), 2);
     assert_int_equal(loglines, 2);
-    assert_non_null(strstr(logbuf, "unknown variable \"VMMHOOK_GRANULARTY\" ignored"));
-    assert_non_null(strstr(logbuf, "unknown variable \"VMMHOOK_\" ignored"));
+    assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_GRANULARTY: unknown variable, ignored; did "
+                                   "you mean VMMHOOK_GRANULARITY?\n"));
+    assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_: unknown variable, ignored "
+                                   "(VMMHOOK_VERBOSE=1 lists the known ones)\n"));
+    /* For vmmhook-config --check, which fails on them: "unknown", not "ignored". */
+    log_reset();
+    assert_int_equal(vmh_options_check_unknown(envp, true), 2);
+    assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_GRANULARTY: unknown; did you mean "
+                                   "VMMHOOK_GRANULARITY?\n"));
+    assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_: unknown (vmmhook-config --list lists"));
+}
+
+/* The closest known name is suggested when it is near enough to be a misspelling of it. */
+static void test_unknown_suggestions(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *var, *suggested; /* NULL: none */
+    } cases[] = {
+        {"VMMHOOK_GRANULARTY=2M", "VMMHOOK_GRANULARITY"},  /* a letter left out */
+        {"VMMHOOK_GRANUALRITY=2M", "VMMHOOK_GRANULARITY"}, /* two swapped */
+        {"VMMHOOK_STATS_FILE=x", "VMMHOOK_STATS_JSON"},    /* issue 20's other misspelling */
+        {"VMMHOOK_verbose=1", "VMMHOOK_VERBOSE"},          /* case */
+        {"VMMHOOK_CACHELIMIT=1G", "VMMHOOK_CACHE_LIMIT"},
+        {"VMMHOOK_PEER=all", "VMMHOOK_PEERS"},
+        {"VMMHOOK_FOO=1", NULL},
+        {"VMMHOOK_X=1", NULL},
+        {"VMMHOOK_SOMETHING_ELSE_ENTIRELY=1", NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        log_reset();
+        char *envp[] = {(char *)cases[i].var, NULL};
+        assert_int_equal(vmh_options_check_unknown(envp, true), 1);
+        char want[96];
+        if (cases[i].suggested) {
+            snprintf(want, sizeof(want), "; did you mean %s?\n", cases[i].suggested);
+            if (!strstr(logbuf, want))
+                fail_msg("%s: no suggestion of %s in: %s", cases[i].var, cases[i].suggested,
+                         logbuf);
+        } else if (strstr(logbuf, "did you mean")) {
+            fail_msg("%s: a suggestion: %s", cases[i].var, logbuf);
+        }
+    }
+    /* A name that could forge a log line is quoted, escaped. */
+    log_reset();
+    char *envp[] = {"VMMHOOK_A\nvmmhook: forged=1", NULL};
+    assert_int_equal(vmh_options_check_unknown(envp, false), 1);
+    assert_int_equal(loglines, 1);
+    assert_non_null(strstr(logbuf, "\"VMMHOOK_A\\x0avmmhook: forged\""));
+}
+
+/* The check's own form of the warnings: what is wrong and the accepted forms, not what the
+ * library would do (vmmhook-config --check fails instead). */
+static void test_parse_for_check(void **state)
+{
+    (void)state;
+    fake_env_t e = {0};
+    env_set(&e, "VMMHOOK_CACHE_LIMIT", "12Q");
+    env_set(&e, "VMMHOOK_STATS", "1");
+    vmh_options_t o;
+    vmh_options_defaults(&o);
+    assert_int_equal(vmh_options_parse_for_check(&o, fake_get, &e), 1);
+    assert_true(o.stats);
+    assert_int_equal(loglines, 1);
+    assert_non_null(strstr(logbuf, "VMMHOOK_CACHE_LIMIT=\"12Q\" is not valid (not one of the "
+                                   "accepted forms); accepted: a byte count"));
+    assert_null(strstr(logbuf, "using the default"));
+    assert_int_equal(exit_calls, 0);
 }
 
 /* ---- formatting round trip --------------------------------------------------------------------
@@ -957,6 +1023,8 @@ int main(void)
         cmocka_unit_test_setup(test_verbose_lists_all, setup),
         cmocka_unit_test_setup(test_not_verbose_silent, setup),
         cmocka_unit_test_setup(test_unknown_variables, setup),
+        cmocka_unit_test_setup(test_unknown_suggestions, setup),
+        cmocka_unit_test_setup(test_parse_for_check, setup),
         cmocka_unit_test_setup(test_format_round_trip, setup),
         cmocka_unit_test_setup(test_granularity_check, setup),
         cmocka_unit_test_setup(test_handle_type_refused, setup),
