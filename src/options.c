@@ -128,7 +128,9 @@ static const opt_row_t rows[] = {
      "One line when the library is loaded, every resolved option at the first CUDA call, and "
      "debug messages.",
      "The load line names the version and the options not at their default; it is printed "
-     "in every process the library is loaded into, CUDA or not."},
+     "in every process the library is loaded into, CUDA or not. A served allocation that fails "
+     "gets one line saying why (`VMMHOOK_MEM_LIMIT`, `VMMHOOK_VA_LIMIT`, a paused tag, "
+     "`VMMHOOK_GRANULARITY`, or the device out of memory)."},
     {"VMMHOOK_STATS", K_BOOL, FIELD(stats), "off", 0, 0, NO_WORDS,
      "Print a table of counters at exit.",
      "Served and passed-through calls, bytes requested, mapped, reserved and cached with the "
