@@ -516,6 +516,11 @@ static CUresult realloc_by_copy(hdev_t *h, unsigned tag, CUdeviceptr *p, size_t 
         rc = vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
         if (rc == CUDA_SUCCESS)
             rc = vmh_drv.cuMemcpyDtoD(np, *p, n);
+        /* A device-to-device copy does not wait for itself, even through this "synchronous"
+         * call; the program may read the new buffer through a stream that does not wait for
+         * the legacy one. Natively the old buffer's cudaFree would wait: so does this. */
+        if (rc == CUDA_SUCCESS)
+            rc = vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
     }
     if (rc != CUDA_SUCCESS) {
         vmh_heap_free(np, stream, async);

@@ -176,19 +176,27 @@ static CUresult sync_copy_begin(const char *what, CUstream on)
     return CUDA_SUCCESS;
 }
 
+/* A device-to-device copy is not synchronous with the host, even through the "synchronous" API
+ * (CUDA's API synchronization behavior: "for transfers from device memory to device memory, no
+ * host-side synchronization is performed"; a realloc on the H200 read its result through
+ * another stream before it had run). It is queued in the legacy stream, after the context's
+ * work, like cuMemcpyDtoDAsync(NULL). */
 static CUresult memcpy_dtod(CUstream on, CUdeviceptr dst, CUdeviceptr src, size_t bytes)
 {
     SIM_ENTER(cuMemcpyDtoD);
     NEED_CTX(dev);
-    CUresult rc = sync_copy_begin("cuMemcpyDtoD", on);
+    CUresult rc = capture_allows("cuMemcpyDtoD");
+    if (!rc)
+        rc = capture_conflicts_legacy(on, cur_ctx(), "cuMemcpyDtoD");
     if (!rc)
         rc = check_range(src, bytes, dev, false);
     if (!rc)
         rc = check_range(dst, bytes, dev, true);
-    if (rc)
+    if (rc || !bytes)
         return rc;
-    do_copy(dst, src, bytes, dev);
-    return CUDA_SUCCESS;
+    return work_queue(&(sim_op_t){.kind = OP_COPY, .ctx = cur_ctx(),
+                                  .stream = is_default_stream(on) ? NULL : on, .dst = dst,
+                                  .src = src, .n = bytes});
 }
 
 static CUresult memcpy_htod(CUstream on, CUdeviceptr dstDevice, const void *srcHost,

@@ -8,6 +8,8 @@
 
 #include "packing.h"
 
+#include <cudaTypedefs.h>
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -341,6 +343,43 @@ static void realloc_packed_moves_with_one_copy(void **state)
     assert_true(tu_check(p, 3000, 8));
     assert_true(vmh_heap_find(p, &info));
     assert_false(info.packed);
+    assert_int_equal(vmh_heap_realloc(&p, 0, NULL, false), CUDA_SUCCESS);
+}
+
+/* A blocking realloc by copy returns with the copy done, as natively cudaMemcpy + cudaFree
+ * would (cudaFree waits): a device-to-device copy is not synchronous with the host, and the
+ * program may read the new buffer through a stream that does not wait for the legacy one (the
+ * H200 caught it: realloc_gpu's "packed 64 KiB -> 16 MiB, queued kernel, sync" read the new
+ * buffer on a non-blocking stream before the copy had run). */
+static void blocking_realloc_copy_is_done_when_it_returns(void **state)
+{
+    (void)state;
+    CUstream s = NULL;
+    PFN_cuStreamCreate_v2000 create = NULL;
+    PFN_cuStreamSynchronize_v2000 synchronize = NULL;
+    PFN_cuMemcpyDtoHAsync_v3020 dtoh = NULL;
+    PFN_cuStreamDestroy_v4000 destroy = NULL;
+    CUdriverProcAddressQueryResult st;
+    assert_int_equal(sim_get_proc_address("cuStreamCreate", (void **)&create, 13000, 0, &st), 0);
+    assert_int_equal(sim_get_proc_address("cuStreamSynchronize", (void **)&synchronize, 13000, 0,
+                                          &st), 0);
+    assert_int_equal(sim_get_proc_address("cuMemcpyDtoHAsync", (void **)&dtoh, 13000, 0, &st), 0);
+    assert_int_equal(sim_get_proc_address("cuStreamDestroy", (void **)&destroy, 13000, 0, &st), 0);
+    assert_int_equal(create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    assert_int_equal(vmh_heap_realloc(&p, 64 * 1024, NULL, false), CUDA_SUCCESS);
+    tu_fill(p, 64 * 1024, 12);
+    assert_int_equal(vmh_heap_realloc(&p, 5 * MiB, NULL, false), CUDA_SUCCESS);
+    unsigned char *h = malloc(64 * 1024);
+    assert_non_null(h);
+    assert_int_equal(dtoh(h, p, 64 * 1024, s), CUDA_SUCCESS);
+    assert_int_equal(synchronize(s), CUDA_SUCCESS); /* lands s's work only */
+    size_t bad = 0;
+    for (size_t i = 0; i < 64 * 1024; i++)
+        bad += h[i] != (unsigned char)(i * 131u + 12);
+    free(h);
+    assert_int_equal(bad, 0);
+    assert_int_equal(destroy(s), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_realloc(&p, 0, NULL, false), CUDA_SUCCESS);
 }
 
@@ -1158,6 +1197,8 @@ int main(void)
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(alloc_on_a_device_without_a_context, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_packed_moves_with_one_copy, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(blocking_realloc_copy_is_done_when_it_returns, tu_setup,
+                                        tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(refused_reservation_is_no_address, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(allocations_land_on_the_current_device, tu_setup, tu_teardown),
