@@ -272,6 +272,8 @@ static CUresult serve_traced(hdev_t *h, CUresult rc, size_t size, void *site, CU
         rc = alloc_on(h, vmh_tag_current(), size, false, site, out, &no_address);
     vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
               rc == CUDA_SUCCESS ? *out : 0, size, NULL);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) /* after the retry that relieves: the program's OOM */
+        vmh_count(VMH_STAT_ooms, 1);
     return rc;
 }
 

@@ -33,7 +33,8 @@
     X(moves, "grows that moved the buffer")                                                        \
     X(copies, "device copies made by realloc")                                                     \
     X(trims, "cache trims")                                                                        \
-    X(oom_retries, "allocations retried after a trim")
+    X(oom_retries, "allocations retried after a trim")                                             \
+    X(ooms, "served allocations refused: out of memory")
 
 #define VMH_GAUGES(X)                                                                              \
     X(bytes_requested, "bytes requested by live buffers")                                          \

@@ -238,8 +238,11 @@ static int usage(FILE *f, int status)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2)
+    if (argc != 2) {
+        fprintf(stderr, "vmmhook-config: %s\n",
+                argc < 2 ? "no option given" : "one option at a time");
         return usage(stderr, 2);
+    }
     const char *m = argv[1];
     if (!strcmp(m, "--check"))
         return check();
@@ -254,7 +257,9 @@ int main(int argc, char **argv)
                VMM_VERSION_PATCH);
     else if (!strcmp(m, "-h") || !strcmp(m, "--help"))
         return usage(stdout, 0);
-    else
+    else {
+        fprintf(stderr, "vmmhook-config: unknown option '%s'\n", m);
         return usage(stderr, 2);
+    }
     return fflush(stdout) == 0 ? 0 : 1;
 }
