@@ -402,6 +402,19 @@ bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)
     return found;
 }
 
+bool vmh_heap_backup_read(CUdeviceptr p, size_t n, void *dst)
+{
+    if (in_child())
+        return false;
+    vmh_owner_t *o = vmh_owner_lock(p);
+    if (!o)
+        return false;
+    bool ok = o->kind == VMH_OWN_EXTENT ? vmh_packing_backup_locked((vmh_ext_t *)o, p, n, dst)
+                                        : vmh_bigbuf_backup_locked((vmh_big_t *)o, p, n, dst);
+    vmh_owner_unlock(o);
+    return ok;
+}
+
 /* ---- realloc ------------------------------------------------------------------------------- */
 
 /* The trace sees a resize as RMM's log would show it: the old buffer freed, the new one
