@@ -96,6 +96,14 @@ expect_line "$out" "  VMMHOOK_HEADROOM     = 1G (default)"
 [ "$(status_of sh "$launcher" --bogus -- /bin/true)" = 2 ] || fail "unknown option: not 2"
 [ "$(status_of sh "$launcher" --statss /bin/true)" = 2 ] || fail "misspelt flag: not 2"
 [ "$(status_of sh "$launcher" --stats)" = 2 ] || fail "no program: not 2"
+# What was wrong comes first, not 75 lines of usage (issue 22).
+err=$(sh "$launcher" --stats 2>&1 >/dev/null || true)
+[ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && printf '%s\n' "$err" | grep -q '^vmmhook: no program to run' ||
+    fail "no program: $err"
+err=$("$config" --bogus 2>&1 >/dev/null || true)
+[ "$(printf '%s\n' "$err" | sed -n 1p)" = "vmmhook-config: unknown option '--bogus'" ] ||
+    fail "vmmhook-config --bogus: $err"
+[ "$(status_of "$config" --bogus)" = 2 ] || fail "vmmhook-config --bogus: not 2"
 [ "$(status_of sh "$launcher" --trace)" = 2 ] || fail "missing value: not 2"
 [ "$(status_of sh "$launcher" --lib=/nonexistent/lib.so -- /bin/true)" = 2 ] ||
     fail "missing --lib file: not 2"
