@@ -312,8 +312,11 @@ def _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend
 def configure_subprocess():
     """Child processes started inside the block preload the library (TMS's
     configure_subprocess, for hook_mode "preload")."""
-    _vm._need()
-    path = _vm.library_path()
+    path = _vm.library_path()  # not loaded here: only the children need it
+    if not path or not os.path.isfile(path):
+        raise _vm.VmmError("configure_subprocess", -1,
+                           f"no libvmmhook.so to preload ({path or 'none found'}): install the "
+                           "package with pip, or set LIBVMMHOOK=/path/to/libvmmhook.so")
     old = os.environ.get("LD_PRELOAD")
     parts = (old or "").replace(":", " ").split()
     if path not in parts:

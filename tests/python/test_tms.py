@@ -219,6 +219,18 @@ class Preloaded(unittest.TestCase):
         self.assertTrue(drv.mapped(inter))
         drv.free(inter)
 
+    def test_configure_subprocess(self):
+        import os
+        import subprocess
+
+        before = os.environ.get("LD_PRELOAD")
+        with vmmhook.configure_subprocess():
+            out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['LD_PRELOAD'])"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            self.assertIn(vmmhook.library_path(), out)
+            self.assertEqual(out.count(vmmhook.library_path()), 1)  # never twice
+        self.assertEqual(os.environ.get("LD_PRELOAD"), before)
+
     def test_hook_mode_fixed_once_used(self):
         with self.tms.region(tag="fixed"):
             pass
