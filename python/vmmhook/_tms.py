@@ -178,8 +178,10 @@ class TorchMemorySaver:
             names.append(name)
 
     @contextlib.contextmanager
-    def _in_tag(self, name):
+    def _in_tag(self, name, tag=None):
         with _vm.tag(name):
+            if tag is not None:  # registered in the library now: pause(tag) may name it
+                self._remember(tag, name)
             yield
 
     # ---- regions ----
@@ -193,9 +195,8 @@ class TorchMemorySaver:
         name = library_tag(tag, enable_cpu_backup)
         self._ensure_initialized()
         pool = self._pool((tag, bool(enable_cpu_backup), self._torch().current_device()))
-        self._remember(tag, name)
         with self._torch().use_mem_pool(pool):
-            with self._in_tag(name):
+            with self._in_tag(name, tag):
                 yield
 
     @contextlib.contextmanager
@@ -209,9 +210,8 @@ class TorchMemorySaver:
         if self._mode != "preload":
             raise RuntimeError("torch_memory_saver.cuda_graph: hook_mode 'preload' only, as in "
                                "torch_memory_saver (use torch.cuda.graph in 'torch' mode)")
-        self._remember(tag, name)
         with self._torch().graph(cuda_graph, pool, stream, capture_error_mode):
-            with self._in_tag(name):
+            with self._in_tag(name, tag):
                 yield
 
     @contextlib.contextmanager
