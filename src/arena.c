@@ -610,6 +610,17 @@ void *vmh_arena_take_retired_extent(vmh_arena_t *a, uintptr_t *base, size_t *siz
     return NULL;
 }
 
+void *vmh_arena_take_empty_extent_where(vmh_arena_t *a, bool (*which)(const void *owner),
+                                        uintptr_t *base, size_t *size)
+{
+    if (!a)
+        return NULL;
+    for (vmh_extent_t *e = a->idle; e; e = e->next)
+        if (which(e->owner))
+            return take_idle(a, e, base, size);
+    return NULL;
+}
+
 void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e)
 {
     assert(e->arena == a);

@@ -83,6 +83,11 @@ int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size);
  * (retired ones included). */
 void *vmh_arena_take_empty_extent(vmh_arena_t *a, uintptr_t *base, size_t *size);
 
+/* Like vmh_arena_take_empty_extent, among the empty extents whose owner `which` accepts (NULL
+ * when there is none). O(idle extents). */
+void *vmh_arena_take_empty_extent_where(vmh_arena_t *a, bool (*which)(const void *owner),
+                                        uintptr_t *base, size_t *size);
+
 /* Retires extent e: from now on no block is served from it (its free space, and whatever is
  * freed in it later, stays unused), no block of it grows, and once it holds no live and no
  * parked block vmh_arena_take_retired_extent() hands it back. packing.c retires the extent of

@@ -171,6 +171,14 @@ size_t vmh_cache_trim(vmh_cache_t *c)
     return destroy_taken(taken);
 }
 
+size_t vmh_cache_trim_upto(vmh_cache_t *c, size_t bytes)
+{
+    pthread_mutex_lock(&c->lock);
+    vmh_idle_t *taken = evict_locked(c, bytes);
+    pthread_mutex_unlock(&c->lock);
+    return destroy_taken(taken);
+}
+
 size_t vmh_cache_bytes(vmh_cache_t *c)
 {
     pthread_mutex_lock(&c->lock);

@@ -25,6 +25,7 @@
 
 #include "driver.h"
 #include "log.h"
+#include "stats.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -111,7 +112,12 @@ void vmh_ctx_seen(CUcontext ctx, int device)
         }
         ctx_recs[ctx_count++] = (ctx_rec_t){.ctx = ctx, .device = device};
     }
+    bool second = false;
+    for (size_t i = 0; i < ctx_count && !second; i++)
+        second = ctx_recs[i].ctx != ctx && ctx_recs[i].device == device && !ctx_recs[i].dead;
     pthread_mutex_unlock(&ctx_lock);
+    if (second)
+        vmh_work_queue_split("a second context on a device");
 }
 
 void vmh_ctx_forget(CUcontext ctx)
@@ -480,6 +486,76 @@ CUresult vmh_ctx_sync_device(int device)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The order of the program's work (contexts.h).
+ */
+static atomic_bool work_split, work_split_unwaited, work_reused;
+static const char *_Atomic work_split_why;
+
+bool vmh_work_in_one_queue(void)
+{
+    return !atomic_load(&work_split);
+}
+
+const char *vmh_work_split_reason(void)
+{
+    return atomic_load(&work_split_why);
+}
+
+void vmh_work_queue_split(const char *why)
+{
+    /* A free that read "one queue" before this store (sequentially consistent) released its
+     * block at once; the work it followed was submitted before that read, so before the wait
+     * of vmh_work_split_wait begins: it covers that work. A free after the store parks. */
+    if (atomic_exchange(&work_split, true))
+        return;
+    atomic_store(&work_split_why, why);
+    atomic_store(&work_split_unwaited, true);
+    vmh_count(VMH_STAT_queue_splits, 1);
+    vmh_debug("the program's work is no longer in one queue per device (%s): frees park from "
+              "now on", why);
+}
+
+bool vmh_work_split_wait_pending(void)
+{
+    return atomic_load_explicit(&work_split_unwaited, memory_order_relaxed);
+}
+
+void vmh_work_note_reuse(void)
+{
+    if (!atomic_load(&work_reused))
+        atomic_store(&work_reused, true);
+}
+
+void vmh_work_split_wait(void)
+{
+    if (!atomic_exchange(&work_split_unwaited, false) || !atomic_load(&work_reused))
+        return;
+    int devices[64];
+    size_t n = 0;
+    lock(&ctx_lock);
+    for (size_t i = 0; i < ctx_count && n < sizeof devices / sizeof devices[0]; i++) {
+        bool known = false;
+        for (size_t k = 0; k < n && !known; k++)
+            known = devices[k] == ctx_recs[i].device;
+        if (!known)
+            devices[n++] = ctx_recs[i].device;
+    }
+    pthread_mutex_unlock(&ctx_lock);
+    const char *why = vmh_work_split_reason();
+    for (size_t k = 0; k < n; k++) {
+        CUresult rc = vmh_ctx_sync_device(devices[k]);
+        if (rc != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+            vmh_count(VMH_STAT_syncs, 1);
+            vmh_count(VMH_STAT_syncs_blocking, 1);
+        }
+        if (rc != CUDA_SUCCESS)
+            vmh_log("waiting for device %d when the program made a second queue (%s) failed "
+                    "(CUDA error %d): buffers reused just before may still be in use by work of "
+                    "the old queue", devices[k], why, (int)rc);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Lifetime.
  */
 void vmh_contexts_after_fork_child(void)
@@ -525,6 +601,10 @@ void vmh_contexts_reset(void)
     pthread_mutex_unlock(&cap_lock);
     tl_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
     tl_current.generation = 0;
+    atomic_store(&work_split, false);
+    atomic_store(&work_split_unwaited, false);
+    atomic_store(&work_reused, false);
+    atomic_store(&work_split_why, NULL);
 }
 
 unsigned vmh_capture_begins_pending(void)

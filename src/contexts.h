@@ -88,6 +88,50 @@ bool vmh_capture_any(void);
  * learnt here if no report named it. The caller counts its waits (VMH_STAT_syncs). */
 CUresult vmh_ctx_sync_device(int device);
 
+/* --- the order of the program's work ---
+ *
+ * While the program has made no stream and has one context per device, all its work on a
+ * device runs in one queue: the context's legacy default stream (with which the per-thread
+ * default streams synchronize, as blocking streams do). Work submitted after a free then runs
+ * after every kernel and copy submitted before it, so the freed memory may serve the next
+ * allocation at once, as PyTorch's caching allocator and cudaMallocAsync reuse memory within a
+ * stream: no wait for the GPU, no memory held back meanwhile. Memory is still unmapped only
+ * once the GPU has passed its free (cuMemUnmap does not wait for kernels). The first stream
+ * created (cuStreamCreate*, reported by the interposer) or second context of a device ends
+ * it for the rest of the process: the report waits for every context the program has made
+ * (so that what was reused under the rule has been passed before the new stream or context
+ * can run anything), and frees park from then on. What it cannot see: several threads that
+ * pass cudaStreamPerThread explicitly, or a program built with --default-stream per-thread,
+ * freeing on one thread memory that another thread's per-thread stream still uses (natively
+ * cudaFree would wait); VMMHOOK_STREAM_ORDERED=0 is for them (docs/DESIGN.md). */
+
+/* Whether the program's work runs in one queue per device (see above). A free that would reuse
+ * its memory at once calls vmh_work_note_reuse first, then this (both sequentially consistent):
+ * then either it sees the end of the rule and parks, or the end's wait sees its note and covers
+ * the work it followed. */
+bool vmh_work_in_one_queue(void);
+
+/* The program made a second queue (why: for the log and the stats): ends the above for good.
+ * Only marks (any thread, any mode, no driver call); the wait that makes the end safe is
+ * vmh_work_split_wait's. Idempotent. */
+void vmh_work_queue_split(const char *why);
+
+/* After the end above, once (the first caller): waits for every context the library knows on
+ * every device, so that memory reused under the rule has been passed by the work of the old
+ * queue before anything of the new one runs. Called by the interposer right after the report
+ * (the program has not got its new stream or context yet) when the library serves, and by the
+ * heap's allocation and free paths, which find it pending with one relaxed load. Never while a
+ * stream captures: none can before a second queue exists. */
+void vmh_work_split_wait(void);
+bool vmh_work_split_wait_pending(void);
+
+/* The library is about to release freed memory at once under the rule (until then, the end of
+ * the rule needs no wait: nothing was reused early). One load, and one store the first time. */
+void vmh_work_note_reuse(void);
+
+/* Why the work is no longer in one queue (NULL while it is). */
+const char *vmh_work_split_reason(void);
+
 /* --- fork --- */
 
 /* In the child of a fork, before anything else runs there: the locks are made anew (another
@@ -100,7 +144,7 @@ CUresult vmh_ctx_sync_device(int device);
 void vmh_contexts_after_fork_child(void);
 
 #ifdef VMH_TESTING
-/* Tests: forget every context and capture. */
+/* Tests: forget every context and capture; the work is in one queue again. */
 void vmh_contexts_reset(void);
 /* Tests: the captures beginning now (waiting for synchronizes, or in their real call). */
 unsigned vmh_capture_begins_pending(void);

@@ -51,6 +51,10 @@ extern vmh_owner_t vmh_owner_idle, vmh_owner_dead;
  * (or may have been) given back, so that one more try makes sense. */
 typedef bool (*vmh_relieve_fn)(vmh_dev_t *d);
 
+/* Gives back idle memory of the device beyond what the program's recent peak may need (the
+ * reclaim thread calls it, heap.c decides: DESIGN.md, "Limits that follow the program"). */
+typedef void (*vmh_tidy_fn)(vmh_dev_t *d);
+
 struct vmh_dev {
     int ordinal;
     bool unsupported; /* no VMM on this device: everything passes through */
@@ -65,6 +69,7 @@ struct vmh_dev {
      * cache may keep what the program held at that peak and does not hold now (cache.h). */
     _Atomic size_t peak_usable;
     vmh_relieve_fn relieve; /* set by the front before the device is published */
+    vmh_tidy_fn tidy;       /* likewise */
 };
 
 /* The options this layer uses (granularity, handle type, RDMA, peers, limits). */

@@ -28,6 +28,8 @@ typedef CUresult (*getproc_v1_fn)(const char *symbol, void **pfn, int cudaVersio
 const vmh_driver_t *vmh_driver_call(void)
 {
     vmh_count(VMH_STAT_driver_calls, 1);
+    if (vmh_stats_background_thread)
+        vmh_count(VMH_STAT_driver_calls_background, 1);
     return &drv_table;
 }
 

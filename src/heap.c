@@ -52,6 +52,11 @@ typedef struct hdev {
     vmh_reclaim_t reclaim;
     vmh_cache_t cache; /* idle ranges are nobody's: any tag may reuse them */
     _Atomic(tagpart_t *) part[VMM_TAGS_MAX];
+    /* The tidy's state (reclaim thread only, tidy_lock): the peak of live bytes of the window
+     * before the current one, when the current one began, when the last tidy ran. */
+    pthread_mutex_t tidy_lock;
+    size_t peak_before;
+    uint64_t window_ns, tidy_ns;
 } hdev_t;
 
 /* Guards making tag parts and freezing them (vmh_heap_tag_freeze). */
@@ -83,12 +88,7 @@ void vmh_heap_configure(const vmh_options_t *o)
     vmh_reclaim_configure(o);
 }
 
-#ifdef VMH_TESTING
-unsigned vmh_heap_thread_shard(void)
-{
-    return vmh_packing_thread_shard();
-}
-#endif
+
 
 /* ---- devices ---------------------------------------------------------------------------- */
 
@@ -110,6 +110,82 @@ static bool dev_relieve(vmh_dev_t *d)
     return bytes != 0 || dropped || vmh_reclaim_pending(&h->reclaim);
 }
 
+/* Limits that follow the program: idle memory (free carved space in whole extents, cached
+ * buffers) stays while the program's recent peak of live bytes may need it again, plus a
+ * slack of 1/TIDY_SLACK of that peak; the rest goes back, from the reclaim thread, so no
+ * application thread waits. "Recent": the larger of the peaks of the current window and the
+ * one before (TIDY_WINDOW_NS each), so a program whose steps repeat keeps its steps' memory
+ * and one that shrank for good gives it back within two windows. */
+#define TIDY_WINDOW_NS 1000000000ull
+#define TIDY_EVERY_NS 50000000ull
+#define TIDY_SLACK 16
+
+static bool running(void)
+{
+    return atomic_load_explicit(&mode, memory_order_relaxed) == HEAP_RUNNING;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void dev_tidy(vmh_dev_t *d)
+{
+    hdev_t *h = hdev_of(d);
+    if (!running() || pthread_mutex_trylock(&h->tidy_lock) != 0)
+        return;
+    uint64_t now = now_ns();
+    if (now - h->tidy_ns < TIDY_EVERY_NS) {
+        pthread_mutex_unlock(&h->tidy_lock);
+        return;
+    }
+    h->tidy_ns = now;
+    size_t peak = vmh_dev_usable_peak(d);
+    if (now - h->window_ns >= TIDY_WINDOW_NS) {
+        h->window_ns = now;
+        h->peak_before = peak;
+        vmh_dev_usable_peak_reset(d);
+    }
+    if (h->peak_before > peak)
+        peak = h->peak_before;
+    size_t live = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
+    size_t keep = (peak > live ? peak - live : 0) + peak / TIDY_SLACK;
+    size_t idle = vmh_heap_idle_bytes(d->ordinal);
+    if (idle > keep + d->gran && vmh_reclaim_pass(&h->reclaim, VMH_WAIT_BACKGROUND) ==
+                                     CUDA_SUCCESS) {
+        /* Memory freed at once may still be touched by queued work: passed first (above). */
+        size_t excess = idle - keep, given = vmh_cache_trim_upto(&h->cache, excess);
+        FOR_EACH_PART(h, p)
+            if (given < excess)
+                given += vmh_packing_trim_upto(&p->pack, excess - given);
+        if (given)
+            vmh_count(VMH_STAT_tidy_bytes, given);
+    }
+    pthread_mutex_unlock(&h->tidy_lock);
+}
+
+#ifdef VMH_TESTING
+unsigned vmh_heap_thread_shard(void)
+{
+    return vmh_packing_thread_shard();
+}
+
+void vmh_heap_tidy_now(int device, bool new_window)
+{
+    hdev_t *h = atomic_load_explicit(&devs[device], memory_order_acquire);
+    assert(h);
+    pthread_mutex_lock(&h->tidy_lock);
+    h->tidy_ns -= TIDY_EVERY_NS;
+    if (new_window)
+        h->window_ns -= TIDY_WINDOW_NS;
+    pthread_mutex_unlock(&h->tidy_lock);
+    dev_tidy(&h->dev);
+}
+#endif
+
 static void hdev_destroy(hdev_t *h)
 {
     vmh_reclaim_release_all(&h->reclaim);
@@ -129,6 +205,9 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
     if (!h)
         return CUDA_ERROR_OUT_OF_MEMORY;
     h->dev.relieve = dev_relieve;
+    h->dev.tidy = dev_tidy;
+    pthread_mutex_init(&h->tidy_lock, NULL);
+    h->window_ns = h->tidy_ns = now_ns();
     CUresult rc = vmh_dev_setup(&h->dev, ordinal, ctx);
     vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
     vmh_reclaim_init(&h->reclaim, &h->dev);
@@ -175,10 +254,6 @@ static CUresult dev_current(hdev_t **out)
     return dev_by_ordinal(dev, ctx, out);
 }
 
-static bool running(void)
-{
-    return atomic_load_explicit(&mode, memory_order_relaxed) == HEAP_RUNNING;
-}
 
 static bool in_child(void)
 {
@@ -231,6 +306,8 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
                          CUdeviceptr *out, bool *no_address)
 {
     assert(running() && size > 0);
+    if (__builtin_expect(vmh_work_split_wait_pending(), 0))
+        vmh_work_split_wait(); /* a second context seen here: before anything is reused */
     tagpart_t *p = part_get(h, tag);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -355,8 +432,11 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     assert(o->kind == VMH_OWN_EXTENT || o->kind == VMH_OWN_BIG);
     assert(o->dev && hdev_of(o->dev)->dev.ordinal == o->dev->ordinal);
     size_t req = 0;
+    /* Freed memory reused at once while the program's work runs in one queue (contexts.h:
+     * the note, then the look, in that order, so that the rule's end covers this free). */
+    bool at_once = opt->stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
     CUresult rc = o->kind == VMH_OWN_EXTENT
-                      ? vmh_packing_park_locked((vmh_ext_t *)o, p, &req)
+                      ? vmh_packing_park_locked((vmh_ext_t *)o, p, at_once, &req)
                       : vmh_bigbuf_park_locked((vmh_big_t *)o, p, &req);
     vmh_owner_unlock(o);
     if (rc != CUDA_SUCCESS)
@@ -367,15 +447,19 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     vmh_trace("free", p, req, stream);
     /* Natively cudaFree waits for the device; here the reclaim thread does, unless the program
      * asked for native blocking frees (DESIGN.md, "Frees"). */
-    if (opt->free_sync && !async)
-        vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
-    else if (!async && opt->park_limit != 0 && req > opt->park_limit && !vmh_capture_any())
-        /* One buffer larger than the park limit: the next allocation that needs new memory
+    vmh_reclaim_t *r = &hdev_of(o->dev)->reclaim;
+    if (opt->free_sync && !async) {
+        vmh_reclaim_wait(r, VMH_WAIT_APP);
+    } else if (!async && !(at_once && o->kind == VMH_OWN_EXTENT) && !vmh_capture_any()) {
+        /* One buffer larger than the park budget: the next allocation that needs new memory
          * would wait for it anyway (vmh_reclaim_throttle); waiting here, as native cudaFree
-         * does, puts it in the cache before that allocation comes, without a handoff to the
-         * reclaim thread (issue 13: a 1 GiB free-then-allocate pair). A limit of 0 keeps its
-         * meaning (reclaim.h): no wait at the free. */
-        vmh_reclaim_wait(&hdev_of(o->dev)->reclaim, VMH_WAIT_APP);
+         * does, makes it reusable before that allocation comes, without a handoff to the
+         * reclaim thread (issue 13: a 1 GiB free-then-allocate pair). A budget of 0
+         * (VMMHOOK_PARK_LIMIT=0) keeps its meaning (reclaim.h): no wait at the free. */
+        size_t budget = vmh_reclaim_park_budget(r);
+        if (budget != 0 && req > budget)
+            vmh_reclaim_wait(r, VMH_WAIT_APP);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -622,6 +706,19 @@ size_t vmh_heap_trim(void)
     if (hook)
         hook();
     return bytes;
+}
+
+void vmh_heap_trim_paused(void)
+{
+    if (in_child())
+        return;
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = atomic_load_explicit(&devs[i], memory_order_acquire);
+        if (!h || h->dev.unsupported)
+            continue;
+        FOR_EACH_PART(h, p)
+            vmh_packing_trim_paused(&p->pack);
+    }
 }
 
 size_t vmh_heap_idle_bytes(int device)

@@ -115,6 +115,10 @@ void vmh_heap_on_pressure(vmh_pressure_fn fn);
  * ran out of memory, then retries that call once. */
 size_t vmh_heap_trim(void);
 
+/* Gives back the address space of packed extents whose every block was freed while their tag was
+ * paused (they hold no memory: no wait, no unmap), so that a resume does not map them again. */
+void vmh_heap_trim_paused(void);
+
 /* Idle bytes held for reuse on a device, reported as free by cuMemGetInfo: only what an
  * allocation would actually get, whatever its size: cached and parked buffers of their own
  * (whole ranges) and packing extents with no live block (a trim gives them back). Free space
@@ -138,6 +142,9 @@ void vmh_heap_reset(void);
 #ifdef VMH_TESTING
 /* Tests: the packing shard the calling thread allocates in (picked on the first call). */
 unsigned vmh_heap_thread_shard(void);
+/* Tests: runs the device's background tidy now (heap.c: what the reclaim thread runs), as if
+ * its pace had allowed it and, when new_window, a window of the recent peak had ended. */
+void vmh_heap_tidy_now(int device, bool new_window);
 #endif
 
 /* Tags (pause.c): one device's memory of one tag. false when the device has none of it (or

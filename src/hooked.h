@@ -87,7 +87,7 @@ typedef CUresult(CUDAAPI *IP_PFN_cuStreamBeginCapture_v10000)(CUstream hStream);
     X(cuMemAllocManaged, PFN_cuMemAllocManaged_v6000, "cuMemAllocManaged", 6000, INT_MAX,          \
       IP_STREAM_NONE)
 
-/* Contexts and stream capture, reported to contexts.c (interpose_ctx.c). */
+/* Contexts, streams made and stream capture, reported to contexts.c (interpose_ctx.c). */
 #define VMH_HOOKED_CTX(X)                                                                          \
     X(cuCtxCreate, PFN_cuCtxCreate_v3020, "cuCtxCreate", 2000, 3020, IP_STREAM_NONE)               \
     X(cuCtxCreate_v2, PFN_cuCtxCreate_v3020, "cuCtxCreate", 3020, 11040, IP_STREAM_NONE)           \
@@ -132,6 +132,11 @@ typedef CUresult(CUDAAPI *IP_PFN_cuStreamBeginCapture_v10000)(CUstream hStream);
       INT_MAX, IP_STREAM_PTSZ)                                                                     \
     X(cuThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010,             \
       "cuThreadExchangeStreamCaptureMode", 10010, INT_MAX, IP_STREAM_NONE)                          \
+    X(cuStreamCreate, PFN_cuStreamCreate_v2000, "cuStreamCreate", 2000, INT_MAX, IP_STREAM_NONE)    \
+    X(cuStreamCreateWithPriority, PFN_cuStreamCreateWithPriority_v5050,                            \
+      "cuStreamCreateWithPriority", 5050, INT_MAX, IP_STREAM_NONE)                                 \
+    X(cuGreenCtxStreamCreate, PFN_cuGreenCtxStreamCreate_v12050, "cuGreenCtxStreamCreate", 12050,  \
+      INT_MAX, IP_STREAM_NONE)                                                                     \
     X(cuStreamDestroy, PFN_cuStreamDestroy_v4000, "cuStreamDestroy", 2000, 4000, IP_STREAM_NONE)    \
     X(cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000, "cuStreamDestroy", 4000, INT_MAX,              \
       IP_STREAM_NONE)

@@ -25,12 +25,22 @@
  * Contexts.
  */
 
+/* After a report that may have made a second queue of work on a device (contexts.h): the wait
+ * that makes the end of reuse at once safe, before the program has the new stream or context.
+ * Only where the library serves: before it does, nothing was reused. */
+static void ip_after_queue_report(void)
+{
+    if (vmh_work_split_wait_pending() && vmh_ip_served_before())
+        vmh_work_split_wait();
+}
+
 /* cuCtxCreate* makes the new context current on the calling thread. */
 static CUresult ip_ctx_created(CUresult r, const CUcontext *pctx, CUdevice dev)
 {
     if (r == CUDA_SUCCESS) {
         vmh_ctx_seen(*pctx, (int)dev);
         vmh_ctx_current_changed();
+        ip_after_queue_report();
     }
     return r;
 }
@@ -134,6 +144,7 @@ CUresult vmh_ip_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         if (dev >= 0 && dev < IP_PRIMARY_DEVICES)
             atomic_store_explicit(&ip_primary[dev], *pctx, memory_order_release);
         vmh_ctx_seen(*pctx, (int)dev);
+        ip_after_queue_report();
     }
     return r;
 }
@@ -298,6 +309,40 @@ CUresult vmh_ip_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
     IP_CALL_REAL(r, cuStreamEndCapture_ptsz, hStream, phGraph);
     vmh_capture_ended(ip_ptsz_stream(hStream));
     return r;
+}
+
+/* A stream the program makes is a second queue of work on its device: freed memory is no
+ * longer reused at once from then on (contexts.h). Reported after the driver's answer, before
+ * the program has the stream: nothing can run on it before the report's wait. */
+static CUresult ip_stream_created(CUresult r)
+{
+    if (r == CUDA_SUCCESS) {
+        vmh_work_queue_split("a stream created");
+        ip_after_queue_report();
+    }
+    return r;
+}
+
+CUresult vmh_ip_cuStreamCreate(CUstream *phStream, unsigned int flags)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamCreate, phStream, flags);
+    return ip_stream_created(r);
+}
+
+CUresult vmh_ip_cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuStreamCreateWithPriority, phStream, flags, priority);
+    return ip_stream_created(r);
+}
+
+CUresult vmh_ip_cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
+                                       int priority)
+{
+    CUresult r;
+    IP_CALL_REAL(r, cuGreenCtxStreamCreate, phStream, greenCtx, flags, priority);
+    return ip_stream_created(r);
 }
 
 /* A stream destroyed while it captures (the program never called cuStreamEndCapture, as after

@@ -106,12 +106,15 @@ static const opt_row_t rows[] = {
      "out-of-memory code; 0 is no limit.",
      "The code is `CUDA_ERROR_OUT_OF_MEMORY`, which cudart reports as "
      "`cudaErrorMemoryAllocation`."},
-    {"VMMHOOK_PACK_BELOW", K_SIZE, FIELD(pack_below), "8M", 0, 0, NO_WORDS,
-     "Requests smaller than this are packed into shared chunks; 0 packs none.",
-     "Packed buffers are 256-byte aligned, like `cudaMalloc`'s, so that a small `cudaMalloc` "
-     "does not cost a whole chunk, and freed space is reused for any size without a driver "
-     "call. Buffers made by `vmm_realloc` are packed only below half a chunk (or this value if "
-     "smaller), so that they can grow in place."},
+    {"VMMHOOK_PACK_BELOW", K_SIZE, FIELD(pack_below), "1T", 0, 0, NO_WORDS,
+     "Requests smaller than this are carved out of shared mapped chunks (the default: every "
+     "size); larger ones get chunks of their own; 0 carves none.",
+     "Carved buffers are 256-byte aligned, like `cudaMalloc`'s, placed best-fit in the mapped "
+     "chunks of their device and tag, and freed space (coalesced with its free neighbours) "
+     "serves any size without a driver call. A request no free space fits gets a new chunk of "
+     "its own size (small ones share chunks that grow with the program's live bytes, up to "
+     "64 MiB). Buffers made by `vmm_realloc` are carved only below half a chunk (or this value "
+     "if smaller), so that they can grow in place."},
     {"VMMHOOK_RDMA", K_BOOL, FIELD(rdma), "off", 0, 0, NO_WORDS,
      "Request GPUDirect RDMA capable chunks.",
      "Sets `gpuDirectRDMACapable` in the allocation properties, on devices that support it "
@@ -142,8 +145,9 @@ static const opt_row_t rows[] = {
      "event, for `tools/replay/plot-trace.py`."},
     {"VMMHOOK_LEAKS", K_BOOL, FIELD(leaks), "off", 0, 0, NO_WORDS,
      "At exit, list the buffers still allocated, then their total.",
-     "Each with its pointer, size and device; for buffers with chunks of their own (at least "
-     "`VMMHOOK_PACK_BELOW`) also the code that called the allocation entry point, e.g. "
+     "Each with its pointer, size and device; for buffers with chunks of their own (made by "
+     "`vmm_realloc`, or at least `VMMHOOK_PACK_BELOW`) also the code that called the "
+     "allocation entry point, e.g. "
      "`myprog+0x11da` or a place in cudart."},
     {"VMMHOOK_STRICT", K_BOOL, FIELD(strict), "off", 0, 0, NO_WORDS,
      "A bad or refused value stops the program (abort) instead of a warning.",
@@ -167,6 +171,17 @@ static const opt_row_t rows[] = {
      "makes an allocation that needs new memory wait whenever anything is parked. Never waits "
      "during a stream capture. The default is the best of a sweep of PyTorch training with its "
      "caching allocator off (BENCHMARKS.md)."},
+    {"VMMHOOK_STREAM_ORDERED", K_BOOL, FIELD(stream_ordered), "on", 0, 0, NO_WORDS,
+     "Reuse freed memory at once while the program's work runs in one queue per device.",
+     "While the program has created no stream and has one context per device, everything it "
+     "submits runs in order in the device's legacy default stream, so work submitted after a "
+     "free runs after the work before it, and freed memory serves the next allocation without "
+     "waiting for the GPU (as PyTorch's caching allocator reuses memory within a stream). The "
+     "first stream or second context the program makes ends it: the library waits for the "
+     "device once and frees park until the GPU has passed them from then on. Turn it off for "
+     "a program whose threads use per-thread default streams (`cudaStreamPerThread`, or built "
+     "with `--default-stream per-thread`) and free memory that another thread's work may still "
+     "use: the library cannot see those streams."},
     {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "0", 0, 0, NO_WORDS,
      "Pinned host memory kept between pauses for the backups of vmm_pause(VMM_PAUSE_BACKUP); "
      "0 keeps none.",

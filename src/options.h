@@ -51,6 +51,8 @@ typedef struct vmh_options {
                                   allocating thread waits for the GPU itself */
     size_t pin_limit;          /* VMMHOOK_PIN_LIMIT: pinned host memory kept between pauses for
                                   VMM_PAUSE_BACKUP backups, 0 = none kept */
+    bool stream_ordered;       /* VMMHOOK_STREAM_ORDERED: reuse freed memory at once while the
+                                  program's work runs in one queue per device (contexts.h) */
 } vmh_options_t;
 
 extern vmh_options_t vmh_opt;

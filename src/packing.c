@@ -11,6 +11,11 @@
 #include <string.h>
 
 #define EXTENT_MAX ((size_t)64 << 20)
+#define EXTENT_SHARE 16
+
+#ifdef VMH_TESTING
+void (*vmh_packing_test_extent_published)(void);
+#endif
 
 /* Free packed space and parked blocks are idle bytes (VMH_STAT_bytes_cached). */
 static void idle_gauge(int64_t delta)
@@ -43,7 +48,9 @@ static void shard_note(vmh_shard_t *s)
     atomic_store_explicit(&s->extents, st.extents, memory_order_relaxed);
 }
 
-static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, bool retired_only);
+/* Which empty extents unlink_empty_locked takes. */
+typedef enum { EMPTY_ALL, EMPTY_RETIRED, EMPTY_PAUSED } empty_kind_t;
+static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind);
 static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list);
 
 /* Bytes of the shard's parked blocks (what it counts in reclaim's parked bytes); locked. */
@@ -64,7 +71,7 @@ static size_t shard_release(vmh_parked_t *item, uint64_t passed)
     pthread_mutex_lock(&s->lock);
     size_t before = parked_bytes_locked(s);
     vmh_arena_unpark_upto(s->arena, passed);
-    vmh_ext_t *retired = unlink_empty_locked(s, true);
+    vmh_ext_t *retired = unlink_empty_locked(s, EMPTY_RETIRED);
     shard_note(s);
     size_t released = before - parked_bytes_locked(s);
     bool left = vmh_arena_parked(s->arena) != 0;
@@ -94,17 +101,32 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
     return CUDA_SUCCESS;
 }
 
-/* Adds a packing extent large enough for `size` to shard s. */
-static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool *no_address)
+/* Adds a packing extent large enough for `size` to shard s and serves `size` from it in the
+ * same hold of the shard's lock. So a new extent is never seen empty: a trim on another thread
+ * (a pause's) cannot take it between its publication and its use, and nothing of its range is
+ * read once the lock is let go (CI found both: a pause's trim destroyed an extent that its
+ * allocating thread then read, tests/unit/test_heap.c's trim_never_takes_an_extent_being_served).
+ * *out: the block. OUT_OF_MEMORY with nothing left behind when the driver or host memory runs
+ * out. */
+static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t size,
+                                   bool *no_address, CUdeviceptr *out)
 {
     vmh_dev_t *d = pk->dev;
     size_t want;
     if (!vmh_round_up(size, d->gran, &want))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    /* Small requests share extents that double in size, so that a program with many makes
+     * few chunks; the doubling stops at 1/EXTENT_SHARE of the device's live bytes (and
+     * EXTENT_MAX), so that the free space a new extent brings stays a small part of what the
+     * program uses (the stored PyTorch trace: 1.17x its peak with 64 MiB extents, 1.08x with
+     * 16 MiB ones for a 642 MiB program). A larger request gets an extent of its own size. */
+    size_t share = atomic_load_explicit(&d->live_usable, memory_order_relaxed) / EXTENT_SHARE;
+    share -= share % d->gran;
     pthread_mutex_lock(&s->lock);
-    if (want < s->extent_next)
-        want = s->extent_next;
-    if (s->extent_next < EXTENT_MAX)
+    size_t next = s->extent_next < share ? s->extent_next : share;
+    if (want < next)
+        want = next;
+    if (s->extent_next < EXTENT_MAX && s->extent_next <= share)
         s->extent_next *= 2;
     pthread_mutex_unlock(&s->lock);
 
@@ -112,6 +134,7 @@ static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool 
     CUresult rc = vmh_dev_range_new(d, want, want, &r, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
+    const size_t mapped = r->size;
     pthread_mutex_lock(&s->lock);
     vmh_ext_t *e = s->spare;
     if (e) {
@@ -122,15 +145,26 @@ static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool 
         e->o.lock = &s->lock;
         e->shard = s;
     }
+    uintptr_t p = 0;
     /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
     if (e && !atomic_load(&pk->frozen)) {
         e->range = r;
         e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
     }
-    if (!e || !e->extent || !vmh_registry_set(r->base, r->size, e)) {
-        /* An extent the arena knows but the registry does not cannot happen: the arena
-         * only learns of it above, and add_extent failing leaves nothing behind. */
+    if (!e || !e->extent || vmh_arena_alloc(s->arena, size, &p) != 0 ||
+        !vmh_registry_set(r->base, r->size, e)) {
+        /* Nothing of it was published: the arena learnt of it above, under this lock, and
+         * forgets it here (an extent whose only block is released again is empty). */
         if (e) {
+            if (e->extent) {
+                if (p)
+                    vmh_arena_release(s->arena, e->extent, p, NULL);
+                uintptr_t base;
+                size_t bytes;
+                void *back = vmh_arena_take_empty_extent(s->arena, &base, &bytes);
+                assert(back == e);
+                (void)back;
+            }
             e->range = NULL;
             e->extent = NULL;
             e->prev = NULL;
@@ -148,7 +182,12 @@ static CUresult extent_add(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool 
     s->exts = e;
     shard_note(s);
     pthread_mutex_unlock(&s->lock);
-    idle_gauge((int64_t)r->size);
+#ifdef VMH_TESTING
+    if (vmh_packing_test_extent_published)
+        vmh_packing_test_extent_published();
+#endif
+    idle_gauge((int64_t)mapped);
+    *out = p;
     return CUDA_SUCCESS;
 }
 
@@ -216,28 +255,24 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
     /* The thread's own shard, then free space in the others, and only then a new extent (in
      * the thread's own shard). Parked blocks are not waited for here (reclaim.h: the reclaim
      * thread releases them, a thread about to add an extent waits past VMMHOOK_PARK_LIMIT,
-     * and a new extent the driver has no memory for relieves the device, which waits).
-     * Other threads may take
-     * the space of an extent this thread just added before it gets to use it: then it adds
-     * another (each extent_add either makes memory or reports the driver's out of memory
-     * after relieving the device), within a bound that only a pathological race could reach. */
+     * and a new extent the driver has no memory for relieves the device, which waits). A new
+     * extent is made with this request served from it, so no other thread takes its room
+     * first and no trim takes it empty. */
     vmh_shard_t *mine = &pk->shards[home];
-    bool throttled = false;
-    for (int grown = 0;; grown++) {
-        if ((atomic_load_explicit(&mine->free, memory_order_relaxed) >= want &&
-             shard_alloc(mine, size, false, out) == 0) ||
-            others_alloc(pk, home, size, want,
-                         atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0, out))
-            break;
+    bool served = false;
+    for (int attempt = 0; attempt < 2 && !served; attempt++) {
+        served = (atomic_load_explicit(&mine->free, memory_order_relaxed) >= want &&
+                  shard_alloc(mine, size, false, out) == 0) ||
+                 others_alloc(pk, home, size, want,
+                              atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0,
+                              out);
         /* New memory is needed: past VMMHOOK_PARK_LIMIT the thread waits first, and what
          * that released may serve it (reclaim.h). */
-        if (!throttled) {
-            throttled = true;
-            if (vmh_reclaim_throttle(pk->reclaim))
-                continue;
-        }
-        CUresult rc = grown >= 64 ? CUDA_ERROR_OUT_OF_MEMORY
-                                  : extent_add(pk, mine, size, no_address);
+        if (!served && (attempt > 0 || !vmh_reclaim_throttle(pk->reclaim)))
+            break;
+    }
+    if (!served) {
+        CUresult rc = extent_add_serving(pk, mine, size, no_address, out);
         if (rc != CUDA_SUCCESS) {
             vmh_dev_usable_give(pk->dev, want);
             return rc;
@@ -257,35 +292,41 @@ static vmh_packed_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
     return NULL;
 }
 
-CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req)
+CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req)
 {
     vmh_shard_t *s = e->shard;
     vmh_packing_t *pk = s->pack;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
-    size_t parked_before = parked_bytes_locked(s);
-    if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    size_t bytes = parked_bytes_locked(s) - parked_before;
     /* An exported block's export dies here, and its memory is never served again: another
      * process may still map the extent's chunk (an import holds the whole chunk), as natively
      * memory freed by its exporter stays the importer's. The extent serves nothing more and
      * goes once its other blocks are freed and the GPU is past them (shard_release). */
     vmh_packed_export_t *x = exported_find_locked(s, p);
-    if (x) {
-        *x = s->exported[--s->nexported];
-        vmh_arena_retire_extent(s->arena, e->extent);
-        /* Its free space is stranded until its other blocks go: the next extents start small
-         * again, so that a program exporting small buffers strands little. */
-        s->extent_next = pk->dev->gran;
+    if (at_once && !x) {
+        if (vmh_arena_release(s->arena, e->extent, p, &info) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        vmh_reclaim_freed_at_once(pk->reclaim);
+    } else {
+        size_t parked_before = parked_bytes_locked(s);
+        if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        size_t bytes = parked_bytes_locked(s) - parked_before;
+        if (x) {
+            *x = s->exported[--s->nexported];
+            vmh_arena_retire_extent(s->arena, e->extent);
+            /* Its free space is stranded until its other blocks go: the next extents start
+             * small again, so that a program exporting small buffers strands little. */
+            s->extent_next = pk->dev->gran;
+        }
+        /* An item already queued is released by a wait that also covers this block, or parks
+         * itself again for it (shard_release runs under this shard's lock). */
+        if (!atomic_load(&s->parked_item.queued))
+            vmh_reclaim_park(pk->reclaim, &s->parked_item, gen, bytes);
+        else
+            vmh_reclaim_add_bytes(pk->reclaim, bytes);
     }
     shard_note(s);
-    /* An item already queued is released by a wait that also covers this block, or parks
-     * itself again for it (shard_release runs under this shard's lock). */
-    if (!atomic_load(&s->parked_item.queued))
-        vmh_reclaim_park(pk->reclaim, &s->parked_item, gen, bytes);
-    else
-        vmh_reclaim_add_bytes(pk->reclaim, bytes);
     vmh_dev_usable_give(pk->dev, info.usable);
     idle_gauge((int64_t)info.usable);
     *req = info.size;
@@ -377,16 +418,28 @@ bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t se
     return x && x->serial == serial;
 }
 
-/* Takes shard s's empty extents (only retired ones when retired_only) out of its arena, list
- * and the registry; returns them linked by next. s is locked. */
-static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, bool retired_only)
+static bool ext_holds_memory(const void *owner);
+static bool ext_paused(const void *owner)
+{
+    return !ext_holds_memory(owner);
+}
+
+/* Takes shard s's empty extents of a kind out of its arena, list and the registry, until they
+ * hold at least *budget bytes (then lowered by theirs; NULL: all); returns them linked by next.
+ * s is locked. */
+static vmh_ext_t *unlink_empty_upto_locked(vmh_shard_t *s, empty_kind_t kind, size_t *budget)
 {
     vmh_ext_t *empty = NULL, *e;
     uintptr_t base;
     size_t size;
-    while ((e = retired_only ? vmh_arena_take_retired_extent(s->arena, &base, &size)
-                             : vmh_arena_take_empty_extent(s->arena, &base, &size))) {
+    while ((!budget || *budget > 0) &&
+           (e = kind == EMPTY_RETIRED  ? vmh_arena_take_retired_extent(s->arena, &base, &size)
+                : kind == EMPTY_PAUSED ? vmh_arena_take_empty_extent_where(s->arena, ext_paused,
+                                                                           &base, &size)
+                                       : vmh_arena_take_empty_extent(s->arena, &base, &size))) {
         vmh_registry_set(base, size, NULL);
+        if (budget)
+            *budget -= size < *budget ? size : *budget;
         if (e->prev)
             e->prev->next = e->next;
         else
@@ -398,6 +451,11 @@ static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, bool retired_only)
         empty = e;
     }
     return empty;
+}
+
+static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind)
+{
+    return unlink_empty_upto_locked(s, kind, NULL);
 }
 
 /* Gives back the memory of extents unlinked from s (s not locked: driver calls) and keeps
@@ -426,19 +484,36 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
     return bytes;
 }
 
-size_t vmh_packing_trim(vmh_packing_t *pk)
+/* Gives back the shards' empty extents of a kind, until at least *budget bytes (NULL: all);
+ * returns the bytes that were mapped. */
+static size_t trim_kind(vmh_packing_t *pk, empty_kind_t kind, size_t *budget)
 {
     size_t bytes = 0;
-    for (int i = 0; i < VMH_SHARDS; i++) {
+    for (int i = 0; i < VMH_SHARDS && (!budget || *budget > 0); i++) {
         vmh_shard_t *s = &pk->shards[i];
         pthread_mutex_lock(&s->lock);
-        vmh_ext_t *empty = unlink_empty_locked(s, false);
+        vmh_ext_t *empty = unlink_empty_upto_locked(s, kind, budget);
         shard_note(s);
         pthread_mutex_unlock(&s->lock);
         if (empty)
             bytes += extents_destroy(s, empty);
     }
     return bytes;
+}
+
+size_t vmh_packing_trim(vmh_packing_t *pk)
+{
+    return trim_kind(pk, EMPTY_ALL, NULL);
+}
+
+size_t vmh_packing_trim_upto(vmh_packing_t *pk, size_t bytes)
+{
+    return trim_kind(pk, EMPTY_ALL, &bytes);
+}
+
+void vmh_packing_trim_paused(vmh_packing_t *pk)
+{
+    trim_kind(pk, EMPTY_PAUSED, NULL);
 }
 
 CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)

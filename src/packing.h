@@ -80,9 +80,12 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
 CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address);
 
 /* On an extent found and locked with vmh_owner_lock (the caller unlocks): */
-/* Parks the live block starting at p; *req gets the size asked for. INVALID_VALUE for an
- * interior pointer or a block that is not live. */
-CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, size_t *req);
+/* Frees the live block starting at p; *req gets the size asked for. at_once: the program's
+ * work runs in one queue (contexts.h), so the block is free space again at once (reclaim.h's
+ * vmh_reclaim_freed_at_once keeps its extent mapped until the GPU has passed it); otherwise,
+ * and always for an exported block, it is parked until the GPU has passed the free.
+ * INVALID_VALUE for an interior pointer or a block that is not live. */
+CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req);
 /* The live block containing p. */
 bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info);
 /* Copies n bytes of the backup of the paused extent e, from where device address p (inside one
@@ -111,6 +114,11 @@ bool vmh_packing_has_parked(vmh_packing_t *pk);
 
 /* Gives back every empty extent; returns the bytes. */
 size_t vmh_packing_trim(vmh_packing_t *pk);
+/* Gives back empty extents until at least `bytes` (or all there are); returns the bytes. */
+size_t vmh_packing_trim_upto(vmh_packing_t *pk, size_t bytes);
+/* Gives back the reservations of the paused extents whose blocks were all freed while paused
+ * (they hold no memory: no wait is needed), so that a resume does not map them again. */
+void vmh_packing_trim_paused(vmh_packing_t *pk);
 
 /* Bytes of whole extents that hold no live block: what an allocation of any size could get
  * after a trim. Free space beside live blocks is not counted (see heap.h's idle bytes). */
@@ -125,5 +133,12 @@ void vmh_packing_destroy(vmh_packing_t *pk);
 
 /* The calling thread's packing shard (picked at its first packed allocation). */
 unsigned vmh_packing_thread_shard(void);
+
+#ifdef VMH_TESTING
+/* Test hook (src/testable.h's convention): called on the allocating thread once a new extent
+ * is published and its shard's lock let go, the window in which another thread's trim (a
+ * pause's) could meet the extent. NULL: nothing. */
+extern void (*vmh_packing_test_extent_published)(void);
+#endif
 
 #endif

@@ -10,6 +10,7 @@
 #include <assert.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static const vmh_options_t *opt;
@@ -52,6 +53,8 @@ static struct {
 #define BG_CAPTURE_POLL_NS 1000000L
 /* After a failed wait (the driver refused it), before the next try. */
 #define BG_RETRY_NS 10000000L
+/* While nothing is parked but memory is held idle: how often the thread looks at it. */
+#define BG_TIDY_NS 100000000L
 
 void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
 {
@@ -61,6 +64,7 @@ void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
     atomic_init(&r->gen, 0);
     atomic_init(&r->pending, 0);
     atomic_init(&r->parked_bytes, 0);
+    atomic_init(&r->freed_at_once, 0);
     for (int i = 0; i < VMH_PARK_SHARDS; i++)
         atomic_init(&r->parked_shard[i].bytes, 0);
     r->synced_gen = 0;
@@ -251,19 +255,55 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
     return rc;
 }
 
-CUresult vmh_reclaim_drain(vmh_reclaim_t *r)
+void vmh_reclaim_freed_at_once(vmh_reclaim_t *r)
+{
+    uint64_t mark = vmh_reclaim_now(r) + 1;
+    if (atomic_load_explicit(&r->freed_at_once, memory_order_relaxed) < mark)
+        atomic_store_explicit(&r->freed_at_once, mark, memory_order_relaxed);
+}
+
+/* Whether a free released at once is not yet passed by a successful wait (under the wait lock
+ * or as a hint). */
+static bool freed_at_once_unpassed(vmh_reclaim_t *r)
+{
+    uint64_t mark = atomic_load_explicit(&r->freed_at_once, memory_order_relaxed);
+    return mark != 0 && (!r->synced_any || r->synced_gen < mark - 1);
+}
+
+CUresult vmh_reclaim_pass(vmh_reclaim_t *r, vmh_waiter_t who)
 {
     if (vmh_reclaim_pending(r))
-        return vmh_reclaim_wait(r, VMH_WAIT_APP);
+        return vmh_reclaim_wait(r, who);
+    pthread_mutex_lock(&r->wait_lock);
+    bool unpassed = freed_at_once_unpassed(r);
+    pthread_mutex_unlock(&r->wait_lock);
+    if (unpassed)
+        return vmh_reclaim_wait(r, who);
     /* Nothing queued: items taken by a wait in progress are released under its lock. */
     pthread_mutex_lock(&r->wait_lock);
     pthread_mutex_unlock(&r->wait_lock);
     return CUDA_SUCCESS;
 }
 
+CUresult vmh_reclaim_drain(vmh_reclaim_t *r)
+{
+    return vmh_reclaim_pass(r, VMH_WAIT_APP);
+}
+
+size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r)
+{
+    size_t cap = opt ? opt->park_limit : SIZE_MAX;
+    if (cap == 0)
+        return 0;
+    size_t follow = vmh_dev_usable_peak(r->dev) / VMH_PARK_SHARE;
+    if (follow < VMH_PARK_FLOOR)
+        follow = VMH_PARK_FLOOR;
+    return follow < cap ? follow : cap;
+}
+
 bool vmh_reclaim_throttle(vmh_reclaim_t *r)
 {
-    size_t limit = opt ? opt->park_limit : SIZE_MAX;
+    size_t limit = vmh_reclaim_park_budget(r);
     /* First the moved total alone (one line, rarely written); the exact sum only when that is
      * within the shards' slack of the limit. */
     const int64_t slack = VMH_PARK_SHARDS * VMH_PARK_QUANTUM;
@@ -351,6 +391,20 @@ static void nap_locked(long ns)
     pthread_cond_timedwait(&bg.wake, &bg.lock, &t);
 }
 
+/* Every device's tidy (device.h), from the thread with bg.lock held on entry and exit. */
+static void tidy_all_locked(void)
+{
+    vmh_reclaim_t *qs[VMH_MAX_DEVICES];
+    memcpy(qs, bg.queues, sizeof qs);
+    bg.busy = true;
+    pthread_mutex_unlock(&bg.lock);
+    for (int i = 0; i < VMH_MAX_DEVICES; i++)
+        if (qs[i] && qs[i]->dev && qs[i]->dev->tidy)
+            qs[i]->dev->tidy(qs[i]->dev);
+    pthread_mutex_lock(&bg.lock);
+    bg.busy = false;
+}
+
 static void *reclaim_main(void *unused)
 {
     (void)unused;
@@ -359,6 +413,7 @@ static void *reclaim_main(void *unused)
      * wait) refused ones. It does not cover the synchronize itself: a context synchronize
      * conflicts with a capture in any mode. That one is kept apart by contexts.c: it refuses
      * while a capture is in progress, and a capture cannot begin while it runs (issue 14). */
+    vmh_stats_background_thread = true;
     CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
     if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
         vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
@@ -370,8 +425,17 @@ static void *reclaim_main(void *unused)
             atomic_store(&bg.sleeping, true);
             r = pick_locked(&next); /* a park that missed the announcement is seen here */
             if (!r) {
-                pthread_cond_wait(&bg.wake, &bg.lock);
+                /* Nothing parked. Memory held idle (free carved space, cached buffers) is
+                 * looked at again every BG_TIDY_NS: what the program's recent peak no longer
+                 * needs goes back without any application thread waiting (heap.c's tidy). */
+                bool idle = vmh_gauge_get(VMH_STAT_bytes_cached) > 0;
+                if (idle)
+                    nap_locked(BG_TIDY_NS);
+                else
+                    pthread_cond_wait(&bg.wake, &bg.lock);
                 atomic_store(&bg.sleeping, false);
+                if (idle && !bg.stopping && !vmh_capture_any())
+                    tidy_all_locked();
                 continue;
             }
             atomic_store(&bg.sleeping, false);
@@ -385,6 +449,8 @@ static void *reclaim_main(void *unused)
         bg.busy = true;
         pthread_mutex_unlock(&bg.lock);
         CUresult rc = vmh_reclaim_wait(r, VMH_WAIT_BACKGROUND);
+        if (rc == CUDA_SUCCESS && r->dev->tidy)
+            r->dev->tidy(r->dev);
         pthread_mutex_lock(&bg.lock);
         bg.busy = false;
         if (!bg.stopping)

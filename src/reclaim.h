@@ -84,6 +84,10 @@ typedef struct vmh_reclaim {
     /* Bytes freed and not yet reusable (VMMHOOK_PARK_LIMIT): the moved part, then the shards. */
     _Atomic int64_t parked_bytes;
     vmh_park_shard_t parked_shard[VMH_PARK_SHARDS];
+    /* 1 + the generation of the last free released at once (vmh_reclaim_freed_at_once), 0 for
+     * none: memory it made reusable may still be touched by queued work, so it is not unmapped
+     * before a wait has passed it (vmh_reclaim_drain waits for it). */
+    _Atomic uint64_t freed_at_once;
 } vmh_reclaim_t;
 
 /* Who is waiting: an application thread (counted as a blocking synchronization) or the reclaim
@@ -104,6 +108,12 @@ uint64_t vmh_reclaim_now(const vmh_reclaim_t *r);
  * generation and gen. Starts the reclaim thread the first time (or wakes it). */
 void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t bytes);
 
+/* A free that made its memory reusable at once, without parking (the program's work runs in one
+ * queue: contexts.h): nothing waits for it, but its memory must not be unmapped before the GPU
+ * has passed it; vmh_reclaim_drain waits for that. One relaxed load and, the first time in a
+ * generation, one store: the free path's cost. */
+void vmh_reclaim_freed_at_once(vmh_reclaim_t *r);
+
 /* Counts bytes parked under an item that is queued already (its release returns them), without
  * the queue lock (packing's hot path). */
 void vmh_reclaim_add_bytes(vmh_reclaim_t *r, size_t bytes);
@@ -119,12 +129,24 @@ size_t vmh_reclaim_parked_bytes(const vmh_reclaim_t *r);
  * with a lock of the heap held. */
 CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who);
 
-/* Waits (as VMH_WAIT_APP) until everything parked before the call has been released: a wait
- * when anything is queued, else until a wait in progress (the reclaim thread's) has finished
+/* Waits (as VMH_WAIT_APP) until everything parked before the call has been released and the
+ * GPU has passed every free released at once before it: a wait when anything is queued or
+ * such a free is not yet passed, else until a wait in progress (the reclaim thread's) has finished
  * its releases: it takes its items off the queue before it releases them, so an empty queue
  * alone does not mean that their memory is back (issue 13: a trim racing the reclaim thread
  * left a chunk mapped). Returns what the wait returned (CUDA_SUCCESS when none was needed). */
 CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
+/* The same as `who` (the reclaim thread's tidy passes VMH_WAIT_BACKGROUND). */
+CUresult vmh_reclaim_pass(vmh_reclaim_t *r, vmh_waiter_t who);
+
+/* What may stay parked on the device before an allocating thread that needs new memory waits
+ * itself (vmh_reclaim_throttle, and the heap's wait at the free of one larger buffer): a share
+ * of the program's recent peak of live bytes (1/VMH_PARK_SHARE, at least VMH_PARK_FLOOR), so
+ * that a 642 MiB program does not hold 512 MiB parked nor a 60 GiB one stall at 512 MiB;
+ * VMMHOOK_PARK_LIMIT caps it (0: nothing may stay parked). */
+#define VMH_PARK_SHARE 8
+#define VMH_PARK_FLOOR ((size_t)64 << 20)
+size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r);
 
 /* Before an allocation on an application thread makes new memory (it found none in the cache
  * or in free packed space: an allocation served from memory the program already has grows

@@ -23,6 +23,7 @@
     X(served_frees, "frees of served buffers")                                                     \
     X(passthrough_calls, "calls passed to the driver")                                             \
     X(driver_calls, "driver calls made by the library")                                            \
+    X(driver_calls_background, "  of them by the reclaim thread")                                 \
     X(syncs, "context synchronizations")                                                           \
     X(syncs_blocking, "  of them blocking an app thread")                                          \
     X(syncs_background, "  of them by the reclaim thread")                                         \
@@ -33,6 +34,8 @@
     X(moves, "grows that moved the buffer")                                                        \
     X(copies, "device copies made by realloc")                                                     \
     X(trims, "cache trims")                                                                        \
+    X(tidy_bytes, "idle bytes given back by the background tidy")                                 \
+    X(queue_splits, "second queues of work seen (frees park since)")                               \
     X(oom_retries, "allocations retried after a trim")                                             \
     X(ooms, "served allocations refused: out of memory")
 
@@ -56,6 +59,9 @@ uint64_t vmh_counter_get(vmh_counter_t c);
  * that threads rarely share one. An initial-exec thread-local: no allocation, no lock, no
  * __tls_get_addr (safe inside dlsym). */
 unsigned vmh_thread_shard(void);
+/* Set on the library's own threads (the reclaim thread): their driver calls are counted as
+ * driver_calls_background too, so that the calls an allocating thread pays show apart. */
+extern _Thread_local bool vmh_stats_background_thread;
 int64_t vmh_gauge_get(vmh_gauge_t g);
 int64_t vmh_gauge_peak(vmh_gauge_t g);
 void vmh_stats_reset(void);

@@ -268,12 +268,14 @@ finish() {
             echo "## Details"
             cat "$NOTES"
         fi
-        if [ -s "$W/torch_step.md" ]; then
-            echo
-            echo "## PyTorch step time (tests/gpu/torch_step.py, one run at a time)"
-            echo
-            cat "$W/torch_step.md"
-        fi
+        for P in torch_step torch_step_small; do
+            if [ -s "$W/$P.md" ]; then
+                echo
+                echo "## PyTorch step time ($P: tests/gpu/torch_step.py, one run at a time)"
+                echo
+                cat "$W/$P.md"
+            fi
+        done
         if [ -s "$W/pause.md" ]; then
             echo
             echo "## Sleep and wake (tests/gpu/pause_resume.cu, hooked, VMMHOOK_PIN_LIMIT=9G)"
@@ -709,7 +711,7 @@ fi
 skipped torch || mark "5 torch_train, torch_graph"
 if ! skipped torch && ! skipped step && [ "$lib_ok" = 1 ]; then
     torch_step_run
-    mark "5 torch_step (three runs, one at a time)"
+    mark "5 torch_step, big and small model (three runs each, one at a time)"
 fi
 
 # ---------------------------------------------------------------- 5b. CUDA IPC and peer access

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """torch_step: PyTorch training step time, with the hook's synchronizations per step (issue 14).
 
-Usage: torch_step.py [nocache|cache] [steps=65]
+Usage: torch_step.py [nocache|cache] [steps=65] [big|small]
 
-A 6-layer transformer encoder (d_model 1024, 16 heads, feed-forward 4096, sequence 256,
-batch 32) trained with AdamW. nocache sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor is a
+big (the default): a 6-layer transformer encoder (d_model 1024, 16 heads, feed-forward 4096,
+sequence 256, batch 32) trained with AdamW, about 100 ms a step on an H200. small: the same
+with d_model 512, 8 heads, feed-forward 2048, batch 16 (about 20 ms a step: the model of issue
+21's report, where the library's own cost per allocation shows most). nocache sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor is a
 cudaMalloc/cudaFree: what the hook serves); cache keeps PyTorch's caching allocator. The suite
 runs nocache under the hook, cache natively and nocache natively, one after the other, alone on
 the GPU.
@@ -16,6 +18,9 @@ Prints (machine lines, read by tools/gpu-suite.sh):
   SYNC <counter> <per step> ...   (under the hook, from vmm_stats_json before and after the timed
                                    steps: every counter whose name has "sync" or "wait" in it;
                                    absent when the loaded library has no vmm_stats_json)
+  CALLS app_per_alloc <x> allocs_per_step <x>   (under the hook: driver calls made on the
+                                   program's threads (all but driver_calls_background) per served
+                                   allocation in the timed steps: the steady state's cost)
 "I ..." information and a final PASS/FAIL line. Exit 0 pass, 1 fail, 77 skip.
 """
 import ctypes
@@ -82,6 +87,11 @@ def gauge_peak(j, name):
 def main():
     variant = sys.argv[1] if len(sys.argv) > 1 else "nocache"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 65
+    size = sys.argv[3] if len(sys.argv) > 3 else "big"
+    if size not in ("big", "small"):
+        print(f"FAIL: torch_step: unknown size {size!r} (big or small)")
+        return 1
+    d_model, heads, ff, batch = (1024, 16, 4096, 32) if size == "big" else (512, 8, 2048, 16)
     if variant not in ("nocache", "cache"):
         print(f"FAIL: torch_step: unknown variant {variant!r} (nocache or cache)")
         return 1
@@ -106,19 +116,19 @@ def main():
     failures = []
     if os.environ.get("GPUTEST_EXPECT_HOOK") == "1" and not hooked:
         failures.append("GPUTEST_EXPECT_HOOK=1 but the hook is not loaded")
-    print(f"I torch {torch.__version__}, variant {variant}, hook {'loaded' if hooked else 'absent'}"
+    print(f"I torch {torch.__version__}, variant {variant}, size {size}, hook {'loaded' if hooked else 'absent'}"
           f", vmm_stats_json {'found' if stats else 'absent'}")
 
     torch.manual_seed(0)
     dev = torch.device("cuda:0")
-    layer = torch.nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096,
+    layer = torch.nn.TransformerEncoderLayer(d_model=d_model, nhead=heads, dim_feedforward=ff,
                                              dropout=0.0, batch_first=True)
     model = torch.nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False).to(dev)
-    head = torch.nn.Linear(1024, 1024).to(dev)
+    head = torch.nn.Linear(d_model, d_model).to(dev)
     params = list(model.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=1e-4)
     gen = torch.Generator().manual_seed(1)
-    xs = [torch.randn(32, 256, 1024, generator=gen) for _ in range(4)]
+    xs = [torch.randn(batch, 256, d_model, generator=gen) for _ in range(4)]
     warm = 5
     times = []
     before = None
@@ -151,6 +161,12 @@ def main():
         else:
             print("I vmm_stats_json has no counter named *sync* or *wait*")
         ca, cb = after.get("counters", {}), before.get("counters", {})
+        dc = {k: ca.get(k, 0) - cb.get(k, 0) for k in
+              ("driver_calls", "driver_calls_background", "served_allocs")}
+        if dc["served_allocs"] > 0:
+            print(f"CALLS app_per_alloc "
+                  f"{(dc['driver_calls'] - dc['driver_calls_background']) / dc['served_allocs']:.4f}"
+                  f" allocs_per_step {dc['served_allocs'] / n:.1f}")
         print("COUNTS " + " ".join(f"{k} {(v - cb.get(k, 0)) / n:.2f}" for k, v in sorted(ca.items())
                                    if isinstance(v, (int, float))))
         pr, pm = gauge_peak(after, "bytes_requested"), gauge_peak(after, "bytes_mapped")

@@ -480,9 +480,10 @@ int main(int argc, char **argv)
               ip_in_hook((void *)p_cuThreadExchangeStreamCaptureMode) &&
               ip_in_hook((void *)p_cuStreamDestroy) &&
               ip_in_hook((void *)p_cuMemAllocFromPoolAsync) &&
-              ip_in_hook((void *)p_cuMemAllocManaged) && !ip_in_hook((void *)p_cuStreamCreate),
-          "the context, capture, stream-destroy and allocator entry points are the library's wrappers; "
-          "cuStreamCreate is the driver's");
+              ip_in_hook((void *)p_cuMemAllocManaged) && ip_in_hook((void *)p_cuStreamCreate) &&
+              !ip_in_hook((void *)p_cuGraphDestroy),
+          "the context, stream, capture and allocator entry points are the library's wrappers; "
+          "cuGraphDestroy is the driver's");
 
     CUcontext ctx0, ctx1;
     CHECK_RC(p_cuInit(0), CUDA_SUCCESS, "cuInit");

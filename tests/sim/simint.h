@@ -86,6 +86,7 @@
     X(cuMemsetD8, (CUdeviceptr dstDevice, unsigned char uc, size_t N))                             \
     /* streams, capture, graphs */                                                                 \
     X(cuStreamCreate, (CUstream * phStream, unsigned int Flags))                                   \
+    X(cuStreamCreateWithPriority, (CUstream * phStream, unsigned int flags, int priority))        \
     X(cuStreamDestroy, (CUstream hStream))                                                         \
     X(cuStreamSynchronize, (CUstream stream))                                                      \
     X(cuStreamQuery, (CUstream hStream))                                                           \

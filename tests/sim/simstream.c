@@ -53,9 +53,8 @@ bool stream_capturing(CUstream s)
     return st && st->capture != CAPTURE_NONE;
 }
 
-CUresult SIM_IMPL(cuStreamCreate)(CUstream *phStream, unsigned int Flags)
+static CUresult stream_create(CUstream *phStream, unsigned int Flags)
 {
-    SIM_ENTER(cuStreamCreate);
     NEED_CTX(dev);
     (void)dev;
     if (!phStream)
@@ -70,6 +69,21 @@ CUresult SIM_IMPL(cuStreamCreate)(CUstream *phStream, unsigned int Flags)
     vec_insert(&S.streams, s);
     *phStream = s;
     return CUDA_SUCCESS;
+}
+
+CUresult SIM_IMPL(cuStreamCreate)(CUstream *phStream, unsigned int Flags)
+{
+    SIM_ENTER(cuStreamCreate);
+    return stream_create(phStream, Flags);
+}
+
+/* The priority only orders the GPU's choice between streams: the simulation runs each stream's
+ * work in order when it is synchronized, whatever its priority. */
+CUresult SIM_IMPL(cuStreamCreateWithPriority)(CUstream *phStream, unsigned int flags, int priority)
+{
+    SIM_ENTER(cuStreamCreateWithPriority);
+    (void)priority;
+    return stream_create(phStream, flags);
 }
 
 CUresult SIM_IMPL(cuStreamDestroy)(CUstream hStream)

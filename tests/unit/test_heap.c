@@ -6,6 +6,8 @@
 #endif
 #include "testutil.h"
 
+#include "packing.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -64,17 +66,21 @@ static void packs_small_requests(void **state)
     assert_int_equal(vmh_heap_free(p[7], NULL, false), CUDA_ERROR_INVALID_VALUE);
 }
 
-static void default_threshold_packs_medium_but_not_growable(void **state)
+static void default_threshold_packs_every_size_but_not_growable(void **state)
 {
     (void)state;
-    vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default */
+    vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default: every size */
     vmh_opt.park_limit = 0;         /* freed space reused at once (testutil.h) */
-    assert_int_equal(vmh_opt.pack_below, 8 * MiB);
-    CUdeviceptr a, b, g = 0;
+    vmh_opt.stream_ordered = false; /* parked, then reused after the wait */
+    assert_int_equal(vmh_opt.pack_below, (size_t)1 << 40);
+    CUdeviceptr a, b, c, g = 0;
     vmh_buffer_info_t info;
     assert_int_equal(vmh_heap_alloc(5 * MiB, &a), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(3 * MiB, &b), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(300 * MiB, &c), CUDA_SUCCESS);
     assert_true(vmh_heap_find(a, &info) && info.packed);
+    assert_true(vmh_heap_find(c, &info) && info.packed && info.size == 300 * MiB);
+    assert_int_equal(vmh_heap_free(c, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_realloc(&g, 5 * MiB, NULL, false), CUDA_SUCCESS);
     assert_true(vmh_heap_find(g, &info) && !info.packed); /* may grow in place */
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
@@ -947,6 +953,39 @@ static void packed_fast_path_makes_no_driver_call(void **state)
     assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- issue 20: a trim between a new extent's publication and its use ---- */
+
+static void trim_in_the_window(void)
+{
+    vmh_packing_test_extent_published = NULL; /* once */
+    vmh_heap_trim();                          /* what a pause on another thread does */
+}
+
+/* A pause's trim ran on another thread just after an allocating thread had published a new
+ * packing extent and let go of its shard's lock (CI, ASan: the allocating thread then read the
+ * extent's range, which the trim had destroyed). The hook runs the trim in that window, every
+ * time: the new extent must already hold the block it was made for, so the trim leaves it
+ * alone, the allocation is served from it with one chunk made, and nothing is read of memory
+ * the trim gave back (ASan would say so). */
+static void trim_never_takes_an_extent_being_served(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(VMH_ARENA_ALIGN, &p), CUDA_SUCCESS); /* the device set up */
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim();
+    sim_reset_counters();
+    vmh_packing_test_extent_published = trim_in_the_window;
+    assert_int_equal(vmh_heap_alloc(4096, &p), CUDA_SUCCESS);
+    assert_null(vmh_packing_test_extent_published); /* the window was met */
+    assert_int_equal(sim_calls("cuMemCreate"), 1);
+    assert_int_equal(sim_calls("cuMemUnmap"), 0);
+    assert_true(sim_is_mapped(p));
+    tu_fill(p, 4096, 9);
+    assert_true(tu_check(p, 4096, 9));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
 /* ---- trace of vmm_realloc (issue 16) ---- */
 
 /* The number of lines of the trace at path whose action and pointer are as given, and their
@@ -1102,7 +1141,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(serves_and_frees, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(packs_small_requests, tu_setup, tu_teardown),
-        cmocka_unit_test_setup_teardown(default_threshold_packs_medium_but_not_growable, tu_setup,
+        cmocka_unit_test_setup_teardown(default_threshold_packs_every_size_but_not_growable, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(reuses_after_one_sync, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(never_reused_before_the_sync, tu_setup, tu_teardown),
@@ -1133,6 +1172,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(pressure_hook_runs_before_out_of_memory, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(packed_fast_path_makes_no_driver_call, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(trim_never_takes_an_extent_being_served, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_is_traced, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(idle_bytes_count_only_whole_chunks, tu_setup, tu_teardown),

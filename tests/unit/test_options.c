@@ -119,7 +119,7 @@ static void test_defaults(void **state)
     assert_int_equal(o.va_limit, (size_t)64 << 40);
     assert_int_equal(o.cache_limit, (size_t)1 << 30);
     assert_int_equal(o.mem_limit, 0);
-    assert_int_equal(o.pack_below, (size_t)8 << 20);
+    assert_int_equal(o.pack_below, (size_t)1 << 40);
     assert_false(o.rdma);
     assert_int_equal(o.peers, 0);
     assert_false(o.disable);
@@ -132,13 +132,14 @@ static void test_defaults(void **state)
     assert_false(o.free_sync);
     assert_int_equal(o.park_limit, (size_t)512 << 20);
     assert_int_equal(o.pin_limit, 0);
+    assert_true(o.stream_ordered);
 }
 
 /* Every default is accepted by its own row (vmh_options_defaults ignores the status). */
 static void test_defaults_parse(void **state)
 {
     (void)state;
-    assert_int_equal(vmh_options_count(), 19);
+    assert_int_equal(vmh_options_count(), 20);
     for (size_t i = 0; i < vmh_options_count(); i++) {
         vmh_options_t o;
         vmh_options_defaults(&o);
@@ -396,7 +397,7 @@ static void test_bad_values(void **state)
         {"VMMHOOK_VA_LIMIT", "18446744073709551616", "K, M, G or T", "too large", "64T"},
         {"VMMHOOK_CACHE_LIMIT", "12Q", "K, M, G or T", "not one of", "1G"},
         {"VMMHOOK_MEM_LIMIT", "lots", "K, M, G or T", "not one of", "0"},
-        {"VMMHOOK_PACK_BELOW", "1 M", "K, M, G or T", "not one of", "8M"},
+        {"VMMHOOK_PACK_BELOW", "1 M", "K, M, G or T", "not one of", "1T"},
         {"VMMHOOK_RDMA", "maybe", "1, 0, true, false, yes, no, on, off", "not one of", "off"},
         {"VMMHOOK_PEERS", "0,64", "comma-separated", "above 63", "none"},
         {"VMMHOOK_PEERS", "gpu1", "comma-separated", "not one of", "none"},

@@ -471,6 +471,7 @@ static void queued_work_and_replay(void **state)
     assert_int_equal(sim_launch_write(NULL, NULL, p, 16, 1), CUDA_SUCCESS);
     sim_flush();
     assert_int_equal(sim_hazards(), 1); /* a kernel touching a paused buffer faults */
+    printf("  (the HAZARD line above is this test's own: a kernel into a paused buffer)\n");
 
     assert_int_equal(vmm_resume("kv"), VMM_OK);
     assert_int_equal(byte_at(p + MiB), 0x5a);

@@ -76,6 +76,9 @@ static inline void tu_reset(const sim_config_t *cfg)
      * reused deterministically. test_reclaim.c turns the thread on and sets its own limits. */
     vmh_reclaim_background(false);
     vmh_opt.park_limit = 0;
+    /* Nor is freed memory reused at once (contexts.h: the program's work in one queue): the
+     * suites check parking; test_ordered.c checks reuse at once. */
+    vmh_opt.stream_ordered = false;
     vmh_stats_reset();
 }
 

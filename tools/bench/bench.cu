@@ -379,6 +379,55 @@ void work_pairs(Bench &b, Allocator &a)
     }
 }
 
+/* ---- the hook's own counters (vmm_stats_json), for the steady state's cost ---------------- */
+
+/* Counters of the loaded hook read through vmm_stats_json (all zero without it). */
+struct HookCounters {
+    double driver_calls = 0, background = 0, allocs = 0, blocking = 0;
+};
+
+static double json_counter(const char *json, const char *name)
+{
+    char key[96];
+    snprintf(key, sizeof key, "\"%s\": ", name);
+    const char *at = strstr(json, key);
+    return at ? strtod(at + strlen(key), nullptr) : 0.0;
+}
+
+static HookCounters hook_counters()
+{
+    HookCounters c;
+    typedef int (*json_fn)(char *, size_t);
+    json_fn fn = (json_fn)dlsym(RTLD_DEFAULT, "vmm_stats_json");
+    if (!fn)
+        return c;
+    std::vector<char> buf(1 << 16);
+    int n = fn(buf.data(), buf.size());
+    if (n < 0 || (size_t)n >= buf.size())
+        return c;
+    c.driver_calls = json_counter(buf.data(), "driver_calls");
+    c.background = json_counter(buf.data(), "driver_calls_background");
+    c.allocs = json_counter(buf.data(), "served_allocs");
+    c.blocking = json_counter(buf.data(), "syncs_blocking");
+    return c;
+}
+
+/* RESULT hook.<w>.app_calls_per_alloc and .blocking_syncs_per_1000: the driver calls the
+ * program's threads paid per served allocation between a and b (the reclaim thread's apart). */
+static void report_hook_cost(const char *w, const HookCounters &a, const HookCounters &b)
+{
+    const double allocs = b.allocs - a.allocs;
+    if (allocs <= 0)
+        return;
+    const double app = (b.driver_calls - b.background) - (a.driver_calls - a.background);
+    printf("  hook: %.4f driver calls per allocation on the program's threads, %.2f blocking "
+           "syncs per 1000 allocations\n",
+           app / allocs, (b.blocking - a.blocking) * 1000.0 / allocs);
+    result(IMPL_HOOK, std::string(w) + ".app_calls_per_alloc", app / allocs, "calls");
+    result(IMPL_HOOK, std::string(w) + ".blocking_syncs_per_1000", (b.blocking - a.blocking) * 1000.0 / allocs,
+           "syncs");
+}
+
 /* ---- (b) churn, one thread ---------------------------------------------------------------- */
 
 void work_churn1(Bench &b, Allocator &a)
@@ -394,7 +443,10 @@ void work_churn1(Bench &b, Allocator &a)
         a.sync();
         std::vector<double> us;
         const auto start = clk::now();
+        HookCounters c0, c1;
         for (int bt = 0; bt < warm + max_batches; ++bt) {
+            if (bt == warm && a.impl == IMPL_HOOK)
+                c0 = hook_counters();
             const auto t0 = clk::now();
             for (int k = 0; k < K; ++k)
                 L.step(a, r);
@@ -404,6 +456,10 @@ void work_churn1(Bench &b, Allocator &a)
                 us.push_back(ns_between(t0, t1) / K / 1e3);
             if (us.size() >= 3 && s_since(start) > cap_s)
                 break;
+        }
+        if (a.impl == IMPL_HOOK) {
+            c1 = hook_counters();
+            report_hook_cost("churn1", c0, c1);
         }
         Stats st = stats_of(us);
         const double sps = 1e6 / st.p50;

@@ -24,7 +24,8 @@
  * figure that differs is printed as its min-max.
  *
  * Printed per replay of the trace: events replayed, allocations made, the library's
- * VMH_STAT_driver_calls, of them the VMM entry points, synchronizations (the simulated
+ * VMH_STAT_driver_calls, those made on the replaying thread per allocation (the allocation
+ * path's: every call but the reclaim thread's), of them the VMM entry points, synchronizations (the simulated
  * driver's count), blocking synchronizations, waits at VMMHOOK_PARK_LIMIT and cache hits (the
  * library's counters), and the peaks of the library's gauges bytes_mapped and bytes_requested
  * within the replay, read after every event (the reclaim thread only lowers bytes_mapped, so
@@ -443,6 +444,7 @@ static int counter_index(const char *name)
 typedef struct replay_figures {
     size_t events, allocations;
     double driver_calls, vmm_calls, syncs, syncs_blocking, park_waits, cache_hits;
+    double app_driver_calls; /* made on the replaying thread: the allocation path's */
     int64_t peak_mapped, peak_requested; /* the gauges read after every event */
     bool failed;
 } replay_figures_t;
@@ -512,6 +514,7 @@ static replay_figures_t replay_once(replayer_t *r)
     }
 #define DELTA(i) ((double)(r->after.counters[i] - r->before.counters[i]))
     f.driver_calls = DELTA(VMH_STAT_driver_calls);
+    f.app_driver_calls = f.driver_calls - DELTA(VMH_STAT_driver_calls_background);
     f.cache_hits = DELTA(VMH_STAT_cache_hits);
     f.syncs_blocking = DELTA(VMH_STAT_syncs_blocking);
     f.park_waits = r->park_waits >= 0 ? DELTA(r->park_waits) : (double)NAN;
@@ -586,6 +589,7 @@ static bool run_one(const trace_t *t, int nrep, bool print_calls, replay_figures
     X("events", "%.0f", (double)f->events)                                                         \
     X("allocations", "%.0f", (double)f->allocations)                                               \
     X("driver calls", "%.1f", f->driver_calls)                                                     \
+    X("app calls / alloc", "%.3f", f->app_driver_calls / (double)f->allocations)                  \
     X("of them VMM", "%.1f", f->vmm_calls)                                                         \
     X("syncs", "%.1f", f->syncs)                                                                   \
     X("blocking syncs", "%.1f", f->syncs_blocking)                                                 \
@@ -605,6 +609,7 @@ static replay_figures_t mean_of(const replay_figures_t *fig, int from, int to)
         events += (double)f->events;
         allocations += (double)f->allocations;
         m.driver_calls += f->driver_calls / n;
+        m.app_driver_calls += f->app_driver_calls / n;
         m.vmm_calls += f->vmm_calls / n;
         m.syncs += f->syncs / n;
         m.syncs_blocking += f->syncs_blocking / n;

@@ -1,0 +1,258 @@
+/* Unit tests of the steady state (issue 21), on the simulated driver: every size carved out of
+ * mapped memory, freed memory reused at once while the program's work runs in one queue
+ * (contexts.h), the end of that rule when a stream or a second context appears, and the limits
+ * that follow the program (the park budget, the background tidy of idle memory).
+ *
+ * The simulated driver runs each context's queued work in order when that context is next
+ * synchronized (simwork.c), as the legacy default stream does: a late write queued before a
+ * free lands before the new owner's writes, and memory unmapped while work on it is queued is
+ * a hazard. */
+#ifndef VMH_TESTING
+#define VMH_TESTING 1
+#endif
+#include "testutil.h"
+
+#include "contexts.h"
+#include "reclaim.h"
+
+#include <cudaTypedefs.h>
+
+/* The product's serving: every size carved, reuse at once on. */
+static int setup(void **state)
+{
+    (void)state;
+    tu_reset(NULL);
+    vmh_opt.pack_below = (size_t)1 << 40;
+    vmh_opt.stream_ordered = true;
+    vmh_opt.park_limit = (size_t)8 << 30;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    vmh_heap_trim();
+    tu_assert_ledger_empty();
+    assert_int_equal(sim_hazards(), 0);
+    return 0;
+}
+
+static unsigned long syncs(void)
+{
+    return sim_calls("cuCtxSynchronize") + sim_calls("cuCtxSynchronize_v2");
+}
+
+/* Freed memory serves the next request of any size at once: no driver call, no wait. */
+static void freed_memory_is_reused_at_once(void **state)
+{
+    (void)state;
+    CUdeviceptr big, small, again;
+    assert_int_equal(vmh_heap_alloc(300 * MiB, &big), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(4096, &small), CUDA_SUCCESS);
+    sim_reset_counters();
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+        assert_int_equal(vmh_heap_alloc(300 * MiB, &again), CUDA_SUCCESS);
+        assert_true(again == big); /* best fit: the block just freed */
+        /* and a smaller size carved out of the same memory, then given back */
+        assert_int_equal(vmh_heap_free(again, NULL, false), CUDA_SUCCESS);
+        assert_int_equal(vmh_heap_alloc(100 * MiB + 12345, &again), CUDA_SUCCESS);
+        assert_int_equal(vmh_heap_free(again, NULL, false), CUDA_SUCCESS);
+        assert_int_equal(vmh_heap_alloc(300 * MiB, &big), CUDA_SUCCESS);
+    }
+    assert_int_equal(sim_call_count(), 0);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs), 0);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+}
+
+/* A "kernel" queued before the free writes the old owner's data; the new owner's work comes
+ * after it in the same queue, so the new owner sees its own data, never the late write. */
+static void late_write_lands_before_the_new_owner(void **state)
+{
+    (void)state;
+    CUdeviceptr p, q;
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(NULL, NULL, p, 8 * MiB, 0x11), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &q), CUDA_SUCCESS);
+    assert_true(q == p);
+    assert_true(sim_pending_ops() > 0); /* nothing waited for the GPU */
+    tu_fill(q, 8 * MiB, 7);             /* a synchronous copy: after the queued write */
+    assert_true(tu_check(q, 8 * MiB, 7));
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+}
+
+/* Memory freed at once may still be touched by queued work: a trim unmaps it only after a
+ * wait has passed the free (a HAZARD otherwise, checked by the teardown). */
+static void trim_waits_for_memory_freed_at_once(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(100 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(NULL, NULL, p, MiB, 0x22), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    sim_reset_counters();
+    assert_true(vmh_heap_trim() >= 100 * MiB);
+    assert_int_equal(syncs(), 1);
+    assert_int_equal(sim_pending_ops(), 0);
+    assert_int_equal(sim_hazards(), 0);
+    /* Nothing freed since that wait: the next trim does not wait again. */
+    sim_reset_counters();
+    vmh_heap_trim();
+    assert_int_equal(syncs(), 0);
+}
+
+/* The program makes a stream: from then on its work may run in two queues. The end waits once
+ * for what was reused early (the late write lands before the program has the stream), and
+ * frees park from then on: not reused before the GPU has passed them. */
+static void a_stream_ends_reuse_at_once(void **state)
+{
+    (void)state;
+    CUdeviceptr p, q, x;
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(NULL, NULL, p, 8 * MiB, 0x33), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &q), CUDA_SUCCESS); /* p's memory, at once */
+    assert_true(vmh_work_in_one_queue());
+    sim_reset_counters();
+    vmh_work_queue_split("a stream created"); /* what the interposer reports, then waits */
+    assert_false(vmh_work_in_one_queue());
+    assert_true(vmh_work_split_wait_pending());
+    vmh_work_split_wait();
+    assert_false(vmh_work_split_wait_pending());
+    assert_int_equal(syncs(), 1);
+    assert_int_equal(sim_pending_ops(), 0);
+    assert_string_equal(vmh_work_split_reason(), "a stream created");
+    vmh_work_split_wait(); /* once */
+    assert_int_equal(syncs(), 1);
+
+    /* Now a free parks: the next request is served elsewhere, without a wait (the budget). */
+    assert_int_equal(sim_launch_write(NULL, NULL, q, MiB, 0x44), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &x), CUDA_SUCCESS);
+    assert_true(x != q);
+    assert_true(sim_pending_ops() > 0);
+    tu_fill(x, 8 * MiB, 9);
+    assert_int_equal(vmh_heap_free(x, NULL, false), CUDA_SUCCESS);
+}
+
+/* Nothing was reused early (the rule was off): its end needs no wait. */
+static void no_wait_when_nothing_was_reused_early(void **state)
+{
+    (void)state;
+    vmh_opt.stream_ordered = false;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(8 * MiB, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    sim_reset_counters();
+    vmh_work_queue_split("a stream created");
+    vmh_work_split_wait();
+    assert_int_equal(syncs(), 0);
+}
+
+/* A second context on the device is a second queue too (seen by the heap on a thread that
+ * allocates in it, or reported by the interposer). */
+static void a_second_context_ends_reuse_at_once(void **state)
+{
+    (void)state;
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(4096, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    assert_true(vmh_work_in_one_queue());
+    PFN_cuCtxCreate_v12050 create = NULL;
+    PFN_cuCtxDestroy_v4000 destroy = NULL;
+    PFN_cuCtxSetCurrent_v4000 set_current = NULL;
+    CUdriverProcAddressQueryResult st;
+    assert_int_equal(sim_get_proc_address("cuCtxCreate", (void **)&create, 13000, 0, &st), 0);
+    assert_int_equal(sim_get_proc_address("cuCtxDestroy", (void **)&destroy, 13000, 0, &st), 0);
+    assert_int_equal(sim_get_proc_address("cuCtxSetCurrent", (void **)&set_current, 13000, 0, &st),
+                     0);
+    CUcontext c = NULL;
+    assert_int_equal(create(&c, NULL, 0, 0), CUDA_SUCCESS);
+    vmh_ctx_seen(c, 0);
+    assert_false(vmh_work_in_one_queue());
+    assert_string_equal(vmh_work_split_reason(), "a second context on a device");
+    assert_int_equal(set_current(sim_primary_context(0)), CUDA_SUCCESS);
+    vmh_ctx_current_changed();
+    /* The next allocation waits once (p was reused... freed at once), then frees park. */
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_alloc(4096, &p), CUDA_SUCCESS);
+    assert_true(syncs() >= 1);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    vmh_ctx_forget(c);
+    assert_int_equal(destroy(c), CUDA_SUCCESS);
+}
+
+/* What may stay parked follows the program's peak of live bytes: 1/8 of it, at least 64 MiB,
+ * VMMHOOK_PARK_LIMIT the cap (0: nothing). */
+static void park_budget_follows_the_peak(void **state)
+{
+    (void)state;
+    vmh_opt.stream_ordered = false;
+    vmh_dev_t *d = NULL;
+    CUdeviceptr a, b;
+    assert_int_equal(vmh_heap_alloc(100 * MiB, &a), CUDA_SUCCESS);
+    vmh_tag_parts_t parts;
+    assert_true(vmh_heap_tag_parts(0, 0, &parts));
+    d = parts.reclaim->dev;
+    assert_int_equal(vmh_reclaim_park_budget(parts.reclaim), VMH_PARK_FLOOR);
+    assert_int_equal(vmh_heap_alloc(2000 * MiB, &b), CUDA_SUCCESS);
+    size_t peak = vmh_dev_usable_peak(d);
+    assert_true(peak >= 2100 * MiB);
+    assert_int_equal(vmh_reclaim_park_budget(parts.reclaim), peak / VMH_PARK_SHARE);
+    vmh_opt.park_limit = 128 * MiB;
+    assert_int_equal(vmh_reclaim_park_budget(parts.reclaim), 128 * MiB);
+    vmh_opt.park_limit = 0;
+    assert_int_equal(vmh_reclaim_park_budget(parts.reclaim), 0);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
+}
+
+/* Idle memory the recent peak may need again stays mapped (a step that repeats finds it); once
+ * the program's peak has been lower for a whole window, the rest goes back, after a wait that
+ * passes what was freed at once. */
+static void tidy_keeps_the_recent_peak_and_gives_back_the_rest(void **state)
+{
+    (void)state;
+    CUdeviceptr p[8], keep;
+    assert_int_equal(vmh_heap_alloc(4096, &keep), CUDA_SUCCESS);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(vmh_heap_alloc(128 * MiB, &p[i]), CUDA_SUCCESS);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(sim_launch_write(NULL, NULL, p[i], MiB, 0x55), CUDA_SUCCESS);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+    size_t used = sim_device_used(0);
+    assert_true(used >= 1024 * MiB);
+    /* Within the window of the peak: everything stays (the next step needs it). */
+    vmh_heap_tidy_now(0, false);
+    assert_int_equal(sim_device_used(0), used);
+    /* A window ends: the peak of the window before still counts. */
+    vmh_heap_tidy_now(0, true);
+    assert_int_equal(sim_device_used(0), used);
+    /* Another one: the peak is now the small live set; what is idle beyond it goes back. */
+    sim_reset_counters();
+    vmh_heap_tidy_now(0, true);
+    assert_true(sim_device_used(0) <= 64 * MiB);
+    assert_int_equal(syncs(), 1); /* the frees at once were passed before the unmap */
+    assert_int_equal(sim_hazards(), 0);
+    assert_true(vmh_counter_get(VMH_STAT_tidy_bytes) >= 1024 * MiB - 64 * MiB);
+    assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(freed_memory_is_reused_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(late_write_lands_before_the_new_owner, setup, teardown),
+        cmocka_unit_test_setup_teardown(trim_waits_for_memory_freed_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_stream_ends_reuse_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(no_wait_when_nothing_was_reused_early, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_second_context_ends_reuse_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(park_budget_follows_the_peak, setup, teardown),
+        cmocka_unit_test_setup_teardown(tidy_keeps_the_recent_peak_and_gives_back_the_rest, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests_name("steady", tests, NULL, NULL);
+}
