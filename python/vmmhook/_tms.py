@@ -63,6 +63,7 @@ class _Torch:
     def pluggable_allocator(self, path):
         alloc = self.torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_torch_alloc",
                                                               "vmm_torch_free")
+        self.pluggable = alloc  # kept for the process's life, with the library it loaded (as TMS)
         return alloc.allocator()
 
     def current_device(self):
