@@ -9,7 +9,7 @@ allocator, if in front of it, is not seen: its blocks are inside the buffers cou
 | allocated_bytes.all.current, .peak | live served buffers, bytes asked for (gauge bytes_requested) | the tag's requested, requested_peak |
 | requested_bytes.all.current, .peak | the same (the library does not count its rounding apart) | the same |
 | reserved_bytes.all.current, .peak | device memory mapped, cached idle memory included (bytes_mapped) | the tag's mapped (.current only) |
-| inactive_split_bytes.all.current, .peak | idle memory kept for reuse (bytes_cached) | - |
+| cached_bytes.current, .peak (no PyTorch name) | idle memory kept for reuse, releasable (bytes_cached; PyTorch's inactive_split_bytes are not releasable, so not that name) | - |
 | allocation.all.allocated, .freed, .current | served allocations, frees, live buffers (counters) | - |
 | num_alloc_retries | allocations retried after giving idle memory back (oom_retries) | - |
 | num_ooms | served allocations answered out of memory after that retry (ooms) | - |
@@ -62,8 +62,8 @@ def torch_names(stats, tag=None):
     out["reserved_bytes.all.current"] = cur
     out["reserved_bytes.all.peak"] = peak
     cur, peak = _gauge(stats, "bytes_cached")
-    out["inactive_split_bytes.all.current"] = cur
-    out["inactive_split_bytes.all.peak"] = peak
+    out["cached_bytes.current"] = cur
+    out["cached_bytes.peak"] = peak
     allocs = counters.get("served_allocs", 0)
     frees = counters.get("served_frees", 0)
     out["allocation.all.allocated"] = allocs

@@ -188,7 +188,7 @@ class Stats(unittest.TestCase):
         self.assertEqual(s["allocation.all.allocated"] - s["allocation.all.freed"],
                          s["allocation.all.current"])
         for key in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
-                    "inactive_split_bytes.all.current", "pinned_host_bytes.current",
+                    "cached_bytes.current", "pinned_host_bytes.current",
                     "tag.paused", "tag.backed_up", "tag.pauses", "tag.running_tags"):
             self.assertIn(key, s)
 
