@@ -5,6 +5,7 @@
 #include "log.h"
 #include "registry.h"
 #include "stats.h"
+#include "tags.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -20,7 +21,9 @@ void vmh_device_configure(const vmh_options_t *o)
 vmh_owner_t vmh_owner_idle = {VMH_OWN_IDLE, NULL, NULL};
 vmh_owner_t vmh_owner_dead = {VMH_OWN_DEAD, NULL, NULL};
 
-/* The chunk granularity: the driver's, or VMMHOOK_GRANULARITY when the driver accepts it. */
+/* The chunk granularity: the driver's, or VMMHOOK_GRANULARITY when it is a multiple of the
+ * driver's minimum (the check: vmh_options_check_granularity); else one warning naming the
+ * variable (VMMHOOK_STRICT: the stop) and the recommended granularity. */
 static size_t pick_granularity(size_t min_gran, size_t rec_gran)
 {
     size_t g;
@@ -32,6 +35,57 @@ static size_t pick_granularity(size_t min_gran, size_t rec_gran)
         vmh_options_refuse("VMMHOOK_GRANULARITY", why, instead);
     }
     return g;
+}
+
+/* The name of the driver's answers this file reports (the table has no cuGetErrorName). */
+static const char *cu_name(CUresult rc)
+{
+    switch (rc) {
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_INVALID_VALUE:
+        return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_NOT_PERMITTED:
+        return "CUDA_ERROR_NOT_PERMITTED";
+    case CUDA_ERROR_NOT_SUPPORTED:
+        return "CUDA_ERROR_NOT_SUPPORTED";
+    default:
+        return "CUDA error";
+    }
+}
+
+/* A granularity above the recommended one may be more than the device can ever make
+ * (VMMHOOK_GRANULARITY=1T, or 64G on a GPU of 80 GiB: every chunk would then fail with out of
+ * memory, and every served allocation with it). One chunk of it is made and released now, as
+ * the handle type's is. When the driver refuses it but makes one of the recommended size, the
+ * value is refused (one warning naming the variable, the value and the driver's answer, or the
+ * strict stop) and the recommended granularity is used. When neither can be made the device
+ * is full right now, which says nothing about the value: it is kept. */
+static size_t probe_granularity(vmh_dev_t *d, size_t rec_gran)
+{
+    vmh_alloc_t *probe;
+    CUresult rc = vmh_alloc_create(d->gran, &d->prop, NULL, 0, &probe);
+    if (rc == CUDA_SUCCESS) {
+        vmh_alloc_unref(probe);
+        return d->gran;
+    }
+    CUresult rec_rc = vmh_alloc_create(rec_gran, &d->prop, NULL, 0, &probe);
+    if (rec_rc != CUDA_SUCCESS) {
+        vmh_debug("device %d: no chunk of %zu bytes, nor of the recommended %zu, can be made "
+                  "now (CUDA errors %d, %d); VMMHOOK_GRANULARITY kept",
+                  d->ordinal, d->gran, rec_gran, (int)rc, (int)rec_rc);
+        return d->gran;
+    }
+    vmh_alloc_unref(probe);
+    char why[200], instead[80], b[32], r[32];
+    snprintf(why, sizeof why,
+             "the driver cannot make a chunk of that size on device %d (cuMemCreate of %s "
+             "answers %s %d; one of the recommended %s is made)",
+             d->ordinal, vmh_fmt_bytes(b, sizeof b, d->gran), cu_name(rc), (int)rc,
+             vmh_fmt_bytes(r, sizeof r, rec_gran));
+    snprintf(instead, sizeof instead, "the recommended granularity %s", r);
+    vmh_options_refuse("VMMHOOK_GRANULARITY", why, instead);
+    return rec_gran;
 }
 
 /* Makes the device's allocation properties; checks the handle type once with a real chunk, so
@@ -85,6 +139,7 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
     if (rec_gran < min_gran || rec_gran % min_gran)
         rec_gran = min_gran;
     d->gran = pick_granularity(min_gran, rec_gran);
+    d->rec_gran = rec_gran;
 
     d->access.location = d->prop.location;
     d->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
@@ -100,9 +155,11 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
         vmh_access_set_peer(ordinal, peer, true); /* no mapping exists yet: no driver call */
     }
 
+    /* The handle type first, with a chunk of the minimum size (the one most surely made), so
+     * that a refusal of the type is never taken for one of the size. */
     if (d->prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
         vmh_alloc_t *probe;
-        rc = vmh_alloc_create(d->gran, &d->prop, NULL, 0, &probe);
+        rc = vmh_alloc_create(min_gran, &d->prop, NULL, 0, &probe);
         if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_OUT_OF_MEMORY) {
             char why[96];
             snprintf(why, sizeof why, "cuMemCreate on device %d answers CUDA error %d",
@@ -113,6 +170,8 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
             vmh_alloc_unref(probe);
         }
     }
+    if (d->gran > rec_gran)
+        d->gran = probe_granularity(d, rec_gran);
 
     vmh_debug("device %d: chunk granularity %zu (minimum %zu), handle type %d", ordinal,
               d->gran, min_gran, (int)d->prop.requestedHandleTypes);
@@ -228,6 +287,45 @@ CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_
         if (!d->relieve(d))
             return rc; /* nothing was idle: the device really is full */
     }
+}
+
+void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_address)
+{
+    if (!vmh_log_verbose())
+        return;
+    char why[300], a[32], b[32], c[32], e[32];
+    size_t rounded = size;
+    (void)vmh_round_up(size, d->gran, &rounded);
+    size_t live = atomic_load_explicit((_Atomic size_t *)&d->live_usable, memory_order_relaxed);
+    unsigned tag = vmh_tag_current();
+    /* The reasons of the library's own first, most certain first; the driver's last. */
+    if (no_address) {
+        snprintf(why, sizeof why,
+                 "the address space budget VMMHOOK_VA_LIMIT=%s is used up (%s reserved)",
+                 vmh_fmt_bytes(a, sizeof a, opt->va_limit),
+                 vmh_fmt_bytes(b, sizeof b, (size_t)vmh_gauge_get(VMH_STAT_bytes_reserved)));
+    } else if (opt->mem_limit && (live > opt->mem_limit || size > opt->mem_limit - live)) {
+        snprintf(why, sizeof why, "over VMMHOOK_MEM_LIMIT=%s (%s already served on the device)",
+                 vmh_fmt_bytes(a, sizeof a, opt->mem_limit), vmh_fmt_bytes(b, sizeof b, live));
+    } else if (!vmh_tag_running(tag)) {
+        snprintf(why, sizeof why, "its tag \"%s\" is paused (vmm_pause): it takes no memory "
+                 "until vmm_resume", vmh_tag_name(tag));
+    } else if (d->gran > d->rec_gran && rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        size_t at_rec = size;
+        (void)vmh_round_up(size, d->rec_gran, &at_rec);
+        snprintf(why, sizeof why,
+                 "the driver has no memory for it in chunks of VMMHOOK_GRANULARITY=%s (%s for "
+                 "this request; %s at the recommended granularity %s)",
+                 vmh_fmt_bytes(a, sizeof a, d->gran), vmh_fmt_bytes(b, sizeof b, rounded),
+                 vmh_fmt_bytes(c, sizeof c, at_rec), vmh_fmt_bytes(e, sizeof e, d->rec_gran));
+    } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+        snprintf(why, sizeof why, "the device is out of memory (the driver refused new memory "
+                 "after the library gave back what it held idle)");
+    } else {
+        snprintf(why, sizeof why, "the driver answered %s %d", cu_name(rc), (int)rc);
+    }
+    vmh_debug("an allocation of %zu bytes on device %d failed (%s %d): %s", size, d->ordinal,
+              cu_name(rc), (int)rc, why);
 }
 
 uint64_t vmh_export_serial_new(void)

@@ -62,6 +62,7 @@ struct vmh_dev {
     CUmemAllocationProp prop;
     CUmemAccessDesc access; /* the device's own read-write access (peers: handle.h) */
     size_t gran;            /* chunk granularity */
+    size_t rec_gran;        /* the driver's recommended one (gran is larger only when set so) */
     /* Usable bytes of live buffers (and of allocations in flight), for VMMHOOK_MEM_LIMIT:
      * taken before a buffer is made (vmh_dev_usable_take), so the limit is never exceeded. */
     _Atomic size_t live_usable;
@@ -103,6 +104,13 @@ CUresult vmh_dev_chunk(vmh_dev_t *d, size_t size, vmh_alloc_t **out);
  * an exhausted address space budget from exhausted memory. */
 CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out,
                            bool *no_address);
+
+/* The one line VMMHOOK_VERBOSE prints when a served allocation of `size` bytes on the device
+ * failed with rc (no_address: the address space budget was met): why, most of all when the
+ * library's own settings are the reason (VMMHOOK_VA_LIMIT, VMMHOOK_MEM_LIMIT, a paused tag,
+ * VMMHOOK_GRANULARITY), since the driver alone would have served it. For the front, where an
+ * allocation's failure is final. No driver call; nothing without VMMHOOK_VERBOSE. */
+void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_address);
 
 /* Finds the owner of p and locks it; NULL (nothing locked) when p is not in a live owner.
  * Unlock with vmh_owner_unlock(). */

@@ -345,8 +345,9 @@ static CUresult request_check(size_t size, const CUdeviceptr *out)
 static CUresult serve_traced(hdev_t *h, CUresult rc, size_t size, void *site, CUdeviceptr *out)
 {
     bool no_address;
-    if (rc == CUDA_SUCCESS)
-        rc = alloc_on(h, vmh_tag_current(), size, false, site, out, &no_address);
+    if (rc == CUDA_SUCCESS &&
+        (rc = alloc_on(h, vmh_tag_current(), size, false, site, out, &no_address)) != CUDA_SUCCESS)
+        vmh_dev_alloc_failed(&h->dev, size, rc, no_address); /* VMMHOOK_VERBOSE: why */
     vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
               rc == CUDA_SUCCESS ? *out : 0, size, NULL);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) /* after the retry that relieves: the program's OOM */

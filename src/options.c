@@ -75,12 +75,15 @@ static const opt_row_t rows[] = {
     {"VMMHOOK_GRANULARITY", K_GRAN, FIELD(gran_mode), "recommended", 0, VMH_GRANULARITY_MAX,
      WORDS(gran_words),
      "Chunk size of device memory: the driver's minimum or recommended granularity, or a size "
-     "that is a multiple of the minimum, at most 1T.",
+     "that is a multiple of the minimum, at most 256G.",
      "The granularities are those the driver gives for the exact allocation properties in use "
-     "(handle type, RDMA flag). An explicit size above 1T is refused when the options are read "
-     "(no GPU has that much memory, and every chunk would fail); whether it is a multiple of "
-     "the minimum is checked when the first chunk is made, and one that is not gets a warning "
-     "naming the minimum, and the recommended granularity is used instead."},
+     "(handle type, RDMA flag). An explicit size above 256G is refused when the options are "
+     "read, and by `vmmhook --check` (no GPU has that much memory: the largest have 288 GB; "
+     "every chunk would fail). The rest is checked against the driver when a device is first "
+     "set up, which `--check` cannot do: a size that is not a multiple of the minimum, or one "
+     "the driver cannot make on this GPU (one chunk of it is made and released then), gets a "
+     "warning naming the value and the reason (the minimum, or the driver's answer), and the "
+     "recommended granularity is used instead; with `VMMHOOK_STRICT` the program stops."},
     {"VMMHOOK_HANDLE_TYPE", K_ENUM, FIELD(handle), "posix_fd", 0, 0, WORDS(handle_words),
      "Shareable handle type requested for every chunk, so that CUDA IPC works on served memory.",
      "It is the `requestedHandleTypes` of `cuMemCreate`; CUDA IPC is `cudaIpcGetMemHandle` "
@@ -128,7 +131,9 @@ static const opt_row_t rows[] = {
      "One line when the library is loaded, every resolved option at the first CUDA call, and "
      "debug messages.",
      "The load line names the version and the options not at their default; it is printed "
-     "in every process the library is loaded into, CUDA or not."},
+     "in every process the library is loaded into, CUDA or not. A served allocation that fails "
+     "gets one line saying why (`VMMHOOK_MEM_LIMIT`, `VMMHOOK_VA_LIMIT`, a paused tag, "
+     "`VMMHOOK_GRANULARITY`, or the device out of memory)."},
     {"VMMHOOK_STATS", K_BOOL, FIELD(stats), "off", 0, 0, NO_WORDS,
      "Print a table of counters at exit.",
      "Served and passed-through calls, bytes requested, mapped, reserved and cached with the "
@@ -159,18 +164,19 @@ static const opt_row_t rows[] = {
      "background reclaim has seen the GPU pass the free. During a stream capture a free never "
      "waits (the driver would refuse it and break the capture): it stays parked until the "
      "capture ends."},
-    {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "512M", 0, 0, NO_WORDS,
-     "Freed bytes not yet reusable, per device, past which an allocation that needs new memory "
-     "waits for the GPU itself instead of leaving the wait to the background reclaim.",
+    {"VMMHOOK_PARK_LIMIT", K_SIZE, FIELD(park_limit), "8G", 0, 0, NO_WORDS,
+     "The cap on freed bytes not yet reusable, per device, past which an allocation that "
+     "needs new memory waits for the GPU itself instead of leaving the wait to the background "
+     "reclaim; the budget below the cap follows the program.",
      "Freed memory is parked until the GPU has passed the free (it may still be in use by "
-     "queued work). The trade: a larger limit lets the program run further ahead of the GPU "
-     "without a wait, at the price of up to that much more device memory held; a smaller one "
-     "holds less but makes allocating threads stall (counted as `park_waits`, and as "
-     "`syncs_blocking` when they synchronize themselves) whenever frees outrun the reclaim. "
-     "The free of one buffer larger than the limit waits at the free, as cudaFree does. `0` "
-     "makes an allocation that needs new memory wait whenever anything is parked. Never waits "
-     "during a stream capture. The default is the best of a sweep of PyTorch training with its "
-     "caching allocator off (BENCHMARKS.md)."},
+     "queued work), unless the program's work runs in one queue (`VMMHOOK_STREAM_ORDERED`), "
+     "where it is reused at once. What may stay parked is 1/8 of the program's recent peak of "
+     "live bytes on the device, at least 64 MiB, and at most this value: a small program does "
+     "not hold much freed memory back, a large one does not stall where a small one would. "
+     "Past it, an allocating thread stalls (counted as `park_waits`, and as `syncs_blocking` "
+     "when it synchronizes itself); the free of one buffer larger than the budget waits at the "
+     "free, as cudaFree does. `0` makes an allocation that needs new memory wait whenever "
+     "anything is parked. Never waits during a stream capture."},
     {"VMMHOOK_STREAM_ORDERED", K_BOOL, FIELD(stream_ordered), "on", 0, 0, NO_WORDS,
      "Reuse freed memory at once while the program's work runs in one queue per device.",
      "While the program has created no stream and has one context per device, everything it "
@@ -203,7 +209,7 @@ static const char *forms(const opt_row_t *r)
         return "none, posix_fd, fabric"; /* the only enum row */
     case K_GRAN:
         return "min, recommended, or a size such as 2M or 64M that is a multiple of the "
-               "driver's minimum granularity, at most 1T";
+               "driver's minimum granularity, at most 256G";
     case K_DEVMASK:
         return "all, none, or a comma-separated list of device ordinals 0 to 63, e.g. 0,1,3";
     case K_STRING:
@@ -295,7 +301,7 @@ static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, cons
             rc = ERANGE;
         }
         if (rc == 0 && r->max != 0 && bytes > r->max) {
-            *reason = "larger than any GPU's memory; at most 1T";
+            *reason = "larger than any GPU's memory; at most 256G";
             rc = ERANGE;
         }
         if (rc == 0) {
@@ -421,11 +427,18 @@ void vmh_options_defaults(vmh_options_t *o)
     }
 }
 
-static void warn_bad(const opt_row_t *r, const char *value, const char *reason, bool strict)
+/* How parse_rows reports a bad value: not at all (the load line), as the library acts on it
+ * (the default, or the strict stop), or for vmmhook-config --check, which fails instead. */
+typedef enum { WARN_NONE, WARN_RUN, WARN_CHECK } warn_mode_t;
+
+static void warn_bad(const opt_row_t *r, const char *value, const char *reason, bool strict,
+                     warn_mode_t how)
 {
     char q[80], def[64];
     vmh_fmt_quoted(q, sizeof(q), value, 64);
-    if (strict) {
+    if (how == WARN_CHECK) {
+        vmh_log("%s=%s is not valid (%s); accepted: %s", r->name, q, reason, forms(r));
+    } else if (strict) {
         vmh_log("%s=%s is not valid (%s); accepted: %s; stopping because VMMHOOK_STRICT is set",
                 r->name, q, reason, forms(r));
     } else {
@@ -437,8 +450,8 @@ static void warn_bad(const opt_row_t *r, const char *value, const char *reason, 
     }
 }
 
-/* Every row from get() into *o; a bad value leaves its field and, when warn, gets a warning. */
-static unsigned parse_rows(vmh_options_t *o, vmh_getenv_fn get, void *arg, bool warn)
+/* Every row from get() into *o; a bad value leaves its field and gets a warning as `how` says. */
+static unsigned parse_rows(vmh_options_t *o, vmh_getenv_fn get, void *arg, warn_mode_t how)
 {
     unsigned bad = 0;
     /* VMMHOOK_STRICT first: the warnings of the other rows say whether the program stops. */
@@ -453,8 +466,8 @@ static unsigned parse_rows(vmh_options_t *o, vmh_getenv_fn get, void *arg, bool 
                 continue; /* empty is unset: `VMMHOOK_X= prog` restores the default */
             const char *reason;
             if (set_row(o, r, v, &reason) != 0) {
-                if (warn)
-                    warn_bad(r, v, reason, o->strict && r != strict_row);
+                if (how != WARN_NONE)
+                    warn_bad(r, v, reason, o->strict && r != strict_row, how);
                 bad++;
             }
         }
@@ -464,10 +477,15 @@ static unsigned parse_rows(vmh_options_t *o, vmh_getenv_fn get, void *arg, bool 
 
 int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *arg, unsigned *nbad)
 {
-    unsigned bad = parse_rows(o, get, arg, true);
+    unsigned bad = parse_rows(o, get, arg, WARN_RUN);
     if (nbad)
         *nbad = bad;
     return (int)bad;
+}
+
+unsigned vmh_options_parse_for_check(vmh_options_t *o, vmh_getenv_fn get, void *arg)
+{
+    return parse_rows(o, get, arg, WARN_CHECK);
 }
 
 void vmh_options_print(const vmh_options_t *o)
@@ -488,7 +506,75 @@ void vmh_options_print(const vmh_options_t *o)
     }
 }
 
-int vmh_options_check_unknown(char *const *envp)
+static char upper(char c)
+{
+    return c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+}
+
+/* The edit distance between a[0..na) and b[0..nb), ignoring ASCII case, with a transposition
+ * of two neighbours counting one (GRANULARTY -> GRANULARITY is 1). Three rows on the stack
+ * (this can run inside dlsym); names of 64 bytes or more are never near a row's name (the
+ * longest has 19). */
+static size_t name_distance(const char *a, size_t na, const char *b, size_t nb)
+{
+    enum { N = 65 };
+    if (na >= N || nb >= N)
+        return SIZE_MAX;
+    size_t rows3[3][N], *back2 = rows3[0], *back = rows3[1], *cur = rows3[2];
+    for (size_t j = 0; j <= nb; j++)
+        back[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t best = back[j - 1] + (upper(a[i - 1]) != upper(b[j - 1]));
+            if (back[j] + 1 < best)
+                best = back[j] + 1;
+            if (cur[j - 1] + 1 < best)
+                best = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && upper(a[i - 1]) == upper(b[j - 2]) &&
+                upper(a[i - 2]) == upper(b[j - 1]) && back2[j - 2] + 1 < best)
+                best = back2[j - 2] + 1;
+            cur[j] = best;
+        }
+        size_t *t = back2;
+        back2 = back;
+        back = cur;
+        cur = t;
+    }
+    return back[nb];
+}
+
+/* The row whose name is closest to name[0..n) (after the common "VMMHOOK_"), when it is close
+ * enough to be a misspelling of it: at most half the letters differ. NULL otherwise. */
+static const opt_row_t *closest_row(const char *name, size_t n)
+{
+    static const size_t plen = sizeof("VMMHOOK_") - 1;
+    const opt_row_t *best = NULL;
+    size_t best_d = SIZE_MAX;
+    if (n <= plen)
+        return NULL;
+    for (size_t i = 0; i < NROWS; i++) {
+        size_t d = name_distance(name + plen, n - plen, rows[i].name + plen,
+                                 strlen(rows[i].name) - plen);
+        if (d < best_d) {
+            best_d = d;
+            best = &rows[i];
+        }
+    }
+    return best && 2 * best_d <= n - plen ? best : NULL;
+}
+
+/* A name as it may be printed bare: capitals, digits and '_' only (an environment name could
+ * hold anything, a newline that would forge a log line included: those are quoted). */
+static bool plain_name(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+            return false;
+    return true;
+}
+
+int vmh_options_check_unknown(char *const *envp, bool check)
 {
     static const char prefix[] = "VMMHOOK_";
     int unknown = 0;
@@ -510,8 +596,17 @@ int vmh_options_check_unknown(char *const *envp)
         size_t m = n < sizeof(name) - 1 ? n : sizeof(name) - 1;
         memcpy(name, e, m);
         name[m] = '\0';
-        vmh_fmt_quoted(q, sizeof(q), name, 64);
-        vmh_log("unknown variable %s ignored (VMMHOOK_VERBOSE=1 lists the known ones)", q);
+        if (plain_name(name, m))
+            snprintf(q, sizeof(q), "%s", name);
+        else
+            vmh_fmt_quoted(q, sizeof(q), name, 64);
+        const opt_row_t *near = closest_row(e, n);
+        const char *what = check ? "unknown" : "unknown variable, ignored";
+        if (near)
+            vmh_log("%s: %s; did you mean %s?", q, what, near->name);
+        else
+            vmh_log("%s: %s (%s lists the known ones)", q, what,
+                    check ? "vmmhook-config --list" : "VMMHOOK_VERBOSE=1");
         unknown++;
     }
     return unknown;
@@ -569,7 +664,7 @@ void vmh_options_announce(vmh_getenv_fn get, void *arg)
     vmh_options_defaults(&o);
     /* Quietly: warnings and the strict stop belong to the first use by a CUDA program (a
      * process that never uses CUDA is not stopped for a value it never uses). */
-    unsigned bad = parse_rows(&o, get, arg, false);
+    unsigned bad = parse_rows(&o, get, arg, WARN_NONE);
     if (!o.verbose)
         return;
     char changed[700];
@@ -585,7 +680,7 @@ static void load_once(void)
     /* Parse into a local, publish whole: a reader never sees a half-parsed table. */
     vmh_options_apply(&o, vmh_options_env_get, NULL);
     if (!getauxval(AT_SECURE))
-        vmh_options_check_unknown(environ);
+        vmh_options_check_unknown(environ, false);
     vmh_opt = o;
     /* The log sits below the options and never reads them: tell it. */
     vmh_log_set_verbose(o.verbose);
@@ -638,19 +733,6 @@ bool vmh_options_check_granularity(const vmh_options_t *o, size_t min_gran, size
         *out = rec;
         return true;
     }
-}
-
-size_t vmh_options_granularity(size_t min_gran, size_t rec_gran)
-{
-    size_t g;
-    char why[160];
-    if (!vmh_options_check_granularity(&vmh_opt, min_gran, rec_gran, &g, why, sizeof(why))) {
-        char instead[80], b[32];
-        snprintf(instead, sizeof(instead), "the recommended granularity %s",
-                 vmh_fmt_bytes(b, sizeof(b), g));
-        vmh_options_refuse("VMMHOOK_GRANULARITY", why, instead);
-    }
-    return g;
 }
 
 static _Atomic uint32_t refused_mask;

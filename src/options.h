@@ -24,9 +24,12 @@ typedef enum vmh_handle_kind {
     VMH_HANDLE_KIND_COUNT
 } vmh_handle_kind_t;
 
-/* The largest VMMHOOK_GRANULARITY accepted: 1 TiB, more than any GPU's memory (the H200 has
- * 141 GiB): a larger chunk could never be created, and every allocation would fail. */
-#define VMH_GRANULARITY_MAX ((size_t)1 << 40)
+/* The largest VMMHOOK_GRANULARITY accepted: 256 GiB, the largest power of two below the memory
+ * of the largest GPUs (288 GB; the H200 has 141 GiB). A size above it is refused when the
+ * options are read, so that vmmhook --check, which has no driver to ask, refuses it too; one
+ * below it that this GPU cannot make is found at the device's set-up (device.c). A larger
+ * chunk could never be created, and every served allocation would fail. */
+#define VMH_GRANULARITY_MAX ((size_t)256 << 30)
 
 typedef struct vmh_options {
     vmh_gran_mode_t gran_mode; /* VMMHOOK_GRANULARITY */
@@ -104,8 +107,16 @@ int vmh_options_parse(vmh_options_t *o, vmh_getenv_fn get, void *arg, unsigned *
 /* Prints every resolved option with vmh_log, marking those equal to the default. */
 void vmh_options_print(const vmh_options_t *o);
 
-/* Warns about VMMHOOK_* names in envp that are not in the table; returns how many. */
-int vmh_options_check_unknown(char *const *envp);
+/* Warns about VMMHOOK_* names in envp that are not in the table, one line each, with the
+ * closest known name when one is near ("VMMHOOK_GRANULARTY: unknown variable, ignored; did you
+ * mean VMMHOOK_GRANULARITY?"); `check`: for vmmhook-config --check, which fails on them
+ * ("unknown", not "ignored"). Returns how many. */
+int vmh_options_check_unknown(char *const *envp, bool check);
+
+/* As vmh_options_parse, for vmmhook-config --check: each warning ends with the accepted forms,
+ * not with what the library would do about the value (the check fails instead). Returns the
+ * number of bad values. */
+unsigned vmh_options_parse_for_check(vmh_options_t *o, vmh_getenv_fn get, void *arg);
 
 /* "VMMHOOK_A=v VMMHOOK_B=w": the options of *o that differ from the defaults (paths quoted),
  * into buf; whole items only. Returns the length. */
@@ -128,15 +139,12 @@ void vmh_options_defaults(vmh_options_t *o);
  * its configuration from the snapshot. */
 const vmh_options_t *vmh_options_load(void);
 
-/* For heap.c: the chunk granularity to use for one set of allocation properties, given the
- * driver's minimum and recommended granularity queried for exactly those properties (handle
- * type, RDMA flag). An explicit VMMHOOK_GRANULARITY that is not a multiple of min_gran is a bad
- * value: one warning naming the variable, its value and the minimum, and the recommended
- * granularity is used instead; with VMMHOOK_STRICT the program stops (vmh_options_exit). */
-size_t vmh_options_granularity(size_t min_gran, size_t rec_gran);
-
-/* The check behind vmh_options_granularity, without the warning: true and *out, or false, *out
- * the fallback (recommended) and why a short reason. */
+/* The chunk granularity to use for one set of allocation properties, given the driver's
+ * minimum and recommended granularity queried for exactly those properties (handle type, RDMA
+ * flag): true and *out; or false when an explicit VMMHOOK_GRANULARITY is not a multiple of
+ * min_gran, *out the fallback (recommended) and why a short reason. No warning: device.c
+ * (vmh_dev_setup) warns with vmh_options_refuse, and also makes one chunk of the size to find a
+ * granularity the driver cannot serve at all. */
 bool vmh_options_check_granularity(const vmh_options_t *o, size_t min_gran, size_t rec_gran,
                                    size_t *out, char *why, size_t whylen);
 

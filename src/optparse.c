@@ -1,10 +1,13 @@
 /* Utility layer, below the options table: the lexical parsers of option values. Exact text:
  * the callers trim blanks first where they want them ignored. ASCII only, no locale, no
- * allocation, no stdio: the options are read inside the driver and inside dlsym. */
+ * allocation, no stdio streams (snprintf into a buffer only): the options are read inside the
+ * driver and inside dlsym. */
 #include "optparse.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
+#include <string.h>
 
 static char lower(char c)
 {
@@ -130,4 +133,27 @@ int vmh_parse_devices(const char *s, size_t len, uint64_t *out)
     }
     *out = mask;
     return 0;
+}
+
+bool vmh_expand_path(const char *tmpl, long pid, char *out, size_t len)
+{
+    size_t n = 0;
+    for (const char *p = tmpl; *p; p++) {
+        char num[24];
+        const char *piece = p;
+        size_t plen = 1;
+        if (p[0] == '%' && p[1] == 'p') {
+            plen = (size_t)snprintf(num, sizeof(num), "%ld", pid);
+            piece = num;
+            p++;
+        } else if (p[0] == '%' && p[1] == '%') {
+            p++; /* "%%" is one '%' */
+        }
+        if (n + plen >= len)
+            return false;
+        memcpy(out + n, piece, plen);
+        n += plen;
+    }
+    out[n] = '\0';
+    return true;
 }

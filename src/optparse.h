@@ -22,4 +22,9 @@ bool vmh_word_eq(const char *s, size_t len, const char *word);
 /* Narrows *s, *len to the text without leading and trailing blanks. */
 void vmh_trim(const char **s, size_t *len);
 
+/* An output path's template (VMMHOOK_TRACE, VMMHOOK_STATS_JSON) with "%p" replaced by pid and
+ * "%%" by '%' (any other '%' kept) into out; false when it does not fit. The library names its
+ * files with it (stats.c), and vmmhook-config --check the files it checks. */
+bool vmh_expand_path(const char *tmpl, long pid, char *out, size_t len);
+
 #endif

@@ -27,6 +27,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "optparse.h"
 #include "testable.h"
 #include "vmmhook.h"
 
@@ -142,29 +143,6 @@ static struct {
     char trace[VMH_PATH_MAX]; /* path template ("" = no trace) */
     char json[VMH_PATH_MAX];  /* path template ("" = no JSON) */
 } cfg;
-
-VMH_TESTABLE bool vmh_stats_expand_path(const char *tmpl, long pid, char *out, size_t len)
-{
-    size_t n = 0;
-    for (const char *p = tmpl; *p; p++) {
-        char num[24];
-        const char *piece = p;
-        size_t plen = 1;
-        if (p[0] == '%' && p[1] == 'p') {
-            plen = (size_t)snprintf(num, sizeof(num), "%ld", pid);
-            piece = num;
-            p++;
-        } else if (p[0] == '%' && p[1] == '%') {
-            p++; /* "%%" is one '%' */
-        }
-        if (n + plen >= len)
-            return false;
-        memcpy(out + n, piece, plen);
-        n += plen;
-    }
-    out[n] = '\0';
-    return true;
-}
 
 /* Who owns the process's files: geteuid in the library; a test pretends to be another user. */
 VMH_TESTABLE uid_t (*vmh_stats_euid)(void) = geteuid;
@@ -319,7 +297,7 @@ static void trace_open_locked(void)
 {
     char why[200], path[VMH_PATH_MAX];
     int fd = -1;
-    if (!vmh_stats_expand_path(cfg.trace, (long)getpid(), path, sizeof(path)))
+    if (!vmh_expand_path(cfg.trace, (long)getpid(), path, sizeof(path)))
         snprintf(why, sizeof(why), "longer than %zu bytes once %%p is replaced", sizeof(path) - 1);
     else
         fd = trace_file_open(path, trace_header, sizeof(trace_header) - 1, why, sizeof(why));
@@ -653,7 +631,7 @@ static void report_json(void)
     char why[200], path[VMH_PATH_MAX], q[1100];
     int fd = -1;
     /* %p is this process's id now: a forked child writes its own file. */
-    if (!vmh_stats_expand_path(cfg.json, (long)getpid(), path, sizeof(path)))
+    if (!vmh_expand_path(cfg.json, (long)getpid(), path, sizeof(path)))
         snprintf(why, sizeof(why), "longer than %zu bytes once %%p is replaced", sizeof(path) - 1);
     else
         fd = open_private(path, 0, why, sizeof(why));

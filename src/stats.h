@@ -125,9 +125,6 @@ void vmh_leak_report_end(void);
  * it: frees from other libraries' destructors still trace after ours). */
 void vmh_trace_close(void);
 
-/* tmpl with "%p" replaced by pid and "%%" by '%' into out; false when it does not fit. */
-bool vmh_stats_expand_path(const char *tmpl, long pid, char *out, size_t len);
-
 /* The effective uid that must own an existing output file: geteuid; tests pretend. */
 extern uid_t (*vmh_stats_euid)(void);
 #endif

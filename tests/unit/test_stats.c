@@ -29,6 +29,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "optparse.h"
 #include "stats.h"
 
 /* ---- fixtures ----------------------------------------------------------------------------- */
@@ -818,12 +819,12 @@ static void test_expand_path(void **state)
     };
     char out[64];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        assert_true(vmh_stats_expand_path(cases[i].tmpl, 4711, out, sizeof(out)));
+        assert_true(vmh_expand_path(cases[i].tmpl, 4711, out, sizeof(out)));
         assert_string_equal(out, cases[i].want);
     }
-    assert_false(vmh_stats_expand_path("abc%p", 4711, out, 7)); /* "abc4711" needs 8 */
-    assert_true(vmh_stats_expand_path("abc%p", 4711, out, 8));
-    assert_false(vmh_stats_expand_path("abcdefgh", 1, out, 8));
+    assert_false(vmh_expand_path("abc%p", 4711, out, 7)); /* "abc4711" needs 8 */
+    assert_true(vmh_expand_path("abc%p", 4711, out, 8));
+    assert_false(vmh_expand_path("abcdefgh", 1, out, 8));
 }
 
 /* Child for the %p test: traces one event and writes its JSON, as a second process would. */

@@ -82,7 +82,11 @@ printf '%s\n' "$err" | grep -q '^ran$' && fail "the program ran despite a bad va
 [ "$(status_of sh "$launcher" --cache-limit=12Q -- /bin/true)" = 2 ] || fail "bad value: not 2"
 [ "$(status_of env VMMHOOK_GRANULARITY=2T sh "$launcher" -- /bin/true)" = 2 ] ||
     fail "a bad value in the environment: not 2"
-[ "$(status_of sh "$launcher" --granularity=1T -- /bin/true)" = 0 ] || fail "1T refused"
+# 1T and 512G no GPU can make (every served allocation failed with them, silently): refused
+# before the run; 256G, the bound, is left to the library's check at the device's set-up.
+[ "$(status_of sh "$launcher" --granularity=1T -- /bin/true)" = 2 ] || fail "1T: not 2"
+[ "$(status_of sh "$launcher" --granularity=512G --check)" = 1 ] || fail "--check 512G: not 1"
+[ "$(status_of sh "$launcher" --granularity=256G -- /bin/true)" = 0 ] || fail "256G refused"
 
 # --check prints the resolved options and exits with the checker's status.
 out=$(sh "$launcher" --cache-limit 2G --stats --check)
@@ -91,19 +95,72 @@ expect_line "$out" "  VMMHOOK_STATS        = on"
 expect_line "$out" "  VMMHOOK_HEADROOM     = 1G (default)"
 [ "$(status_of sh "$launcher" --pin-limit=x --check)" = 1 ] || fail "--check of a bad value: not 1"
 
+# --check checks what can be checked before the run, and its messages agree with its status
+# (issue 20): each problem on a line of its own, then "the check fails", exit 1.
+check_fails() { # expected text on stderr, then the environment assignments
+    want=$1
+    shift
+    st=0
+    err=$(env "$@" "$config" --check 2>&1 >/dev/null) || st=$?
+    [ "$st" = 1 ] || fail "--check with $*: status $st, not 1: $err"
+    printf '%s\n' "$err" | grep -qF -- "$want" || fail "--check with $*: no '$want' in: $err"
+    printf '%s\n' "$err" | tail -n 1 | grep -q '^vmmhook-config: the check fails: ' ||
+        fail "--check with $*: the last line does not say the check fails: $err"
+    printf '%s\n' "$err" | grep -q 'would use the default\|ignored' &&
+        fail "--check with $*: says the value would be used or ignored, and fails: $err"
+    return 0
+}
+# No GPU can make a chunk of 1T; --check has no driver to ask (the library's set-up does).
+check_fails 'VMMHOOK_GRANULARITY="1T" is not valid (larger than any GPU' VMMHOOK_GRANULARITY=1T
+# An output path that is a directory was found only at exit, after the whole run.
+check_fails 'VMMHOOK_STATS_JSON="/tmp": the library could not write it: it is a directory' \
+    VMMHOOK_STATS_JSON=/tmp
+# A misspelt name fails, with the closest known name.
+check_fails 'VMMHOOK_GRANULARTY: unknown; did you mean VMMHOOK_GRANULARITY?' \
+    VMMHOOK_GRANULARTY=2M
+check_fails 'VMMHOOK_STATS_FILE: unknown; did you mean VMMHOOK_STATS_JSON?' VMMHOOK_STATS_FILE=x
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+check_fails "VMMHOOK_TRACE=\"$scratch/no/t.csv\": the library could not write it: cannot create" \
+    VMMHOOK_TRACE="$scratch/no/t.csv"
+# %p and %% are expanded as the library does: "100%%" names "100%", here a directory.
+mkdir "$scratch/100%"
+check_fails 'it is a directory' VMMHOOK_STATS_JSON="$scratch/100%%"
+[ "$(status_of env VMMHOOK_STATS_JSON="$scratch/j.%p.json" VMMHOOK_TRACE="$scratch/t.%p.csv" \
+    "$config" --check)" = 0 ] || fail "--check of creatable files: not 0"
+[ -z "$(ls -A "$scratch" | grep -v '^100%$')" ] || fail "--check created files: $(ls "$scratch")"
+# The trace's gauges file is checked beside it.
+mkdir "$scratch/t.csv.gauges.csv"
+check_fails "VMMHOOK_TRACE's gauges file" VMMHOOK_TRACE="$scratch/t.csv"
+# Several problems: each one, and the count of each.
+check_fails 'the check fails: 1 bad value, 1 unknown VMMHOOK_* variable, 1 output file' \
+    VMMHOOK_PIN_LIMIT=x VMMHOOK_PEER=all VMMHOOK_STATS_JSON=/tmp
+# The launcher refuses to run then, saying so (not that the library would go on).
+err=$(env VMMHOOK_STATS_JSON=/tmp sh "$launcher" -- /bin/echo ran 2>&1) && fail "ran: $err"
+printf '%s\n' "$err" | tail -n 1 |
+    grep -q "^vmmhook: not running /bin/echo: the check of the settings failed (above)" ||
+    fail "the launcher's refusal: $err"
+
+# Usage errors say what was wrong in their first line, and at most a hint after it.
+err=$(sh "$launcher" --stats 2>&1) && fail "no program: ran"
+printf '%s\n' "$err" | head -n 1 | grep -q '^vmmhook: no program to run' ||
+    fail "no program: the first line does not say so: $err"
+[ "$(printf '%s\n' "$err" | wc -l)" -le 2 ] || fail "no program: more than 2 lines: $err"
+err=$("$config" --bogus 2>&1) && fail "vmmhook-config --bogus: status 0"
+printf '%s\n' "$err" | head -n 1 | grep -qF "vmmhook-config: unknown option '--bogus'" ||
+    fail "vmmhook-config --bogus: the first line does not name it: $err"
+[ "$(printf '%s\n' "$err" | wc -l)" -le 2 ] || fail "vmmhook-config --bogus: more than 2 lines: $err"
+[ "$(status_of "$config" --bogus)" = 2 ] || fail "vmmhook-config --bogus: not 2"
+err=$("$config" 2>&1) && fail "vmmhook-config without a mode: status 0"
+printf '%s\n' "$err" | head -n 1 | grep -q '^vmmhook-config: a mode is needed' ||
+    fail "vmmhook-config without a mode: $err"
+"$config" --help | grep -q '^Usage: vmmhook-config' || fail "vmmhook-config --help"
+
 # Errors: unknown option (never swallowed with its neighbour), no program, missing value,
 # missing --lib file.
 [ "$(status_of sh "$launcher" --bogus -- /bin/true)" = 2 ] || fail "unknown option: not 2"
 [ "$(status_of sh "$launcher" --statss /bin/true)" = 2 ] || fail "misspelt flag: not 2"
 [ "$(status_of sh "$launcher" --stats)" = 2 ] || fail "no program: not 2"
-# What was wrong comes first, not 75 lines of usage (issue 22).
-err=$(sh "$launcher" --stats 2>&1 >/dev/null || true)
-[ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && printf '%s\n' "$err" | grep -q '^vmmhook: no program to run' ||
-    fail "no program: $err"
-err=$("$config" --bogus 2>&1 >/dev/null || true)
-[ "$(printf '%s\n' "$err" | sed -n 1p)" = "vmmhook-config: unknown option '--bogus'" ] ||
-    fail "vmmhook-config --bogus: $err"
-[ "$(status_of "$config" --bogus)" = 2 ] || fail "vmmhook-config --bogus: not 2"
 [ "$(status_of sh "$launcher" --trace)" = 2 ] || fail "missing value: not 2"
 [ "$(status_of sh "$launcher" --lib=/nonexistent/lib.so -- /bin/true)" = 2 ] ||
     fail "missing --lib file: not 2"

@@ -3,7 +3,9 @@
  * table and one parser:
  *
  *   vmmhook-config --check       parse the VMMHOOK_* variables of the environment as the library
- *                                will, print the resolved configuration; exit 1 on a bad value
+ *                                will, check that the output files can be written and that
+ *                                every VMMHOOK_* name is known, print the resolved
+ *                                configuration; exit 1 on any problem
  *   vmmhook-config --help-text   the options section of `vmmhook --help`
  *   vmmhook-config --markdown    the options table of docs/OPTIONS.md
  *   vmmhook-config --list        one line per option for the launcher: NAME KIND FLAG
@@ -11,13 +13,19 @@
  *
  * docs/OPTIONS.md holds the --markdown output between two marker lines; the tools test suite
  * fails when they differ (`meson compile -C build update-docs` rewrites it). */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "options.h"
+#include "optparse.h"
+#include "stats.h" /* VMH_PATH_MAX, VMH_TRACE_GAUGES_SUFFIX only: stats.c is not linked */
 #include "vmmhook.h"
 
 extern char **environ;
@@ -195,16 +203,126 @@ static void list(void)
     }
 }
 
-/* Parses the environment with the library's parser: its warnings go to stderr exactly as the
- * library would print them; the resolved values to stdout. */
+/* Whether the library could write its output file at path (expanded): the rules of stats.c's
+ * open_private, checked without creating or changing anything. A new file needs a directory
+ * that exists and that this user may write into; an existing path must be a regular file of
+ * this user's that it may write (the library refuses a symbolic link as the last component, a
+ * directory, a FIFO, a device, another user's file). false and why otherwise. */
+static bool output_writable(const char *path, char *why, size_t len)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (S_ISLNK(st.st_mode))
+            snprintf(why, len, "it is a symbolic link (the library refuses to follow one)");
+        else if (S_ISDIR(st.st_mode))
+            snprintf(why, len, "it is a directory");
+        else if (!S_ISREG(st.st_mode))
+            snprintf(why, len, "it is not a regular file");
+        else if (st.st_uid != geteuid())
+            snprintf(why, len, "it belongs to uid %u, not to this user's uid %u",
+                     (unsigned)st.st_uid, (unsigned)geteuid());
+        else if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0)
+            snprintf(why, len, "cannot write to it: %s", strerror(errno));
+        else
+            return true;
+        return false;
+    }
+    if (errno != ENOENT) {
+        snprintf(why, len, "cannot examine it: %s", strerror(errno));
+        return false;
+    }
+    /* A new file: its directory must take it. */
+    char dir[VMH_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    if (stat(dir, &st) != 0) {
+        snprintf(why, len, "cannot create it: its directory %s: %s", dir, strerror(errno));
+        return false;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(why, len, "cannot create it: %s is not a directory", dir);
+        return false;
+    }
+    if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) != 0) {
+        snprintf(why, len, "cannot create it in %s: %s", dir, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+/* The output files of the path rows (VMMHOOK_TRACE and its gauges file, VMMHOOK_STATS_JSON):
+ * one line for each that the library could not write; returns how many. %p is expanded as the
+ * library does, with this process's id (the program's will differ: only the directory and
+ * the rest of the name can be checked). */
+static unsigned check_outputs(const vmh_options_t *o)
+{
+    unsigned bad = 0;
+    for (size_t i = 0; i < vmh_options_count(); i++) {
+        vmh_option_info_t r;
+        vmh_options_info(i, &r);
+        char tmpl[300];
+        if (r.kind != VMH_OPTION_PATH || vmh_options_format(o, i, tmpl, sizeof(tmpl)) == 0)
+            continue;
+        char path[VMH_PATH_MAX], why[VMH_PATH_MAX + 100], q[VMH_PATH_MAX + 40];
+        vmh_fmt_quoted(q, sizeof(q), tmpl, sizeof(tmpl));
+        if (!vmh_expand_path(tmpl, (long)getpid(), path, sizeof(path))) {
+            fprintf(stderr, "vmmhook-config: %s=%s: longer than %zu bytes once %%p is replaced\n",
+                    r.name, q, sizeof(path) - 1);
+            bad++;
+            continue;
+        }
+        if (!output_writable(path, why, sizeof(why))) {
+            fprintf(stderr, "vmmhook-config: %s=%s: the library could not write it: %s\n", r.name,
+                    q, why);
+            bad++;
+            continue;
+        }
+        if (strcmp(r.name, "VMMHOOK_TRACE") == 0) {
+            /* The trace's companion (docs/OPTIONS.md, "Gauges file"), beside it. */
+            char gauges[VMH_PATH_MAX + sizeof(VMH_TRACE_GAUGES_SUFFIX)];
+            snprintf(gauges, sizeof(gauges), "%s%s", path, VMH_TRACE_GAUGES_SUFFIX);
+            struct stat st;
+            /* A trace sent to a device or FIFO has no companion. */
+            bool regular = stat(path, &st) != 0 || S_ISREG(st.st_mode);
+            if (regular && !output_writable(gauges, why, sizeof(why))) {
+                vmh_fmt_quoted(q, sizeof(q), gauges, sizeof(gauges));
+                fprintf(stderr,
+                        "vmmhook-config: VMMHOOK_TRACE's gauges file %s: the library could not "
+                        "write it: %s\n",
+                        q, why);
+                bad++;
+            }
+        }
+    }
+    return bad;
+}
+
+/* "1 bad value", "2 unknown variables" into buf after what is there. */
+static void count_text(char *buf, size_t len, unsigned n, const char *one, const char *many)
+{
+    if (!n)
+        return;
+    size_t at = strlen(buf);
+    snprintf(buf + at, len - at, "%s%u %s", at ? ", " : "", n, n == 1 ? one : many);
+}
+
+/* Parses the environment with the library's parser, checks the output paths and the names:
+ * what is wrong goes to stderr, one line each, then one line saying the check failed; the
+ * resolved values to stdout. Exit 1 when anything is wrong, 0 otherwise. */
 static int check(void)
 {
     vmh_options_t o, d;
     vmh_options_defaults(&o);
     vmh_options_defaults(&d);
-    unsigned bad = 0;
-    vmh_options_parse(&o, vmh_options_env_get, NULL, &bad);
-    int unknown = vmh_options_check_unknown(environ);
+    unsigned bad = vmh_options_parse_for_check(&o, vmh_options_env_get, NULL);
+    unsigned unknown = (unsigned)vmh_options_check_unknown(environ, true);
+    unsigned outputs = check_outputs(&o);
     printf("libvmmhook %d.%d.%d options:\n", VMM_VERSION_MAJOR, VMM_VERSION_MINOR,
            VMM_VERSION_PATCH);
     for (size_t i = 0; i < vmh_options_count(); i++) {
@@ -214,35 +332,45 @@ static int check(void)
         printf("  %-20s = %s%s\n", vmh_options_name(i), v[0] ? v : "(none)",
                strcmp(v, dv) == 0 ? " (default)" : "");
     }
-    if (bad) {
-        fprintf(stderr, "vmmhook-config: %u bad value%s (the library would use the default%s)\n",
-                bad, bad == 1 ? "" : "s", o.strict ? "; with VMMHOOK_STRICT it stops" : "");
-        return 1;
-    }
-    if (unknown)
-        fprintf(stderr, "vmmhook-config: %d unknown VMMHOOK_* variable%s (ignored)\n", unknown,
-                unknown == 1 ? "" : "s");
-    return 0;
+    if (!bad && !unknown && !outputs)
+        return 0;
+    char what[200] = "";
+    count_text(what, sizeof(what), bad, "bad value", "bad values");
+    count_text(what, sizeof(what), unknown, "unknown VMMHOOK_* variable",
+               "unknown VMMHOOK_* variables");
+    count_text(what, sizeof(what), outputs, "output file that cannot be written",
+               "output files that cannot be written");
+    fflush(stdout);
+    fprintf(stderr, "vmmhook-config: the check fails: %s (above)\n", what);
+    return 1;
 }
 
-static int usage(FILE *f, int status)
+static const char usage_text[] =
+    "Usage: vmmhook-config --check | --help-text | --markdown | --list | --version\n"
+    "  --check      parse the VMMHOOK_* variables of the environment as libvmmhook does,\n"
+    "               check the output files and the names, print the resolved options;\n"
+    "               exit 1 on a bad value, an unknown VMMHOOK_* variable or an output file\n"
+    "               the library could not write\n"
+    "  --help-text  the options section of vmmhook --help\n"
+    "  --markdown   the options table of docs/OPTIONS.md\n"
+    "  --list       NAME KIND FLAG per option (for the launcher)\n";
+
+/* A usage error: what is wrong first, then where the usage is; status 2. */
+static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(f, "Usage: vmmhook-config --check | --help-text | --markdown | --list | --version\n"
-               "  --check      parse the VMMHOOK_* variables of the environment as libvmmhook "
-               "does,\n               print the resolved options; exit 1 on a bad value\n"
-               "  --help-text  the options section of vmmhook --help\n"
-               "  --markdown   the options table of docs/OPTIONS.md\n"
-               "  --list       NAME KIND FLAG per option (for the launcher)\n");
-    return status;
+    fprintf(stderr, "vmmhook-config: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry 'vmmhook-config --help'.\n");
+    return 2;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "vmmhook-config: %s\n",
-                argc < 2 ? "no option given" : "one option at a time");
-        return usage(stderr, 2);
-    }
+    if (argc < 2)
+        return usage_error("%s", "a mode is needed (--check, --help-text, --markdown, --list, "
+                                 "--version)");
+    if (argc > 2)
+        return usage_error("one mode at a time; '%s' is one too many", argv[2]);
     const char *m = argv[1];
     if (!strcmp(m, "--check"))
         return check();
@@ -256,10 +384,8 @@ int main(int argc, char **argv)
         printf("vmmhook-config %d.%d.%d\n", VMM_VERSION_MAJOR, VMM_VERSION_MINOR,
                VMM_VERSION_PATCH);
     else if (!strcmp(m, "-h") || !strcmp(m, "--help"))
-        return usage(stdout, 0);
-    else {
-        fprintf(stderr, "vmmhook-config: unknown option '%s'\n", m);
-        return usage(stderr, 2);
-    }
+        return fputs(usage_text, stdout) < 0 || fflush(stdout) != 0;
+    else
+        return usage_error("unknown option '%s'", m);
     return fflush(stdout) == 0 ? 0 : 1;
 }
