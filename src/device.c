@@ -1,6 +1,8 @@
 /* Heap layer 4a: a device's shape and the owner records (see device.h). */
 #include "device.h"
 
+#include "contexts.h"
+
 #include "driver.h"
 #include "log.h"
 #include "registry.h"
@@ -153,6 +155,7 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
             continue;
         }
         vmh_access_set_peer(ordinal, peer, true); /* no mapping exists yet: no driver call */
+        vmh_work_queue_split("VMMHOOK_PEERS"); /* a peer's kernels run in its own queue */
     }
 
     /* The handle type first, with a chunk of the minimum size (the one most surely made), so

@@ -679,6 +679,11 @@ CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant)
 {
     if (in_child())
         return CUDA_SUCCESS;
+    /* A peer's kernels run in the peer's queue, not in the owner's: memory of the owner may be
+     * touched from two queues now (contexts.h). The wait, if anything was reused early, comes
+     * at the next allocation. */
+    if (grant)
+        vmh_work_queue_split("peer access enabled");
     return vmh_access_set_peer(owner, peer, grant);
 }
 

@@ -184,6 +184,45 @@ static void a_second_context_ends_reuse_at_once(void **state)
     assert_int_equal(destroy(c), CUDA_SUCCESS);
 }
 
+/* The late-write check of the contexts suite (test_reclaim.c) with the product's serving on: a
+ * "kernel" of a second context still writes a buffer the primary context's thread frees; the
+ * memory must not serve the next request before that context has passed the free. */
+static void late_write_from_a_second_context_never_lands_in_reused_memory(void **state)
+{
+    (void)state;
+    PFN_cuCtxCreate_v12050 create = NULL;
+    PFN_cuCtxDestroy_v4000 destroy = NULL;
+    PFN_cuCtxSetCurrent_v4000 set_current = NULL;
+    CUdriverProcAddressQueryResult st;
+    assert_int_equal(sim_get_proc_address("cuCtxCreate", (void **)&create, 13000, 0, &st), 0);
+    assert_int_equal(sim_get_proc_address("cuCtxDestroy", (void **)&destroy, 13000, 0, &st), 0);
+    assert_int_equal(sim_get_proc_address("cuCtxSetCurrent", (void **)&set_current, 13000, 0, &st),
+                     0);
+    CUdeviceptr p[16], q[16];
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(vmh_heap_alloc(4 * MiB, &p[i]), CUDA_SUCCESS);
+    CUcontext c = NULL;
+    assert_int_equal(create(&c, NULL, 0, 0), CUDA_SUCCESS); /* current on this thread now */
+    vmh_ctx_seen(c, 0);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(sim_launch_write(c, NULL, p[i], 4 * MiB, 0xAB), CUDA_SUCCESS);
+    assert_int_equal(set_current(sim_primary_context(0)), CUDA_SUCCESS);
+    vmh_ctx_current_changed();
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(vmh_heap_alloc(4 * MiB, &q[i]), CUDA_SUCCESS);
+        tu_fill(q[i], 4 * MiB, (unsigned)i);
+    }
+    sim_flush(); /* the second context's late writes land now, wherever they still can */
+    for (int i = 0; i < 16; i++) {
+        assert_true(tu_check(q[i], 4 * MiB, (unsigned)i));
+        assert_int_equal(vmh_heap_free(q[i], NULL, false), CUDA_SUCCESS);
+    }
+    vmh_ctx_forget(c);
+    assert_int_equal(destroy(c), CUDA_SUCCESS);
+}
+
 /* What may stay parked follows the program's peak of live bytes: 1/8 of it, at least 64 MiB,
  * VMMHOOK_PARK_LIMIT the cap (0: nothing). */
 static void park_budget_follows_the_peak(void **state)
@@ -250,6 +289,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_stream_ends_reuse_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(no_wait_when_nothing_was_reused_early, setup, teardown),
         cmocka_unit_test_setup_teardown(a_second_context_ends_reuse_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            late_write_from_a_second_context_never_lands_in_reused_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(park_budget_follows_the_peak, setup, teardown),
         cmocka_unit_test_setup_teardown(tidy_keeps_the_recent_peak_and_gives_back_the_rest, setup,
                                         teardown),

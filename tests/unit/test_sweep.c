@@ -122,6 +122,35 @@ static void setup_heap_small(fixture_t *f)
     tu_fill(f->p, f->old_size, 42);
 }
 
+/* The product's serving (issue 21): every size carved from mapped extents, freed memory reused
+ * at once while the program's work runs in one queue. */
+static void setup_heap_carved(fixture_t *f)
+{
+    vmh_opt.pack_below = (size_t)1 << 40;
+    vmh_opt.stream_ordered = true;
+    setup_heap(f);
+}
+
+/* ... with a large buffer freed at once (a queued write still on it) beside the earlier one. */
+static void setup_heap_carved_freed(fixture_t *f)
+{
+    setup_heap_carved(f);
+    CUdeviceptr big;
+    assert_int_equal(vmh_heap_alloc(300 * MiB, &big), CUDA_SUCCESS);
+    assert_int_equal(sim_launch_write(NULL, NULL, big, MiB, 0x5a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+}
+
+static CUresult run_heap_alloc_carved_big(fixture_t *f)
+{
+    return vmh_heap_alloc(300 * MiB, &f->q);
+}
+
+static CUresult run_heap_alloc_carved_reuse(fixture_t *f)
+{
+    return vmh_heap_alloc(200 * MiB + 4096, &f->q);
+}
+
 static void release_heap(fixture_t *f)
 {
     if (f->q)
@@ -215,6 +244,10 @@ static const op_t ops[] = {
     {"range shrink", setup_range, run_shrink, release_range, false},
     {"heap alloc (own range)", setup_heap, run_heap_alloc_big, release_heap, true},
     {"heap alloc (packed, new extent)", setup_heap, run_heap_alloc_small, release_heap, true},
+    {"heap alloc (carved, new extent)", setup_heap_carved, run_heap_alloc_carved_big,
+     release_heap, true},
+    {"heap alloc (carved, freed at once)", setup_heap_carved_freed, run_heap_alloc_carved_reuse,
+     release_heap, true},
     {"heap realloc grow (adjacent)", setup_heap, run_heap_realloc_grow, release_heap, true},
     {"heap realloc grow (move)", setup_heap, run_heap_realloc_moving, release_heap, true},
     {"heap realloc packed -> own range (copy)", setup_heap_small, run_heap_realloc_packed,
