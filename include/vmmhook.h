@@ -127,6 +127,14 @@ vmm_status vmm_pause(const char *tag, unsigned flags);
  * (nothing done; with NULL, running tags are skipped); VMM_ERR_UNKNOWN_TAG. */
 vmm_status vmm_resume(const char *tag);
 
+/* Copies len bytes of the host backup of a paused buffer, from ptr on (the start of a served
+ * buffer or inside one, with the len bytes), into host memory at dst: what the device memory held
+ * when its tag was paused with VMM_PAUSE_BACKUP (torch_memory_saver's get_cpu_backup).
+ * VMM_ERR_NOT_PAUSED: the buffer is running, or was paused without a backup (nothing kept);
+ * VMM_ERR_FOREIGN: ptr is not in a served buffer; VMM_ERR_INVALID: ptr NULL, dst NULL with len
+ * > 0, or the bytes run past the buffer. */
+vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len);
+
 /* The library's statistics as one JSON object, the per-tag figures under "tags" (requested,
  * mapped, paused and backed-up bytes; pause and resume counts and total nanoseconds). Writes at
  * most len bytes including the NUL (buf may be NULL when len is 0) and returns the length the

@@ -143,6 +143,19 @@ VMM_API vmm_status vmm_resume(const char *tag)
     return tags_status(st, driver_rc);
 }
 
+VMM_API vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len)
+{
+    if (!ptr || (!dst && len))
+        return VMM_ERR_INVALID;
+    vmh_buffer_info_t info;
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    if (!vmh_heap_find(p, &info))
+        return VMM_ERR_FOREIGN;
+    if (len > info.base + info.size - p)
+        return VMM_ERR_INVALID;
+    return vmh_heap_backup_read(p, len, dst) ? VMM_OK : VMM_ERR_NOT_PAUSED;
+}
+
 VMM_API int vmm_last_driver_error(void)
 {
     return last_driver_error;

@@ -7,6 +7,7 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef enum big_state { BIG_UNUSED, BIG_LIVE, BIG_RESIZING, BIG_PARKED, BIG_PAUSED } big_state_t;
 
@@ -298,6 +299,15 @@ bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info
         return false;
     *info = (vmh_buffer_info_t){b->range->base, b->req, b->range->size, b->o.dev->ordinal,
                                 false};
+    return true;
+}
+
+bool vmh_bigbuf_backup_locked(vmh_big_t *b, CUdeviceptr p, size_t n, void *dst)
+{
+    if (b->state != BIG_PAUSED || !b->paused->host || p < b->paused->base ||
+        p >= b->paused->base + b->req || n > b->paused->base + b->req - p)
+        return false;
+    memcpy(dst, (const char *)b->paused->host + (p - b->paused->base), n);
     return true;
 }
 

@@ -350,6 +350,8 @@ static CUresult serve_traced(hdev_t *h, CUresult rc, size_t size, void *site, CU
         vmh_dev_alloc_failed(&h->dev, size, rc, no_address); /* VMMHOOK_VERBOSE: why */
     vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
               rc == CUDA_SUCCESS ? *out : 0, size, NULL);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) /* after the retry that relieves: the program's OOM */
+        vmh_count(VMH_STAT_ooms, 1);
     return rc;
 }
 
@@ -483,6 +485,19 @@ bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)
                                            : vmh_bigbuf_find_locked((vmh_big_t *)o, p, info);
     vmh_owner_unlock(o);
     return found;
+}
+
+bool vmh_heap_backup_read(CUdeviceptr p, size_t n, void *dst)
+{
+    if (in_child())
+        return false;
+    vmh_owner_t *o = vmh_owner_lock(p);
+    if (!o)
+        return false;
+    bool ok = o->kind == VMH_OWN_EXTENT ? vmh_packing_backup_locked((vmh_ext_t *)o, p, n, dst)
+                                        : vmh_bigbuf_backup_locked((vmh_big_t *)o, p, n, dst);
+    vmh_owner_unlock(o);
+    return ok;
 }
 
 /* ---- realloc ------------------------------------------------------------------------------- */

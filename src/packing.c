@@ -342,6 +342,17 @@ bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *inf
     return true;
 }
 
+bool vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n, void *dst)
+{
+    vmh_block_info_t bi;
+    const vmh_paused_t *ps = e->paused;
+    if (!ps || !ps->host || !vmh_arena_find(e->extent, p, &bi) || p < bi.base ||
+        n > bi.base + bi.size - p || p < ps->base || p + n > ps->base + ps->size)
+        return false;
+    memcpy(dst, (const char *)ps->host + (p - ps->base), n);
+    return true;
+}
+
 CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size)
 {
     vmh_shard_t *s = e->shard;

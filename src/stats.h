@@ -36,7 +36,8 @@
     X(trims, "cache trims")                                                                        \
     X(tidy_bytes, "idle bytes given back by the background tidy")                                 \
     X(queue_splits, "second queues of work seen (frees park since)")                               \
-    X(oom_retries, "allocations retried after a trim")
+    X(oom_retries, "allocations retried after a trim")                                             \
+    X(ooms, "served allocations refused: out of memory")
 
 #define VMH_GAUGES(X)                                                                              \
     X(bytes_requested, "bytes requested by live buffers")                                          \

@@ -29,7 +29,11 @@ __all__ = [
     "pause",
     "resume",
     "stats",
+    "memory_stats",
     "torch_allocator",
+    "torch_memory_saver",
+    "TorchMemorySaver",
+    "configure_subprocess",
 ]
 
 PAUSE_BACKUP = 1  # VMM_PAUSE_BACKUP
@@ -61,6 +65,7 @@ class _DlInfo(ctypes.Structure):
 
 
 _lib = None
+_load_error = None  # why the last load failed: (path, the loader's message)
 
 
 def _preloaded():
@@ -89,18 +94,41 @@ def _path_of_loaded(process):
     return None
 
 
-def _installed_path():
+def _package_dir():
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _installed(kind, name):
+    """An installed file: `kind` "LIB" or "BIN". Looked for in this package's folder (a wheel
+    has the library there), then where meson install put it, relative to this folder (a
+    DESTDIR staging or a moved installation), then at its absolute path."""
+    here = _package_dir()
+    candidates = [os.path.join(here, name)] if kind == "LIB" else [os.path.join(here, "bin", name)]
     try:
-        from . import _paths  # written by meson install
+        from . import _paths  # written by meson (python/meson.build)
     except ImportError:
-        return None
-    path = os.path.join(_paths.LIBDIR, "libvmmhook.so")
-    return path if os.path.exists(path) else None
+        _paths = None
+    if _paths is not None:
+        rel = getattr(_paths, kind + "DIR_REL", "")
+        if rel:
+            candidates.append(os.path.normpath(os.path.join(here, rel, name)))
+        absolute = getattr(_paths, kind + "DIR", "")
+        if absolute:
+            candidates.append(os.path.join(absolute, name))
+    for c in candidates:
+        if os.path.isfile(c):
+            return c
+    return None
+
+
+def _installed_path():
+    return _installed("LIB", "libvmmhook.so")
 
 
 def library_path():
-    """Path of libvmmhook.so: the loaded one if any, else $LIBVMMHOOK, else the installed
-    one; None when none is found."""
+    """Path of libvmmhook.so: the loaded one if any, else $LIBVMMHOOK (whether or not it
+    exists: the override is used as given), else the installed one (inside this package when
+    installed by pip); None when none is found."""
     process = _preloaded()
     if process is not None:
         path = _path_of_loaded(process)
@@ -113,18 +141,21 @@ def library_path():
 
 
 def _load():
-    global _lib
+    global _lib, _load_error
     if _lib is not None:
         return _lib
     lib = _preloaded()
     if lib is None:
         path = library_path()
         if not path:
+            _load_error = None
             return None
         try:
             lib = ctypes.CDLL(path)
-        except OSError:
+        except OSError as e:
+            _load_error = (path, str(e))
             return None
+    _load_error = None
     lib.vmm_version.restype = ctypes.c_int
     lib.vmm_version.argtypes = []
     lib.vmm_status_string.restype = ctypes.c_char_p
@@ -139,6 +170,9 @@ def _load():
     lib.vmm_resume.argtypes = [ctypes.c_char_p]
     lib.vmm_stats_json.restype = ctypes.c_int
     lib.vmm_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    if hasattr(lib, "vmm_backup_read"):  # newer libraries: TMS's get_cpu_backup
+        lib.vmm_backup_read.restype = ctypes.c_int
+        lib.vmm_backup_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
     _lib = lib
     return lib
 
@@ -150,9 +184,16 @@ def available():
 
 def _need():
     lib = _load()
-    if lib is None:
-        raise VmmError("vmmhook", -1, "libvmmhook is not loaded and library_path() finds none")
-    return lib
+    if lib is not None:
+        return lib
+    if _load_error is not None:
+        path, why = _load_error
+        source = " (from $LIBVMMHOOK)" if os.environ.get("LIBVMMHOOK") == path else ""
+        raise VmmError("vmmhook", -1, f"cannot load {path}{source}: {why}")
+    raise VmmError("vmmhook", -1,
+                   "libvmmhook is not loaded in this process and no libvmmhook.so was found "
+                   f"(not preloaded, $LIBVMMHOOK unset, none installed with the package in "
+                   f"{_package_dir()}): preload it, or set LIBVMMHOOK=/path/to/libvmmhook.so")
 
 
 def _check(lib, call, status):
@@ -209,7 +250,27 @@ def torch_allocator():
     torch.cuda.memory.change_current_allocator() (before the first CUDA allocation)."""
     import torch  # only when asked: the package itself does not need PyTorch
 
+    _need()  # a missing or unloadable library fails here, with the reason
     path = library_path()
-    if not path:
-        raise VmmError("torch_allocator", -1, "library_path() finds no libvmmhook.so")
     return torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_torch_alloc", "vmm_torch_free")
+
+
+def memory_stats(tag=None):
+    """Statistics in the names of torch.cuda.memory_stats() where a meaning matches
+    ("allocated_bytes.all.current", "reserved_bytes.all.peak", "num_alloc_retries",
+    "num_ooms", ...), for the whole process (tag None) or one tag, plus the tag figures of
+    docs/SLEEP.md under "tag.*" names. See _stats.py for the table of meanings."""
+    from ._stats import torch_names
+
+    return torch_names(stats(), tag)
+
+
+def configure_subprocess():
+    """A context manager: child processes started inside it run with the library preloaded
+    (torch_memory_saver's configure_subprocess, for hook_mode "preload")."""
+    from ._tms import configure_subprocess as cs
+
+    return cs()
+
+
+from ._tms import TorchMemorySaver, torch_memory_saver  # noqa: E402 (imports nothing heavy)

@@ -6,6 +6,7 @@ Run by meson test in one of three modes (argv[1]):
              statistics are checked against the fake's own view (sim_is_mapped, sim_read).
   loaded     no preload, LIBVMMHOOK names the library: the package loads it itself.
   absent     neither: available() is False and the calls raise VmmError.
+  badpath    LIBVMMHOOK names a missing file: the error names it and the loader's reason.
 """
 
 import ctypes
@@ -18,59 +19,8 @@ MODE = sys.argv[1] if len(sys.argv) > 1 else "preloaded"
 LIBRARY = os.environ.get("VMH_PYTEST_LIBRARY", "")
 
 import vmmhook  # noqa: E402 (PYTHONPATH set by meson)
+from simdriver import MiB, FakeDriver  # noqa: E402
 
-MiB = 1 << 20
-
-
-class FakeDriver:
-    """The fake libcuda.so.1 through ctypes: the same look-ups cudart makes, so that the
-    preloaded library's dlsym hook answers for the allocation entry points."""
-
-    def __init__(self):
-        self.cu = ctypes.CDLL("libcuda.so.1")
-        for name, args in [
-            ("cuInit", [ctypes.c_uint]),
-            ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
-            ("cuCtxSetCurrent", [ctypes.c_void_p]),
-            ("cuMemAlloc_v2", [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
-            ("cuMemFree_v2", [ctypes.c_uint64]),
-            ("cuMemGetInfo_v2", [ctypes.POINTER(ctypes.c_size_t)] * 2),
-            ("sim_write", [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]),
-            ("sim_read", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]),
-        ]:
-            fn = getattr(self.cu, name)
-            fn.argtypes = args
-            fn.restype = ctypes.c_int
-        self.cu.sim_is_mapped.argtypes = [ctypes.c_uint64]
-        self.cu.sim_is_mapped.restype = ctypes.c_bool
-        self.cu.sim_is_reserved.argtypes = [ctypes.c_uint64]
-        self.cu.sim_is_reserved.restype = ctypes.c_bool
-        self.cu.sim_device_used.argtypes = [ctypes.c_int]
-        self.cu.sim_device_used.restype = ctypes.c_size_t
-        assert self.cu.cuInit(0) == 0
-        ctx = ctypes.c_void_p()
-        assert self.cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-        assert self.cu.cuCtxSetCurrent(ctx) == 0
-
-    def alloc(self, size):
-        p = ctypes.c_uint64()
-        rc = self.cu.cuMemAlloc_v2(ctypes.byref(p), size)
-        assert rc == 0, f"cuMemAlloc_v2({size}) -> {rc}"
-        return p.value
-
-    def free(self, p):
-        assert self.cu.cuMemFree_v2(p) == 0
-
-    def write(self, p, data):
-        assert self.cu.sim_write(p, data, len(data)) == 0
-
-    def read(self, p, n):
-        buf = ctypes.create_string_buffer(n)
-        rc = self.cu.sim_read(buf, p, n)
-        return buf.raw if rc == 0 else None
-
-    def mapped(self, p):
-        return self.cu.sim_is_mapped(p)
 
 
 class Common(unittest.TestCase):
@@ -211,6 +161,121 @@ class Preloaded(unittest.TestCase):
         self.assertEqual(vmmhook.stats()["tags"]["py-weights"]["requested"], 0)
 
 
+class Stats(unittest.TestCase):
+    """memory_stats(): PyTorch's names over the library's figures; vmm_backup_read."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.drv = FakeDriver()
+
+    def test_process_wide(self):
+        drv = self.drv
+        before = vmmhook.memory_stats()
+        with vmmhook.tag("st-a"):
+            a = drv.alloc(6 * MiB)
+            b = drv.alloc(1000)
+        s = vmmhook.memory_stats()
+        raw = vmmhook.stats()
+        self.assertEqual(s["allocated_bytes.all.current"],
+                         raw["gauges"]["bytes_requested"]["current"])
+        self.assertEqual(s["allocated_bytes.all.current"] - before["allocated_bytes.all.current"],
+                         6 * MiB + 1000)
+        self.assertGreaterEqual(s["allocated_bytes.all.peak"], s["allocated_bytes.all.current"])
+        self.assertEqual(s["requested_bytes.all.current"], s["allocated_bytes.all.current"])
+        self.assertEqual(s["reserved_bytes.all.current"], raw["gauges"]["bytes_mapped"]["current"])
+        self.assertGreaterEqual(s["reserved_bytes.all.current"], 6 * MiB + 1000)
+        self.assertEqual(s["allocation.all.current"] - before["allocation.all.current"], 2)
+        self.assertEqual(s["allocation.all.allocated"] - s["allocation.all.freed"],
+                         s["allocation.all.current"])
+        for key in ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
+                    "cached_bytes.current", "pinned_host_bytes.current",
+                    "tag.paused", "tag.backed_up", "tag.pauses", "tag.running_tags"):
+            self.assertIn(key, s)
+
+        # A refused allocation (its tag is paused) is an out-of-memory error of the program:
+        # num_ooms, as torch.cuda.memory_stats() counts them.
+        vmmhook.pause("st-a", backup=True)
+        with vmmhook.tag("st-a"):
+            p = ctypes.c_uint64()
+            self.assertNotEqual(drv.cu.cuMemAlloc_v2(ctypes.byref(p), 4 * MiB), 0)
+        after = vmmhook.memory_stats()
+        self.assertEqual(after["num_ooms"], s["num_ooms"] + 1)
+        self.assertGreaterEqual(after["tag.paused"] - s["tag.paused"], 6 * MiB)
+        self.assertGreaterEqual(after["tag.paused_tags"], 1)
+        vmmhook.resume("st-a")
+        drv.free(a)
+        drv.free(b)
+
+    def test_one_tag(self):
+        drv = self.drv
+        with vmmhook.tag("st-b"):
+            a = drv.alloc(4 * MiB)
+        t = vmmhook.memory_stats("st-b")
+        self.assertEqual(t["allocated_bytes.all.current"], 4 * MiB)
+        self.assertEqual(t["allocated_bytes.all.peak"], 4 * MiB)
+        self.assertGreaterEqual(t["reserved_bytes.all.current"], 4 * MiB)
+        self.assertEqual(t["tag.state"], "running")
+        vmmhook.pause("st-b")
+        t = vmmhook.memory_stats("st-b")
+        self.assertEqual(t["tag.state"], "paused")
+        self.assertEqual(t["reserved_bytes.all.current"], 0)  # given back to the driver
+        self.assertGreaterEqual(t["tag.paused"], 4 * MiB)
+        self.assertEqual(t["tag.backed_up"], 0)
+        self.assertEqual(t["tag.pauses"], 1)
+        vmmhook.resume("st-b")
+        self.assertEqual(vmmhook.memory_stats("st-b")["tag.resumes"], 1)
+        drv.free(a)
+        self.assertEqual(vmmhook.memory_stats("st-b")["allocated_bytes.all.current"], 0)
+        self.assertEqual(vmmhook.memory_stats("st-b")["allocated_bytes.all.peak"], 4 * MiB)
+        with self.assertRaises(KeyError):
+            vmmhook.memory_stats("never-pushed")
+
+    def test_backup_read(self):
+        drv = self.drv
+        lib = vmmhook._load()
+        with vmmhook.tag("st-c"):
+            big = drv.alloc(5 * MiB)
+            small = drv.alloc(3000)
+        pattern = bytes((i * 7) & 255 for i in range(4096))
+        drv.write(big + MiB, pattern)
+        drv.write(small, pattern[:3000])
+        buf = ctypes.create_string_buffer(4096)
+
+        def read(p, n):
+            return lib.vmm_backup_read(ctypes.c_void_p(p), buf, n)
+
+        self.assertEqual(read(big, 16), vmmhook.ERR_NOT_PAUSED)  # running
+        vmmhook.pause("st-c", backup=True)
+        self.assertEqual(read(big + MiB, 4096), vmmhook.OK)
+        self.assertEqual(buf.raw, pattern)
+        self.assertEqual(read(small + 100, 2900), vmmhook.OK)  # inside a packed buffer
+        self.assertEqual(buf.raw[:2900], pattern[100:3000])
+        self.assertEqual(read(small + 100, 2901), 1)  # past its end: VMM_ERR_INVALID
+        self.assertEqual(read(0x10, 16), 2)           # not served: VMM_ERR_FOREIGN
+        vmmhook.resume("st-c")
+        self.assertEqual(read(big, 16), vmmhook.ERR_NOT_PAUSED)
+        vmmhook.pause("st-c")  # no backup: nothing to read
+        self.assertEqual(read(big, 16), vmmhook.ERR_NOT_PAUSED)
+        vmmhook.resume("st-c")
+        drv.free(big)
+        drv.free(small)
+
+
+class BadPath(unittest.TestCase):
+    """LIBVMMHOOK names a file that cannot be loaded: the error says which, and why."""
+
+    def test_error_names_path_and_reason(self):
+        path = os.environ["LIBVMMHOOK"]
+        self.assertEqual(vmmhook.library_path(), path)  # the override, as given
+        self.assertFalse(vmmhook.available())
+        with self.assertRaises(vmmhook.VmmError) as e:
+            vmmhook.stats()
+        text = str(e.exception)
+        self.assertIn(path, text)
+        self.assertIn("$LIBVMMHOOK", text)
+        self.assertIn("cannot open shared object file", text)  # the loader's own message
+
+
 class Absent(unittest.TestCase):
     def test_not_available(self):
         self.assertFalse(vmmhook.available())
@@ -219,13 +284,15 @@ class Absent(unittest.TestCase):
             vmmhook.stats()
         with self.assertRaises(vmmhook.VmmError):
             vmmhook.pause()
-        with self.assertRaises(vmmhook.VmmError):
+        with self.assertRaises(vmmhook.VmmError) as e:
             with vmmhook.tag("x"):
                 pass
+        self.assertIn("LIBVMMHOOK", str(e.exception))  # says how to fix it
 
 
 def main():
-    suites = {"preloaded": [Common, Preloaded], "loaded": [Common], "absent": [Absent]}[MODE]
+    suites = {"preloaded": [Common, Preloaded, Stats], "loaded": [Common], "absent": [Absent],
+              "badpath": [BadPath]}[MODE]
     loader = unittest.TestLoader()
     suite = unittest.TestSuite(loader.loadTestsFromTestCase(c) for c in suites)
     result = unittest.TextTestRunner(verbosity=2).run(suite)

@@ -286,8 +286,10 @@ static void defined_edges(void **state)
     /* Allocation in a paused tag: refused, big or small. */
     assert_int_equal(vmm_tag_push("kv"), VMM_OK);
     CUdeviceptr r = 0;
+    uint64_t ooms = vmh_counter_get(VMH_STAT_ooms);
     assert_int_equal(vmh_heap_alloc(3 * MiB, &r), CUDA_ERROR_OUT_OF_MEMORY);
     assert_int_equal(vmh_heap_alloc(100, &r), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_counter_get(VMH_STAT_ooms), ooms + 2); /* PyTorch's num_ooms */
     void *vr = NULL;
     assert_int_equal(vmm_realloc(&vr, 100), VMM_ERR_NO_MEMORY);
     assert_int_equal(vmm_tag_pop(), VMM_OK);

@@ -1026,7 +1026,8 @@ static void test_json_report(void **state)
     assert_non_null(strstr(text, "\"served_allocs\": 120,"));
     assert_non_null(strstr(text, "\"passthrough_calls\": 4,"));
     assert_non_null(strstr(text, "\"grows_in_place\": 7,"));
-    assert_non_null(strstr(text, "\"oom_retries\": 0\n"));
+    assert_non_null(strstr(text, "\"oom_retries\": 0,"));
+    assert_non_null(strstr(text, "\"ooms\": 0\n"));
     assert_non_null(
         strstr(text, "\"bytes_mapped\": {\"current\": 2147483648, \"peak\": 3221225472}"));
     assert_non_null(strstr(text, "\"leaks\": {\"count\": 1, \"bytes\": 4096}"));

@@ -35,12 +35,19 @@ out=$(env -u LD_PRELOAD "$launcher" --stats -- /bin/sh -c 'echo "P=$LD_PRELOAD"'
 "$launcher" --help | grep -q -- '--park-limit=SIZE' || fail "installed --help lacks --park-limit"
 
 doc=$root/share/doc/libvmmhook
-for f in OPTIONS.md PYTORCH.md LICENSE README.md; do
+for f in docs/OPTIONS.md docs/PYTORCH.md docs/SLEEP.md LICENSE README.md BENCHMARKS.md; do
     [ -f "$doc/$f" ] || fail "$doc/$f is not installed"
 done
-grep -q 'VMMHOOK_PARK_LIMIT' "$doc/OPTIONS.md" || fail "installed OPTIONS.md lacks the table"
-"$launcher" --help | grep -qF "$(cd "$doc" && pwd)/OPTIONS.md" ||
+grep -q 'VMMHOOK_PARK_LIMIT' "$doc/docs/OPTIONS.md" || fail "installed OPTIONS.md lacks the table"
+"$launcher" --help | grep -qF "$(cd "$doc/docs" && pwd)/OPTIONS.md" ||
     fail "the installed launcher's help does not point at the installed OPTIONS.md"
+# Every relative link of the installed pages leads to an installed file (issue 22).
+broken=$(cd "$doc" && for f in *.md docs/*.md; do
+    grep -o '](\([^)#:]*\)[)#]' "$f" | sed 's/^](//; s/[)#]$//' | while read -r target; do
+        [ -e "$(dirname "$f")/$target" ] || printf '%s -> %s\n' "$f" "$target"
+    done
+done)
+[ -z "$broken" ] || fail "installed docs link files not installed: $broken"
 
 bench=$root/libexec/vmmhook/run-bench.sh
 if [ -f "$bench" ]; then

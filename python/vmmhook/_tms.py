@@ -1,0 +1,335 @@
+"""A drop-in for torch_memory_saver (TMS) over libvmmhook's tags (docs/PYTORCH.md lists what
+differs):
+
+    from vmmhook import torch_memory_saver        # instead of: from torch_memory_saver import ...
+    with torch_memory_saver.region(tag="kv"):
+        cache = torch.empty(..., device="cuda")
+    torch_memory_saver.pause("kv")                # memory back to the driver, addresses kept
+    torch_memory_saver.resume("kv")
+
+How TMS's meanings map onto the library:
+- A TMS tag is two library tags: "tms:<tag>" for regions without CPU backup and
+  "tms+cpu:<tag>" for regions with it (TMS decides backup per allocation, the library per
+  pause); pause(tag) pauses both, the second with VMM_PAUSE_BACKUP. Memory allocated outside
+  every region stays in the library's other tags ("default"), which this object never pauses,
+  as TMS never pauses memory it did not allocate in a region.
+- Like TMS, each region allocates through a PyTorch MemPool of its own per (tag, backup,
+  device), so that PyTorch's caching allocator never hands a region's cached block to a tensor
+  outside it, nor the reverse. hook_mode "preload": the pool's memory comes from cudaMalloc,
+  which the preloaded library serves in the tag pushed for the region. "torch": the pool's
+  allocator is the library's vmm_torch_alloc / vmm_torch_free (CUDAPluggableAllocator), nothing
+  preloaded; memory outside regions is PyTorch's own.
+- Everything PyTorch is reached through one small adapter (_Torch), which the tests replace:
+  the rest runs, and is tested, without PyTorch (tests/python, simulated driver).
+"""
+
+import contextlib
+import ctypes
+import os
+
+import vmmhook as _vm
+
+_TAG_DEFAULT = "default"
+_PREFIX = "tms:"  # the library tag of a TMS tag without CPU backup
+_PREFIX_BACKUP = "tms+cpu:"  # ... with it
+_TAG_MAX = 31 - len(_PREFIX_BACKUP)  # VMM_TAG_NAME_MAX less the longer prefix: 23 bytes
+
+
+def library_tag(tag, enable_cpu_backup):
+    """The library's tag name for a TMS tag (what vmmhook.stats() and memory_stats() show)."""
+    name = os.fsencode(tag)
+    if not name or len(name) > _TAG_MAX:
+        raise ValueError(f"torch_memory_saver tag {tag!r}: 1 to {_TAG_MAX} bytes under libvmmhook "
+                         f"(its tag names hold 31 bytes, {_PREFIX_BACKUP!r} included)")
+    return (_PREFIX_BACKUP if enable_cpu_backup else _PREFIX) + tag
+
+
+class _Torch:
+    """The PyTorch calls the drop-in makes (imported when first needed)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+
+    def check_environment(self):
+        # As TMS: expandable segments map PyTorch's own VMM memory, which the library does not
+        # serve, so a region's tensors would not be paused.
+        if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+            raise RuntimeError("torch_memory_saver (vmmhook) cannot work with "
+                               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: PyTorch maps "
+                               "that memory itself, so it cannot be paused")
+
+    def pluggable_allocator(self, path):
+        alloc = self.torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_torch_alloc",
+                                                              "vmm_torch_free")
+        self.pluggable = alloc  # kept for the process's life, with the library it loaded (as TMS)
+        return alloc.allocator()
+
+    def current_device(self):
+        return self.torch.cuda.current_device()
+
+    def mem_pool(self, allocator):
+        return self.torch.cuda.MemPool(allocator=allocator)
+
+    def use_mem_pool(self, pool):
+        return self.torch.cuda.use_mem_pool(pool)
+
+    def graph(self, cuda_graph, pool, stream, capture_error_mode):
+        return self.torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
+                                     capture_error_mode=capture_error_mode)
+
+    def cpu_backup(self, x, read):
+        """A CPU tensor like x filled by read(address, nbytes) -> bytes, or None."""
+        torch = self.torch
+        assert x.is_cuda, f"{x.device=}"
+        assert x.is_contiguous(), f"{x.shape=} {x.stride()=} {x.dtype=}"
+        out = torch.empty(x.shape, dtype=x.dtype, device="cpu")
+        if not read(x.data_ptr(), out.data_ptr(), x.nbytes):
+            return None
+        return out
+
+
+class TorchMemorySaver:
+    """torch_memory_saver's object: region, cuda_graph, disable, pause, resume, get_cpu_backup,
+    enabled, hook_mode ("preload" by default, as in TMS)."""
+
+    def __init__(self, torch_adapter=None):
+        self._adapter = torch_adapter
+        self._mode = "preload"
+        self._ready = False
+        self._allocator = None  # hook_mode "torch": the library as PyTorch's allocator
+        self._pools = {}
+        self._names = {}  # TMS tag -> the library tags it has used, in order
+
+    # ---- configuration, as TMS ----
+    @property
+    def enabled(self):
+        return True
+
+    @property
+    def hook_mode(self):
+        return self._mode
+
+    @hook_mode.setter
+    def hook_mode(self, mode):
+        if self._ready:
+            raise RuntimeError("torch_memory_saver.hook_mode: set it before the first region, "
+                               "pause or resume (TMS: cannot configure after initialization)")
+        if mode not in ("preload", "torch"):
+            raise ValueError(f"hook_mode {mode!r}: 'preload' or 'torch'")
+        self._mode = mode
+
+    @property
+    def retain_cpu_backup(self):
+        return False
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value):
+        if value:
+            raise NotImplementedError(
+                "retain_cpu_backup: libvmmhook keeps backups pinned between pauses within "
+                "VMMHOOK_PIN_LIMIT instead (docs/SLEEP.md)")
+
+    @property
+    def memory_margin_bytes(self):
+        raise NotImplementedError("Only setter is supported")
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value):
+        raise NotImplementedError("memory_margin_bytes: not offered by libvmmhook "
+                                  "(VMMHOOK_MEM_LIMIT caps the memory served per device)")
+
+    def set_disk_backup_dir(self, path):
+        raise NotImplementedError("disk backup: not offered by libvmmhook (CPU backup only)")
+
+    # ---- set-up ----
+    def _torch(self):
+        if self._adapter is None:
+            self._adapter = _Torch()
+        return self._adapter
+
+    def _ensure_initialized(self):
+        if self._ready:
+            return
+        lib = _vm._need()  # the library missing or unloadable: the reason, now
+        t = self._torch()
+        t.check_environment()
+        if self._mode == "preload":
+            if _vm._preloaded() is None:
+                raise RuntimeError(
+                    "torch_memory_saver (vmmhook): hook_mode 'preload' needs libvmmhook "
+                    "preloaded: run the program as `python -m vmmhook python PROGRAM.py` (or with "
+                    f"LD_PRELOAD={_vm.library_path()}), or set "
+                    "torch_memory_saver.hook_mode = 'torch' first")
+        else:
+            self._allocator = t.pluggable_allocator(_vm.library_path())
+        self._lib = lib
+        self._ready = True
+
+    def _pool(self, key):
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = self._torch().mem_pool(self._allocator)
+        return pool
+
+    def _remember(self, tag, name):
+        names = self._names.setdefault(tag, [])
+        if name not in names:
+            names.append(name)
+
+    @contextlib.contextmanager
+    def _in_tag(self, name, tag=None):
+        with _vm.tag(name):
+            if tag is not None:  # registered in the library now: pause(tag) may name it
+                self._remember(tag, name)
+            yield
+
+    # ---- regions ----
+    @contextlib.contextmanager
+    def region(self, tag=_TAG_DEFAULT, enable_cpu_backup=False, enable_disk_backup=False,
+               cpu_backup_backend=None):
+        """Tensors allocated inside belong to `tag`: pause(tag) gives their memory back. With
+        enable_cpu_backup their contents are copied to host memory at the pause and back at
+        the resume. Regions nest: the innermost one decides."""
+        _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        name = library_tag(tag, enable_cpu_backup)
+        self._ensure_initialized()
+        pool = self._pool((tag, bool(enable_cpu_backup), self._torch().current_device()))
+        with self._torch().use_mem_pool(pool):
+            with self._in_tag(name, tag):
+                yield
+
+    @contextlib.contextmanager
+    def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global",
+                   tag=_TAG_DEFAULT, enable_cpu_backup=False, cpu_backup_backend=None):
+        """torch.cuda.graph(...), with the memory the capture allocates in `tag` (so the
+        graph's intermediate tensors are paused with it)."""
+        _check_backup_args(enable_cpu_backup, False, cpu_backup_backend)
+        name = library_tag(tag, enable_cpu_backup)
+        self._ensure_initialized()
+        if self._mode != "preload":
+            raise RuntimeError("torch_memory_saver.cuda_graph: hook_mode 'preload' only, as in "
+                               "torch_memory_saver (use torch.cuda.graph in 'torch' mode)")
+        with self._torch().graph(cuda_graph, pool, stream, capture_error_mode):
+            with self._in_tag(name, tag):
+                yield
+
+    @contextlib.contextmanager
+    def disable(self, dispose_mem_pool_after_use=True):
+        """Inside a region: allocations here are not the region's (never paused), from a
+        fresh pool, as TMS."""
+        assert dispose_mem_pool_after_use, "Only dispose_mem_pool_after_use=true is supported now"
+        self._ensure_initialized()
+        pool = self._torch().mem_pool(None)  # PyTorch's own allocator ("default" if preloaded)
+        with self._torch().use_mem_pool(pool):
+            with self._in_tag(_TAG_DEFAULT):
+                yield
+        del pool
+
+    # ---- pause and resume ----
+    def _targets(self, tag):
+        if tag is None:
+            return [n for names in self._names.values() for n in names]
+        return list(self._names.get(tag, ()))
+
+    def _state(self, name):
+        return _vm.stats()["tags"].get(name, {}).get("state")
+
+    def pause(self, tag=None):
+        """Gives the memory of `tag` (None: of every tag used in a region) back to the driver;
+        addresses are kept. Backed-up regions keep their contents on the host. A tag never
+        used: nothing to do. Raises VmmError (ERR_PAUSED) when a named tag is paused already;
+        with None, paused tags are skipped."""
+        self._ensure_initialized()
+        self._switch(tag, pausing=True)
+
+    def resume(self, tag=None):
+        """Maps memory again at the same addresses (None: every paused tag); backed-up regions
+        get their contents back. Raises VmmError (ERR_NOT_PAUSED) when a named tag is not
+        paused; with None, running tags are skipped."""
+        self._ensure_initialized()
+        self._switch(tag, pausing=False)
+
+    def _switch(self, tag, pausing):
+        names = self._targets(tag)
+        stop = "running" if not pausing else "paused"
+        if tag is not None and any(self._state(n) == stop for n in names):
+            # Nothing done when any part is already there (TMS would exit the process).
+            code = _vm.ERR_PAUSED if pausing else _vm.ERR_NOT_PAUSED
+            call = "pause" if pausing else "resume"
+            raise _vm.VmmError(f"torch_memory_saver.{call}({tag!r})", code,
+                               f"tag {tag!r} is {stop} already")
+        done = []
+        try:
+            for n in names:
+                if self._state(n) == stop:
+                    continue  # pause(None) / resume(None): skipped, as vmm_pause(NULL) does
+                if pausing:
+                    _vm.pause(n, backup=n.startswith(_PREFIX_BACKUP))
+                else:
+                    _vm.resume(n)
+                done.append(n)
+        except _vm.VmmError:
+            # All or nothing over the library tags of this call: undo the ones done.
+            for n in reversed(done):
+                try:
+                    _vm.resume(n) if pausing else _vm.pause(n, backup=n.startswith(_PREFIX_BACKUP))
+                except _vm.VmmError:
+                    pass
+            raise
+
+    # ---- backups ----
+    def get_cpu_backup(self, x, zero_copy=False):
+        """A CPU copy of tensor x's backup while its tag is paused with enable_cpu_backup; None
+        otherwise (running, or no backup). Always a copy (zero_copy is accepted and ignored:
+        the library's backup may move or go away with the buffer)."""
+        self._ensure_initialized()
+        return self._torch().cpu_backup(x, read_backup)
+
+
+def read_backup(address, host, nbytes):
+    """Copies nbytes of the backup of the paused buffer at device address `address` into host
+    memory at `host`. True when copied; False when that memory is not paused with a backup."""
+    lib = _vm._need()
+    if not hasattr(lib, "vmm_backup_read"):
+        raise NotImplementedError("get_cpu_backup needs a libvmmhook with vmm_backup_read")
+    return lib.vmm_backup_read(ctypes.c_void_p(address), ctypes.c_void_p(host), nbytes) == _vm.OK
+
+
+def _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
+    if enable_disk_backup:
+        raise NotImplementedError("enable_disk_backup: not offered by libvmmhook (CPU backup only)")
+    if cpu_backup_backend is not None:
+        if not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        if cpu_backup_backend not in ("mmap", "pinned"):
+            raise ValueError(f"cpu_backup_backend {cpu_backup_backend!r}: 'mmap' or 'pinned'")
+        # Accepted and not used: the library chooses (pageable first, pinned within
+        # VMMHOOK_PIN_LIMIT; docs/SLEEP.md).
+
+
+@contextlib.contextmanager
+def configure_subprocess():
+    """Child processes started inside the block preload the library (TMS's
+    configure_subprocess, for hook_mode "preload")."""
+    path = _vm.library_path()  # not loaded here: only the children need it
+    if not path or not os.path.isfile(path):
+        raise _vm.VmmError("configure_subprocess", -1,
+                           f"no libvmmhook.so to preload ({path or 'none found'}): install the "
+                           "package with pip, or set LIBVMMHOOK=/path/to/libvmmhook.so")
+    old = os.environ.get("LD_PRELOAD")
+    parts = (old or "").replace(":", " ").split()
+    if path not in parts:
+        os.environ["LD_PRELOAD"] = f"{path} {old}" if old else path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = old
+
+
+# The singleton, as torch_memory_saver's module has it.
+torch_memory_saver = TorchMemorySaver()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call of the device tool: torch_memory_saver built from its source
+# (when TMS_SRC, default .tms-src, holds it) into the PyTorch environment, the library built,
+# then tests/gpu/torch_tms-compare.sh: tests/gpu/torch_tms.py with the drop-in and with TMS, in
+# "preload" and "torch" modes, outcomes compared. About 4-6 minutes on an H200 (8 GiB backed-up
+# cycles; TMS_BENCH_GIB=2 for less).
+#   OUT=/some/dir [PYTHON=/opt/torch/.venv/bin/python3] [TMS_SRC=.tms-src] bash tests/gpu/torch_tms-round.sh
+# Writes $OUT/tms-build.log, $OUT/build-lib.log and the runs' outputs under $OUT/tms/.
+# Exit: torch_tms-compare.sh's (0 pass, 1 fail, 77 nothing ran), 2 when the library did not build.
+set -u
+cd "$(dirname "$0")/../.."
+export PATH=$PATH:/opt/torch/.venv/bin
+OUT=${OUT:-$PWD/tms-out}
+mkdir -p "$OUT"
+P=${PYTHON:-/opt/torch/.venv/bin/python3}
+src=${TMS_SRC:-.tms-src}
+if [ -f "$src/setup.py" ]; then
+    if (cd "$src" && TMS_CUDA_MAJOR=13 "$P" -m pip install --no-build-isolation --no-deps .) \
+        >"$OUT/tms-build.log" 2>&1; then
+        echo "torch_memory_saver built from $src: $("$P" -m pip show torch_memory_saver 2>/dev/null | grep '^Version')"
+    else
+        echo "torch_memory_saver: the build from $src failed (tail of $OUT/tms-build.log):"
+        tail -15 "$OUT/tms-build.log"
+    fi
+else
+    echo "torch_memory_saver: no source in $src (the comparison runs only if it is installed already)"
+fi
+B=build-tms
+{ [ -f $B/build.ninja ] || meson setup $B -Dunit_tests=disabled -Dgpu_tests=disabled -Dfuzz=disabled; } \
+    >"$OUT/build-lib.log" 2>&1 && ninja -C $B src/libvmmhook.so >>"$OUT/build-lib.log" 2>&1 ||
+    { echo "the library did not build:"; tail -20 "$OUT/build-lib.log"; exit 2; }
+sh tests/gpu/torch_tms-compare.sh "$P" "$PWD/$B/src/libvmmhook.so" "$OUT/tms"

@@ -1,0 +1,277 @@
+"""The torch_memory_saver drop-in (vmmhook.torch_memory_saver) on the simulated driver, without
+PyTorch: a stand-in adapter plays PyTorch's part (pools, graphs, CPU tensors), and "tensors" are
+buffers allocated through the fake libcuda.so.1, which the preloaded library serves in the tag
+the region pushed. What TMS's users rely on: addresses kept, the memory back to the driver while
+paused, contents after a backed-up pause, nested regions, several tags, pause(None) pausing
+every region's tag and nothing else. The PyTorch half (tensors, CUDA graphs, hook_mode "torch")
+is tests/gpu/torch_tms.py, on a GPU.
+
+Run by meson test in one of two modes (argv[1]):
+  preloaded  LD_PRELOAD=libvmmhook.so, the fake driver on LD_LIBRARY_PATH
+  loaded     LIBVMMHOOK names the library, nothing preloaded: "preload" mode must refuse
+"""
+
+import contextlib
+import ctypes
+import sys
+import unittest
+
+import vmmhook  # noqa: E402 (PYTHONPATH set by meson)
+from vmmhook import TorchMemorySaver
+from simdriver import MiB, FakeDriver
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "preloaded"
+
+
+class FakeTorch:
+    """The adapter's interface (vmmhook._tms._Torch) with PyTorch left out. A "tensor" is a
+    (device address, nbytes) pair."""
+
+    def __init__(self):
+        self.pools = []       # (allocator) of each pool made
+        self.used = []        # the pools entered, in order
+        self.graphs = []
+        self.allocator_path = None
+
+    def check_environment(self):
+        pass
+
+    def pluggable_allocator(self, path):
+        self.allocator_path = path
+        return "vmm-allocator"
+
+    def current_device(self):
+        return 0
+
+    def mem_pool(self, allocator):
+        self.pools.append(allocator)
+        return len(self.pools) - 1
+
+    @contextlib.contextmanager
+    def use_mem_pool(self, pool):
+        self.used.append(pool)
+        yield
+
+    @contextlib.contextmanager
+    def graph(self, cuda_graph, pool, stream, capture_error_mode):
+        self.graphs.append((cuda_graph, pool, stream, capture_error_mode))
+        yield
+
+    def cpu_backup(self, x, read):
+        address, nbytes = x
+        buf = ctypes.create_string_buffer(nbytes)
+        return buf.raw if read(address, ctypes.addressof(buf), nbytes) else None
+
+
+def tag_of(name):
+    return vmmhook.stats()["tags"].get(name)
+
+
+class Preloaded(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.drv = FakeDriver()
+
+    def setUp(self):
+        self.torch = FakeTorch()
+        self.tms = TorchMemorySaver(torch_adapter=self.torch)
+
+    def test_names_and_defaults(self):
+        from vmmhook import torch_memory_saver
+
+        self.assertIsInstance(torch_memory_saver, TorchMemorySaver)
+        self.assertTrue(torch_memory_saver.enabled)
+        self.assertEqual(torch_memory_saver.hook_mode, "preload")  # TMS's default
+        for name in ("region", "pause", "resume", "cuda_graph", "disable", "get_cpu_backup"):
+            self.assertTrue(callable(getattr(torch_memory_saver, name)), name)
+        self.assertFalse(torch_memory_saver.retain_cpu_backup)
+        with self.assertRaises(NotImplementedError):
+            torch_memory_saver.retain_cpu_backup = True
+        with self.assertRaises(NotImplementedError):
+            with self.tms.region(enable_disk_backup=True):
+                pass
+        with self.assertRaises(ValueError):
+            with self.tms.region(cpu_backup_backend="mmap"):  # needs enable_cpu_backup, as TMS
+                pass
+        with self.assertRaises(ValueError):
+            with self.tms.region(tag="x" * 24):  # 23 bytes at most under the library
+                pass
+        with self.assertRaises(ValueError):
+            self.tms.hook_mode = "other"
+
+    def test_addresses_kept_memory_given_back(self):
+        drv = self.drv
+        with self.tms.region(tag="kv"):
+            bufs = [drv.alloc(40 * MiB) for _ in range(8)]
+        self.assertEqual(self.torch.used, [0])  # a pool of its own, as TMS
+        self.assertEqual(tag_of("tms:kv")["requested"], 8 * 40 * MiB)
+        used = drv.cu.sim_device_used(0)
+        self.tms.pause("kv")
+        freed = used - drv.cu.sim_device_used(0)
+        self.assertGreater(freed, 0.9 * 8 * 40 * MiB)  # TMS's simple.py: > 90% back
+        for b in bufs:
+            self.assertFalse(drv.mapped(b))
+            self.assertTrue(drv.cu.sim_is_reserved(b))  # nobody else gets the address
+        self.tms.resume("kv")
+        for b in bufs:
+            self.assertTrue(drv.mapped(b))  # the same address, memory again
+        self.assertGreater(drv.cu.sim_device_used(0), used - 0.1 * 8 * 40 * MiB)
+        for b in bufs:
+            drv.free(b)
+
+    def test_cpu_backup_contents(self):
+        drv = self.drv
+        with self.tms.region(tag="w", enable_cpu_backup=True):
+            big = drv.alloc(24 * MiB)
+            small = drv.alloc(5000)
+        with self.tms.region(tag="w-nobackup"):
+            other = drv.alloc(8 * MiB)
+        pattern = bytes((i * 13 + 1) & 255 for i in range(8192))
+        drv.write(big + 20 * MiB, pattern)
+        drv.write(small, pattern[:5000])
+        self.assertIsNone(self.tms.get_cpu_backup((big, 16)))  # running: None, as TMS
+        self.tms.pause()
+        self.assertEqual(tag_of("tms+cpu:w")["state"], "paused")
+        self.assertGreaterEqual(tag_of("tms+cpu:w")["backed_up"], 24 * MiB)
+        self.assertEqual(tag_of("tms:w-nobackup")["backed_up"], 0)
+        self.assertEqual(self.tms.get_cpu_backup((big + 20 * MiB, 8192)), pattern)
+        self.assertEqual(self.tms.get_cpu_backup((small, 5000)), pattern[:5000])
+        self.assertIsNone(self.tms.get_cpu_backup((other, 16)))  # paused without backup
+        # The device is free for others meanwhile: allocate and write where the tag was.
+        squatter = drv.alloc(32 * MiB)
+        drv.write(squatter, b"\xff" * 4096)
+        drv.free(squatter)
+        self.tms.resume()
+        self.assertEqual(drv.read(big + 20 * MiB, 8192), pattern)
+        self.assertEqual(drv.read(small, 5000), pattern[:5000])
+        self.assertIsNone(self.tms.get_cpu_backup((big, 16)))  # resumed: None, as TMS
+        for b in (big, small, other):
+            drv.free(b)
+
+    def test_nested_regions_and_tags(self):
+        # TMS's nested_region.py: an outer region with backup, an inner one without; the
+        # innermost decides, and leaving it restores the outer one.
+        drv = self.drv
+        outside = drv.alloc(4 * MiB)
+        with self.tms.region(tag="model", enable_cpu_backup=True):
+            weight = drv.alloc(6 * MiB)
+            with self.tms.region(tag="grad", enable_cpu_backup=False):
+                grad = drv.alloc(6 * MiB)
+                with self.tms.disable():
+                    plain = drv.alloc(2 * MiB)  # not the region's: never paused
+            extra = drv.alloc(3 * MiB)
+        self.assertEqual(tag_of("tms+cpu:model")["requested"], 9 * MiB)
+        self.assertEqual(tag_of("tms:grad")["requested"], 6 * MiB)
+        drv.write(weight, b"w" * 4096)
+        drv.write(extra, b"x" * 4096)
+
+        self.tms.pause("grad")  # one tag alone
+        self.assertFalse(drv.mapped(grad))
+        self.assertTrue(drv.mapped(weight))
+        with self.assertRaises(vmmhook.VmmError) as e:
+            self.tms.pause("grad")  # paused already (TMS would exit the process)
+        self.assertEqual(e.exception.status, vmmhook.ERR_PAUSED)
+        self.tms.pause()  # None: every region's tag still running; "grad" skipped
+        for b in (weight, extra):
+            self.assertFalse(drv.mapped(b))
+        for b in (outside, plain):
+            self.assertTrue(drv.mapped(b))  # memory outside regions is never paused
+        self.tms.resume("model")
+        self.assertEqual(drv.read(weight, 4096), b"w" * 4096)
+        self.assertEqual(drv.read(extra, 4096), b"x" * 4096)
+        self.assertFalse(drv.mapped(grad))
+        with self.assertRaises(vmmhook.VmmError) as e:
+            self.tms.resume("model")
+        self.assertEqual(e.exception.status, vmmhook.ERR_NOT_PAUSED)
+        self.tms.resume()  # None: the paused ones ("grad")
+        self.assertTrue(drv.mapped(grad))
+        self.tms.pause("never-used")  # a tag never used: nothing to do, as TMS
+        self.tms.resume("never-used")
+        for b in (outside, weight, grad, plain, extra):
+            drv.free(b)
+
+    def test_one_tag_with_and_without_backup(self):
+        # TMS decides backup per allocation: one tag, both kinds; pause(tag) takes both.
+        drv = self.drv
+        with self.tms.region(tag="mixed", enable_cpu_backup=True):
+            kept = drv.alloc(5 * MiB)
+        with self.tms.region(tag="mixed"):
+            dropped = drv.alloc(5 * MiB)
+        self.assertEqual(len(self.torch.pools), 2)  # a pool per (tag, backup, device)
+        drv.write(kept, b"k" * 1000)
+        self.tms.pause("mixed")
+        self.assertFalse(drv.mapped(kept))
+        self.assertFalse(drv.mapped(dropped))
+        self.tms.resume("mixed")
+        self.assertEqual(drv.read(kept, 1000), b"k" * 1000)
+        drv.free(kept)
+        drv.free(dropped)
+
+    def test_cuda_graph_tag(self):
+        drv = self.drv
+        with self.tms.cuda_graph("graph-object", tag="graph", capture_error_mode="relaxed"):
+            inter = drv.alloc(10 * MiB)  # what a capture allocates
+        self.assertEqual(self.torch.graphs, [("graph-object", None, None, "relaxed")])
+        self.assertEqual(tag_of("tms:graph")["requested"], 10 * MiB)
+        self.tms.pause("graph")
+        self.assertFalse(drv.mapped(inter))
+        self.tms.resume("graph")
+        self.assertTrue(drv.mapped(inter))
+        drv.free(inter)
+
+    def test_configure_subprocess(self):
+        import os
+        import subprocess
+
+        before = os.environ.get("LD_PRELOAD")
+        with vmmhook.configure_subprocess():
+            out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['LD_PRELOAD'])"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            self.assertIn(vmmhook.library_path(), out)
+            self.assertEqual(out.count(vmmhook.library_path()), 1)  # never twice
+        self.assertEqual(os.environ.get("LD_PRELOAD"), before)
+
+    def test_hook_mode_fixed_once_used(self):
+        with self.tms.region(tag="fixed"):
+            pass
+        with self.assertRaises(RuntimeError):
+            self.tms.hook_mode = "torch"
+
+    def test_torch_mode_pools(self):
+        # hook_mode "torch": each region's pool allocates with the library's
+        # vmm_torch_alloc / vmm_torch_free (a CUDAPluggableAllocator of library_path()).
+        tms = TorchMemorySaver(torch_adapter=self.torch)
+        tms.hook_mode = "torch"
+        with tms.region(tag="t"):
+            with tms.disable():
+                pass
+        self.assertEqual(self.torch.allocator_path, vmmhook.library_path())
+        self.assertEqual(self.torch.pools, ["vmm-allocator", None])
+        with self.assertRaises(RuntimeError):
+            with tms.cuda_graph("g"):  # as TMS: preload mode only
+                pass
+
+
+class Loaded(unittest.TestCase):
+    def test_preload_mode_needs_preload(self):
+        tms = TorchMemorySaver(torch_adapter=FakeTorch())
+        with self.assertRaises(RuntimeError) as e:
+            with tms.region():
+                pass
+        self.assertIn("python -m vmmhook", str(e.exception))
+        tms = TorchMemorySaver(torch_adapter=FakeTorch())
+        tms.hook_mode = "torch"  # nothing preloaded: the library as PyTorch's allocator
+        with tms.region(tag="ok"):
+            pass
+
+
+def main():
+    suites = {"preloaded": [Preloaded], "loaded": [Loaded]}[MODE]
+    loader = unittest.TestLoader()
+    suite = unittest.TestSuite(loader.loadTestsFromTestCase(c) for c in suites)
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if result.wasSuccessful() and result.testsRun > 0 else 1)
+
+
+if __name__ == "__main__":
+    main()
