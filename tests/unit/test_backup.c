@@ -556,6 +556,47 @@ static void kept_between_pauses_given_back_under_pressure(void **state)
     assert_int_equal(sim_hazards(), 0);
 }
 
+/* Giving a kept buffer back under pressure can fail (making its context current, or the
+ * unregistration): that buffer stays kept, still pinned and counted, the call goes on, and the
+ * next call under pressure gives it back. */
+static void pressure_release_refused(void **state)
+{
+    (void)state;
+    static const char *const calls[] = {"cuCtxPushCurrent", "cuMemHostUnregister"};
+    for (int c = 0; c < 2; c++) {
+        backup_reset(NULL);
+        set_pin_limit(256 * MiB);
+        wfix_t f;
+        wfix_make(&f);
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_int_equal(vmh_staging_kept_count(), 4);
+        fake_host.available = 7 * GiB; /* below the mark of 8 */
+        /* The first of these calls in a pause is the first buffer's release. */
+        sim_fail_function(calls[c], 1, INJECTED);
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        assert_int_equal(sim_faults_fired(), 1);
+        sim_clear_faults();
+        assert_int_equal(vmh_staging_kept_count(), 1);
+        assert_int_equal(sim_live_host(), 1);
+        assert_int_equal(sim_host_pinned_bytes(), vmh_staging_kept_bytes());
+        assert_int_equal(sim_host_pinned_bytes(), stats_pinned());
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_true(wfix_intact(&f));
+        /* Still under pressure: the next call gives the last one back. */
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        assert_int_equal(vmh_staging_kept_count(), 0);
+        assert_int_equal(sim_host_pinned_bytes(), 0);
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_true(wfix_intact(&f));
+        assert_int_equal(sim_hazards(), 0);
+        wfix_free(&f);
+        vmh_heap_trim();
+        vmh_pause_reset();
+        tu_assert_ledger_empty();
+    }
+}
+
 /* A paused buffer freed while paused: its backup's kept buffer becomes free for later backups
  * (never unmapped under the pool); the resume and the next pauses use what is left. */
 static void freed_while_paused_keeps_buffer(void **state)
@@ -874,6 +915,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(budget_is_obeyed, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(kept_between_pauses_given_back_under_pressure, setup,
                                         tt_teardown),
+        cmocka_unit_test_setup_teardown(pressure_release_refused, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(freed_while_paused_keeps_buffer, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(pinner_refused_stays_pageable, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(small_totals_copy_directly, setup, tt_teardown),
