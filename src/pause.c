@@ -255,10 +255,13 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
             tag_memory(tag, &m);
             size_t need = m.mapped - m.kept, pinned = vmh_staging_pinned_free();
             j.stage = need > pinned && need - pinned >= staging_min;
+            if (j.stage) /* mapped before the copies: see vmh_staging_region_open */
+                vmh_staging_region_open(need - pinned);
         }
         rc = visit_tag(tag, visit_pause, &j, true);
         if (j.staging_open)
             vmh_staging_close(&j.staging); /* before any resume below: nothing pinned stays */
+        vmh_staging_region_close();
     }
     if (rc != CUDA_SUCCESS && resume_records(tag) != CUDA_SUCCESS) {
         /* Back to running failed too (out of memory after a failed copy): the tag stays

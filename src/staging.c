@@ -304,6 +304,40 @@ void vmh_staging_budget_begin(void)
     kept_release(release);
 }
 
+/* The pause's region (vmh_staging_region_open): carved by _get on the pausing thread only (the
+ * pause layer's lock serializes pauses), so no lock. */
+static char *region_next;
+static size_t region_left;
+
+void vmh_staging_region_open(size_t bytes)
+{
+    assert(!region_left);
+    size_t len = page_round(bytes);
+    region_next = len ? pageable_map(len) : NULL;
+    region_left = region_next ? len : 0;
+}
+
+void vmh_staging_region_close(void)
+{
+    if (region_left)
+        munmap(region_next, region_left);
+    region_next = NULL;
+    region_left = 0;
+}
+
+/* Fresh pageable memory for one backup: the next part of the pause's region when it has room
+ * (no mmap while the pinner registers the backups before it), else a mapping of its own. */
+static void *pageable_get(size_t size)
+{
+    size_t len = page_round(size);
+    if (len > region_left)
+        return pageable_map(len);
+    void *host = region_next;
+    region_next += len;
+    region_left -= len;
+    return host;
+}
+
 void *vmh_staging_backup_get(size_t size, bool *pinned)
 {
     pthread_mutex_lock(&kept_lock);
@@ -316,7 +350,7 @@ void *vmh_staging_backup_get(size_t size, bool *pinned)
         best->in_use = true;
     pthread_mutex_unlock(&kept_lock);
     *pinned = best != NULL;
-    return best ? best->host : pageable_map(page_round(size));
+    return best ? best->host : pageable_get(size);
 }
 
 void vmh_staging_backup_put(void *host, size_t size)

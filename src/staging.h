@@ -55,6 +55,16 @@ void vmh_staging_budget_begin(void);
  * starting on a huge-page boundary with huge pages advised. NULL when the system has none. */
 void *vmh_staging_backup_get(size_t size, bool *pinned);
 
+/* The fresh pageable backups a pause expects (bytes): mapped now as one region (huge-page
+ * aligned, huge pages advised), which _get then hands out in order, so that no mmap runs during
+ * the pause's copies. Why: an mmap takes the process's address-space lock for writing, and a
+ * registration by the pinner holds it for reading while it pins a backup's pages, so a mapping
+ * per backup would wait for the previous backup's registration and undo the overlap. Pausing
+ * thread only, one region at a time; _close unmaps what was not handed out. A backup from the
+ * region is given back like any other (its own pages are unmapped at _put). */
+void vmh_staging_region_open(size_t bytes);
+void vmh_staging_region_close(void);
+
 /* Gives a backup back (a vmh_host_release_fn, range.h): a kept pinned one stays pinned for the
  * next backup, a pageable one goes back to the system. Any thread; no driver call. */
 void vmh_staging_backup_put(void *host, size_t size);

@@ -24,6 +24,8 @@
 #include "tags.h"
 #include "vmmhook.h"
 
+#include <sys/mman.h>
+
 #define KiB ((size_t)1 << 10)
 #define INJECTED CUDA_ERROR_UNKNOWN
 
@@ -96,6 +98,40 @@ static void copy_pool_copies_every_byte(void **state)
     }
     free(src);
     free(dst);
+}
+
+/* Whether [p, p + n) is mapped (msync answers ENOMEM for unmapped pages). */
+static bool host_mapped(const void *p, size_t n)
+{
+    return msync((void *)p, n, MS_ASYNC) == 0;
+}
+
+/* The pause's region: backups handed out in order from one mapping, a backup it has no room
+ * for mapped on its own, the unused tail unmapped at close, each backup unmapped at its put. */
+static void region_hands_out_in_order(void **state)
+{
+    (void)state;
+    vmh_staging_region_open(7 * MiB);
+    bool pinned = true;
+    char *a = vmh_staging_backup_get(2 * MiB, &pinned);
+    assert_false(pinned);
+    char *b = vmh_staging_backup_get(4 * MiB, &pinned);
+    char *c = vmh_staging_backup_get(2 * MiB, &pinned); /* 1 MiB left: its own */
+    assert_true(((uintptr_t)a & (2 * MiB - 1)) == 0); /* huge-page aligned */
+    assert_ptr_equal(b, a + 2 * MiB);
+    assert_true(c != b + 4 * MiB);
+    assert_true(host_mapped(b + 4 * MiB, MiB));
+    vmh_staging_region_close();
+    assert_false(host_mapped(b + 4 * MiB, MiB));
+    memset(a, 1, 2 * MiB);
+    memset(b, 2, 4 * MiB);
+    memset(c, 3, 2 * MiB);
+    vmh_staging_backup_put(b, 4 * MiB);
+    assert_false(host_mapped(b, 4 * MiB));
+    assert_true(host_mapped(a, 2 * MiB));
+    vmh_staging_backup_put(a, 2 * MiB);
+    vmh_staging_backup_put(c, 2 * MiB);
+    assert_false(host_mapped(a, 2 * MiB) || host_mapped(c, 2 * MiB));
 }
 
 /* The production reader of the host's memory answers something sane here. */
@@ -924,6 +960,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(fault_sweep_staged_pause, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(fault_sweep_pinning_pause, setup, tt_teardown),
         cmocka_unit_test(host_memory_reader),
+        cmocka_unit_test(region_hands_out_in_order),
     };
     return cmocka_run_group_tests_name("backup", tests, NULL, NULL);
 }
