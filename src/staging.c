@@ -61,11 +61,12 @@ static bool meminfo_field(const char *text, const char *key, size_t *out)
     return true;
 }
 
-/* One number (memory.max, memory.current); false for "max" or when unreadable. */
-static bool cgroup_value(const char *dir, const char *file, size_t *out)
+/* One number of a cgroup file (memory.max, memory.limit_in_bytes, ...); false for "max" or
+ * when unreadable. */
+static bool cgroup_value(const char *root, const char *dir, const char *file, size_t *out)
 {
     char path[512], text[64];
-    if (snprintf(path, sizeof path, "/sys/fs/cgroup%s/%s", dir, file) >= (int)sizeof path ||
+    if (snprintf(path, sizeof path, "%s%s/%s", root, dir, file) >= (int)sizeof path ||
         !read_text(path, text, sizeof text) || text[0] < '0' || text[0] > '9')
         return false;
     unsigned long long v = strtoull(text, NULL, 10);
@@ -73,36 +74,61 @@ static bool cgroup_value(const char *dir, const char *file, size_t *out)
     return true;
 }
 
-/* A memory cgroup (v2) limit below the host's: the process cannot pin beyond it. Its available
- * memory is taken as the limit less the cgroup's current use, page cache included (which the
- * kernel could reclaim): an underestimate, so the budget errs towards pinning less. */
-static void cgroup_apply(vmh_host_mem_t *m)
+/* Applies one cgroup's limit when it is below the host's; false when the cgroup has no such
+ * file (another version, another mount). Its available memory is taken as the limit less the
+ * cgroup's current use, page cache included (which the kernel could reclaim): an underestimate,
+ * so the budget errs towards pinning less. */
+static bool cgroup_limit(const char *root, const char *dir, const char *max_file,
+                         const char *cur_file, vmh_host_mem_t *m)
 {
-    char text[512];
-    if (!read_text("/proc/self/cgroup", text, sizeof text))
-        return;
-    char *at = strstr(text, "0::"); /* the v2 line */
-    if (!at)
-        return;
-    char *dir = at + 3, *end = strchr(dir, '\n');
-    if (end)
-        *end = '\0';
-    if (!strcmp(dir, "/"))
-        dir = "";
+    char probe[512];
+    if (snprintf(probe, sizeof probe, "%s%s/%s", root, dir, max_file) >= (int)sizeof probe ||
+        access(probe, R_OK) != 0)
+        return false;
     size_t max, cur;
-    if (!cgroup_value(dir, "memory.max", &max) || max >= m->total)
-        return;
+    if (!cgroup_value(root, dir, max_file, &max) || max >= m->total)
+        return true; /* "max", or no lower than the host */
     m->total = max;
-    if (!cgroup_value(dir, "memory.current", &cur))
+    if (!cgroup_value(root, dir, cur_file, &cur))
         cur = max;
     size_t room = max > cur ? max - cur : 0;
     if (m->available > room)
         m->available = room;
+    return true;
+}
+
+/* The memory cgroup's limit, when it is below the host's: the process cannot pin beyond it.
+ * cgroup v2 ("0::PATH" in /proc/self/cgroup: memory.max, memory.current), else v1
+ * (":memory:PATH": memory.limit_in_bytes, memory.usage_in_bytes), each at its path under the
+ * mount, else at the mount's root (a container's own view). */
+static void cgroup_apply(vmh_host_mem_t *m)
+{
+    char text[1024];
+    if (!read_text("/proc/self/cgroup", text, sizeof text))
+        return;
+    char *v2 = strstr(text, "0::"), *v1 = strstr(text, ":memory:");
+    char *ends[2] = {v2 ? strchr(v2, '\n') : NULL, v1 ? strchr(v1, '\n') : NULL};
+    for (int k = 0; k < 2; k++)
+        if (ends[k])
+            *ends[k] = '\0';
+    if (v2) {
+        const char *dir = !strcmp(v2 + 3, "/") ? "" : v2 + 3;
+        if (cgroup_limit("/sys/fs/cgroup", dir, "memory.max", "memory.current", m) ||
+            cgroup_limit("/sys/fs/cgroup", "", "memory.max", "memory.current", m))
+            return;
+    }
+    if (v1) {
+        const char *dir = !strcmp(v1 + 8, "/") ? "" : v1 + 8;
+        if (!cgroup_limit("/sys/fs/cgroup/memory", dir, "memory.limit_in_bytes",
+                          "memory.usage_in_bytes", m))
+            cgroup_limit("/sys/fs/cgroup/memory", "", "memory.limit_in_bytes",
+                         "memory.usage_in_bytes", m);
+    }
 }
 
 /* The production reader: MemTotal and MemAvailable of /proc/meminfo (sysconf's physical and
  * free pages where it cannot be read: free understates available, which errs towards pinning
- * less), then a smaller memory cgroup's. */
+ * less), then a smaller memory cgroup's (v2 or v1). */
 VMH_TESTABLE bool vmh_host_mem_read(vmh_host_mem_t *out)
 {
     char text[4096];

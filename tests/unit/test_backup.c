@@ -140,6 +140,8 @@ static void host_memory_reader(void **state)
     (void)state;
     vmh_host_mem_t m;
     assert_true(vmh_host_mem_read(&m));
+    printf("  host memory as the budget reads it: %zu MiB, %zu MiB available\n", m.total / MiB,
+           m.available / MiB);
     assert_true(m.total >= 64 * MiB);
     assert_true(m.available <= m.total);
 }
