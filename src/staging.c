@@ -199,14 +199,16 @@ typedef struct kept {
     struct kept *next, *next_queued;
 } kept_t;
 
+/* A leaf lock: taken under the heap's record locks (a free of a paused buffer puts its backup),
+ * and no other lock and no driver call is taken while it is held. */
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t queue_cv = PTHREAD_COND_INITIALIZER; /* queued work or stop, for the pinner */
 static kept_t *kept_list;
 static kept_t *queue_head, *queue_tail;
 static bool pinner_stop;
-static size_t pin_cap;   /* VMMHOOK_PIN_LIMIT */
-static size_t claimed;   /* bytes of every entry (queued, pinning, pinned) */
-static size_t room;      /* bytes the current pause or resume may still claim */
+static size_t pin_cap; /* VMMHOOK_PIN_LIMIT */
+static size_t claimed; /* bytes of every entry (queued, pinning, pinned) */
+static size_t room;    /* bytes the current pause or resume may still claim */
 
 void vmh_staging_configure(size_t cap)
 {
@@ -302,8 +304,8 @@ void vmh_staging_budget_begin(void)
     kept_t *release = NULL;
     pthread_mutex_lock(&kept_lock);
     /* Unknown host memory: keep what is kept, pin nothing new. */
-    size_t budget = known && m.total / HOST_SHARE_DIV < pin_cap ? m.total / HOST_SHARE_DIV
-                                                                 : pin_cap;
+    size_t budget =
+        known && m.total / HOST_SHARE_DIV < pin_cap ? m.total / HOST_SHARE_DIV : pin_cap;
     size_t low = known ? m.total / HOST_LOW_DIV : 0, avail = known ? m.available : 0;
     /* Pressure: give back free kept buffers until the mark is met (largest first: fewest
      * unregistrations). Buffers in use hold a paused tag's contents: never. */

@@ -521,10 +521,10 @@ static void budget_is_obeyed(void **state)
     static const struct {
         size_t total, available, limit, want;
     } cases[] = {
-        {48 * MiB, 40 * MiB, 256 * MiB, 12 * MiB}, /* a quarter of a 48 MiB host */
-        {64 * GiB, 48 * GiB, 5 * MiB, 5 * MiB},    /* the cap */
+        {48 * MiB, 40 * MiB, 256 * MiB, 12 * MiB},      /* a quarter of a 48 MiB host */
+        {64 * GiB, 48 * GiB, 5 * MiB, 5 * MiB},         /* the cap */
         {GiB, 128 * MiB + 9 * MiB, 256 * MiB, 9 * MiB}, /* 9 MiB above the mark of 128 */
-        {GiB, 100 * MiB, 256 * MiB, 0},            /* below the mark: nothing */
+        {GiB, 100 * MiB, 256 * MiB, 0},                 /* below the mark: nothing */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         vmh_pause_reset();
