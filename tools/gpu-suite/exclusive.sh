@@ -87,7 +87,7 @@ pause_table() {
     local met miss
     met=$(grep -c '^T .* MET$' "$out")
     miss=$(grep '^T .* MISS$' "$out" | awk '{printf "%s=%s%s (%s); ", $2, $3, $4, $5}')
-    info_row "pause_resume timings (issue 15 targets)" static "-" "$(rcname "$(rc_of pause_resume.static.hooked)")" \
+    info_row "pause_resume timings (targets of issues 15, 22)" static "-" "$(rcname "$(rc_of pause_resume.static.hooked)")" \
         "$met met; misses: ${miss:-none} (table below)"
 }
 
