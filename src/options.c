@@ -188,10 +188,14 @@ static const opt_row_t rows[] = {
      "a program whose threads use per-thread default streams (`cudaStreamPerThread`, or built "
      "with `--default-stream per-thread`) and free memory that another thread's work may still "
      "use: the library cannot see those streams."},
-    {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "0", 0, 0, NO_WORDS,
-     "Pinned host memory kept between pauses for the backups of vmm_pause(VMM_PAUSE_BACKUP); "
-     "0 keeps none.",
-     "With `0` each pause pins and releases its own backup memory."},
+    {"VMMHOOK_PIN_LIMIT", K_SIZE, FIELD(pin_limit), "64T", 0, 0, NO_WORDS,
+     "Cap on the pinned host memory kept between pauses for the backups of "
+     "vmm_pause(VMM_PAUSE_BACKUP); 0 keeps none.",
+     "What is kept is also at most a quarter of the host's physical memory (or of its memory "
+     "cgroup's limit); nothing new is pinned that would leave less than an eighth of it "
+     "available, and free kept memory is given back when less is available at a pause or a "
+     "resume. The default, `64T`, sets no cap beyond that (docs/SLEEP.md). With `0` backups "
+     "stay in pageable memory and resumes copy back at the pageable rate."},
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 _Static_assert(NROWS <= 32, "refused_mask has 32 bits");

@@ -34,45 +34,28 @@
 #include "staging.h"
 #include "tags.h"
 
-#include <assert.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
-static size_t pin_limit; /* VMMHOOK_PIN_LIMIT */
 
 /* ---- host memory for backups ---------------------------------------------------------------- *
- * Rates measured on an H200 (issue 15, driver-facts.md section 6): pinned copies ~51 GiB/s each
- * way; pinning fresh memory (cudaHostAlloc, or registering memory nothing has touched: every page
- * is faulted in by the pinning) ~2.4 GiB/s; registering memory already touched ~16 GiB/s; copies
- * with pageable memory 9-12 GiB/s down, 6.5 GiB/s up. So pinning a backup before its first copy
- * makes the first pause run at the pinning rate. Instead a pause never pins a backup: it goes
- * into pinned memory kept from an earlier resume when one fits, copied directly at the pinned
- * rate; else into fresh pageable memory, through the staging ring (staging.h: the driver copies
- * into two small pinned slots in turn while a pool of threads copies each filled slot out,
- * faulting the fresh pages in on several cores), or with one direct copy when the pause's
- * pageable total is small or the ring's slots cannot be pinned. The resume registers such a
- * backup, now touched, before copying it back (16 GiB/s, then 51: faster than the 6.5 of a
- * pageable copy up) when VMMHOOK_PIN_LIMIT has room, and keeps it pinned for the process: the
- * next pause of the tag finds it and copies at the pinned rate. docs/SLEEP.md's design notes
- * give the measured and the predicted rates. */
-
-typedef struct pinned {
-    void *host;
-    size_t size;
-    bool in_use;
-    struct pinned *next;
-} pinned_t;
-
-static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
-static pinned_t *pinned_list;
-static size_t pinned_bytes; /* kept pinned, plus room claimed by a registration under way */
-
-#define HUGE_PAGE ((size_t)2 << 20)
+ * The staging layer owns it (staging.h): this file asks it for each backup and gives it back.
+ * Rates measured on an H200 (driver-facts.md section 6): pinned copies ~51 GiB/s each way;
+ * pinning fresh memory ~2.4 GiB/s; registering memory already touched ~16 GiB/s; pageable
+ * copies 9-12 GiB/s down, 6.5 GiB/s up. So a backup is never pinned before its copy: it goes
+ * into a kept pinned buffer when a free one fits (one direct copy at the pinned rate), else into
+ * fresh pageable memory through the staging ring (the driver copies into two small pinned slots
+ * in turn while a pool of threads copies each filled slot out, faulting the fresh pages in on
+ * several cores), or with one direct copy when the pause's pageable total is small or the
+ * ring's slots cannot be pinned. A backup copied through the ring is then registered by the
+ * ring's pinner thread while the ring copies the next ones, when the budget has room, and kept
+ * pinned: the first resume copies it back at the pinned rate, and so does every later pause
+ * and resume. Backups the pause did not pin are registered by the resume before their copy back
+ * (16 GiB/s, then 51: faster than the 6.5 of a pageable copy up) when the budget has room.
+ * docs/SLEEP.md's design notes give the measured and the predicted rates. */
 
 /* The staging ring (the probe's best case, tools/probe/backup_rate.c: two slots of 16 MiB and
  * 8 threads, 11.09 GiB/s into fresh memory on an H200). Below STAGING_MIN bytes of pageable
@@ -83,120 +66,6 @@ static size_t pinned_bytes; /* kept pinned, plus room claimed by a registration 
 
 static size_t staging_slot = STAGING_SLOT, staging_min = STAGING_MIN; /* tests may set them */
 static size_t staged_bytes; /* backed up through the ring since the last reset (tests) */
-
-static size_t page_round(size_t n)
-{
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    return (n + page - 1) / page * page;
-}
-
-/* Fresh pageable memory of len bytes (a multiple of the page size), starting on a huge-page
- * boundary when it is at least one huge page long, with huge pages advised: the copy faults it
- * in, and huge pages make that 512 times fewer faults (advice only; the kernel may ignore it).
- * Exactly [result, result + len) is mapped. NULL when the system has none. */
-static void *pageable_map(size_t len)
-{
-    size_t extra = len >= HUGE_PAGE ? HUGE_PAGE : 0;
-    if (len > SIZE_MAX - extra)
-        return NULL;
-    char *raw = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                     0);
-    if (raw == MAP_FAILED)
-        return NULL;
-    char *host = raw;
-    if (extra) {
-        host = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-        if (host > raw)
-            munmap(raw, (size_t)(host - raw));
-        size_t tail = (size_t)(raw + extra - host);
-        if (tail)
-            munmap(host + len, tail);
-    }
-    madvise(host, len, MADV_HUGEPAGE);
-    return host;
-}
-
-/* Bytes of kept pinned buffers free for the next backups. */
-static size_t pinned_free_bytes(void)
-{
-    size_t bytes = 0;
-    pthread_mutex_lock(&pinned_lock);
-    for (pinned_t *k = pinned_list; k; k = k->next)
-        if (!k->in_use)
-            bytes += k->size;
-    pthread_mutex_unlock(&pinned_lock);
-    return bytes;
-}
-
-/* Host memory for a backup of size bytes: a kept pinned buffer that is free and fits (the
- * smallest; *pinned true), else fresh pageable memory. Never pins (see above). NULL when the
- * system has no memory. */
-static void *backup_get(size_t size, bool *pinned)
-{
-    pthread_mutex_lock(&pinned_lock);
-    pinned_t *best = NULL;
-    for (pinned_t *k = pinned_list; k; k = k->next)
-        if (!k->in_use && k->size >= size && (!best || k->size < best->size))
-            best = k;
-    if (best)
-        best->in_use = true;
-    pthread_mutex_unlock(&pinned_lock);
-    *pinned = best != NULL;
-    return best ? best->host : pageable_map(page_round(size));
-}
-
-static pinned_t *pinned_find(const void *host)
-{
-    pinned_t *k = pinned_list;
-    while (k && k->host != host)
-        k = k->next;
-    return k;
-}
-
-/* Before a resume copies a backup back: pins it (it was touched by the pause's copy, so this is
- * the fast registration) when it is not pinned yet and VMMHOOK_PIN_LIMIT has room, and keeps it
- * for later backups. The calling thread has a context current (registration needs one). A
- * failure only means the copy runs from pageable memory. */
-static void backup_pin_for_resume(void *host, size_t size)
-{
-    size_t len = page_round(size);
-    pthread_mutex_lock(&pinned_lock);
-    /* Room claimed now, given back below if registering fails. */
-    bool pin = !pinned_find(host) && len <= pin_limit && pinned_bytes <= pin_limit - len;
-    if (pin)
-        pinned_bytes += len;
-    pthread_mutex_unlock(&pinned_lock);
-    if (!pin)
-        return;
-    pinned_t *k = malloc(sizeof *k);
-    /* PORTABLE: pinned for every context, as a kept buffer may serve another device later. */
-    if (k && vmh_drv.cuMemHostRegister(host, len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
-        *k = (pinned_t){host, len, true, NULL};
-        pthread_mutex_lock(&pinned_lock);
-        k->next = pinned_list;
-        pinned_list = k;
-        pthread_mutex_unlock(&pinned_lock);
-        vmh_tags_pinned_add((int64_t)len);
-        return;
-    }
-    free(k);
-    pthread_mutex_lock(&pinned_lock);
-    pinned_bytes -= len;
-    pthread_mutex_unlock(&pinned_lock);
-}
-
-/* Gives back a backup (vmh_host_release_fn): a pinned one stays pinned for the next backup,
- * a pageable one goes back to the system. No driver call: it may run on any thread. */
-static void backup_put(void *host, size_t size)
-{
-    pthread_mutex_lock(&pinned_lock);
-    pinned_t *k = pinned_find(host);
-    if (k)
-        k->in_use = false;
-    pthread_mutex_unlock(&pinned_lock);
-    if (!k)
-        munmap(host, page_round(size));
-}
 
 /* ---- visits ---------------------------------------------------------------------------------- */
 
@@ -245,7 +114,7 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
     size_t size = (*range)->size;
     void *host = NULL;
     bool pinned = false;
-    if (j->backup && !(host = backup_get(size, &pinned)))
+    if (j->backup && !(host = vmh_staging_backup_get(size, &pinned)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* A kept pinned buffer takes the direct copy, at the pinned rate. */
     vmh_backup_copy_fn copy = host && !pinned ? pageable_copy(j) : NULL;
@@ -253,17 +122,21 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
     CUresult rc = vmh_range_pause(*range, host, copy, &j->staging, &p);
     if (rc != CUDA_SUCCESS) {
         if (host)
-            backup_put(host, size);
+            vmh_staging_backup_put(host, size);
         /* Memory with another holder (a range left by a move that the GPU has not passed
          * yet, an export being made) stays mapped, like an exported buffer. The same code
          * from the copy is a failure: the range tells the two apart. */
         return rc == CUDA_ERROR_NOT_PERMITTED && !vmh_range_owned_alone(*range) ? CUDA_SUCCESS
                                                                                 : rc;
     }
-    if (copy)
+    if (copy) {
         staged_bytes += size;
+        /* Copied (so touched): the pinner registers it while the ring copies the next ones,
+         * when the budget has room; the paused record holds it from here on either way. */
+        vmh_staging_pin_later(&j->staging, host, size);
+    }
     p->host = host;
-    p->host_release = host ? backup_put : NULL;
+    p->host_release = host ? vmh_staging_backup_put : NULL;
     *range = NULL;
     *paused = p;
     return CUDA_SUCCESS;
@@ -279,7 +152,7 @@ static CUresult visit_prepare(vmh_range_t **range, vmh_paused_t **paused, bool e
     if (!p || p->resumed)
         return CUDA_SUCCESS;
     if (p->host)
-        backup_pin_for_resume(p->host, p->size);
+        vmh_staging_pin_now(p->host, p->size, j->dev->ctx);
     /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants. */
     return vmh_range_resume(p, &j->dev->prop, NULL, 0, p->host, &p->resumed);
 }
@@ -380,12 +253,15 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
              * record that stays mapped takes nothing). */
             vmh_tag_memory_t m;
             tag_memory(tag, &m);
-            size_t need = m.mapped - m.kept, pinned = pinned_free_bytes();
+            size_t need = m.mapped - m.kept, pinned = vmh_staging_pinned_free();
             j.stage = need > pinned && need - pinned >= staging_min;
+            if (j.stage) /* mapped before the copies: see vmh_staging_region_open */
+                vmh_staging_region_open(need - pinned);
         }
         rc = visit_tag(tag, visit_pause, &j, true);
         if (j.staging_open)
             vmh_staging_close(&j.staging); /* before any resume below: nothing pinned stays */
+        vmh_staging_region_close();
     }
     if (rc != CUDA_SUCCESS && resume_records(tag) != CUDA_SUCCESS) {
         /* Back to running failed too (out of memory after a failed copy): the tag stays
@@ -431,7 +307,7 @@ static void tag_memory(unsigned tag, vmh_tag_memory_t *out)
 
 void vmh_pause_configure(const vmh_options_t *opt)
 {
-    pin_limit = opt->pin_limit;
+    vmh_staging_configure(opt->pin_limit);
     vmh_tags_set_memory_source(tag_memory);
 }
 
@@ -504,6 +380,9 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
     if (name && (one = vmh_tag_lookup(name)) == VMH_TAG_NONE)
         return VMM_ERR_UNKNOWN_TAG;
     pthread_mutex_lock(&pause_lock);
+    /* The host's memory is read here, once a call: pressure gives back free kept pinned
+     * buffers now, and the budget for new pinning holds for the call (staging.h). */
+    vmh_staging_budget_begin();
     vmm_status st = VMM_OK;
     if (name) {
         st = op(one, flags, driver_rc);
@@ -547,17 +426,6 @@ void vmh_pause_reset(void)
 {
     staged_bytes = 0;
     vmh_pause_set_staging(0, 0);
-    pthread_mutex_lock(&pinned_lock);
-    while (pinned_list) {
-        pinned_t *k = pinned_list;
-        pinned_list = k->next;
-        assert(!k->in_use);
-        vmh_drv.cuMemHostUnregister(k->host);
-        munmap(k->host, k->size);
-        vmh_tags_pinned_add(-(int64_t)k->size);
-        free(k);
-    }
-    pinned_bytes = 0;
-    pthread_mutex_unlock(&pinned_lock);
+    vmh_staging_reset();
 }
 #endif

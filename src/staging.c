@@ -1,10 +1,430 @@
-/* Backup staging 2: the staging ring (see staging.h). */
+/* Backup staging 2: host memory for backups, the pool of kept pinned buffers and its budget,
+ * and the staging ring with its pinner (see staging.h). */
 #include "staging.h"
 
 #include "log.h"
+#include "tags.h"
+#include "testable.h"
 
 #include <assert.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* The budget (staging.h): a share of the host's memory per process, and a mark of available
+ * memory that new pinning never goes below and that pressure is measured against. A quarter:
+ * room for a process's backups (an engine's weights are a fraction of a GPU's memory, and hosts
+ * have several times their GPUs' memory) while several processes of one host (one per GPU) each
+ * keep theirs; the available-memory mark, not the share, is what protects the host when they
+ * add up. */
+#define HOST_SHARE_DIV 4
+#define HOST_LOW_DIV 8
+
+/* ---- the host's memory ---------------------------------------------------------------------- */
+
+/* Reads a small text file into buf (NUL-terminated); false when it cannot. No stdio: it may run
+ * in any thread of the program. */
+static bool read_text(const char *path, char *buf, size_t len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    size_t got = 0;
+    while (got + 1 < len) {
+        ssize_t n = read(fd, buf + got, len - 1 - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[got] = '\0';
+    return got > 0;
+}
+
+/* The value of "key: N kB" in /proc/meminfo's text, in bytes. */
+static bool meminfo_field(const char *text, const char *key, size_t *out)
+{
+    const char *at = strstr(text, key);
+    if (!at)
+        return false;
+    unsigned long long kb = strtoull(at + strlen(key), NULL, 10);
+    if (kb > SIZE_MAX / 1024)
+        return false;
+    *out = (size_t)kb * 1024;
+    return true;
+}
+
+/* One number of a cgroup file (memory.max, memory.limit_in_bytes, ...); false for "max" or
+ * when unreadable. */
+static bool cgroup_value(const char *root, const char *dir, const char *file, size_t *out)
+{
+    char path[512], text[64];
+    if (snprintf(path, sizeof path, "%s%s/%s", root, dir, file) >= (int)sizeof path ||
+        !read_text(path, text, sizeof text) || text[0] < '0' || text[0] > '9')
+        return false;
+    unsigned long long v = strtoull(text, NULL, 10);
+    *out = v > SIZE_MAX ? SIZE_MAX : (size_t)v;
+    return true;
+}
+
+/* Applies one cgroup's limit when it is below the host's; false when the cgroup has no such
+ * file (another version, another mount). Its available memory is taken as the limit less the
+ * cgroup's current use, page cache included (which the kernel could reclaim): an underestimate,
+ * so the budget errs towards pinning less. */
+static bool cgroup_limit(const char *root, const char *dir, const char *max_file,
+                         const char *cur_file, vmh_host_mem_t *m)
+{
+    char probe[512];
+    if (snprintf(probe, sizeof probe, "%s%s/%s", root, dir, max_file) >= (int)sizeof probe ||
+        access(probe, R_OK) != 0)
+        return false;
+    size_t max, cur;
+    if (!cgroup_value(root, dir, max_file, &max) || max >= m->total)
+        return true; /* "max", or no lower than the host */
+    m->total = max;
+    if (!cgroup_value(root, dir, cur_file, &cur))
+        cur = max;
+    size_t room = max > cur ? max - cur : 0;
+    if (m->available > room)
+        m->available = room;
+    return true;
+}
+
+/* The memory cgroup's limit, when it is below the host's: the process cannot pin beyond it.
+ * cgroup v2 ("0::PATH" in /proc/self/cgroup: memory.max, memory.current), else v1
+ * (":memory:PATH": memory.limit_in_bytes, memory.usage_in_bytes), each at its path under the
+ * mount, else at the mount's root (a container's own view). */
+static void cgroup_apply(vmh_host_mem_t *m)
+{
+    char text[1024];
+    if (!read_text("/proc/self/cgroup", text, sizeof text))
+        return;
+    char *v2 = strstr(text, "0::"), *v1 = strstr(text, ":memory:");
+    char *ends[2] = {v2 ? strchr(v2, '\n') : NULL, v1 ? strchr(v1, '\n') : NULL};
+    for (int k = 0; k < 2; k++)
+        if (ends[k])
+            *ends[k] = '\0';
+    if (v2) {
+        const char *dir = !strcmp(v2 + 3, "/") ? "" : v2 + 3;
+        if (cgroup_limit("/sys/fs/cgroup", dir, "memory.max", "memory.current", m) ||
+            cgroup_limit("/sys/fs/cgroup", "", "memory.max", "memory.current", m))
+            return;
+    }
+    if (v1) {
+        const char *dir = !strcmp(v1 + 8, "/") ? "" : v1 + 8;
+        if (!cgroup_limit("/sys/fs/cgroup/memory", dir, "memory.limit_in_bytes",
+                          "memory.usage_in_bytes", m))
+            cgroup_limit("/sys/fs/cgroup/memory", "", "memory.limit_in_bytes",
+                         "memory.usage_in_bytes", m);
+    }
+}
+
+/* The production reader: MemTotal and MemAvailable of /proc/meminfo (sysconf's physical and
+ * free pages where it cannot be read: free understates available, which errs towards pinning
+ * less), then a smaller memory cgroup's (v2 or v1). */
+VMH_TESTABLE bool vmh_host_mem_read(vmh_host_mem_t *out)
+{
+    char text[4096];
+    memset(out, 0, sizeof *out);
+    if (!read_text("/proc/meminfo", text, sizeof text) ||
+        !meminfo_field(text, "MemTotal:", &out->total) ||
+        !meminfo_field(text, "MemAvailable:", &out->available)) {
+        long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES),
+             page = sysconf(_SC_PAGESIZE);
+        if (pages <= 0 || avail < 0 || page <= 0)
+            return false;
+        out->total = (size_t)pages * (size_t)page;
+        out->available = (size_t)avail * (size_t)page;
+    }
+    cgroup_apply(out);
+    return out->total > 0;
+}
+
+static vmh_host_mem_fn host_mem = vmh_host_mem_read;
+
+/* ---- backups: pageable memory --------------------------------------------------------------- */
+
+static size_t page_round(size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + page - 1) / page * page;
+}
+
+/* Fresh pageable memory of len bytes (a multiple of the page size), starting on a huge-page
+ * boundary when it is at least one huge page long, with huge pages advised: the copy faults it
+ * in, and huge pages make that 512 times fewer faults (advice only; the kernel may ignore it).
+ * Exactly [result, result + len) is mapped. NULL when the system has none. */
+static void *pageable_map(size_t len)
+{
+    size_t extra = len >= HUGE_PAGE ? HUGE_PAGE : 0;
+    if (len > SIZE_MAX - extra)
+        return NULL;
+    char *raw = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                     0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *host = raw;
+    if (extra) {
+        host = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        if (host > raw)
+            munmap(raw, (size_t)(host - raw));
+        size_t tail = (size_t)(raw + extra - host);
+        if (tail)
+            munmap(host + len, tail);
+    }
+    madvise(host, len, MADV_HUGEPAGE);
+    return host;
+}
+
+/* ---- the pool of kept pinned buffers -------------------------------------------------------- *
+ * Every buffer registered for backups, from the moment its room is claimed: QUEUED for the
+ * pinner, PINNING (a registration under way, on the pinner or on a resuming thread), KEPT
+ * (registered). While an entry exists its memory is never unmapped by _put (which only marks it
+ * free): whoever ends a failed registration unmaps it when it was put meanwhile. */
+typedef enum { KEPT_QUEUED, KEPT_PINNING, KEPT_PINNED } kept_state_t;
+
+typedef struct kept {
+    void *host;
+    size_t size; /* page-rounded: what is mapped and registered */
+    bool in_use; /* holds a paused buffer's backup */
+    kept_state_t state;
+    CUcontext ctx; /* current at the registration: made current again to unregister */
+    struct kept *next, *next_queued;
+} kept_t;
+
+/* A leaf lock: taken under the heap's record locks (a free of a paused buffer puts its backup),
+ * and no other lock and no driver call is taken while it is held. */
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t queue_cv = PTHREAD_COND_INITIALIZER; /* queued work or stop, for the pinner */
+static kept_t *kept_list;
+static kept_t *queue_head, *queue_tail;
+static bool pinner_stop;
+static size_t pin_cap; /* VMMHOOK_PIN_LIMIT */
+static size_t claimed; /* bytes of every entry (queued, pinning, pinned) */
+static size_t room;    /* bytes the current pause or resume may still claim */
+
+void vmh_staging_configure(size_t cap)
+{
+    pthread_mutex_lock(&kept_lock);
+    pin_cap = cap;
+    pthread_mutex_unlock(&kept_lock);
+}
+
+static kept_t *kept_find(const void *host)
+{
+    kept_t *k = kept_list;
+    while (k && k->host != host)
+        k = k->next;
+    return k;
+}
+
+static void kept_unlink(kept_t *k)
+{
+    kept_t **at = &kept_list;
+    while (*at != k)
+        at = &(*at)->next;
+    *at = k->next;
+    claimed -= k->size;
+}
+
+/* A new entry for host, claimed against the call's room; NULL when there is none. */
+static kept_t *kept_claim(void *host, size_t len, kept_state_t state)
+{
+    if (len > room)
+        return NULL;
+    kept_t *k = calloc(1, sizeof *k);
+    if (!k)
+        return NULL;
+    *k = (kept_t){.host = host, .size = len, .in_use = true, .state = state};
+    k->next = kept_list;
+    kept_list = k;
+    claimed += len;
+    room -= len;
+    return k;
+}
+
+/* The end of a registration, under kept_lock. On failure the entry goes (its room is given back)
+ * and the memory to unmap (*len bytes), if the backup was put meanwhile, is returned. */
+static void *kept_pinned(kept_t *k, CUresult rc, CUcontext ctx, size_t *len)
+{
+    *len = k->size;
+    if (rc == CUDA_SUCCESS) {
+        k->state = KEPT_PINNED;
+        k->ctx = ctx;
+        vmh_tags_pinned_add((int64_t)k->size);
+        return NULL;
+    }
+    kept_unlink(k);
+    room += k->size;
+    void *unmap = k->in_use ? NULL : k->host;
+    free(k);
+    return unmap;
+}
+
+/* Gives back kept buffers (unlinked, chained by next): unregistered with their context current,
+ * then unmapped. One that cannot be unregistered is linked again (still pinned, still usable). */
+static void kept_release(kept_t *list)
+{
+    while (list) {
+        kept_t *k = list;
+        list = k->next;
+        CUcontext popped;
+        CUresult rc = vmh_drv.cuCtxPushCurrent(k->ctx);
+        if (rc == CUDA_SUCCESS) {
+            rc = vmh_drv.cuMemHostUnregister(k->host);
+            vmh_drv.cuCtxPopCurrent(&popped);
+        }
+        if (rc != CUDA_SUCCESS) {
+            vmh_log("backup memory: giving back %zu pinned bytes failed (CUDA error %d); kept",
+                    k->size, (int)rc);
+            pthread_mutex_lock(&kept_lock);
+            k->next = kept_list;
+            kept_list = k;
+            claimed += k->size;
+            pthread_mutex_unlock(&kept_lock);
+            continue;
+        }
+        munmap(k->host, k->size);
+        vmh_tags_pinned_add(-(int64_t)k->size);
+        free(k);
+    }
+}
+
+void vmh_staging_budget_begin(void)
+{
+    vmh_host_mem_t m;
+    bool known = host_mem(&m) && m.total > 0;
+    kept_t *release = NULL;
+    pthread_mutex_lock(&kept_lock);
+    /* Unknown host memory: keep what is kept, pin nothing new. */
+    size_t budget =
+        known && m.total / HOST_SHARE_DIV < pin_cap ? m.total / HOST_SHARE_DIV : pin_cap;
+    size_t low = known ? m.total / HOST_LOW_DIV : 0, avail = known ? m.available : 0;
+    /* Pressure: give back free kept buffers until the mark is met (largest first: fewest
+     * unregistrations). Buffers in use hold a paused tag's contents: never. */
+    while (known && avail < low) {
+        kept_t *big = NULL;
+        for (kept_t *k = kept_list; k; k = k->next)
+            if (!k->in_use && k->state == KEPT_PINNED && (!big || k->size > big->size))
+                big = k;
+        if (!big)
+            break;
+        kept_unlink(big);
+        avail += big->size;
+        big->next = release;
+        release = big;
+    }
+    room = known && budget > claimed ? budget - claimed : 0;
+    if (room > (avail > low ? avail - low : 0))
+        room = avail > low ? avail - low : 0;
+    pthread_mutex_unlock(&kept_lock);
+    if (release)
+        vmh_log("backup memory: host memory is low (%zu MiB available, mark %zu MiB): giving "
+                "back free pinned buffers",
+                m.available >> 20, low >> 20);
+    kept_release(release);
+}
+
+/* The pause's region (vmh_staging_region_open): carved by _get on the pausing thread only (the
+ * pause layer's lock serializes pauses), so no lock. */
+static char *region_next;
+static size_t region_left;
+
+void vmh_staging_region_open(size_t bytes)
+{
+    assert(!region_left);
+    size_t len = page_round(bytes);
+    region_next = len ? pageable_map(len) : NULL;
+    region_left = region_next ? len : 0;
+}
+
+void vmh_staging_region_close(void)
+{
+    if (region_left)
+        munmap(region_next, region_left);
+    region_next = NULL;
+    region_left = 0;
+}
+
+/* Fresh pageable memory for one backup: the next part of the pause's region when it has room
+ * (no mmap while the pinner registers the backups before it), else a mapping of its own. */
+static void *pageable_get(size_t size)
+{
+    size_t len = page_round(size);
+    if (len > region_left)
+        return pageable_map(len);
+    void *host = region_next;
+    region_next += len;
+    region_left -= len;
+    return host;
+}
+
+void *vmh_staging_backup_get(size_t size, bool *pinned)
+{
+    pthread_mutex_lock(&kept_lock);
+    kept_t *best = NULL;
+    for (kept_t *k = kept_list; k; k = k->next)
+        if (!k->in_use && k->state == KEPT_PINNED && k->size >= size &&
+            (!best || k->size < best->size))
+            best = k;
+    if (best)
+        best->in_use = true;
+    pthread_mutex_unlock(&kept_lock);
+    *pinned = best != NULL;
+    return best ? best->host : pageable_get(size);
+}
+
+void vmh_staging_backup_put(void *host, size_t size)
+{
+    pthread_mutex_lock(&kept_lock);
+    kept_t *k = kept_find(host);
+    if (k)
+        k->in_use = false;
+    pthread_mutex_unlock(&kept_lock);
+    if (!k)
+        munmap(host, page_round(size));
+}
+
+size_t vmh_staging_pinned_free(void)
+{
+    size_t bytes = 0;
+    pthread_mutex_lock(&kept_lock);
+    for (kept_t *k = kept_list; k; k = k->next)
+        if (!k->in_use && k->state == KEPT_PINNED)
+            bytes += k->size;
+    pthread_mutex_unlock(&kept_lock);
+    return bytes;
+}
+
+bool vmh_staging_pin_now(void *host, size_t size, CUcontext ctx)
+{
+    pthread_mutex_lock(&kept_lock);
+    kept_t *k = kept_find(host);
+    bool kept = k != NULL;
+    if (!k)
+        k = kept_claim(host, page_round(size), KEPT_PINNING);
+    pthread_mutex_unlock(&kept_lock);
+    if (kept || !k)
+        return kept;
+    /* PORTABLE: pinned for every context, as a kept buffer may serve another device later. */
+    CUresult rc = vmh_drv.cuMemHostRegister(host, k->size, CU_MEMHOSTREGISTER_PORTABLE);
+    pthread_mutex_lock(&kept_lock);
+    size_t len;
+    void *unmap = kept_pinned(k, rc, ctx, &len);
+    pthread_mutex_unlock(&kept_lock);
+    if (unmap) /* not reached: the resuming thread holds the backup's record */
+        munmap(unmap, len);
+    return rc == CUDA_SUCCESS;
+}
+
+/* ---- the staging ring ----------------------------------------------------------------------- */
 
 CUresult vmh_staging_open(vmh_staging_t *s, CUcontext ctx, size_t slot_size, int workers)
 {
@@ -77,6 +497,85 @@ CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n
     return rc;
 }
 
+/* The pinner: registers the queued backups, oldest first, with the ring's context current
+ * (PORTABLE, so any context will do), until it is stopped and nothing is queued. Registering
+ * memory the ring has just written (touched) is the fast kind of pinning, and on this thread it
+ * overlaps the ring's copies of the next buffers instead of adding to them. */
+static void *pinner_main(void *arg)
+{
+    const vmh_staging_t *s = arg;
+    CUcontext popped;
+    CUresult ctx_rc = vmh_drv.cuCtxPushCurrent(s->pinned_in);
+    CUresult first_failure = CUDA_SUCCESS;
+    size_t failed = 0;
+    pthread_mutex_lock(&kept_lock);
+    for (;;) {
+        while (!queue_head && !pinner_stop)
+            pthread_cond_wait(&queue_cv, &kept_lock);
+        kept_t *k = queue_head;
+        if (!k)
+            break;
+        queue_head = k->next_queued;
+        if (!queue_head)
+            queue_tail = NULL;
+        k->state = KEPT_PINNING;
+        pthread_mutex_unlock(&kept_lock);
+        CUresult rc = ctx_rc != CUDA_SUCCESS
+                          ? ctx_rc
+                          : vmh_drv.cuMemHostRegister(k->host, k->size, CU_MEMHOSTREGISTER_PORTABLE);
+        pthread_mutex_lock(&kept_lock);
+        size_t len;
+        void *unmap = kept_pinned(k, rc, s->pinned_in, &len);
+        if (rc != CUDA_SUCCESS && failed++ == 0)
+            first_failure = rc;
+        if (unmap) {
+            pthread_mutex_unlock(&kept_lock);
+            munmap(unmap, len);
+            pthread_mutex_lock(&kept_lock);
+        }
+    }
+    pthread_mutex_unlock(&kept_lock);
+    if (ctx_rc == CUDA_SUCCESS)
+        vmh_drv.cuCtxPopCurrent(&popped);
+    if (failed) /* slower, not wrong: those backups stay pageable */
+        vmh_log("backup memory: pinning %zu backups failed (first: CUDA error %d); they stay "
+                "pageable",
+                failed, (int)first_failure);
+    return NULL;
+}
+
+bool vmh_staging_pin_later(vmh_staging_t *s, void *host, size_t size)
+{
+    pthread_mutex_lock(&kept_lock);
+    kept_t *k = kept_claim(host, page_round(size), KEPT_QUEUED);
+    if (k && !s->pinner_running) {
+        /* A new thread inherits the creator's signal mask: block everything around the
+         * creation (a signal meant for the program must not land in the library's thread). */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        pinner_stop = false;
+        s->pinner_running = pthread_create(&s->pinner, NULL, pinner_main, s) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (!s->pinner_running) {
+            kept_unlink(k);
+            room += k->size;
+            free(k);
+            k = NULL;
+        }
+    }
+    if (k) {
+        if (queue_tail)
+            queue_tail->next_queued = k;
+        else
+            queue_head = k;
+        queue_tail = k;
+        pthread_cond_signal(&queue_cv);
+    }
+    pthread_mutex_unlock(&kept_lock);
+    return k != NULL;
+}
+
 void vmh_staging_leave_context(vmh_staging_t *s)
 {
     if (!s->stream)
@@ -93,6 +592,17 @@ void vmh_staging_leave_context(vmh_staging_t *s)
 void vmh_staging_close(vmh_staging_t *s)
 {
     assert(!s->stream && !s->in_flight);
+    if (s->pinner_running) {
+        /* What is queued is registered first: a pause returns with its backups pinned. */
+        pthread_mutex_lock(&kept_lock);
+        pinner_stop = true;
+        pthread_cond_broadcast(&queue_cv);
+        pthread_mutex_unlock(&kept_lock);
+        pthread_join(s->pinner, NULL);
+        pthread_mutex_lock(&kept_lock);
+        pinner_stop = false;
+        pthread_mutex_unlock(&kept_lock);
+    }
     vmh_copy_pool_stop(&s->pool);
     CUcontext popped;
     if (vmh_drv.cuCtxPushCurrent(s->pinned_in) != CUDA_SUCCESS) {
@@ -107,3 +617,47 @@ void vmh_staging_close(vmh_staging_t *s)
     }
     memset(s, 0, sizeof *s);
 }
+
+#ifdef VMH_TESTING
+void vmh_staging_set_host_mem(vmh_host_mem_fn fn)
+{
+    host_mem = fn ? fn : vmh_host_mem_read;
+}
+
+void vmh_staging_reset(void)
+{
+    pthread_mutex_lock(&kept_lock);
+    assert(!queue_head);
+    while (kept_list) {
+        kept_t *k = kept_list;
+        kept_list = k->next;
+        assert(k->state == KEPT_PINNED);
+        vmh_drv.cuMemHostUnregister(k->host);
+        if (!k->in_use) /* else a failed test left it paused: its holder unmaps it */
+            munmap(k->host, k->size);
+        vmh_tags_pinned_add(-(int64_t)k->size);
+        free(k);
+    }
+    claimed = room = 0;
+    host_mem = vmh_host_mem_read;
+    pthread_mutex_unlock(&kept_lock);
+}
+
+size_t vmh_staging_kept_count(void)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&kept_lock);
+    for (kept_t *k = kept_list; k; k = k->next)
+        n++;
+    pthread_mutex_unlock(&kept_lock);
+    return n;
+}
+
+size_t vmh_staging_kept_bytes(void)
+{
+    pthread_mutex_lock(&kept_lock);
+    size_t n = claimed;
+    pthread_mutex_unlock(&kept_lock);
+    return n;
+}
+#endif

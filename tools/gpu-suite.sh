@@ -28,8 +28,8 @@
 #      hook served something; passthrough: served exactly what the program says it should);
 #      two_ctx, capture and fork_churn (issues 14, 16) are among them [60-90 s];
 #   4b. the programs that need the GPU alone, one at a time (tools/gpu-suite/exclusive.sh):
-#      mallocasync_after_free native and hooked, pause_resume hooked (VMMHOOK_PIN_LIMIT=9G; its
-#      timings against issue 15's targets in a table), then tools/probe/backup_rate.c (the first
+#      mallocasync_after_free native and hooked, pause_resume hooked (the defaults; its
+#      timings against the targets of issues 15 and 22 in a table), then tools/probe/backup_rate.c (the first
 #      pause's copy mechanism without the library, an INFO row), torch_sleep.py hooked [65-105 s];
 #   5. tests/gpu/torch_train.py (nocache, cache, expandable; pluggable under the hook only),
 #      native vs hooked losses, bit for bit, and tests/gpu/torch_graph.py native vs hooked, all
@@ -278,7 +278,7 @@ finish() {
         done
         if [ -s "$W/pause.md" ]; then
             echo
-            echo "## Sleep and wake (tests/gpu/pause_resume.cu, hooked, VMMHOOK_PIN_LIMIT=9G)"
+            echo "## Sleep and wake (tests/gpu/pause_resume.cu, hooked, the defaults)"
             echo
             cat "$W/pause.md"
         fi

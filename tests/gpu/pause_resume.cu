@@ -16,9 +16,12 @@
  *    rate of this run measured first (1 GiB, each way); the first pause (host memory not pinned
  *    yet) and two repeated pause/resume cycles timed, contents checked after every resume; a
  *    second process writes the freed memory during the first pause.
- * Lines "T <name> <value> <unit> <target> <MET|MISS>" are the timings against issue 15's
- * targets (reported, not judged: a MISS does not fail the program); R lines are the checked
- * outcomes. Usage: pause_resume [GiB=40] [backup_GiB=8]; pause_resume --child-alloc BYTES (the
+ * Lines "T <name> <value> <unit> <target> <MET|MISS>" are the timings against the targets of
+ * issues 15 and 22, with the library's DEFAULTS (the GPU suite sets no option for this program):
+ * 40 GiB in 40 MiB buffers paused and resumed without backup in at most 60 ms each way; with
+ * backup the first pause at least 8 GiB/s, the first resume at least 12 GiB/s, later cycles at
+ * least 40 GiB/s and 0.8 x this run's pinned copy rate both ways (reported, not judged: a MISS
+ * does not fail the program); R lines are the checked outcomes. Usage: pause_resume [GiB=40] [backup_GiB=8]; pause_resume --child-alloc BYTES (the
  * second process). */
 #include "gpu_common.h"
 #include "vmmhook.h"
@@ -400,13 +403,17 @@ static void with_backup(size_t gib)
              cycle, pms, prate, rms, rrate, d2h, h2d);
         if (cycle == 0) {
             target("backup.first_pause_rate", prate, "GiB/s", ">=", 8.0);
-            target("backup.first_resume_rate", rrate, "GiB/s", ">=", 8.0);
+            target("backup.first_resume_rate", rrate, "GiB/s", ">=", 12.0);
         } else {
             char name[64];
             snprintf(name, sizeof name, "backup.repeat%d.pause_over_pinned", cycle);
             target(name, d2h > 0 ? prate / d2h : 0, "x", ">=", 0.8);
             snprintf(name, sizeof name, "backup.repeat%d.resume_over_pinned", cycle);
             target(name, h2d > 0 ? rrate / h2d : 0, "x", ">=", 0.8);
+            snprintf(name, sizeof name, "backup.repeat%d.pause_rate", cycle);
+            target(name, prate, "GiB/s", ">=", 40.0);
+            snprintf(name, sizeof name, "backup.repeat%d.resume_rate", cycle);
+            target(name, rrate, "GiB/s", ">=", 40.0);
         }
     }
     free_set(s);
@@ -452,7 +459,7 @@ int main(int argc, char **argv)
     }
     R("layouts: %zu GiB", gib);
     size_t n40 = gib * GiB / (40 * MiB), n2 = gib * GiB / (2 * MiB);
-    layout_no_backup("pr40m", (int)n40, 40 * MiB, 100.0);
+    layout_no_backup("pr40m", (int)n40, 40 * MiB, 60.0);
     layout_no_backup("pr2m", (int)n2, 2 * MiB, 200.0);
     with_backup(bk_gib);
     if (p_stats_json) {

@@ -5,7 +5,12 @@
  * its slot (the simulated driver lands an async copy into pinned memory only when its stream is
  * synchronized: a slot read too early holds stale bytes, and the fill below differs from piece
  * to piece); a tag's pause through the ring keeps the contents and leaves nothing pinned; a
- * refused pinning falls back to direct copies; and a fault sweep over a staged pause. */
+ * refused pinning falls back to direct copies; and a fault sweep over a staged pause. The pool
+ * of kept pinned backups (staging.c, the one owner of backup host memory): the ring's backups
+ * are pinned during the pause within the budget (VMMHOOK_PIN_LIMIT, a quarter of the host's
+ * memory, never below an eighth available: the host is read through an injected reader), kept
+ * between pauses, given back under pressure; refused registrations leave backups pageable; and
+ * a fault sweep over a pause that pins. */
 #ifndef VMH_TESTING
 #define VMH_TESTING 1 /* vmh_tags_reset, vmh_pause_reset, vmh_pause_set_staging */
 #endif
@@ -18,6 +23,8 @@
 #include "staging.h"
 #include "tags.h"
 #include "vmmhook.h"
+
+#include <sys/mman.h>
 
 #define KiB ((size_t)1 << 10)
 #define INJECTED CUDA_ERROR_UNKNOWN
@@ -91,6 +98,52 @@ static void copy_pool_copies_every_byte(void **state)
     }
     free(src);
     free(dst);
+}
+
+/* Whether [p, p + n) is mapped (msync answers ENOMEM for unmapped pages). */
+static bool host_mapped(const void *p, size_t n)
+{
+    return msync((void *)p, n, MS_ASYNC) == 0;
+}
+
+/* The pause's region: backups handed out in order from one mapping, a backup it has no room
+ * for mapped on its own, the unused tail unmapped at close, each backup unmapped at its put. */
+static void region_hands_out_in_order(void **state)
+{
+    (void)state;
+    vmh_staging_region_open(7 * MiB);
+    bool pinned = true;
+    char *a = vmh_staging_backup_get(2 * MiB, &pinned);
+    assert_false(pinned);
+    char *b = vmh_staging_backup_get(4 * MiB, &pinned);
+    char *c = vmh_staging_backup_get(2 * MiB, &pinned); /* 1 MiB left: its own */
+    assert_true(((uintptr_t)a & (2 * MiB - 1)) == 0); /* huge-page aligned */
+    assert_ptr_equal(b, a + 2 * MiB);
+    assert_true(c != b + 4 * MiB);
+    assert_true(host_mapped(b + 4 * MiB, MiB));
+    vmh_staging_region_close();
+    assert_false(host_mapped(b + 4 * MiB, MiB));
+    memset(a, 1, 2 * MiB);
+    memset(b, 2, 4 * MiB);
+    memset(c, 3, 2 * MiB);
+    vmh_staging_backup_put(b, 4 * MiB);
+    assert_false(host_mapped(b, 4 * MiB));
+    assert_true(host_mapped(a, 2 * MiB));
+    vmh_staging_backup_put(a, 2 * MiB);
+    vmh_staging_backup_put(c, 2 * MiB);
+    assert_false(host_mapped(a, 2 * MiB) || host_mapped(c, 2 * MiB));
+}
+
+/* The production reader of the host's memory answers something sane here. */
+static void host_memory_reader(void **state)
+{
+    (void)state;
+    vmh_host_mem_t m;
+    assert_true(vmh_host_mem_read(&m));
+    printf("  host memory as the budget reads it: %zu MiB, %zu MiB available\n", m.total / MiB,
+           m.available / MiB);
+    assert_true(m.total >= 64 * MiB);
+    assert_true(m.available <= m.total);
 }
 
 /* ---- the staging ring ------------------------------------------------------------------------ */
@@ -267,6 +320,31 @@ static void staging_failure_in_another_context(void **state)
 
 /* ---- a tag's pause through the ring ---------------------------------------------------------- */
 
+/* The host as the budget sees it (staging.h), set by each test. */
+static vmh_host_mem_t fake_host;
+
+/* Pinned memory is not available: what the simulated driver holds pinned comes off. */
+static bool fake_host_read(vmh_host_mem_t *out)
+{
+    size_t pinned = sim_host_pinned_bytes();
+    *out = fake_host;
+    out->available = fake_host.available > pinned ? fake_host.available - pinned : 0;
+    return true;
+}
+
+/* A host with plenty: 64 GiB, 48 available (budget: a quarter, 16 GiB; mark: 8 GiB). */
+static void host_plenty(void)
+{
+    fake_host = (vmh_host_mem_t){64 * GiB, 48 * GiB};
+    vmh_staging_set_host_mem(fake_host_read);
+}
+
+static void set_pin_limit(size_t limit)
+{
+    vmh_opt.pin_limit = limit;
+    vmh_pause_configure(&vmh_opt);
+}
+
 static void backup_reset(const sim_config_t *cfg)
 {
     tu_reset(cfg);
@@ -277,6 +355,7 @@ static void backup_reset(const sim_config_t *cfg)
     vmh_pause_configure(&vmh_opt);
     vmh_tags_reset();
     vmh_pause_reset();
+    host_plenty();
     /* A slot of 3 MiB, so that the 2 MiB-granular records are not multiples of it, and the ring
      * used from 1 MiB of pageable backups on. */
     vmh_pause_set_staging(3 * MiB, MiB);
@@ -335,45 +414,288 @@ static size_t w_backed_up(void)
     return (size_t)strtoull(at + strlen("\"backed_up\": "), NULL, 10);
 }
 
-static void first_pause_stages_and_resume_restores(void **state)
+/* The statistics' pinned_host_bytes.current. */
+static size_t stats_pinned(void)
+{
+    char buf[8192];
+    assert_true(vmm_stats_json(buf, sizeof buf) < (int)sizeof buf);
+    const char *at = strstr(buf, "\"pinned_host_bytes\": {\"current\": ");
+    assert_non_null(at);
+    return (size_t)strtoull(at + strlen("\"pinned_host_bytes\": {\"current\": "), NULL, 10);
+}
+
+#define W_BYTES (2 * MiB + 4 * MiB + 20 * MiB + 2 * MiB)
+
+/* With room in the budget the first pause copies through the ring and the pinner registers each
+ * backup during the pause: the pause returns with the backups pinned (the slots gone), the
+ * first resume copies back from pinned memory without pinning anything, and the next pause
+ * copies into the same buffers directly. */
+static void first_pause_stages_and_pins(void **state)
 {
     (void)state;
     wfix_t f;
     wfix_make(&f);
-    vmh_opt.pin_limit = 256 * MiB; /* the resume keeps the backups pinned */
-    vmh_pause_configure(&vmh_opt);
+    set_pin_limit(256 * MiB);
     sim_reset_counters();
     assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
     size_t paused = w_backed_up();
-    assert_int_equal(paused, 2 * MiB + 4 * MiB + 20 * MiB + 2 * MiB);
+    assert_int_equal(paused, W_BYTES);
     assert_int_equal(vmh_pause_staged_bytes(), paused);
-    /* Pieces: 1 + 2 + 7 + 1; the slots pinned once and given back; no direct copy. */
+    /* Pieces: 1 + 2 + 7 + 1; the slots pinned once and given back; no direct copy; each
+     * backup registered once, by the pinner. */
     assert_int_equal(sim_calls("cuMemcpyDtoHAsync"), 11);
     assert_int_equal(sim_calls("cuMemcpyDtoH"), 0);
     assert_int_equal(sim_calls("cuMemHostAlloc"), 2);
     assert_int_equal(sim_calls("cuMemFreeHost"), 2);
-    assert_int_equal(sim_calls("cuMemHostRegister"), 0);
-    /* Nothing pinned left, no stream, nothing queued. */
-    assert_int_equal(sim_live_host(), 0);
-    assert_int_equal(sim_host_pinned_bytes(), 0);
+    assert_int_equal(sim_calls("cuMemHostRegister"), 4);
+    /* Pinned: the four backups, nothing of the ring; no stream, nothing queued. */
+    assert_int_equal(sim_live_host(), 4);
+    assert_int_equal(sim_host_pinned_bytes(), W_BYTES);
+    assert_int_equal(stats_pinned(), W_BYTES);
+    assert_int_equal(vmh_staging_kept_count(), 4);
     assert_int_equal(sim_live_streams(), 0);
     assert_int_equal(sim_pending_ops(), 0);
     assert_int_equal(sim_device_used(0), 0);
 
+    sim_reset_counters();
     assert_int_equal(vmm_resume("w"), VMM_OK);
     assert_true(wfix_intact(&f));
-    /* The backups are pinned now: the next pause copies into them directly. */
-    assert_int_equal(sim_live_host(), 4);
+    assert_int_equal(sim_calls("cuMemHostRegister"), 0); /* pinned already */
+    assert_int_equal(sim_calls("cuMemcpyHtoD"), 4);
+    assert_int_equal(vmh_staging_pinned_free(), W_BYTES);
     sim_reset_counters();
     assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
-    assert_int_equal(vmh_pause_staged_bytes(), paused);
+    assert_int_equal(vmh_pause_staged_bytes(), paused); /* no more through the ring */
     assert_int_equal(sim_calls("cuMemcpyDtoH"), 4);
     assert_int_equal(sim_calls("cuMemcpyDtoHAsync"), 0);
-    assert_int_equal(sim_calls("cuMemHostAlloc"), 0);
+    assert_int_equal(sim_calls("cuMemHostAlloc") + sim_calls("cuMemHostRegister"), 0);
     assert_int_equal(vmm_resume("w"), VMM_OK);
     assert_true(wfix_intact(&f));
     wfix_free(&f);
     assert_int_equal(sim_hazards(), 0);
+}
+
+/* VMMHOOK_PIN_LIMIT 0 keeps nothing: the pause leaves nothing pinned, the resume copies back
+ * from pageable memory. */
+static void pin_limit_zero_keeps_none(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    sim_reset_counters();
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmh_pause_staged_bytes(), W_BYTES);
+    assert_int_equal(sim_calls("cuMemHostAlloc"), 2);
+    assert_int_equal(sim_calls("cuMemFreeHost"), 2);
+    assert_int_equal(sim_live_host(), 0);
+    assert_int_equal(sim_host_pinned_bytes(), 0);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_true(wfix_intact(&f));
+    assert_int_equal(sim_calls("cuMemHostRegister"), 0);
+    assert_int_equal(sim_live_host(), 0);
+    assert_int_equal(stats_pinned(), 0);
+    wfix_free(&f);
+}
+
+/* One pause and resume with pinning; the most ever pinned must stay within want. */
+static void cycle_within(const wfix_t *f, size_t want)
+{
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_true(sim_host_pinned_bytes() <= want);
+    assert_int_equal(sim_host_pinned_bytes(), vmh_staging_kept_bytes());
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_true(wfix_intact(f));
+    assert_true(sim_host_pinned_bytes() <= want);
+    assert_int_equal(sim_host_pinned_bytes(), stats_pinned());
+}
+
+/* The budget: min(VMMHOOK_PIN_LIMIT, a quarter of the host's memory), and never pinning below an
+ * eighth available. Each bound in turn is the smallest; the pause and the resume both keep to it
+ * (the resume pins what the pause could not, within what is left), and something is pinned
+ * whenever a backup fits. */
+static void budget_is_obeyed(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    static const struct {
+        size_t total, available, limit, want;
+    } cases[] = {
+        {48 * MiB, 40 * MiB, 256 * MiB, 12 * MiB},      /* a quarter of a 48 MiB host */
+        {64 * GiB, 48 * GiB, 5 * MiB, 5 * MiB},         /* the cap */
+        {GiB, 128 * MiB + 9 * MiB, 256 * MiB, 9 * MiB}, /* 9 MiB above the mark of 128 */
+        {GiB, 100 * MiB, 256 * MiB, 0},                 /* below the mark: nothing */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        vmh_pause_reset();
+        fake_host = (vmh_host_mem_t){cases[c].total, cases[c].available};
+        vmh_staging_set_host_mem(fake_host_read);
+        set_pin_limit(cases[c].limit);
+        for (int cycle = 0; cycle < 3; cycle++)
+            cycle_within(&f, cases[c].want);
+        if (cases[c].want >= 2 * MiB)
+            assert_true(sim_host_pinned_bytes() >= 2 * MiB);
+        else
+            assert_int_equal(sim_host_pinned_bytes(), 0);
+    }
+    wfix_free(&f);
+    assert_int_equal(sim_hazards(), 0);
+}
+
+/* Kept between pauses: later cycles pin nothing more and copy directly. Under pressure (the
+ * host's available memory below an eighth) the next call gives back the free kept buffers, but
+ * never those holding a paused tag's backups; when the pressure is gone the next pause pins
+ * again. */
+static void kept_between_pauses_given_back_under_pressure(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    set_pin_limit(256 * MiB);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_int_equal(vmh_staging_kept_count(), 4);
+    sim_reset_counters();
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_true(wfix_intact(&f));
+    }
+    assert_int_equal(sim_calls("cuMemHostRegister") + sim_calls("cuMemHostUnregister") +
+                         sim_calls("cuMemHostAlloc") + sim_calls("cuMemcpyDtoHAsync"),
+                     0);
+    assert_int_equal(sim_host_pinned_bytes(), W_BYTES);
+
+    /* Pressure while paused: the backups in use stay. */
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    fake_host.available = 7 * GiB; /* mark: 8 GiB */
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_int_equal(sim_calls("cuMemHostUnregister"), 0);
+    assert_true(wfix_intact(&f));
+    /* Free now: the next call gives them back, and pins nothing new. */
+    size_t staged = vmh_pause_staged_bytes();
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_calls("cuMemHostUnregister"), 4);
+    assert_int_equal(sim_host_pinned_bytes(), 0);
+    assert_int_equal(stats_pinned(), 0);
+    assert_int_equal(vmh_pause_staged_bytes(), staged + W_BYTES); /* pageable again */
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_true(wfix_intact(&f));
+    assert_int_equal(sim_calls("cuMemHostRegister"), 0);
+    assert_int_equal(sim_live_host(), 0);
+    /* Pressure gone: the next pause pins again. */
+    fake_host.available = 48 * GiB;
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_calls("cuMemHostRegister"), 4);
+    assert_int_equal(sim_host_pinned_bytes(), W_BYTES);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_true(wfix_intact(&f));
+    wfix_free(&f);
+    assert_int_equal(sim_hazards(), 0);
+}
+
+/* Giving a kept buffer back under pressure can fail (making its context current, or the
+ * unregistration): that buffer stays kept, still pinned and counted, the call goes on, and the
+ * next call under pressure gives it back. */
+static void pressure_release_refused(void **state)
+{
+    (void)state;
+    static const char *const calls[] = {"cuCtxPushCurrent", "cuMemHostUnregister"};
+    for (int c = 0; c < 2; c++) {
+        backup_reset(NULL);
+        set_pin_limit(256 * MiB);
+        wfix_t f;
+        wfix_make(&f);
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_int_equal(vmh_staging_kept_count(), 4);
+        fake_host.available = 7 * GiB; /* below the mark of 8 */
+        /* The first of these calls in a pause is the first buffer's release. */
+        sim_fail_function(calls[c], 1, INJECTED);
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        assert_int_equal(sim_faults_fired(), 1);
+        sim_clear_faults();
+        assert_int_equal(vmh_staging_kept_count(), 1);
+        assert_int_equal(sim_live_host(), 1);
+        assert_int_equal(sim_host_pinned_bytes(), vmh_staging_kept_bytes());
+        assert_int_equal(sim_host_pinned_bytes(), stats_pinned());
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_true(wfix_intact(&f));
+        /* Still under pressure: the next call gives the last one back. */
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        assert_int_equal(vmh_staging_kept_count(), 0);
+        assert_int_equal(sim_host_pinned_bytes(), 0);
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_true(wfix_intact(&f));
+        assert_int_equal(sim_hazards(), 0);
+        wfix_free(&f);
+        vmh_heap_trim();
+        vmh_pause_reset();
+        tu_assert_ledger_empty();
+    }
+}
+
+/* A paused buffer freed while paused: its backup's kept buffer becomes free for later backups
+ * (never unmapped under the pool); the resume and the next pauses use what is left. */
+static void freed_while_paused_keeps_buffer(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    set_pin_limit(256 * MiB);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmh_staging_pinned_free(), 0);
+    assert_int_equal(vmh_heap_free(f.p[2], NULL, false), CUDA_SUCCESS); /* the 20 MiB one */
+    assert_int_equal(vmh_staging_pinned_free(), 20 * MiB);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    for (int i = 0; i < 4; i++)
+        if (i != 2)
+            assert_true(pattern_on_device(f.p[i], f.n[i], 70u + (unsigned)i));
+    assert_int_equal(vmh_staging_kept_count(), 4);
+    sim_reset_counters();
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_calls("cuMemcpyDtoH"), 3);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    for (int i = 0; i < 4; i++)
+        if (i != 2)
+            assert_true(pattern_on_device(f.p[i], f.n[i], 70u + (unsigned)i));
+    for (int i = 0; i < 4; i++)
+        if (i != 2)
+            assert_int_equal(vmh_heap_free(f.p[i], NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_hazards(), 0);
+}
+
+/* The pinner's registration refused (each of the four in turn, and all of them): the pause
+ * succeeds, the refused backup stays pageable (and the room it claimed is free again), so the
+ * resume registers it before its copy back. */
+static void pinner_refused_stays_pageable(void **state)
+{
+    (void)state;
+    for (unsigned long nth = 0; nth <= 4; nth++) {
+        backup_reset(NULL);
+        set_pin_limit(256 * MiB);
+        wfix_t f;
+        wfix_make(&f);
+        sim_reset_counters();
+        if (nth)
+            sim_fail_function("cuMemHostRegister", nth, CUDA_ERROR_OUT_OF_MEMORY);
+        else
+            sim_fail_function_repeat("cuMemHostRegister", 1, 4, CUDA_ERROR_OUT_OF_MEMORY);
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+        sim_clear_faults();
+        assert_int_equal(vmh_staging_kept_count(), nth ? 3 : 0);
+        assert_int_equal(sim_live_host(), nth ? 3 : 0);
+        assert_int_equal(sim_host_pinned_bytes(), stats_pinned());
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_true(wfix_intact(&f));
+        assert_int_equal(vmh_staging_kept_count(), 4);
+        assert_int_equal(sim_host_pinned_bytes(), W_BYTES);
+        assert_int_equal(sim_hazards(), 0);
+        wfix_free(&f);
+        vmh_heap_trim();
+        vmh_pause_reset();
+        tu_assert_ledger_empty();
+    }
 }
 
 /* Below the threshold the ring is not set up; neither is it when the kept pinned memory covers
@@ -539,6 +861,84 @@ static void fault_sweep_staged_pause(void **state)
     assert_true(staged_calls >= 2 * 11 + 1);
 }
 
+/* ---- fault sweep over a pause that pins --------------------------------------------------- */
+
+/* Every driver call of a first pause with pinning (the ring's and the pinner's, which run on two
+ * threads, so calls are named by function and occurrence, not by position), failed in turn:
+ * the pause either succeeds (a refused registration or anything on the pinner's thread: the
+ * backup stays pageable) or fails and gives everything back; either way the contents survive,
+ * nothing of the ring is left, what is pinned is what the pool keeps, within the budget, and a
+ * reset leaves the ledger empty. */
+static void fault_sweep_pinning_pause(void **state)
+{
+    (void)state;
+    set_pin_limit(256 * MiB);
+    wfix_t f;
+    wfix_make(&f);
+    sim_reset_counters();
+    sim_trace_begin();
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    unsigned long n = sim_call_count();
+    const char *names[512];
+    assert_true(sim_trace_get(names, 512) == n && n < 512);
+    sim_trace_end();
+    assert_int_equal(sim_calls("cuMemHostRegister"), 4);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    wfix_free(&f);
+    vmh_heap_trim();
+    vmh_pause_reset();
+    tu_assert_ledger_empty();
+
+    /* As in the sweep above: the push that frees the slots, after the last stream is
+     * destroyed, is part of giving back. */
+    size_t last_destroy = 0;
+    for (size_t k = 0; k < n; k++)
+        if (!strcmp(names[k], "cuStreamDestroy"))
+            last_destroy = k;
+    unsigned points = 0, ok = 0, failed = 0;
+    for (unsigned long i = 0; i < n; i++) {
+        if (is_undo(names[i]) || (i > last_destroy && !strcmp(names[i], "cuCtxPushCurrent")))
+            continue;
+        unsigned long nth = 0;
+        for (unsigned long k = 0; k <= i; k++)
+            nth += !strcmp(names[k], names[i]);
+        backup_reset(NULL);
+        set_pin_limit(256 * MiB);
+        wfix_make(&f);
+        sim_reset_counters();
+        sim_fail_function(names[i], nth, INJECTED);
+        vmm_status st = vmm_pause("w", VMM_PAUSE_BACKUP);
+        sim_clear_faults();
+        if (st == VMM_OK) {
+            assert_int_equal(vmm_resume("w"), VMM_OK);
+            ok++;
+        } else {
+            if (st != VMM_ERR_DRIVER)
+                fprintf(stderr, "pinning pause: %s #%lu failed, pause returned %d\n", names[i],
+                        nth, (int)st);
+            assert_int_equal(st, VMM_ERR_DRIVER);
+            assert_int_equal(vmh_tag_state(vmh_tag_lookup("w")), VMH_TAG_RUNNING);
+            failed++;
+        }
+        assert_true(wfix_intact(&f));
+        assert_int_equal(sim_live_streams(), 0);
+        assert_int_equal(sim_pending_ops(), 0);
+        assert_int_equal(sim_hazards(), 0);
+        assert_int_equal(sim_host_pinned_bytes(), vmh_staging_kept_bytes());
+        assert_int_equal(sim_host_pinned_bytes(), stats_pinned());
+        assert_true(sim_host_pinned_bytes() <= W_BYTES);
+        wfix_free(&f);
+        vmh_heap_trim();
+        vmh_pause_reset();
+        tu_assert_ledger_empty();
+        points++;
+    }
+    printf("pinning pause sweep: %lu driver calls, %u injection points (%u paused anyway, %u "
+           "failed and gave back), no leak, pinned = kept\n",
+           n, points, ok, failed);
+    assert_true(ok >= 4); /* at least each registration */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -548,11 +948,21 @@ int main(void)
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(staging_failures_leave_nothing, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(staging_failure_in_another_context, tu_setup, tu_teardown),
-        cmocka_unit_test_setup_teardown(first_pause_stages_and_resume_restores, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(first_pause_stages_and_pins, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(pin_limit_zero_keeps_none, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(budget_is_obeyed, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(kept_between_pauses_given_back_under_pressure, setup,
+                                        tt_teardown),
+        cmocka_unit_test_setup_teardown(pressure_release_refused, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(freed_while_paused_keeps_buffer, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(pinner_refused_stays_pageable, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(small_totals_copy_directly, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(refused_copy_fails_the_pause, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(staging_over_two_devices, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(fault_sweep_staged_pause, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(fault_sweep_pinning_pause, setup, tt_teardown),
+        cmocka_unit_test(host_memory_reader),
+        cmocka_unit_test(region_hands_out_in_order),
     };
     return cmocka_run_group_tests_name("backup", tests, NULL, NULL);
 }

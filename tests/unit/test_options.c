@@ -131,7 +131,7 @@ static void test_defaults(void **state)
     assert_false(o.strict);
     assert_false(o.free_sync);
     assert_int_equal(o.park_limit, (size_t)8 << 30);
-    assert_int_equal(o.pin_limit, 0);
+    assert_int_equal(o.pin_limit, (size_t)64 << 40);
     assert_true(o.stream_ordered);
 }
 
@@ -774,7 +774,7 @@ static void test_park_pin_limits(void **state)
     vmh_options_t o;
     assert_int_equal(vmh_options_apply(&o, fake_get, &e), -1);
     assert_int_equal(o.park_limit, 8ull << 30);
-    assert_int_equal(o.pin_limit, 0);
+    assert_int_equal(o.pin_limit, (size_t)64 << 40); /* the default kept */
     assert_non_null(strstr(logbuf, "VMMHOOK_PARK_LIMIT=\"lots\" is not valid"));
     assert_non_null(strstr(logbuf, "VMMHOOK_PIN_LIMIT=\"-1\" is not valid"));
 

@@ -173,11 +173,13 @@ static trace_calls_t traced(const char **names, size_t n, const char *prefix)
 }
 
 /* Pinning host memory nothing has touched runs at a fraction of the copy rate (SLEEP.md's design
- * notes), so a pause never pins a backup: with no pinned memory kept (VMMHOOK_PIN_LIMIT 0, or
- * room but nothing kept yet) the pause's copies go to pageable memory with no cuMemHostRegister
- * or cuMemHostAlloc at all (a pause with more pageable backups pins the staging ring's two
- * slots for its own duration: test_backup.c). With room, the resume registers each backup before copying it back, and
- * the next pause copies into that pinned memory without pinning again. */
+ * notes), so a pause never pins a backup before its copy: with no pinned memory kept
+ * (VMMHOOK_PIN_LIMIT 0, or room but nothing kept yet) a pause too small for the staging ring
+ * copies to pageable memory with no cuMemHostRegister or cuMemHostAlloc at all (a pause with
+ * more pageable backups pins the ring's two slots for its own duration, and its pinner
+ * registers the copied backups within the budget: test_backup.c). With room, the resume
+ * registers each backup before copying it back, and the next pause copies into that pinned
+ * memory without pinning again. */
 static void first_pause_never_pins(void **state)
 {
     (void)state;

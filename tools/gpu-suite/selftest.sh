@@ -164,7 +164,7 @@ want "two_ctx: the difference fails" '^\| two_ctx \| static \| 0 \| 0 \| \*\*FAI
 want "capture passes" '^\| capture \| static \| 0 \| 0 \| \*\*PASS\*\*'
 want "fork_churn passes" '^\| fork_churn \| static \| 0 \| 0 \| \*\*PASS\*\*'
 want "mallocasync_after_free passes" '^\| mallocasync_after_free \| static \| 0 \| 0 \| \*\*PASS\*\*'
-want "pause_resume passes (native skips)" '^\| pause_resume \[VMMHOOK_PIN_LIMIT=9G\] \| static \| 77 \| 0 \| \*\*PASS\*\*'
+want "pause_resume passes (native skips)" '^\| pause_resume \[defaults\] \| static \| 77 \| 0 \| \*\*PASS\*\*'
 want "pause_resume timings row" '^\| pause_resume timings .* INFO \| 1 met; misses: backup.first_pause_rate'
 want "the sleep table" '^\| backup.first_pause_rate \| 5.000 GiB/s \| >=8.000 \| MISS \|'
 want "torch_sleep passes" '^\| torch_sleep .* \*\*PASS\*\*'

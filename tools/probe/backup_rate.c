@@ -10,6 +10,11 @@
  *   first-N        N threads populate all of it first, then the copy
  *   staging-T      the driver copies into two pinned staging buffers in turn (asynchronous), and
  *                  T threads copy each filled one into the fresh memory while the next fills
+ *   staging+reg    staging-8/16M, and a thread registers (cuMemHostRegister, portable) each
+ *                  40 MiB of the fresh memory as soon as the ring has filled it, as the
+ *                  library's pinner does (src/staging.c); the time includes the last
+ *                  registration. Then reg-copyback: the copy back up from that pinned memory
+ *                  (what the first resume does), and reg-free: unregistering it all
  *
  * GPU machine only. Build and run from the repository root:
  *   gcc -O2 -o /tmp/backup_rate tools/probe/backup_rate.c -I/usr/local/cuda/include -lcuda -lpthread
@@ -26,6 +31,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -164,7 +170,39 @@ static void *cpu_copy(void *arg)
     return NULL;
 }
 
+/* The registering thread of staging+reg: registers chunk i once `ready` says the ring has
+ * filled it (polling: the probe's own stand-in for the library's queue). */
+typedef struct {
+    char *base;
+    size_t chunk, nchunks;
+    atomic_size_t ready;
+    CUcontext ctx;
+    int failed;
+} reg_t;
+
+static void *registrar(void *arg)
+{
+    reg_t *r = arg;
+    CK(cuCtxSetCurrent(r->ctx));
+    for (size_t i = 0; i < r->nchunks; i++) {
+        while (atomic_load(&r->ready) <= i)
+            usleep(20);
+        size_t off = i * r->chunk, len = total - off < r->chunk ? total - off : r->chunk;
+        if (cuMemHostRegister(r->base + off, len, CU_MEMHOSTREGISTER_PORTABLE) != CUDA_SUCCESS)
+            r->failed++;
+    }
+    return NULL;
+}
+
+static void case_staging_reg(int nthreads, size_t slot, size_t chunk);
+
 static void case_staging(int nthreads, size_t slot)
+{
+    case_staging_reg(nthreads, slot, 0);
+}
+
+/* chunk 0: the plain ring; else a registering thread beside it (staging+reg). */
+static void case_staging_reg(int nthreads, size_t slot, size_t chunk)
 {
     double t0 = now_s();
     char *h = fresh(total);
@@ -178,6 +216,13 @@ static void case_staging(int nthreads, size_t slot)
     CK(cuEventCreate(&ev[0], CU_EVENT_DISABLE_TIMING));
     CK(cuEventCreate(&ev[1], CU_EVENT_DISABLE_TIMING));
     size_t npieces = (total + slot - 1) / slot;
+    reg_t reg = {.base = h, .chunk = chunk, .nchunks = chunk ? (total + chunk - 1) / chunk : 0};
+    pthread_t reg_thread;
+    if (chunk) {
+        CK(cuCtxGetCurrent(&reg.ctx));
+        atomic_init(&reg.ready, 0);
+        pthread_create(&reg_thread, NULL, registrar, &reg);
+    }
     /* fill slot 0 */
     size_t n0 = total < slot ? total : slot;
     CK(cuMemcpyDtoHAsync(stage[0], dev, n0, s));
@@ -205,10 +250,17 @@ static void case_staging(int nthreads, size_t slot)
         }
         for (int k = 0; k < used; k++)
             pthread_join(t[k], NULL);
+        if (chunk) /* chunks wholly filled so far (all of them after the last piece) */
+            atomic_store(&reg.ready, i + 1 == npieces ? reg.nchunks : (off + n) / chunk);
     }
+    if (chunk)
+        pthread_join(reg_thread, NULL);
     double t = now_s() - t0;
     char name[40];
-    snprintf(name, sizeof name, "staging-%d/%zuM", nthreads, slot / MiB);
+    if (chunk)
+        snprintf(name, sizeof name, "staging+reg");
+    else
+        snprintf(name, sizeof name, "staging-%d/%zuM", nthreads, slot / MiB);
     printf("%-14s %6.2f GiB/s  (%.1f ms, of which pinning the staging buffers %.1f ms)\n", name,
            total / (double)(1 << 30) / t, t * 1e3, t_pin * 1e3);
     /* verify */
@@ -220,6 +272,22 @@ static void case_staging(int nthreads, size_t slot)
     CK(cuMemFreeHost(stage[0]));
     CK(cuMemFreeHost(stage[1]));
     CK(cuStreamDestroy(s));
+    if (chunk) {
+        if (reg.failed)
+            printf("  %d registrations failed\n", reg.failed);
+        double t1 = now_s();
+        CK(cuMemcpyHtoD(dev, h, total));
+        double tc = now_s() - t1;
+        printf("%-14s %6.2f GiB/s  (%.1f ms: copy back up from the registered memory)\n",
+               "reg-copyback", total / (double)(1 << 30) / tc, tc * 1e3);
+        t1 = now_s();
+        for (size_t i = 0; i < reg.nchunks; i++)
+            cuMemHostUnregister(h + i * chunk);
+        tc = now_s() - t1;
+        printf("%-14s %6.2f GiB/s  (%.1f ms: unregistering it)\n", "reg-free",
+               total / (double)(1 << 30) / tc, tc * 1e3);
+        munmap(h, total);
+    }
 }
 
 int main(int argc, char **argv)
@@ -252,5 +320,6 @@ int main(int argc, char **argv)
     case_staging(4, 64 * MiB);
     case_staging(8, 64 * MiB);
     case_staging(8, 16 * MiB);
+    case_staging_reg(8, 16 * MiB, 40 * MiB);
     return 0;
 }
