@@ -120,6 +120,7 @@ torch_step)
     case \$variant.\$hooked in
     nocache.1) echo "STEP median_ms 35.100 p10_ms 34.000 p90_ms 40.000 steps 60"
         echo "SYNC syncs 0.50 syncs_blocking 0.20"
+        echo "CALLS app_per_alloc 0.0150 allocs_per_step 12.0"
         echo "MEM peak_requested 1000000000 peak_device 1100000000 source hook-gauges(whole-run)" ;;
     cache.0) echo "STEP median_ms 18.200 p10_ms 18.000 p90_ms 19.000 steps 60"
         echo "MEM peak_requested 900000000 peak_device 1000000000 source torch(timed-steps)" ;;
@@ -169,9 +170,10 @@ want "pause_resume timings row" '^\| pause_resume timings .* INFO \| 1 met; miss
 want "the sleep table" '^\| backup.first_pause_rate \| 5.000 GiB/s \| >=8.000 \| MISS \|'
 want "torch_sleep passes" '^\| torch_sleep .* \*\*PASS\*\*'
 want "torch_graph passes" '^\| torch_graph .* \| python \| 0 \| 0 \| \*\*PASS\*\*'
-want "torch_step row" '^\| torch_step \(step time, 3 runs\) .* \*\*PASS\*\* \| median ms: hook\(off\) 35.10, native on 18.20, native off 60.00; hook/on 1.93x'
-want "torch_step table" '^\| caching off, hook \| 35.10 \(34.00-40.00\) \| 1.93x \| syncs 0.50, syncs_blocking 0.20'
-want "blocking syncs from syncs_blocking" '^\| blocking synchronizations per step <= 1 \(syncs_blocking\) \| 0.20 \| MET \|'
+want "torch_step row" '^\| torch_step \(big model, step time, 3 runs\) .* \*\*PASS\*\* \| median ms: hook\(off\) 35.10, native on 18.20, native off 60.00; hook/on 1.93x \(<=1.00 MISS\)'
+want "torch_step_small row" '^\| torch_step_small \(small model, step time, 3 runs\) .* \*\*PASS\*\* \| .*hook/on 1.93x \(<=1.05 MISS\)'
+want "torch_step table" '^\| caching off, hook \| 35.10 \(34.00-40.00\) \| 1.93x \| syncs 0.50, syncs_blocking 0.20 \| 0.0150 \(12 allocations a step\)'
+want "blocking syncs from syncs_blocking" '^\| blocking synchronizations per step: 0 \(syncs_blocking\) \| 0.20 \| MISS \|'
 want "quickstart row" '^\| quickstart \(issue 17\) .* \*\*PASS\*\*'
 want "bench row with the 16-thread figures" '^\| bench \(run-bench.sh\) .* \*\*PASS\*\* .*16-thread churn steps/s: native 50000, async 100000, hook 150000 \(hook/async 1.5'
 want "bench target hook vs async on 16 threads" 'churn16.hook_over_async_steps_per_s>1 \| 1.50x \| > 1x \| PASS'
