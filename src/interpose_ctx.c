@@ -15,11 +15,14 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "contexts.h"
 #include "interpose.h"
+#include "stats.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Contexts.
@@ -311,15 +314,41 @@ CUresult vmh_ip_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
     return r;
 }
 
+/* Whether the code at `caller` belongs to one of NVIDIA's dense math libraries (cuBLAS,
+ * cuBLASLt, cuDNN), which make streams for their own use: cuBLASLt makes one in its first
+ * heuristic query, under every PyTorch matrix product (seen on the H200). What they run for the
+ * program is ordered on the program's stream (their API's contract: work appears to happen in
+ * the stream the handle is set to), so such a stream is not a second queue of the program's
+ * work. NCCL and the others are not on the list: their streams run the program's own transfers
+ * on its buffers. dladdr takes the loader lock: a stream is made rarely. */
+static bool ip_made_by_math_library(const void *caller)
+{
+    static const char *const libs[] = {"libcublasLt.so", "libcublas.so", "libcudnn"};
+    Dl_info di;
+    if (!caller || !dladdr(caller, &di) || !di.dli_fname)
+        return false;
+    const char *base = strrchr(di.dli_fname, '/');
+    base = base ? base + 1 : di.dli_fname;
+    for (size_t i = 0; i < sizeof libs / sizeof libs[0]; i++)
+        if (strncmp(base, libs[i], strlen(libs[i])) == 0)
+            return true;
+    return false;
+}
+
 /* A stream the program makes is a second queue of work on its device: freed memory is no
  * longer reused at once from then on (contexts.h). Reported after the driver's answer, before
- * the program has the stream: nothing can run on it before the report's wait. */
-static CUresult ip_stream_created(CUresult r)
+ * the program has the stream: nothing can run on it before the report's wait. One made by a
+ * math library for itself is counted (library_streams) and changes nothing. */
+static CUresult ip_stream_created(CUresult r, const void *caller)
 {
-    if (r == CUDA_SUCCESS) {
-        vmh_work_queue_split("a stream created");
-        ip_after_queue_report();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (ip_made_by_math_library(caller)) {
+        vmh_count(VMH_STAT_library_streams, 1);
+        return r;
     }
+    vmh_work_queue_split("a stream created");
+    ip_after_queue_report();
     return r;
 }
 
@@ -327,14 +356,14 @@ CUresult vmh_ip_cuStreamCreate(CUstream *phStream, unsigned int flags)
 {
     CUresult r;
     IP_CALL_REAL(r, cuStreamCreate, phStream, flags);
-    return ip_stream_created(r);
+    return ip_stream_created(r, __builtin_return_address(0));
 }
 
 CUresult vmh_ip_cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
 {
     CUresult r;
     IP_CALL_REAL(r, cuStreamCreateWithPriority, phStream, flags, priority);
-    return ip_stream_created(r);
+    return ip_stream_created(r, __builtin_return_address(0));
 }
 
 CUresult vmh_ip_cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
@@ -342,7 +371,7 @@ CUresult vmh_ip_cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, 
 {
     CUresult r;
     IP_CALL_REAL(r, cuGreenCtxStreamCreate, phStream, greenCtx, flags, priority);
-    return ip_stream_created(r);
+    return ip_stream_created(r, __builtin_return_address(0));
 }
 
 /* A stream destroyed while it captures (the program never called cuStreamEndCapture, as after

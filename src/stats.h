@@ -36,6 +36,7 @@
     X(trims, "cache trims")                                                                        \
     X(tidy_bytes, "idle bytes given back by the background tidy")                                 \
     X(queue_splits, "second queues of work seen (frees park since)")                               \
+    X(library_streams, "streams math libraries made for themselves")                               \
     X(oom_retries, "allocations retried after a trim")                                             \
     X(ooms, "served allocations refused: out of memory")
 
