@@ -42,6 +42,24 @@ static unsigned long syncs(void)
     return sim_calls("cuCtxSynchronize") + sim_calls("cuCtxSynchronize_v2");
 }
 
+/* The simulated driver's context calls a test makes itself (the interposer would report them). */
+typedef struct ctx_fns {
+    PFN_cuCtxCreate_v12050 create;
+    PFN_cuCtxDestroy_v4000 destroy;
+    PFN_cuCtxSetCurrent_v4000 set_current;
+} ctx_fns_t;
+
+static ctx_fns_t ctx_fns(void)
+{
+    ctx_fns_t f = {0};
+    CUdriverProcAddressQueryResult st;
+    assert_int_equal(sim_get_proc_address("cuCtxCreate", (void **)&f.create, 13000, 0, &st), 0);
+    assert_int_equal(sim_get_proc_address("cuCtxDestroy", (void **)&f.destroy, 13000, 0, &st), 0);
+    assert_int_equal(
+        sim_get_proc_address("cuCtxSetCurrent", (void **)&f.set_current, 13000, 0, &st), 0);
+    return f;
+}
+
 /* Freed memory serves the next request of any size at once: no driver call, no wait. */
 static void freed_memory_is_reused_at_once(void **state)
 {
@@ -160,20 +178,13 @@ static void a_second_context_ends_reuse_at_once(void **state)
     assert_int_equal(vmh_heap_alloc(4096, &p), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     assert_true(vmh_work_in_one_queue());
-    PFN_cuCtxCreate_v12050 create = NULL;
-    PFN_cuCtxDestroy_v4000 destroy = NULL;
-    PFN_cuCtxSetCurrent_v4000 set_current = NULL;
-    CUdriverProcAddressQueryResult st;
-    assert_int_equal(sim_get_proc_address("cuCtxCreate", (void **)&create, 13000, 0, &st), 0);
-    assert_int_equal(sim_get_proc_address("cuCtxDestroy", (void **)&destroy, 13000, 0, &st), 0);
-    assert_int_equal(sim_get_proc_address("cuCtxSetCurrent", (void **)&set_current, 13000, 0, &st),
-                     0);
+    ctx_fns_t f = ctx_fns();
     CUcontext c = NULL;
-    assert_int_equal(create(&c, NULL, 0, 0), CUDA_SUCCESS);
+    assert_int_equal(f.create(&c, NULL, 0, 0), CUDA_SUCCESS);
     vmh_ctx_seen(c, 0);
     assert_false(vmh_work_in_one_queue());
     assert_string_equal(vmh_work_split_reason(), "a second context on a device");
-    assert_int_equal(set_current(sim_primary_context(0)), CUDA_SUCCESS);
+    assert_int_equal(f.set_current(sim_primary_context(0)), CUDA_SUCCESS);
     vmh_ctx_current_changed();
     /* The next allocation waits once (p was reused... freed at once), then frees park. */
     sim_reset_counters();
@@ -181,7 +192,7 @@ static void a_second_context_ends_reuse_at_once(void **state)
     assert_true(syncs() >= 1);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     vmh_ctx_forget(c);
-    assert_int_equal(destroy(c), CUDA_SUCCESS);
+    assert_int_equal(f.destroy(c), CUDA_SUCCESS);
 }
 
 /* The late-write check of the contexts suite (test_reclaim.c) with the product's serving on: a
@@ -190,23 +201,16 @@ static void a_second_context_ends_reuse_at_once(void **state)
 static void late_write_from_a_second_context_never_lands_in_reused_memory(void **state)
 {
     (void)state;
-    PFN_cuCtxCreate_v12050 create = NULL;
-    PFN_cuCtxDestroy_v4000 destroy = NULL;
-    PFN_cuCtxSetCurrent_v4000 set_current = NULL;
-    CUdriverProcAddressQueryResult st;
-    assert_int_equal(sim_get_proc_address("cuCtxCreate", (void **)&create, 13000, 0, &st), 0);
-    assert_int_equal(sim_get_proc_address("cuCtxDestroy", (void **)&destroy, 13000, 0, &st), 0);
-    assert_int_equal(sim_get_proc_address("cuCtxSetCurrent", (void **)&set_current, 13000, 0, &st),
-                     0);
+    ctx_fns_t f = ctx_fns();
     CUdeviceptr p[16], q[16];
     for (int i = 0; i < 16; i++)
         assert_int_equal(vmh_heap_alloc(4 * MiB, &p[i]), CUDA_SUCCESS);
     CUcontext c = NULL;
-    assert_int_equal(create(&c, NULL, 0, 0), CUDA_SUCCESS); /* current on this thread now */
+    assert_int_equal(f.create(&c, NULL, 0, 0), CUDA_SUCCESS); /* current on this thread now */
     vmh_ctx_seen(c, 0);
     for (int i = 0; i < 16; i++)
         assert_int_equal(sim_launch_write(c, NULL, p[i], 4 * MiB, 0xAB), CUDA_SUCCESS);
-    assert_int_equal(set_current(sim_primary_context(0)), CUDA_SUCCESS);
+    assert_int_equal(f.set_current(sim_primary_context(0)), CUDA_SUCCESS);
     vmh_ctx_current_changed();
     for (int i = 0; i < 16; i++)
         assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
@@ -220,7 +224,7 @@ static void late_write_from_a_second_context_never_lands_in_reused_memory(void *
         assert_int_equal(vmh_heap_free(q[i], NULL, false), CUDA_SUCCESS);
     }
     vmh_ctx_forget(c);
-    assert_int_equal(destroy(c), CUDA_SUCCESS);
+    assert_int_equal(f.destroy(c), CUDA_SUCCESS);
 }
 
 /* What may stay parked follows the program's peak of live bytes: 1/8 of it, at least 64 MiB,
