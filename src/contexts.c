@@ -18,8 +18,8 @@
  *     beginning, so that no capture begins during a synchronize (issue 14).
  *
  * Lock order: ctx_lock, cap_lock and gate_lock are never held together, nor across a driver
- * call. All are made anew in a forked child (vmh_contexts_after_fork_child, registered at first
- * use).
+ * call. All are made anew in a forked child (vmh_contexts_after_fork_child, called by
+ * lifetime.c's fork handler in every child).
  */
 #include "contexts.h"
 
@@ -55,18 +55,10 @@ static size_t ctx_count, ctx_capacity;
 static atomic_uint ctx_generation = 1;
 
 /* Reports arrive from the program's first CUDA calls, before the library starts, and a fork may
- * come at any time: the two locks of this file are made fork-safe by this file, at their first
- * use (vmh_contexts_after_fork_child runs in every child). */
-static pthread_once_t fork_safe_once = PTHREAD_ONCE_INIT;
-
-static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, vmh_contexts_after_fork_child);
-}
-
+ * come at any time: lifetime.c's fork handler, registered when the library is loaded, calls
+ * vmh_contexts_after_fork_child in every child, which makes the locks of this file anew. */
 static void lock(pthread_mutex_t *m)
 {
-    pthread_once(&fork_safe_once, register_fork_handler);
     pthread_mutex_lock(m);
 }
 
@@ -482,8 +474,20 @@ CUresult vmh_ctx_sync_device(int device)
 /* ---------------------------------------------------------------------------------------------
  * Lifetime.
  */
+#ifdef VMH_TESTING
+static atomic_uint after_fork_runs; /* inherited: a child's count is the parent's plus its own */
+
+unsigned vmh_contexts_after_fork_runs(void)
+{
+    return atomic_load(&after_fork_runs);
+}
+#endif
+
 void vmh_contexts_after_fork_child(void)
 {
+#ifdef VMH_TESTING
+    atomic_fetch_add(&after_fork_runs, 1);
+#endif
     /* Only this thread exists now: nothing else can hold or wait on anything. */
     pthread_mutex_init(&ctx_lock, NULL);
     pthread_cond_init(&ctx_waits_done, NULL);
