@@ -19,7 +19,7 @@
  *
  * Lock order: ctx_lock, cap_lock and gate_lock are never held together, nor across a driver
  * call. All are made anew in a forked child (vmh_contexts_after_fork_child, called by
- * lifetime.c's fork handler in every child).
+ * lifetime.c's fork handler, registered at their first use).
  */
 #include "contexts.h"
 
@@ -55,10 +55,26 @@ static size_t ctx_count, ctx_capacity;
 static atomic_uint ctx_generation = 1;
 
 /* Reports arrive from the program's first CUDA calls, before the library starts, and a fork may
- * come at any time: lifetime.c's fork handler, registered when the library is loaded, calls
- * vmh_contexts_after_fork_child in every child, which makes the locks of this file anew. */
+ * come at any time: at the first use of a lock of this file, the function lifetime.c handed
+ * over (vmh_contexts_on_first_use) registers its fork handler, which calls
+ * vmh_contexts_after_fork_child in every child from then on (it makes these locks anew). */
+static void (*_Atomic first_use_hook)(void);
+static atomic_bool first_use_seen;
+
+void vmh_contexts_on_first_use(void (*fn)(void))
+{
+    atomic_store(&first_use_hook, fn);
+}
+
 static void lock(pthread_mutex_t *m)
 {
+    if (!atomic_load_explicit(&first_use_seen, memory_order_acquire)) {
+        void (*fn)(void) = atomic_load(&first_use_hook);
+        if (fn) {
+            fn(); /* idempotent: threads racing here may each call it */
+            atomic_store_explicit(&first_use_seen, true, memory_order_release);
+        }
+    }
     pthread_mutex_lock(m);
 }
 

@@ -96,8 +96,13 @@ CUresult vmh_ctx_sync_device(int device);
  * in the child can block. The contexts are kept (CUDA is not usable in the child anyway; the
  * driver answers its calls). lifetime.c's fork handler calls it, once, in every child: reports
  * arrive from the program's first CUDA calls, before the library's start, so that handler is
- * registered when the library is loaded. This file registers no handler of its own. */
+ * registered at the first use of this file's locks (fn below), after the driver's first
+ * successful call. This file registers no handler of its own. */
 void vmh_contexts_after_fork_child(void);
+
+/* fn is called at the first use of this file's locks (also by several threads at once; it must
+ * be idempotent): lifetime.c registers its fork handlers there. */
+void vmh_contexts_on_first_use(void (*fn)(void));
 
 #ifdef VMH_TESTING
 /* Tests: how many times vmh_contexts_after_fork_child ran in this process (a child inherits its

@@ -24,13 +24,22 @@
  *       export table stops calling the driver), then the reclaim thread (stopped and joined).
  *       Users stop before what they use: the listener's last prunes may park frees.
  *
- * When: the fork handlers when the library is loaded (a constructor), so that every fork is
- * seen, also one before the library's start (context reports come from the program's first
- * CUDA calls, before it). The exit handler at the first of: the reclaim thread's start, IPC's
- * first export. Both come after the driver was initialized, so the handler is registered after
- * the CUDA runtime's and the driver's own and runs before them (atexit handlers run in reverse
- * order of registration): no driver call of ours after their teardown. The destructor
- * (vmh_lifetime_exit) reports afterwards; it is not an exit handler of the C library.
+ * When: the fork handlers at the first of: the first use of contexts.c's locks (a context or
+ * capture report, or the first served allocation asking for its context), the reclaim thread's
+ * start, IPC's first export. Before that no layer has state a child must drop (no context, no
+ * thread, no served pointer: serving asks contexts.c first), and every one of those comes after
+ * the driver's first successful call, so after the driver registered its own fork handlers,
+ * wherever it does that (the simulated one: at load). This matters for prefork: handlers run
+ * in reverse order of registration, so ours runs before the driver's. A thread may hold the
+ * export table's lock while it calls the driver, which takes the driver's lock; were the
+ * driver's prepare to run first (it takes that lock: the simulated driver does, TSan reported
+ * the inversion when ours was registered at load), ours would wait for that thread, which
+ * waits for the forking thread: a deadlock. The exit handler at the first of: the reclaim
+ * thread's start, IPC's first export; both come after the CUDA runtime and the driver were
+ * initialized, so it is registered after their own exit handlers and runs before them (atexit
+ * handlers run in reverse order of registration): no driver call of ours after their
+ * teardown. The destructor (vmh_lifetime_exit) reports afterwards; it is not an exit handler
+ * of the C library.
  */
 #include "lifetime.h"
 #include "contexts.h"
@@ -143,9 +152,27 @@ static void register_exit(void)
     atexit(at_exit);
 }
 
-/* The reclaim thread started, or IPC begins: the exit handler, once (see the header). */
-static void exit_handler_needed(void)
+static void prefork(void);
+static void postfork_parent(void);
+VMH_TESTABLE void vmh_lifetime_fork_child(void);
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void register_fork(void)
 {
+    pthread_atfork(prefork, postfork_parent, vmh_lifetime_fork_child);
+}
+
+/* contexts.c's locks are used for the first time: the fork handlers, once (see the header). */
+static void fork_handlers_needed(void)
+{
+    pthread_once(&fork_once, register_fork);
+}
+
+/* The reclaim thread started, or IPC begins: the fork handlers and the exit handler, once each
+ * (see the header). */
+static void process_events_needed(void)
+{
+    fork_handlers_needed();
     pthread_once(&exit_once, register_exit);
 }
 
@@ -191,19 +218,19 @@ VMH_TESTABLE void vmh_lifetime_fork_child(void)
     vmh_ipc_stop();
 }
 
-/* At load: the fork handlers (every fork from now on is seen), and the reclaim thread's start
- * as one of the two moments the exit handler is registered. */
+/* At load: the layers that say when the handlers are needed are handed the functions that
+ * register them (no layer includes this one). Registers nothing itself. */
 __attribute__((constructor)) static void lifetime_load(void)
 {
-    pthread_atfork(prefork, postfork_parent, vmh_lifetime_fork_child);
-    vmh_reclaim_on_first_start(exit_handler_needed);
+    vmh_contexts_on_first_use(fork_handlers_needed);
+    vmh_reclaim_on_first_start(process_events_needed);
 }
 
 /* IPC calls this before each export (vmh_ipc_configure). */
 static void ipc_began(void)
 {
     atomic_store(&ipc_begun, true);
-    exit_handler_needed();
+    process_events_needed();
 }
 
 /* Reports at exit; from here on every entry point passes through (late frees from other

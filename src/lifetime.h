@@ -6,7 +6,8 @@
  *   exit    the library's destructor: the leak report and statistics, then the heap serves
  *           nothing more; late frees of served pointers (other libraries' destructors) are
  *           accepted quietly without a driver call, everything else passes through.
- *   fork    (handlers registered at load, see lifetime.c for the order of the steps)
+ *   fork    (handlers registered once, when first needed: lifetime.c says when and in which
+ *           order the steps run)
  *           a child of a process that used the driver gets pass-through for everything: the
  *           driver answers as it does natively (CUDA is not usable in such a child). The child
  *           takes no lock another thread of the parent may have held, writes no report and
