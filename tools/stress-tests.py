@@ -104,7 +104,7 @@ def main():
             env = dict(os.environ)
             env.update(t.get("env") or {})
             env["SIM_PERTURB"] = str(s)
-            log = os.path.join(logs, f"{t['name']}.{rep}.log")
+            log = os.path.join(logs, f"{t['name'].replace('/', '.')}.{rep}.log")
             limit = a.timeout or t.get("timeout") or 600
             t0 = time.monotonic()
             with open(log, "w") as f:
@@ -115,6 +115,10 @@ def main():
                 except subprocess.TimeoutExpired:
                     rc, why = -1, f"timed out after {limit:.0f} s"
             took = time.monotonic() - t0
+            if rc == 0 and env.get("VMH_TEST_FILTER"):
+                with open(log, errors="replace") as f:
+                    if "Running 0 test(s)" in f.read():  # cmocka: the filter matched nothing
+                        rc, why = 1, f"VMH_TEST_FILTER={env['VMH_TEST_FILTER']} matched no test"
             with lock:
                 slowest[t["name"]] = max(slowest[t["name"]], took)
                 if rc == 0:
@@ -143,8 +147,10 @@ def main():
     for th in threads:
         th.join()
     took = time.monotonic() - start
-    per = ", ".join(f"{n} {runs_done[n]}x (slowest {slowest[n]:.1f} s)" for n in names)
-    print(f"stress: {state['done']} runs passed in {took:.0f} s: {per}", flush=True)
+    reps = sorted(set(runs_done.values()))
+    slow = sorted(names, key=lambda n: -slowest[n])[:4]
+    print(f"stress: {state['done']} runs passed in {took:.0f} s (each test {'-'.join(map(str, reps[::max(1, len(reps) - 1)]))} "
+          f"times; slowest runs: {', '.join(f'{n} {slowest[n]:.1f} s' for n in slow)})", flush=True)
     if state["failed"]:
         name, rep, s, log, why = state["failed"]
         print(f"stress: FAILED: {name}, repetition {rep} of {a.n}, SIM_PERTURB={s} ({why})",
