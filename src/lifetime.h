@@ -39,8 +39,8 @@ bool vmh_lifetime_ready(void);
 const vmh_options_t *vmh_lifetime_options(void);
 
 #ifdef VMH_TESTING
-/* Tests: what the destructor does at exit, what the fork handler does in a child, and what the
- * exit handler does for IPC. */
+/* Tests: what the destructor does at exit, what the fork handler does in a child (only there:
+ * it releases the locks the prefork step took), and what the exit handler does for IPC. */
 void vmh_lifetime_exit(void);
 void vmh_lifetime_fork_child(void);
 void vmh_lifetime_ipc_exit(void);
