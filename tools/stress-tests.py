@@ -124,9 +124,11 @@ def main():
                 if rc == 0:
                     runs_done[t["name"]] += 1
                     state["done"] += 1
-                    if state["done"] % max(1, len(want)) == 0:
+                    now = time.monotonic()
+                    if now - state.get("said", start) >= 60:  # a line a minute at most
+                        state["said"] = now
                         print(f"stress: {state['done']} of {len(queue)} runs passed "
-                              f"({time.monotonic() - start:.0f} s)", flush=True)
+                              f"({now - start:.0f} s)", flush=True)
                     continue
                 first = state["failed"] is None
                 if first:
