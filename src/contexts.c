@@ -18,8 +18,8 @@
  *     beginning, so that no capture begins during a synchronize (issue 14).
  *
  * Lock order: ctx_lock, cap_lock and gate_lock are never held together, nor across a driver
- * call. All are made anew in a forked child (vmh_contexts_after_fork_child, registered at first
- * use).
+ * call. All are made anew in a forked child (vmh_contexts_after_fork_child, called by
+ * lifetime.c's fork handler, registered at their first use).
  */
 #include "contexts.h"
 
@@ -57,18 +57,26 @@ static size_t ctx_count, ctx_capacity;
 static atomic_uint ctx_generation = 1;
 
 /* Reports arrive from the program's first CUDA calls, before the library starts, and a fork may
- * come at any time: the two locks of this file are made fork-safe by this file, at their first
- * use (vmh_contexts_after_fork_child runs in every child). */
-static pthread_once_t fork_safe_once = PTHREAD_ONCE_INIT;
+ * come at any time: at the first use of a lock of this file, the function lifetime.c handed
+ * over (vmh_contexts_on_first_use) registers its fork handler, which calls
+ * vmh_contexts_after_fork_child in every child from then on (it makes these locks anew). */
+static void (*_Atomic first_use_hook)(void);
+static atomic_bool first_use_seen;
 
-static void register_fork_handler(void)
+void vmh_contexts_on_first_use(void (*fn)(void))
 {
-    pthread_atfork(NULL, NULL, vmh_contexts_after_fork_child);
+    atomic_store(&first_use_hook, fn);
 }
 
 static void lock(pthread_mutex_t *m)
 {
-    pthread_once(&fork_safe_once, register_fork_handler);
+    if (!atomic_load_explicit(&first_use_seen, memory_order_acquire)) {
+        void (*fn)(void) = atomic_load(&first_use_hook);
+        if (fn) {
+            fn(); /* idempotent: threads racing here may each call it */
+            atomic_store_explicit(&first_use_seen, true, memory_order_release);
+        }
+    }
     pthread_mutex_lock(m);
 }
 
@@ -566,8 +574,20 @@ void vmh_work_split_wait(void)
 /* ---------------------------------------------------------------------------------------------
  * Lifetime.
  */
+#ifdef VMH_TESTING
+static atomic_uint after_fork_runs; /* inherited: a child's count is the parent's plus its own */
+
+unsigned vmh_contexts_after_fork_runs(void)
+{
+    return atomic_load(&after_fork_runs);
+}
+#endif
+
 void vmh_contexts_after_fork_child(void)
 {
+#ifdef VMH_TESTING
+    atomic_fetch_add(&after_fork_runs, 1);
+#endif
     /* Only this thread exists now: nothing else can hold or wait on anything. */
     pthread_mutex_init(&ctx_lock, NULL);
     pthread_cond_init(&ctx_waits_done, NULL);

@@ -808,8 +808,7 @@ void vmh_heap_tag_freeze(unsigned tag, bool frozen)
 
 void vmh_heap_forked_child(void)
 {
-    atomic_store(&mode, HEAP_CHILD);
-    vmh_reclaim_forked_child();
+    atomic_store(&mode, HEAP_CHILD); /* the reclaim thread's step is lifetime.c's own call */
 }
 
 void vmh_heap_reset(void)

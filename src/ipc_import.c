@@ -59,20 +59,15 @@ static import_entry_t *imports;
 static size_t nimports, imports_cap;
 static atomic_size_t nimports_atomic; /* lock-free "none" for every cuIpcCloseMemHandle */
 
-static void imp_prefork(void)
+/* fork (lifetime.c's handlers): the child must not inherit imp_lock held by another thread. */
+void vmh_ipc_import_prefork(void)
 {
     pthread_mutex_lock(&imp_lock);
 }
 
-static void imp_postfork(void)
+void vmh_ipc_import_postfork(void)
 {
     pthread_mutex_unlock(&imp_lock);
-}
-
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-static void register_atfork(void)
-{
-    pthread_atfork(imp_prefork, imp_postfork, imp_postfork);
 }
 
 /* The same handle opened again in the same context: one more reference, the same pointer (as
@@ -270,7 +265,6 @@ static CUresult fetch_chunks(const vmh_ipc_handle_t *h, int device, vmh_ipc_repl
 
 CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *out)
 {
-    pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&imp_lock);
     bool reused = import_reuse_locked(h, ctx, out);
     pthread_mutex_unlock(&imp_lock);

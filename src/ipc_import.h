@@ -19,6 +19,12 @@
  * (one more reference). Codes: see vmh_ipc_open in ipc.h. */
 CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *out);
 
+/* fork (lifetime.c's handlers; this file registers none): the import table's lock is taken
+ * before a fork and released after it, in parent and child. It is never held with another
+ * lock, nor across a driver call or socket call. */
+void vmh_ipc_import_prefork(void);
+void vmh_ipc_import_postfork(void);
+
 #ifdef VMH_TESTING
 /* Unmaps every import through the driver. */
 void vmh_ipc_import_reset(void);

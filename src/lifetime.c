@@ -1,6 +1,46 @@
 /* The library's lifetime: start, exit, fork (see lifetime.h). The only owner of "what happens
- * after": the layers below are told (vmh_heap_shutdown, vmh_heap_forked_child) and keep no
- * flags of their own about it. */
+ * after": the layers below are told (vmh_heap_shutdown, vmh_heap_forked_child, ...) and keep no
+ * flags of their own about it.
+ *
+ * Process events have one owner, this file: it alone registers fork handlers (pthread_atfork)
+ * and an exit handler (atexit), once each, and calls each layer's step in one order:
+ *
+ *   prefork (the fork's prepare)  top down: the IPC import table's lock, the listener's, the
+ *       export table's. A thread of a higher layer may hold its lock while it calls a lower one
+ *       (an export under the table lock calls the driver and the heap), never the reverse, so
+ *       taking the higher lock first never waits for a thread that waits for a lock already
+ *       taken here. The three IPC locks are never held together, so their own order is free.
+ *       No lower layer's lock is taken: contexts.c makes its locks anew in the child and the
+ *       heap and the reclaim thread are never used in a child (pass-through); taking them
+ *       here would wait for a context synchronize of the reclaim thread.
+ *   parent                        the prefork locks released, in reverse order.
+ *   child                         the prefork locks released, then each layer bottom up:
+ *       contexts (locks anew; the parent's other threads' waits and captures dropped), the
+ *       reclaim thread (it does not exist here), then, if the parent used the driver through
+ *       the library, the heap (pass-through) and IPC (stopped). Lower layers first, as at start:
+ *       a higher layer's step may then rely on the layers below being usable in the child.
+ *       Each runs once, atomics and lock initialization only.
+ *   exit                          top down: IPC (the listener stops taking connections, the
+ *       export table stops calling the driver), then the reclaim thread (stopped and joined).
+ *       Users stop before what they use: the listener's last prunes may park frees.
+ *
+ * When: the fork handlers at the first of: the first use of contexts.c's locks (a context or
+ * capture report, or the first served allocation asking for its context), the reclaim thread's
+ * start, IPC's first export. Before that no layer has state a child must drop (no context, no
+ * thread, no served pointer: serving asks contexts.c first), and every one of those comes after
+ * the driver's first successful call, so after the driver registered its own fork handlers,
+ * wherever it does that (the simulated one: at load). This matters for prefork: handlers run
+ * in reverse order of registration, so ours runs before the driver's. A thread may hold the
+ * export table's lock while it calls the driver, which takes the driver's lock; were the
+ * driver's prepare to run first (it takes that lock: the simulated driver does, TSan reported
+ * the inversion when ours was registered at load), ours would wait for that thread, which
+ * waits for the forking thread: a deadlock. The exit handler at the first of: the reclaim
+ * thread's start, IPC's first export; both come after the CUDA runtime and the driver were
+ * initialized, so it is registered after their own exit handlers and runs before them (atexit
+ * handlers run in reverse order of registration): no driver call of ours after their
+ * teardown. The destructor (vmh_lifetime_exit) reports afterwards; it is not an exit handler
+ * of the C library.
+ */
 #include "lifetime.h"
 #include "contexts.h"
 
@@ -8,8 +48,10 @@
 #include "heap.h"
 #include "ipc.h"
 #include "ipc_export.h"
+#include "ipc_import.h"
 #include "ipc_listener.h"
 #include "pause.h"
+#include "reclaim.h"
 #include "stats.h"
 #include "tags.h"
 #include "testable.h"
@@ -25,17 +67,6 @@ static atomic_bool start_done; /* the once above completed (the fork handler rea
 static atomic_int phase = LIFE_RUNNING;
 static const vmh_options_t *snapshot;
 
-/* In the child, right after fork(): only atomics, no lock, no driver call, no allocation. */
-VMH_TESTABLE void vmh_lifetime_fork_child(void)
-{
-    if (!atomic_load(&start_done) || !vmh_driver_loaded())
-        return; /* the parent never used the driver: the child may, natively or through us */
-    atomic_store(&phase, LIFE_CHILD);
-    vmh_ipc_stop();
-    vmh_contexts_after_fork_child(); /* no context or capture report may block the child */
-    vmh_heap_forked_child();
-}
-
 static void ipc_began(void);
 
 static void start(void)
@@ -47,7 +78,6 @@ static void start(void)
     vmh_heap_configure(snapshot);
     vmh_pause_configure(snapshot);
     vmh_ipc_configure(snapshot, ipc_began);
-    pthread_atfork(NULL, NULL, vmh_lifetime_fork_child);
     atomic_store(&start_done, true);
 }
 
@@ -67,44 +97,140 @@ const vmh_options_t *vmh_lifetime_options(void)
     return snapshot;
 }
 
-/* IPC's exit handler: the listener and the export table stop calling the driver. An atexit
- * handler, not the destructor: it must run before libcuda's own teardown, which the loader's
- * destructors (this library's included) may follow. */
+/* ---- process events ------------------------------------------------------------------------ */
+
+static atomic_bool ipc_begun; /* IPC exported once: its part of the exit step runs */
+
+#ifdef VMH_TESTING
+/* Each step, as it runs, appends its letter (tests read it in the child and the parent). */
+static char step_log[64];
+static atomic_uint step_len;
+
+static void step(char c)
+{
+    unsigned i = atomic_fetch_add(&step_len, 1);
+    if (i + 1 < sizeof step_log)
+        step_log[i] = c;
+}
+
+const char *vmh_lifetime_steps(void)
+{
+    unsigned n = atomic_load(&step_len);
+    step_log[n < sizeof step_log ? n : sizeof step_log - 1] = '\0';
+    return step_log;
+}
+
+void vmh_lifetime_steps_clear(void)
+{
+    atomic_store(&step_len, 0);
+}
+#else
+#define step(c) ((void)0)
+#endif
+
+/* IPC's part of the exit step: the listener and the export table stop calling the driver. */
 VMH_TESTABLE void vmh_lifetime_ipc_exit(void)
 {
+    step('L');
     vmh_ipc_listener_shutdown();
+    step('E');
     vmh_ipc_export_shutdown(); /* on return no driver call of the table is in flight */
 }
 
-/* The two IPC locks are never held together (ipc_listener.c), so their order here is free. */
-static void ipc_prefork(void)
+static void at_exit(void)
 {
+    if (atomic_load(&ipc_begun))
+        vmh_lifetime_ipc_exit();
+    step('R');
+    vmh_reclaim_stop(true); /* frees after this stay parked or wait on the allocating thread */
+}
+
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+
+static void register_exit(void)
+{
+    atexit(at_exit);
+}
+
+static void prefork(void);
+static void postfork_parent(void);
+VMH_TESTABLE void vmh_lifetime_fork_child(void);
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void register_fork(void)
+{
+    pthread_atfork(prefork, postfork_parent, vmh_lifetime_fork_child);
+}
+
+/* contexts.c's locks are used for the first time: the fork handlers, once (see the header). */
+static void fork_handlers_needed(void)
+{
+    pthread_once(&fork_once, register_fork);
+}
+
+/* The reclaim thread started, or IPC begins: the fork handlers and the exit handler, once each
+ * (see the header). */
+static void process_events_needed(void)
+{
+    fork_handlers_needed();
+    pthread_once(&exit_once, register_exit);
+}
+
+static void prefork(void)
+{
+    step('i');
+    vmh_ipc_import_prefork();
+    step('l');
     vmh_ipc_listener_prefork();
+    step('e');
     vmh_ipc_export_prefork();
 }
 
-static void ipc_postfork(void)
+static void release_prefork_locks(void)
 {
     vmh_ipc_export_postfork();
     vmh_ipc_listener_postfork();
+    vmh_ipc_import_postfork();
 }
 
-static pthread_once_t ipc_hooks_once = PTHREAD_ONCE_INIT;
-
-static void ipc_hooks(void)
+static void postfork_parent(void)
 {
-    /* Registered after the driver was initialized (IPC needs a context): atexit handlers run
-     * in reverse order of registration, so this one runs before any libcuda registered. */
-    atexit(vmh_lifetime_ipc_exit);
-    /* The IPC locks, taken around a fork so that a child inherits none held by another thread
-     * (the listener prunes and exports under them). */
-    pthread_atfork(ipc_prefork, ipc_postfork, ipc_postfork);
+    step('p');
+    release_prefork_locks();
 }
 
-/* IPC calls this before each export (vmh_ipc_configure): the handlers above, once. */
+/* In the child, right after fork(): only atomics and lock initialization, no driver call, no
+ * allocation. */
+VMH_TESTABLE void vmh_lifetime_fork_child(void)
+{
+    step('c');
+    release_prefork_locks();
+    step('C');
+    vmh_contexts_after_fork_child(); /* no context or capture report may block the child */
+    step('R');
+    vmh_reclaim_forked_child();
+    if (!atomic_load(&start_done) || !vmh_driver_loaded())
+        return; /* the parent never used the driver: the child may, natively or through us */
+    atomic_store(&phase, LIFE_CHILD);
+    step('H');
+    vmh_heap_forked_child();
+    step('I');
+    vmh_ipc_stop();
+}
+
+/* At load: the layers that say when the handlers are needed are handed the functions that
+ * register them (no layer includes this one). Registers nothing itself. */
+__attribute__((constructor)) static void lifetime_load(void)
+{
+    vmh_contexts_on_first_use(fork_handlers_needed);
+    vmh_reclaim_on_first_start(process_events_needed);
+}
+
+/* IPC calls this before each export (vmh_ipc_configure). */
 static void ipc_began(void)
 {
-    pthread_once(&ipc_hooks_once, ipc_hooks);
+    atomic_store(&ipc_begun, true);
+    process_events_needed();
 }
 
 /* Reports at exit; from here on every entry point passes through (late frees from other

@@ -2,20 +2,26 @@
  *
  *   start   the first interposed or public call: options are read once into a snapshot, the
  *           statistics start, each layer is configured from the snapshot (the layers below
- *           never read options themselves), the fork handler is installed.
+ *           never read options themselves).
  *   exit    the library's destructor: the leak report and statistics, then the heap serves
  *           nothing more; late frees of served pointers (other libraries' destructors) are
  *           accepted quietly without a driver call, everything else passes through.
- *   fork    a child of a process that used the driver gets pass-through for everything: the
+ *   fork    (handlers registered once, when first needed: lifetime.c says when and in which
+ *           order the steps run)
+ *           a child of a process that used the driver gets pass-through for everything: the
  *           driver answers as it does natively (CUDA is not usable in such a child). The child
  *           takes no lock another thread of the parent may have held, writes no report and
  *           reports no leak.
  *   IPC     start hands IPC the snapshot and a function it calls before each export
- *           (vmh_ipc_configure); at the first, an exit handler stops the IPC listener and
- *           export table before libcuda's teardown, and fork handlers keep
- *           their locks from being inherited held (ipc_listener.h, ipc_export.h: shutdown,
- *           prefork, postfork). The IPC files register no handler of their own. Exit and a
- *           fork child tell IPC with vmh_ipc_stop: IPC includes nothing of this layer.
+ *           (vmh_ipc_configure); from the first, the exit handler stops the IPC listener and
+ *           export table before libcuda's teardown, and the fork handlers keep their locks
+ *           from being inherited held (ipc_listener.h, ipc_export.h, ipc_import.h: shutdown,
+ *           prefork, postfork). Exit and a fork child tell IPC with vmh_ipc_stop: IPC
+ *           includes nothing of this layer.
+ *   events  lifetime.c is the only file that registers fork handlers (pthread_atfork) or an
+ *           exit handler (atexit), once each; it calls each layer's prefork / parent / child /
+ *           exit step in one order, written in lifetime.c's header comment. The test
+ *           `process-events` (tools/meson.build) fails when another file of src/ registers one.
  */
 #ifndef VMH_LIFETIME_H
 #define VMH_LIFETIME_H
@@ -33,11 +39,16 @@ bool vmh_lifetime_ready(void);
 const vmh_options_t *vmh_lifetime_options(void);
 
 #ifdef VMH_TESTING
-/* Tests: what the destructor does at exit, what the fork handler does in a child, and what the
- * exit handler does for IPC. */
+/* Tests: what the destructor does at exit, what the fork handler does in a child (only there:
+ * it releases the locks the prefork step took), and what the exit handler does for IPC. */
 void vmh_lifetime_exit(void);
 void vmh_lifetime_fork_child(void);
 void vmh_lifetime_ipc_exit(void);
+/* The steps of the fork and exit handlers run in this process so far, one letter each (see
+ * lifetime.c): prefork "ile", parent "p", child "cCR" then "HI" after a start. A child starts
+ * with its parent's letters up to the fork. */
+const char *vmh_lifetime_steps(void);
+void vmh_lifetime_steps_clear(void);
 #endif
 
 #endif

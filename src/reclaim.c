@@ -460,28 +460,13 @@ static void *reclaim_main(void *unused)
     return NULL;
 }
 
-/* The process exits: the thread stops before the CUDA runtime's own exit handlers release the
- * contexts and before the driver library's destructors run (an exit handler registered after
- * theirs runs before them; the library's destructor, vmh_heap_shutdown, would be too late for
- * a driver loaded after it). Frees after this stay parked or wait on the allocating thread. */
-static void bg_stop_at_exit(void)
-{
-    vmh_reclaim_stop(true);
-}
+/* Who is told when the thread starts (vmh_reclaim_on_first_start): lifetime.c, which then
+ * registers its exit handler once (the thread stops there). */
+static void (*_Atomic bg_first_start_hook)(void);
 
-/* In a child forked after the thread's first start: the thread does not exist there (and its
- * lock may have been held at the fork). lifetime.c tells the heap too (vmh_reclaim_forked_child),
- * but a fork the lifetime does not see (its handler is installed at the first interposed call)
- * must not make the child join a thread it does not have at its exit. Atomics only. */
-static void bg_forked_child(void)
+void vmh_reclaim_on_first_start(void (*fn)(void))
 {
-    atomic_store(&bg.in_child, true);
-}
-
-static void bg_register_exit(void)
-{
-    atexit(bg_stop_at_exit);
-    pthread_atfork(NULL, NULL, bg_forked_child);
+    atomic_store(&bg_first_start_hook, fn);
 }
 
 static void bg_start(void)
@@ -497,8 +482,9 @@ static void bg_start(void)
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (err == 0) {
             bg.running = true;
-            static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
-            pthread_once(&exit_once, bg_register_exit);
+            void (*hook)(void) = atomic_load(&bg_first_start_hook);
+            if (hook)
+                hook(); /* lifetime's: idempotent, so every start may call it */
         } else
             vmh_log("cannot start the reclaim thread (error %d): freed memory is reclaimed by "
                     "allocating threads (VMMHOOK_PARK_LIMIT) and on out of memory",
@@ -536,7 +522,7 @@ void vmh_reclaim_stop(bool for_good)
 
 void vmh_reclaim_forked_child(void)
 {
-    bg_forked_child();
+    atomic_store(&bg.in_child, true);
 }
 
 bool vmh_reclaim_thread_running(void)

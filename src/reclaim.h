@@ -169,8 +169,15 @@ void vmh_reclaim_destroy(vmh_reclaim_t *r);
 void vmh_reclaim_stop(bool for_good);
 
 /* In a forked child (atomics only, no lock): the parent's reclaim thread does not exist here
- * and none is started. */
+ * and none is started. lifetime.c's fork handler calls it, in every child. */
 void vmh_reclaim_forked_child(void);
+
+/* fn is called each time the thread starts (once in practice), after it started: lifetime.c
+ * registers its exit handler there, which stops the thread (vmh_reclaim_stop(true)) before the
+ * CUDA runtime's and the driver's own exit handlers run (the thread starts at the first park,
+ * after the driver is initialized; an exit handler registered after theirs runs before
+ * theirs). This file registers no handler of its own. */
+void vmh_reclaim_on_first_start(void (*fn)(void));
 
 /* Whether the reclaim thread runs now (tests and reports). */
 bool vmh_reclaim_thread_running(void);

@@ -93,6 +93,8 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC=$CUDA_HOME/bin/nvcc
 [ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
 # shellcheck disable=SC2054 # commas belong to the -gencode values
+# The same targets and options as tests/gpu/meson.build (gpu_arch); never `--threads` (the top
+# meson.build says why: nvcc's threads share one temporary file, issue 20).
 ARCH=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=compute_75)
 npass=0 nfail=0 nskip=0
 exit_override=""

@@ -4,6 +4,9 @@
 #include "simint.h"
 
 #include <dirent.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
 
 #define VA_BASE 0x100000000000ULL /* 16 TiB: reservations */
 #define VA_MAX_SIZE (64ULL * TiB)
@@ -96,6 +99,60 @@ static bool works_after_fork(enum sim_fn fn)
 {
     return fn == SIM_E_cuDriverGetVersion || fn == SIM_E_cuGetProcAddress ||
            fn == SIM_E_cuGetErrorString || fn == SIM_E_cuGetErrorName;
+}
+
+/* Schedule perturbation for the stress runs (tools/run-tests --stress): with SIM_PERTURB set to
+ * a number (the seed), every simulated driver call first does, at random, nothing (half the
+ * calls), sched_yield(), or sleeps 1-50 us (1 call in 8) or 50-500 us (1 in 32). Each thread
+ * draws from its own generator, seeded from the seed and the order in which threads made their
+ * first call, so a seed replays the same choices per thread (not the same interleaving: the
+ * kernel schedules). Unset, empty or 0: off, one relaxed load per call. */
+static _Atomic uint64_t perturb_seed = UINT64_MAX; /* UINT64_MAX: not read yet; 0: off */
+static atomic_uint perturb_threads;
+static _Thread_local uint64_t perturb_state;
+
+static uint64_t perturb_next(void)
+{
+    uint64_t x = perturb_state; /* xorshift64* */
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    perturb_state = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+void sim_perturb(void)
+{
+    uint64_t seed = atomic_load_explicit(&perturb_seed, memory_order_relaxed);
+    if (seed == 0)
+        return;
+    if (seed == UINT64_MAX) {
+        const char *v = getenv("SIM_PERTURB");
+        seed = v ? strtoull(v, NULL, 0) : 0;
+        if (seed == UINT64_MAX)
+            seed--;
+        uint64_t expected = UINT64_MAX;
+        if (atomic_compare_exchange_strong(&perturb_seed, &expected, seed) && seed)
+            fprintf(stderr, "simdrv: schedule perturbation on, SIM_PERTURB=%llu\n",
+                    (unsigned long long)seed);
+        if (seed == 0)
+            return;
+    }
+    if (perturb_state == 0) {
+        uint64_t n = atomic_fetch_add(&perturb_threads, 1) + 1;
+        perturb_state = (seed ^ (n * 0x9E3779B97F4A7C15ULL)) | 1;
+    }
+    uint64_t r = perturb_next();
+    unsigned pick = (unsigned)(r >> 59); /* 0..31 */
+    if (pick < 16)
+        return;
+    if (pick == 31) {
+        usleep(50 + (useconds_t)((r >> 8) % 451));
+    } else if (pick >= 27) {
+        usleep(1 + (useconds_t)((r >> 8) % 50));
+    } else {
+        sched_yield();
+    }
 }
 
 /* Counts the call, records it in the trace and fires a matching fault. */

@@ -421,7 +421,12 @@ size_t gran(void);
 int ndev(void);
 bool overlaps(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn);
 
+/* Schedule perturbation (SIM_PERTURB=seed, see simdrv.h): before the driver's lock, so that
+ * threads reach the driver, and the library's own locks around it, in other orders. */
+void sim_perturb(void);
+
 #define SIM_ENTER(id)                                          \
+    sim_perturb();                                             \
     LOCKED;                                                    \
     do {                                                       \
         CUresult sim_frc_ = sim_enter(SIM_E_##id);             \

@@ -22,6 +22,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -37,6 +38,7 @@
 #include "ipc_wire.h"
 #include "lifetime.h"
 #include "log.h"
+#include "reclaim.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -470,6 +472,87 @@ static void lifetime_exit_stops_exports(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(r, NULL, false), CUDA_SUCCESS);
     vmh_ipc_reset(); /* (tests only) the table serves again */
+}
+
+/* Issue 20: one owner of process events. lifetime.c alone registers fork handlers; a child
+ * forked while the listener runs (IPC began) ran each fork step exactly once, in lifetime.c's
+ * order: the prefork locks top down (import, listener, export), then in the child their
+ * release, contexts, the reclaim thread, the heap, IPC (bottom up); contexts.c's own step
+ * (which once ran twice: it registered a handler of its own too) is counted where it runs.
+ * The parent ran the prefork and its release, once per fork, and exports again afterwards
+ * (nothing was left locked).
+ *
+ * VMH_TEST_FORK_RACE=1 adds what the test leaves out by default: the reclaim thread running
+ * (a parked free) and a thread exporting during the forks. With it the test fails most runs,
+ * on e516064 as well (a buffer's range freed under it: vmh_dev_usable_give's assertion when p
+ * is freed at the end); left to the lead, see issue 20's closing note. */
+typedef struct {
+    CUdeviceptr p;
+    atomic_bool stop;
+    unsigned rounds;
+} exporter_arg_t;
+
+static void *export_loop(void *arg)
+{
+    exporter_arg_t *a = arg;
+    while (!atomic_load(&a->stop)) {
+        CUipcMemHandle h;
+        if (vmh_ipc_get_handle(a->p, &h) != CUDA_SUCCESS)
+            break;
+        a->rounds++;
+    }
+    return NULL;
+}
+
+static void fork_runs_each_step_once(void **state)
+{
+    (void)state;
+    bool race = getenv("VMH_TEST_FORK_RACE") != NULL;
+    vmh_reclaim_background(race);
+    CUdeviceptr p, q;
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
+    (void)get_handle(p); /* IPC began: the listener runs */
+    assert_true(vmh_ipc_listening());
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &q), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
+    exporter_arg_t arg = {.p = p};
+    pthread_t t;
+    if (race) {
+        assert_true(vmh_reclaim_thread_running());
+        assert_int_equal(pthread_create(&t, NULL, export_loop, &arg), 0);
+    }
+    for (int i = 0; i < 20; i++) {
+        unsigned runs = vmh_contexts_after_fork_runs();
+        vmh_lifetime_steps_clear();
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+            alarm(10); /* a lock left held hangs the child: SIGALRM ends it */
+            const char *steps = vmh_lifetime_steps();
+            unsigned mine = vmh_contexts_after_fork_runs() - runs;
+            CUipcMemHandle h;
+            bool stopped = vmh_ipc_get_handle(p, &h) != CUDA_SUCCESS; /* pass-through now */
+            if (strcmp(steps, "ilecCRHI") != 0 || mine != 1 || !stopped) {
+                fprintf(stderr, "child: steps \"%s\" (want \"ilecCRHI\"), contexts step ran %u "
+                        "times, IPC %s\n", steps, mine, stopped ? "stopped" : "still serves");
+                _exit(1);
+            }
+            _exit(0);
+        }
+        int status = 0;
+        assert_int_equal(waitpid(child, &status, 0), child);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+        assert_string_equal(vmh_lifetime_steps(), "ilep");
+        assert_int_equal(vmh_contexts_after_fork_runs(), runs); /* the parent's own: none */
+    }
+    if (race) {
+        atomic_store(&arg.stop, true);
+        pthread_join(t, NULL);
+        assert_true(arg.rounds > 0);
+    }
+    (void)get_handle(p); /* every lock the prefork took was released */
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
 }
 
 static void closed_exporter_socket(void **state)
@@ -1333,6 +1416,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(many_chunks_cross_in_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(freed_before_open_is_an_invalid_handle, setup, teardown),
         cmocka_unit_test_setup_teardown(lifetime_exit_stops_exports, setup, teardown),
+        cmocka_unit_test_setup_teardown(fork_runs_each_step_once, setup, teardown),
         cmocka_unit_test_setup_teardown(closed_exporter_socket, setup, teardown),
         cmocka_unit_test_setup_teardown(exporter_refuses_another_user_before_waiting, setup,
                                         teardown),
