@@ -265,10 +265,16 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
          * served again: as natively, memory freed by its exporter stays an importer's. The
          * range is not cached but destroyed once queued work is done; the driver keeps the
          * chunks for as long as an importer holds them. */
-        if (park_range_locked(bb, b->range, b->range->base, b->range->size) != CUDA_SUCCESS)
-            return CUDA_ERROR_OUT_OF_MEMORY;
+        /* Nothing of the range is read once it is parked: the reclaim thread may release it
+         * at once (the stress loop's fork test caught a read of its size after that). */
+        vmh_range_t *r = b->range;
+        const size_t size = r->size;
         list_remove(&bb->live, b);
-        vmh_dev_usable_give(bb->dev, b->range->size);
+        if (park_range_locked(bb, r, r->base, size) != CUDA_SUCCESS) {
+            list_push(&bb->live, b);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        vmh_dev_usable_give(bb->dev, size);
         *req = b->req;
         b->range = NULL;
         b->export_serial = 0;
