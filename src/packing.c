@@ -12,6 +12,7 @@
 
 #define EXTENT_MAX ((size_t)64 << 20)
 #define EXTENT_SHARE 16
+#define EXTENT_FIT 8
 
 #ifdef VMH_TESTING
 void (*vmh_packing_test_extent_published)(void);
@@ -119,15 +120,19 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
      * few chunks; the doubling stops at 1/EXTENT_SHARE of the device's live bytes (and
      * EXTENT_MAX), so that the free space a new extent brings stays a small part of what the
      * program uses (the stored PyTorch trace: 1.17x its peak with 64 MiB extents, 1.08x with
-     * 16 MiB ones for a 642 MiB program). A larger request gets an extent of its own size. */
+     * 16 MiB ones for a 642 MiB program). A request larger than 1/EXTENT_FIT of the shared
+     * extent gets an extent of its own size: a shared extent serves many small requests well,
+     * but a few large ones leave its rest unused (the H200: 1024 requests of 40 MiB mapped
+     * 65 GiB in 64 MiB extents). */
     size_t share = atomic_load_explicit(&d->live_usable, memory_order_relaxed) / EXTENT_SHARE;
     share -= share % d->gran;
     pthread_mutex_lock(&s->lock);
     size_t next = s->extent_next < share ? s->extent_next : share;
-    if (want < next)
+    if (want <= next / EXTENT_FIT) {
         want = next;
-    if (s->extent_next < EXTENT_MAX && s->extent_next <= share)
-        s->extent_next *= 2;
+        if (s->extent_next < EXTENT_MAX && s->extent_next <= share)
+            s->extent_next *= 2;
+    }
     pthread_mutex_unlock(&s->lock);
 
     vmh_range_t *r;
