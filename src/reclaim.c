@@ -130,14 +130,23 @@ static void bg_start(void);
  * thread the first time, else wakes it when it sleeps. The thread announces its sleep before
  * it looks at the queues a last time, and the park counts before it looks at the
  * announcement, so one of the two always sees the other. */
-static void bg_kick(void)
+/* Starts the thread if no start was tried since the last stop; true when one was tried
+ * before (the thread may be running). */
+static bool bg_started(void)
 {
     if (atomic_load(&bg.in_child) || atomic_load(&bg.closed))
-        return; /* no thread here, and its lock may have been held by a thread of the parent */
+        return false; /* no thread here, and its lock may have been held by a thread of the parent */
     if (!atomic_load_explicit(&bg.started, memory_order_acquire)) {
         bg_start();
-        return;
+        return false;
     }
+    return true;
+}
+
+static void bg_kick(void)
+{
+    if (!bg_started())
+        return;
     if (atomic_load(&bg.sleeping)) {
         pthread_mutex_lock(&bg.lock);
         pthread_cond_signal(&bg.wake);
@@ -258,8 +267,13 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
 void vmh_reclaim_freed_at_once(vmh_reclaim_t *r)
 {
     uint64_t mark = vmh_reclaim_now(r) + 1;
-    if (atomic_load_explicit(&r->freed_at_once, memory_order_relaxed) < mark)
+    if (atomic_load_explicit(&r->freed_at_once, memory_order_relaxed) < mark) {
         atomic_store_explicit(&r->freed_at_once, mark, memory_order_relaxed);
+        /* Nothing parks while frees are released at once, yet the idle memory they leave
+         * needs the thread's tidy (reclaim_main): started here, never woken (it looks again
+         * every BG_TIDY_NS by itself). */
+        (void)bg_started();
+    }
 }
 
 /* Whether a free released at once is not yet passed by a successful wait (under the wait lock

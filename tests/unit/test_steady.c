@@ -16,6 +16,7 @@
 #include "reclaim.h"
 
 #include <cudaTypedefs.h>
+#include <unistd.h>
 
 /* The product's serving: every size carved, reuse at once on. */
 static int setup(void **state)
@@ -303,6 +304,33 @@ static void tidy_keeps_the_recent_peak_and_gives_back_the_rest(void **state)
     assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
 }
 
+/* Nothing parks while frees are released at once, but the memory they leave idle must still go
+ * back in the background once the program's peak no longer needs it: the first such free starts
+ * the reclaim thread, whose tidy gives it back within two windows of the recent peak (1 s
+ * each), with no application thread waiting. */
+static void idle_memory_goes_back_in_the_background(void **state)
+{
+    (void)state;
+    vmh_reclaim_background(true);
+    CUdeviceptr p[8], keep;
+    assert_int_equal(vmh_heap_alloc(4096, &keep), CUDA_SUCCESS);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(vmh_heap_alloc(128 * MiB, &p[i]), CUDA_SUCCESS);
+    assert_false(vmh_reclaim_thread_running()); /* nothing freed yet */
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+    assert_true(vmh_reclaim_thread_running());
+    unsigned long blocking = (unsigned long)vmh_counter_get(VMH_STAT_syncs_blocking);
+    for (int ms = 0; ms < 20000 && vmh_counter_get(VMH_STAT_tidy_bytes) == 0; ms += 50)
+        usleep(50 * 1000);
+    assert_true(vmh_counter_get(VMH_STAT_tidy_bytes) >= 1024 * MiB - 64 * MiB);
+    assert_true(sim_device_used(0) <= 64 * MiB);
+    assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), blocking);
+    vmh_reclaim_stop(false);
+    vmh_reclaim_background(false);
+    assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -318,6 +346,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(park_budget_follows_the_peak, setup, teardown),
         cmocka_unit_test_setup_teardown(tidy_keeps_the_recent_peak_and_gives_back_the_rest, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(idle_memory_goes_back_in_the_background, setup, teardown),
     };
     return cmocka_run_group_tests_name("steady", tests, NULL, NULL);
 }
