@@ -11,7 +11,8 @@
  * can still run.
  *
  * Who waits. In steady state only the reclaim thread (one per process, started at the first
- * park, never in a forked child, stopped at exit): it waits while anything is parked and no
+ * park or free released at once, never in a forked child, stopped at exit): it waits while
+ * anything is parked (and, for its tidy of idle memory, heap.c, while anything is idle) and no
  * stream of the process captures, so application threads do not stall. An application thread
  * waits only
  *   - before an allocation makes new memory, while the device's parked bytes exceed
@@ -174,8 +175,8 @@ void vmh_reclaim_forked_child(void);
 
 /* fn is called each time the thread starts (once in practice), after it started: lifetime.c
  * registers its exit handler there, which stops the thread (vmh_reclaim_stop(true)) before the
- * CUDA runtime's and the driver's own exit handlers run (the thread starts at the first park,
- * after the driver is initialized; an exit handler registered after theirs runs before
+ * CUDA runtime's and the driver's own exit handlers run (the thread starts at the first park or
+ * free released at once, after the driver is initialized; an exit handler registered after theirs runs before
  * theirs). This file registers no handler of its own. */
 void vmh_reclaim_on_first_start(void (*fn)(void));
 
