@@ -344,7 +344,7 @@ static CUresult request_check(size_t size, const CUdeviceptr *out)
 
 static CUresult serve_traced(hdev_t *h, CUresult rc, size_t size, void *site, CUdeviceptr *out)
 {
-    bool no_address;
+    bool no_address = false; /* a refusal before any reservation (a paused tag) leaves it */
     if (rc == CUDA_SUCCESS &&
         (rc = alloc_on(h, vmh_tag_current(), size, false, site, out, &no_address)) != CUDA_SUCCESS)
         vmh_dev_alloc_failed(&h->dev, size, rc, no_address); /* VMMHOOK_VERBOSE: why */
