@@ -1,4 +1,4 @@
-/* Heap layer 4c: idle ranges kept for reuse (see cache.h). */
+/* Layer "cache": idle ranges kept for reuse (see cache.h). */
 #include "cache.h"
 
 #include "registry.h"

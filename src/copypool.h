@@ -1,4 +1,4 @@
-/* Backup staging 1: a pool of CPU threads that copy host memory in parallel parts.
+/* Layer "backup staging": a pool of CPU threads that copy host memory in parallel parts.
  *
  * What it is for: a pause's backup goes into fresh pageable memory, and the first write to each
  * page makes the kernel fault it in and zero it. One thread doing that (the driver's own staged

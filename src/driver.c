@@ -1,4 +1,4 @@
-/* Layer 1: the driver table (see driver.h). The only file that finds, opens or calls into
+/* Layer "driver table" (see driver.h). The only file that finds, opens or calls into
  * libcuda on its own: the dlopen of libcuda.so.1, the one resolution of every entry point the
  * library calls, the real dlsym, and the real definitions the interposer passes calls to. */
 #include "driver.h"

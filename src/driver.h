@@ -1,4 +1,4 @@
-/* Layer 1: the driver table.
+/* Layer "driver table".
  *
  * Every CUDA driver entry point the library itself calls, resolved once from the real
  * libcuda.so.1 (through the real dlsym and the real cuGetProcAddress), so that none of the

@@ -1,4 +1,4 @@
-/* Heap layer 6, the front: routes each call to the layer that owns it (see heap.h).
+/* Layer "heap front": routes each call to the layer that owns it (see heap.h).
  *
  * What owns what (docs/DESIGN.md has the diagram):
  *   heap.c (this file)  the devices table and the entry points: picks a device, picks packing or

@@ -1,8 +1,7 @@
-/* Layer 6: the interposed context and stream-capture entry points. Each passes the call to the
- * real driver, untouched, and reports what changed to contexts.c, so that the library knows
- * every context it must wait for before reusing freed memory, each thread's current context
- * without asking the driver, and when the driver forbids it to synchronize (a capture in
- * progress).
+/* Layer "entry points": the interposed context and stream-capture entry points. Each passes the
+ * call to the real driver, untouched, and reports what changed to contexts.c, so that the library
+ * knows every context it must wait for before reusing freed memory, each thread's current context
+ * without asking the driver, and when the driver forbids it to synchronize (a capture in progress).
  *
  * Reports follow the real call's success (a failed call changed nothing), with two exceptions
  * the driver's rules impose: a context is forgotten *before* it is destroyed (the library may

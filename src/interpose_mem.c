@@ -1,6 +1,6 @@
-/* Layer 6: the interposed memory entry points. Each decides, call by call, whether the library
- * serves the request (heap.h, ipc.h) or the real driver answers it, untouched; and the other
- * allocators of the process (the stream-ordered pools, cuMemCreate, managed memory) get the
+/* Layer "entry points": the interposed memory entry points. Each decides, call by call, whether the
+ * library serves the request (heap.h, ipc.h) or the real driver answers it, untouched; and the
+ * other allocators of the process (the stream-ordered pools, cuMemCreate, managed memory) get the
  * memory the library holds idle when they run out.
  *
  * Codes: every entry point answers what the native call answers in the same situation; inputs

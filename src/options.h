@@ -1,4 +1,4 @@
-/* Utility layer: options. Every VMMHOOK_* environment variable is one row of the table in
+/* Layer "utilities": options. Every VMMHOOK_* environment variable is one row of the table in
  * options.c. They are read once, at the first use of the library by a CUDA program, into a
  * snapshot (vmh_options_load) that the front passes down to the modules below it through their
  * configure calls; only the load line of VMMHOOK_VERBOSE (vmh_options_announce) reads them

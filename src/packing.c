@@ -1,4 +1,4 @@
-/* Heap layer 5a: packing small buffers into shared chunks (see packing.h). */
+/* Layer "packing": packing small buffers into shared chunks (see packing.h). */
 #include "packing.h"
 
 #include "registry.h"

@@ -1,4 +1,4 @@
-/* Heap layer 4b: parked frees, the wait that releases them, and the reclaim thread (see
+/* Layer "reclaim": parked frees, the wait that releases them, and the reclaim thread (see
  * reclaim.h). */
 #include "reclaim.h"
 

@@ -1,4 +1,4 @@
-/* Heap layer 4b: things to release once the GPU has passed a point, and who waits for it.
+/* Layer "reclaim": things to release once the GPU has passed a point, and who waits for it.
  *
  * Freed memory may be handed out again only after the work submitted before its free, in every
  * context of its device, has completed. A layer that frees something parks an item here with

@@ -1,4 +1,4 @@
-/* Backup staging 2: the host memory that backups live in, and how a first pause fills it.
+/* Layer "backup staging": the host memory that backups live in, and how a first pause fills it.
  *
  * This layer owns every byte of host memory a backup uses (the pause layer asks it, never pins
  * or maps on its own):

@@ -1,4 +1,5 @@
-/* Utility layer: counters and gauges, the allocation trace, the exit reports (table, JSON, leaks).
+/* Layer "utilities": counters and gauges, the allocation trace, the exit reports (table, JSON,
+ * leaks).
  *
  * Counters are relaxed atomics sharded by thread (summed on read), gauges relaxed atomics each
  * on its own cache line: they are bumped on every served call from every thread, and a shared
