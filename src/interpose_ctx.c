@@ -315,7 +315,7 @@ CUresult vmh_ip_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 
 /* Whether the code at `caller` belongs to one of NVIDIA's dense math libraries (cuBLAS,
  * cuBLASLt, cuDNN), which make streams for their own use: cuBLASLt makes one in its first
- * heuristic query, under every PyTorch matrix product (seen on the H200). What they run for the
+ * heuristic query, under every PyTorch matrix product. What they run for the
  * program is ordered on the program's stream (their API's contract: work appears to happen in
  * the stream the handle is set to), so such a stream is not a second queue of the program's
  * work. NCCL and the others are not on the list: their streams run the program's own transfers

@@ -25,7 +25,7 @@ typedef enum vmh_handle_kind {
 } vmh_handle_kind_t;
 
 /* The largest VMMHOOK_GRANULARITY accepted: 256 GiB, the largest power of two below the memory
- * of the largest GPUs (288 GB; the H200 has 141 GiB). A size above it is refused when the
+ * of the largest GPUs (288 GB). A size above it is refused when the
  * options are read, so that vmmhook --check, which has no driver to ask, refuses it too; one
  * below it that this GPU cannot make is found at the device's set-up (device.c). A larger
  * chunk could never be created, and every served allocation would fail. */

@@ -133,7 +133,7 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who);
  * GPU has passed every free released at once before it: a wait when anything is queued or
  * such a free is not yet passed, else until a wait in progress (the reclaim thread's) has finished
  * its releases: it takes its items off the queue before it releases them, so an empty queue
- * alone does not mean that their memory is back (issue 13: a trim racing the reclaim thread
+ * alone does not mean that their memory is back (a trim racing the reclaim thread
  * left a chunk mapped). Returns what the wait returned (CUDA_SUCCESS when none was needed). */
 CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
 /* The same as `who` (the reclaim thread's tidy passes VMH_WAIT_BACKGROUND). */
