@@ -1,4 +1,4 @@
-/* Layer 7: the public API of include/vmmhook.h. Translates the heap's CUresult codes into
+/* Layer "API": the public API of include/vmmhook.h. Translates the heap's CUresult codes into
  * vmm_status codes. (The library's lifetime, and the destructor that reports: lifetime.c.) */
 #include "vmmhook.h"
 

@@ -1,4 +1,5 @@
-/* Layer 4: packing small device buffers into shared, already-mapped extents (see arena.h).
+/* Layer "arena, registry": packing small device buffers into shared, already-mapped extents (see
+ * arena.h).
  *
  * Everything here is host memory: device memory cannot be read from the host, so there are no
  * boundary tags in the extents. Each block (live, parked or free) has a record taken from a

@@ -1,4 +1,4 @@
-/* Layer 4: packing small buffers into shared chunks.
+/* Layer "arena, registry": packing small buffers into shared chunks.
  *
  * Host-side bookkeeping only: an arena sub-allocates address ranges inside extents that the
  * caller (packing.c) maps and hands over; it never calls the driver and never touches device

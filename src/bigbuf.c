@@ -1,4 +1,4 @@
-/* Heap layer 5b: buffers with a range of their own (see bigbuf.h). */
+/* Layer "big buffers": buffers with a range of their own (see bigbuf.h). */
 #include "bigbuf.h"
 
 #include "registry.h"

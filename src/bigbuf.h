@@ -1,4 +1,4 @@
-/* Heap layer 5b: buffers with a range of their own (chunks nobody else uses): made, grown,
+/* Layer "big buffers": buffers with a range of their own (chunks nobody else uses): made, grown,
  * shrunk, moved, freed into the cache.
  *
  * A big buffer is LIVE while the program holds it, RESIZING while a grow runs its driver calls

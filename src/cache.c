@@ -1,4 +1,4 @@
-/* Heap layer 4c: idle ranges kept for reuse (see cache.h). */
+/* Layer "cache": idle ranges kept for reuse (see cache.h). */
 #include "cache.h"
 
 #include "registry.h"
@@ -147,7 +147,7 @@ void vmh_cache_make_room(vmh_cache_t *c, size_t rounded, size_t parked)
      * already: the caller took them), whichever is more. Keeping the latter makes the
      * footprint no larger than that peak was, and a program that repeats its steps (a
      * training loop: the activations of one step are freed and asked for again in the next)
-     * finds them here instead of making them anew, seven driver calls each (issue 14). */
+     * finds them here instead of making them anew, seven driver calls each. */
     size_t keep = allowance > rounded ? allowance - rounded : 0;
     size_t peak = vmh_dev_usable_peak(c->dev);
     size_t held = live + parked < live ? SIZE_MAX : live + parked;

@@ -1,4 +1,4 @@
-/* Heap layer 4c: idle ranges of a device kept for reuse.
+/* Layer "cache": idle ranges of a device kept for reuse.
  *
  * A buffer of its own, once freed and released (reclaim.h), comes here as a range: still
  * mapped, in the registry as idle (device.h's vmh_owner_idle), ready to serve a later buffer of

@@ -15,7 +15,7 @@
  *     captures (the steady state), and each thread's capture interaction mode;
  *   - the gate between the library's synchronizes and the program's capture begins, under
  *     gate_lock: a count of synchronizes past their capture check and one of captures
- *     beginning, so that no capture begins during a synchronize (issue 14).
+ *     beginning, so that no capture begins during a synchronize.
  *
  * Lock order: ctx_lock, cap_lock and gate_lock are never held together, nor across a driver
  * call. All are made anew in a forked child (vmh_contexts_after_fork_child, called by
@@ -389,7 +389,7 @@ static bool ctx_destroyed_answer(CUresult rc)
 static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
 {
     /* The gate: no capture began since the check of vmh_ctx_sync_device (the reclaim thread's
-     * synchronize during a capture broke PyTorch's graphs, issue 14). */
+     * synchronize during a capture broke PyTorch's graphs). */
     assert(!vmh_capture_any() && "a context synchronize while a stream captures");
     if (ctx == current)
         return vmh_drv.cuCtxSynchronize();

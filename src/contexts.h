@@ -7,7 +7,7 @@
  * and invalidate the capture). The reclaim layer asks this module which contexts to wait for
  * and whether it may wait at all.
  *
- * CONTRACT (round 10): interpose_ctx.c / contexts.c implement it; the heap's reclaim layer
+ * CONTRACT: interpose_ctx.c / contexts.c implement it; the heap's reclaim layer
  * consumes it. Change a signature only together with both sides.
  *
  * The library's own driver calls (vmh_drv) are never the interposed ones: a layer that makes a

@@ -1,4 +1,4 @@
-/* Backup staging 1: the copy pool (see copypool.h). */
+/* Layer "backup staging": the copy pool (see copypool.h). */
 #include "copypool.h"
 
 #include <assert.h>

@@ -1,8 +1,8 @@
-/* Backup staging 1: a pool of CPU threads that copy host memory in parallel parts.
+/* Layer "backup staging": a pool of CPU threads that copy host memory in parallel parts.
  *
  * What it is for: a pause's backup goes into fresh pageable memory, and the first write to each
  * page makes the kernel fault it in and zero it. One thread doing that (the driver's own staged
- * pageable copy) is what held the first pause to about 2 GiB/s; several threads, each copying
+ * pageable copy) is what held the first pause back; several threads, each copying
  * and faulting its own part, run the faults on several cores (docs/SLEEP.md's design notes).
  *
  * One owner thread starts the pool, runs copies through it and stops it; only the owner calls

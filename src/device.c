@@ -1,4 +1,4 @@
-/* Heap layer 4a: a device's shape and the owner records (see device.h). */
+/* Layer "device": a device's shape and the owner records (see device.h). */
 #include "device.h"
 
 #include "contexts.h"

@@ -1,4 +1,4 @@
-/* Heap layer 4a, the bottom of the heap: one device's shape and the owner records.
+/* Layer "device", the bottom of the heap: one device's shape and the owner records.
  *
  * A device record holds what every layer above needs and nothing of theirs: the ordinal, the
  * context it was first served in, the allocation properties and chunk granularity, the

@@ -1,4 +1,4 @@
-/* Layer 1: the driver table (see driver.h). The only file that finds, opens or calls into
+/* Layer "driver table" (see driver.h). The only file that finds, opens or calls into
  * libcuda on its own: the dlopen of libcuda.so.1, the one resolution of every entry point the
  * library calls, the real dlsym, and the real definitions the interposer passes calls to. */
 #include "driver.h"
@@ -132,7 +132,7 @@ void *vmh_driver_proc(const char *symbol, int version, cuuint64_t flags)
  * the one cuda.h declares (through its _v2 macros), but CUDA 13 added cuCtxGetDevice_v2 and
  * cuCtxSynchronize_v2, which take a context, while cuda.h still declares the plain names with
  * the old ABI and no macro: asking for them at 13000 returns a function of another signature
- * (the H200 run crashed in cuCtxGetDevice_v2). These are asked for at the version of the ABI
+ * (a call of cuCtxGetDevice_v2 through it crashed). These are asked for at the version of the ABI
  * declared. */
 static int abi_version(const char *name)
 {

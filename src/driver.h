@@ -1,4 +1,4 @@
-/* Layer 1: the driver table.
+/* Layer "driver table".
  *
  * Every CUDA driver entry point the library itself calls, resolved once from the real
  * libcuda.so.1 (through the real dlsym and the real cuGetProcAddress), so that none of the
@@ -54,7 +54,7 @@
     X(cuMemcpyDtoD, (CUdeviceptr dst, CUdeviceptr src, size_t bytes))                              \
     X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))       \
     X(cuStreamSynchronize, (CUstream stream))                                                      \
-    /* Contexts, streams, capture, host memory and copies (round 10: reclaim and pause). The       \
+    /* Contexts, streams, capture, host memory and copies (for reclaim and pause). The             \
      * library's own calls are never the interposed ones, so nothing here is reported to           \
      * contexts.c: a layer that makes or changes a context through them reports it itself. */      \
     X(cuCtxSetCurrent, (CUcontext ctx))                                                            \

@@ -1,4 +1,4 @@
-/* Layer 2: allocation, reservation and mapping handles (see handle.h). The only code that
+/* Layer "handles": allocation, reservation and mapping handles (see handle.h). The only code that
  * creates or destroys VMM driver objects. */
 #include "handle.h"
 

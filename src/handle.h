@@ -1,4 +1,4 @@
-/* Layer 2: the three refcounted VMM handles.
+/* Layer "handles": the three refcounted VMM handles.
  *
  * Each handle owns exactly one driver object and frees it with the exact undo call when its
  * last reference goes:

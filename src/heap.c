@@ -1,4 +1,4 @@
-/* Heap layer 6, the front: routes each call to the layer that owns it (see heap.h).
+/* Layer "heap front": routes each call to the layer that owns it (see heap.h).
  *
  * What owns what (docs/DESIGN.md has the diagram):
  *   heap.c (this file)  the devices table and the entry points: picks a device, picks packing or
@@ -35,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PITCH_ALIGN 512 /* cudaMallocPitch(1000 x 77) gave pitch 1024 on the H200 */
+#define PITCH_ALIGN 512 /* the alignment of native cudaMallocPitch's pitches (measured) */
 
 /* One tag's memory on a device: a big-buffer set and packing shards of its own, so that memory
  * of one tag never shares a chunk with another tag's (pause.c gives a tag's memory back
@@ -455,7 +455,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
         /* One buffer larger than the park budget: the next allocation that needs new memory
          * would wait for it anyway (vmh_reclaim_throttle); waiting here, as native cudaFree
          * does, makes it reusable before that allocation comes, without a handoff to the
-         * reclaim thread (issue 13: a 1 GiB free-then-allocate pair). A budget of 0
+         * reclaim thread (a 1 GiB free-then-allocate pair, say). A budget of 0
          * (VMMHOOK_PARK_LIMIT=0) keeps its meaning (reclaim.h): no wait at the free. */
         size_t budget = vmh_reclaim_park_budget(r);
         if (budget != 0 && req > budget)

@@ -1,4 +1,4 @@
-/* Heap layer 6, the front: serving, freeing and finding device buffers.
+/* Layer "heap front": serving, freeing and finding device buffers.
  *
  * The interposed entry points (interpose.c), the public API (api.c) and IPC (ipc.c) call only
  * this; it routes to the layers below (docs/DESIGN.md): packing.c for small buffers, bigbuf.c

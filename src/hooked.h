@@ -1,11 +1,11 @@
-/* The one list of the driver symbols the library interposes (layer 6). Everything that names
- * them is expanded from it: the wrappers' declarations, the names dlsym matches, the
- * cuGetProcAddress answers replaced, the fall-back resolution of the real functions, the
- * exported aliases (src/vmmhook.map exports cu* by pattern: with hidden visibility only these
- * aliases are candidates), the test that exactly these are exported (tests/interpose/
- * ip_exports.c) and README's list (checked by the docs test). Adding a row takes the wrapper
- * vmh_ip_<sym> in interpose_mem.c or interpose_ctx.c (the group the row is in) and README's
- * list regenerated; nothing else names the symbols.
+/* The one list of the driver symbols the library interposes (layer "entry points"). Everything that
+ * names them is expanded from it: the wrappers' declarations, the names dlsym matches, the
+ * cuGetProcAddress answers replaced, the fall-back resolution of the real functions, the exported
+ * aliases (src/vmmhook.map exports cu* by pattern: with hidden visibility only these aliases are
+ * candidates), the test that exactly these are exported (tests/interpose/ip_exports.c) and
+ * README's list (checked by the docs test). Adding a row takes the wrapper vmh_ip_<sym> in
+ * interpose_mem.c or interpose_ctx.c (the group the row is in) and README's list regenerated;
+ * nothing else names the symbols.
  *
  * X(sym, pfn, base, since, until, stream)
  *   sym     the exported name (an identifier; used only with # and ##, so cuda.h's versioning

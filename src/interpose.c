@@ -1,8 +1,8 @@
-/* Layer 6: the interposed entry points: how the program's calls reach them. This file holds
- * dlsym, cuGetProcAddress, the real function behind each hooked symbol (found by driver.c) and
- * the decision, at the first interposed call, to serve or to pass everything through. The
- * hooked symbols are listed once, in hooked.h; their wrappers live in interpose_mem.c (memory)
- * and interpose_ctx.c (contexts and stream capture).
+/* Layer "entry points": the interposed entry points: how the program's calls reach them. This file
+ * holds dlsym, cuGetProcAddress, the real function behind each hooked symbol (found by driver.c)
+ * and the decision, at the first interposed call, to serve or to pass everything through. The
+ * hooked symbols are listed once, in hooked.h; their wrappers live in interpose_mem.c (memory) and
+ * interpose_ctx.c (contexts and stream capture).
  *
  * How programs reach the driver, and where this file stands in each path (driver-facts.md 1):
  *   - cudart (static and shared) opens libcuda.so.1, dlsym(h, "cuGetProcAddress_v2"),

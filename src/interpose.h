@@ -1,5 +1,5 @@
-/* Layer 6 inside: what the files of the interposed entry points share (interpose.c: dlsym,
- * cuGetProcAddress, the real functions, serve or pass; interpose_mem.c: memory;
+/* Layer "entry points", inside: what the files of the interposed entry points share (interpose.c:
+ * dlsym, cuGetProcAddress, the real functions, serve or pass; interpose_mem.c: memory;
  * interpose_ctx.c: contexts and capture). Not for other layers.
  */
 #ifndef VMH_INTERPOSE_H

@@ -1,8 +1,7 @@
-/* Layer 6: the interposed context and stream-capture entry points. Each passes the call to the
- * real driver, untouched, and reports what changed to contexts.c, so that the library knows
- * every context it must wait for before reusing freed memory, each thread's current context
- * without asking the driver, and when the driver forbids it to synchronize (a capture in
- * progress).
+/* Layer "entry points": the interposed context and stream-capture entry points. Each passes the
+ * call to the real driver, untouched, and reports what changed to contexts.c, so that the library
+ * knows every context it must wait for before reusing freed memory, each thread's current context
+ * without asking the driver, and when the driver forbids it to synchronize (a capture in progress).
  *
  * Reports follow the real call's success (a failed call changed nothing), with two exceptions
  * the driver's rules impose: a context is forgotten *before* it is destroyed (the library may
@@ -316,7 +315,7 @@ CUresult vmh_ip_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 
 /* Whether the code at `caller` belongs to one of NVIDIA's dense math libraries (cuBLAS,
  * cuBLASLt, cuDNN), which make streams for their own use: cuBLASLt makes one in its first
- * heuristic query, under every PyTorch matrix product (seen on the H200). What they run for the
+ * heuristic query, under every PyTorch matrix product. What they run for the
  * program is ordered on the program's stream (their API's contract: work appears to happen in
  * the stream the handle is set to), so such a stream is not a second queue of the program's
  * work. NCCL and the others are not on the list: their streams run the program's own transfers

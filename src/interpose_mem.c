@@ -1,6 +1,6 @@
-/* Layer 6: the interposed memory entry points. Each decides, call by call, whether the library
- * serves the request (heap.h, ipc.h) or the real driver answers it, untouched; and the other
- * allocators of the process (the stream-ordered pools, cuMemCreate, managed memory) get the
+/* Layer "entry points": the interposed memory entry points. Each decides, call by call, whether the
+ * library serves the request (heap.h, ipc.h) or the real driver answers it, untouched; and the
+ * other allocators of the process (the stream-ordered pools, cuMemCreate, managed memory) get the
  * memory the library holds idle when they run out.
  *
  * Codes: every entry point answers what the native call answers in the same situation; inputs
@@ -53,7 +53,7 @@ CUresult vmh_ip_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         vmh_ip_depth++;
         CUresult r = vmh_heap_alloc_at(bytesize, __builtin_return_address(0), &p);
         vmh_ip_depth--;
-        /* A failed native allocation writes 0 to *dptr (measured on the H200). */
+        /* A failed native allocation writes 0 to *dptr (measured). */
         if (r != CUDA_ERROR_NOT_SUPPORTED)
             *dptr = r == CUDA_SUCCESS ? p : 0;
         /* CUDA_ERROR_NOT_SUPPORTED: the heap does not serve (shut down at exit, or a device

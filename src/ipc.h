@@ -57,6 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ipc_import.h"
 #include "ipc_wire.h"
 #include "options.h"
 
@@ -69,10 +70,8 @@
  * its lifetime comes down as this data. */
 void vmh_ipc_configure(const vmh_options_t *opt, void (*before_export)(void));
 
-/* The process exited, or this is a forked child (lifetime.c, which owns both): from now on a
- * last close forgets its mapping without a driver call. Only an atomic store: callable in a
- * child right after fork(). */
-void vmh_ipc_stop(void);
+/* vmh_ipc_stop (lifetime.c) and vmh_ipc_close (interpose.c) are ipc_import.c's, declared in
+ * ipc_import.h, which this header includes; vmh_ipc_prune is ipc_export.c's: ipc_export.h. */
 
 /* ---- the entry points' work (interpose.c) ----------------------------------------------- */
 
@@ -95,21 +94,10 @@ bool vmh_ipc_handle_is_ours(const CUipcMemHandle *h);
  * code of the import, reservation or mapping that failed (nothing is left held). */
 CUresult vmh_ipc_open(const CUipcMemHandle *h, unsigned int flags, CUdeviceptr *out);
 
-/* cuIpcCloseMemHandle: drops one reference of a pointer vmh_ipc_open returned; the last one
- * waits for the context's queued work and unmaps. CUDA_ERROR_NOT_FOUND when p was not opened
- * here (the caller passes to the driver). After vmh_ipc_stop (exit, a forked child) the mapping
- * is forgotten without a driver call: the driver may be gone, and the process ends with it. */
-CUresult vmh_ipc_close(CUdeviceptr p);
-
 /* After a successful cuCtxEnablePeerAccess(peer) (grant) or cuCtxDisablePeerAccess(peer)
  * (revoke) on the current context: the current context's device gains or loses access to
  * every served buffer of peer's device, existing and future (vmh_heap_set_peer_access). */
 CUresult vmh_ipc_peer_changed(CUcontext peer, bool grant);
-
-/* Drops export-table entries whose buffers the program freed (vmh_ipc_buffer_live), so that
- * their memory goes. Runs at every export, at a request for a freed buffer, and every second
- * in the listener. The heap may call it before it gives up on an allocation. Returns the number of entries dropped. */
-size_t vmh_ipc_prune(void);
 
 #ifdef VMH_TESTING
 /* The import path without the same-process check: the simulated driver imports only fds of

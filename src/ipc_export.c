@@ -10,7 +10,6 @@
  * taken inside it (export release, find); the heap never calls here with one of its own held
  * (its pressure hook runs unlocked).
  */
-#include "ipc.h"
 #include "ipc_export.h"
 
 #include "driver.h"

@@ -52,6 +52,12 @@ void vmh_ipc_export_shutdown(void);
 void vmh_ipc_export_prefork(void);
 void vmh_ipc_export_postfork(void);
 
+/* Drops export-table entries whose buffers the program freed (vmh_ipc_buffer_live), so that
+ * their memory goes. Runs at every export, at a request for a freed buffer, and every second
+ * in the listener. The heap may call it before it gives up on an allocation. Returns the
+ * number of entries dropped. */
+size_t vmh_ipc_prune(void);
+
 #ifdef VMH_TESTING
 /* Drops every entry; the next record starts afresh (also after a shutdown). */
 void vmh_ipc_export_reset(void);

@@ -5,7 +5,6 @@
  * Locks: imp_lock guards the import table; it is never held across a driver call or socket
  * I/O, and no other lock of the library is taken inside it.
  */
-#include "ipc.h"
 #include "ipc_import.h"
 
 #include "contexts.h"

@@ -25,6 +25,17 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
 void vmh_ipc_import_prefork(void);
 void vmh_ipc_import_postfork(void);
 
+/* The process exited, or this is a forked child (lifetime.c, which owns both): from now on a
+ * last close forgets its mapping without a driver call. Only an atomic store: callable in a
+ * child right after fork(). */
+void vmh_ipc_stop(void);
+
+/* cuIpcCloseMemHandle: drops one reference of a pointer vmh_ipc_open returned; the last one
+ * waits for the context's queued work and unmaps. CUDA_ERROR_NOT_FOUND when p was not opened
+ * here (the caller passes to the driver). After vmh_ipc_stop (exit, a forked child) the mapping
+ * is forgotten without a driver call: the driver may be gone, and the process ends with it. */
+CUresult vmh_ipc_close(CUdeviceptr p);
+
 #ifdef VMH_TESTING
 /* Unmaps every import through the driver. */
 void vmh_ipc_import_reset(void);

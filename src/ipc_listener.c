@@ -6,7 +6,6 @@
  * export table (ipc_export.c) is asked for chunks and exports; no lock of this file is held
  * while it is.
  */
-#include "ipc.h"
 #include "ipc_export.h"
 #include "ipc_listener.h"
 #include "ipc_wire.h"

@@ -1,4 +1,4 @@
-/* CUDA IPC, the bottom of the three IPC files: what crosses between processes and how.
+/* CUDA IPC, the bottom of the IPC files: what crosses between processes and how.
  *
  * Owns: the 64-byte handle's layout, the messages on the socket, the abstract socket's name,
  * sending and receiving with descriptors (SCM_RIGHTS), peer credentials, bounded waits and the

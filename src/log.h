@@ -1,4 +1,4 @@
-/* Utility layer (the bottom, below options and stats): diagnostics, one line per message,
+/* Layer "utilities" (the bottom, below options and stats): diagnostics, one line per message,
  * prefixed "vmmhook: ", formatted into a stack buffer and written with write(2) to stderr. No
  * allocation, no stdio: safe inside the driver, inside dlsym and during exit. */
 #ifndef VMH_LOG_H

@@ -1,4 +1,4 @@
-/* Utility layer: the VMMHOOK_* options. One table, one row per variable (name, kind, field,
+/* Layer "utilities": the VMMHOOK_* options. One table, one row per variable (name, kind, field,
  * default, bounds, help, detail); the defaults live only here, as text that the same parser
  * reads, so a default can never disagree with what the variable accepts. The launcher's help and
  * docs/OPTIONS.md's table are generated from it (tools/launcher/vmmhook-config), and the tools

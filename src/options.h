@@ -1,4 +1,4 @@
-/* Utility layer: options. Every VMMHOOK_* environment variable is one row of the table in
+/* Layer "utilities": options. Every VMMHOOK_* environment variable is one row of the table in
  * options.c. They are read once, at the first use of the library by a CUDA program, into a
  * snapshot (vmh_options_load) that the front passes down to the modules below it through their
  * configure calls; only the load line of VMMHOOK_VERBOSE (vmh_options_announce) reads them
@@ -25,7 +25,7 @@ typedef enum vmh_handle_kind {
 } vmh_handle_kind_t;
 
 /* The largest VMMHOOK_GRANULARITY accepted: 256 GiB, the largest power of two below the memory
- * of the largest GPUs (288 GB; the H200 has 141 GiB). A size above it is refused when the
+ * of the largest GPUs (288 GB). A size above it is refused when the
  * options are read, so that vmmhook --check, which has no driver to ask, refuses it too; one
  * below it that this GPU cannot make is found at the device's set-up (device.c). A larger
  * chunk could never be created, and every served allocation would fail. */

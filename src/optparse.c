@@ -1,4 +1,4 @@
-/* Utility layer, below the options table: the lexical parsers of option values. Exact text:
+/* Layer "utilities", below the options table: the lexical parsers of option values. Exact text:
  * the callers trim blanks first where they want them ignored. ASCII only, no locale, no
  * allocation, no stdio streams (snprintf into a buffer only): the options are read inside the
  * driver and inside dlsym. */

@@ -1,4 +1,4 @@
-/* Utility layer, below the options table (options.c): the lexical parsers of option values.
+/* Layer "utilities", below the options table (options.c): the lexical parsers of option values.
  * Exact text: no surrounding blanks (callers trim them with vmh_trim where they are to be
  * ignored). */
 #ifndef VMH_OPTPARSE_H

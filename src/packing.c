@@ -1,4 +1,4 @@
-/* Heap layer 5a: packing small buffers into shared chunks (see packing.h). */
+/* Layer "packing": packing small buffers into shared chunks (see packing.h). */
 #include "packing.h"
 
 #include "registry.h"
@@ -122,8 +122,7 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
      * program uses (the stored PyTorch trace: 1.17x its peak with 64 MiB extents, 1.08x with
      * 16 MiB ones for a 642 MiB program). A request larger than 1/EXTENT_FIT of the shared
      * extent gets an extent of its own size: a shared extent serves many small requests well,
-     * but a few large ones leave its rest unused (the H200: 1024 requests of 40 MiB mapped
-     * 65 GiB in 64 MiB extents). */
+     * but a few large ones leave its rest unused. */
     size_t share = atomic_load_explicit(&d->live_usable, memory_order_relaxed) / EXTENT_SHARE;
     share -= share % d->gran;
     pthread_mutex_lock(&s->lock);

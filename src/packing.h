@@ -1,4 +1,4 @@
-/* Heap layer 5a: small buffers packed into shared chunks (the glue between a device and the
+/* Layer "packing": small buffers packed into shared chunks (the glue between a device and the
  * host-side sub-allocator of arena.h).
  *
  * Packed buffers live in VMH_SHARDS shards per device, each with its own mutex, arena, extents

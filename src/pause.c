@@ -42,24 +42,24 @@
 static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- host memory for backups ---------------------------------------------------------------- *
- * The staging layer owns it (staging.h): this file asks it for each backup and gives it back.
- * Rates measured on an H200 (driver-facts.md section 6): pinned copies ~51 GiB/s each way;
- * pinning fresh memory ~2.4 GiB/s; registering memory already touched ~16 GiB/s; pageable
- * copies 9-12 GiB/s down, 6.5 GiB/s up. So a backup is never pinned before its copy: it goes
- * into a kept pinned buffer when a free one fits (one direct copy at the pinned rate), else into
- * fresh pageable memory through the staging ring (the driver copies into two small pinned slots
- * in turn while a pool of threads copies each filled slot out, faulting the fresh pages in on
- * several cores), or with one direct copy when the pause's pageable total is small or the
- * ring's slots cannot be pinned. A backup copied through the ring is then registered by the
- * ring's pinner thread while the ring copies the next ones, when the budget has room, and kept
- * pinned: the first resume copies it back at the pinned rate, and so does every later pause
- * and resume. Backups the pause did not pin are registered by the resume before their copy back
- * (16 GiB/s, then 51: faster than the 6.5 of a pageable copy up) when the budget has room.
- * docs/SLEEP.md's design notes give the measured and the predicted rates. */
+ * The staging layer owns it (staging.h): this file asks it for each backup and gives it back. The
+ * measured rates (docs/SLEEP.md's design notes) order them: a pinned copy is the fastest each way;
+ * pinning fresh memory is slower than a pageable copy, registering memory already touched much
+ * faster than pinning fresh memory; a pageable copy up is slower than one down. So a backup is
+ * never pinned before its copy: it goes into a kept pinned buffer when a free one fits (one direct
+ * copy at the pinned rate), else into fresh pageable memory through the staging ring (the driver
+ * copies into two small pinned slots in turn while a pool of threads copies each filled slot out,
+ * faulting the fresh pages in on several cores), or with one direct copy when the pause's pageable
+ * total is small or the ring's slots cannot be pinned. A backup copied through the ring is then
+ * registered by the ring's pinner thread while the ring copies the next ones, when the budget has
+ * room, and kept pinned: the first resume copies it back at the pinned rate, and so does every
+ * later pause and resume. Backups the pause did not pin are registered by the resume before their
+ * copy back (registering, then a pinned copy: faster than a pageable copy up) when the budget has
+ * room. */
 
 /* The staging ring (the probe's best case, tools/probe/backup_rate.c: two slots of 16 MiB and
- * 8 threads, 11.09 GiB/s into fresh memory on an H200). Below STAGING_MIN bytes of pageable
- * backups in a pause the ring's setup (pinning 32 MiB, starting the threads) is not worth it. */
+ * 8 threads). Below STAGING_MIN bytes of pageable backups in a pause the ring's setup (pinning
+ * 32 MiB, starting the threads) is not worth it. */
 #define STAGING_SLOT ((size_t)16 << 20)
 #define STAGING_MIN ((size_t)64 << 20)
 #define STAGING_WORKERS 8

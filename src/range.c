@@ -1,4 +1,4 @@
-/* Layer 3: ranges (see range.h). A range never changes after it is built; every operation
+/* Layer "ranges" (see range.h). A range never changes after it is built; every operation
  * builds a new one from references to the mappings it keeps plus mappings it creates, so a
  * failure only has to drop what it created: destroying the partial new range does exactly that. */
 #include "range.h"

@@ -1,4 +1,4 @@
-/* Layer 3: ranges. A range is an immutable, ascending, contiguous list of mappings: the
+/* Layer "ranges". A range is an immutable, ascending, contiguous list of mappings: the
  * device memory of one buffer. Every operation builds a new range completely (taking its own
  * references on the mappings it keeps) and only then returns it; the caller swaps it in and
  * destroys the old one. A failed operation returns the driver's code, holds nothing, and

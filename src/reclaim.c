@@ -1,4 +1,4 @@
-/* Heap layer 4b: parked frees, the wait that releases them, and the reclaim thread (see
+/* Layer "reclaim": parked frees, the wait that releases them, and the reclaim thread (see
  * reclaim.h). */
 #include "reclaim.h"
 
@@ -224,7 +224,7 @@ static void release_list(vmh_reclaim_t *r, vmh_parked_t *it, uint64_t passed)
 /* The one place that waits for the GPU: every context of the device the program has made has
  * finished the work submitted before the call when it returns CUDA_SUCCESS (contexts.h). Not
  * only the context the library first saw: a kernel of another context may still write a
- * buffer freed from this one (issue 14's late writes). */
+ * buffer freed from this one. */
 static CUresult wait_for_gpu(vmh_dev_t *d, vmh_waiter_t who)
 {
     CUresult rc = vmh_ctx_sync_device(d->ordinal);
@@ -251,7 +251,7 @@ static CUresult wait_now(vmh_reclaim_t *r, vmh_waiter_t who)
 
 CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
 {
-    /* The driver would refuse the synchronize and invalidate the capture (issue 14: a graph
+    /* The driver would refuse the synchronize and invalidate the capture (a graph
      * captured by PyTorch broke); memory parked meanwhile stays parked. */
     if (who == VMH_WAIT_APP && vmh_capture_forbids_unsafe())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -426,7 +426,7 @@ static void *reclaim_main(void *unused)
      * capture then never makes this thread's potentially unsafe calls (the releases after a
      * wait) refused ones. It does not cover the synchronize itself: a context synchronize
      * conflicts with a capture in any mode. That one is kept apart by contexts.c: it refuses
-     * while a capture is in progress, and a capture cannot begin while it runs (issue 14). */
+     * while a capture is in progress, and a capture cannot begin while it runs. */
     vmh_stats_background_thread = true;
     CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
     if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)

@@ -1,4 +1,4 @@
-/* Heap layer 4b: things to release once the GPU has passed a point, and who waits for it.
+/* Layer "reclaim": things to release once the GPU has passed a point, and who waits for it.
  *
  * Freed memory may be handed out again only after the work submitted before its free, in every
  * context of its device, has completed. A layer that frees something parks an item here with
@@ -134,7 +134,7 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who);
  * GPU has passed every free released at once before it: a wait when anything is queued or
  * such a free is not yet passed, else until a wait in progress (the reclaim thread's) has finished
  * its releases: it takes its items off the queue before it releases them, so an empty queue
- * alone does not mean that their memory is back (issue 13: a trim racing the reclaim thread
+ * alone does not mean that their memory is back (a trim racing the reclaim thread
  * left a chunk mapped). Returns what the wait returned (CUDA_SUCCESS when none was needed). */
 CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
 /* The same as `who` (the reclaim thread's tidy passes VMH_WAIT_BACKGROUND). */

@@ -1,6 +1,6 @@
-/* Layer 5: address -> owner (see registry.h). A two-level radix table over 2 MiB granules of
- * the 48-bit user address space: 2^27 granules split 2^14 x 2^13. Leaves (64 KiB each) are
- * allocated on first use and kept for the life of the process, so readers never see one go. */
+/* Layer "arena, registry": address -> owner (see registry.h). A two-level radix table over 2 MiB
+ * granules of the 48-bit user address space: 2^27 granules split 2^14 x 2^13. Leaves (64 KiB each)
+ * are allocated on first use and kept for the life of the process, so readers never see one go. */
 #include "registry.h"
 
 #include <stdatomic.h>

@@ -1,4 +1,4 @@
-/* Backup staging 2: host memory for backups, the pool of kept pinned buffers and its budget,
+/* Layer "backup staging": host memory for backups, the pool of kept pinned buffers and its budget,
  * and the staging ring with its pinner (see staging.h). */
 #include "staging.h"
 

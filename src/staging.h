@@ -1,4 +1,4 @@
-/* Backup staging 2: the host memory that backups live in, and how a first pause fills it.
+/* Layer "backup staging": the host memory that backups live in, and how a first pause fills it.
  *
  * This layer owns every byte of host memory a backup uses (the pause layer asks it, never pins
  * or maps on its own):
@@ -18,7 +18,7 @@
  * - The staging ring: the driver copies one slot's worth at a time asynchronously into one of two
  *   pinned slots (the pinned copy rate) while the copy pool moves the other slot, filled just
  *   before, into the destination in parallel parts (where the page faults of fresh memory are
- *   paid, on several cores). Measured as a probe on an H200 (tools/probe/backup_rate.c,
+ *   paid, on several cores). Measured first as a probe (tools/probe/backup_rate.c,
  *   docs/SLEEP.md's design notes); this is the library's own version of it, for a pause's fresh
  *   backups. A ring also runs the pinner: one thread that registers the backups queued by
  *   vmh_staging_pin_later while the ring copies the next ones.

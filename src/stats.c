@@ -1,4 +1,5 @@
-/* Utility layer: counters and gauges, the allocation trace, the exit reports (table, JSON, leaks).
+/* Layer "utilities": counters and gauges, the allocation trace, the exit reports (table, JSON,
+ * leaks).
  *
  * Counters are relaxed atomics sharded by thread (summed on read), gauges relaxed atomics each
  * on its own cache line: they are bumped on every served call from every thread, and a shared
@@ -35,7 +36,7 @@
 
 /* Counters are sharded by thread: every served call, and the lookups inside dlsym and
  * cuGetProcAddress, bump one, and a single shared line per counter made them the point where
- * all threads met (issue 14: 16 threads ran slower than one). Each thread adds to the shard it
+ * all threads met (many threads ran slower than one). Each thread adds to the shard it
  * was given at its first count (round robin, so threads share a shard only past
  * VMH_STAT_SHARDS of them, and then still count right: the adds stay atomic); a read sums the
  * shards. The shard index is an initial-exec thread-local: no allocation, no lock and no

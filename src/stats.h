@@ -1,4 +1,4 @@
-/* Utility layer: counters, the allocation trace, the exit reports (table, JSON, leaks).
+/* Layer "utilities": counters, the allocation trace, the exit reports (table, JSON, leaks).
  * Below every other module but log and options; configured by the front with
  * vmh_stats_configure, never by reading the options' global.
  *

@@ -1,4 +1,4 @@
-/* Layer 7 on the simulated driver: vmm_realloc and friends, every status code of
+/* Layer "API" on the simulated driver: vmm_realloc and friends, every status code of
  * include/vmmhook.h, and the PyTorch pluggable-allocator entry points. */
 #define VMH_TESTING 1 /* vmh_lifetime_exit, declared in lifetime.h */
 #include "testutil.h"

@@ -1,4 +1,4 @@
-/* Unit tests for layer 4, the arena (src/arena.c): packing of small device buffers into shared
+/* Unit tests for the arena (src/arena.c): packing of small device buffers into shared
  * extents. Pure host bookkeeping: the extents are made-up address ranges, nothing is mapped.
  *
  * Besides targeted tests (alignment, find, park generations, misuse, resize, trimming) a

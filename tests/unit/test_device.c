@@ -1,4 +1,4 @@
-/* Layer 4a on the simulated driver: the device set-up's checks of VMMHOOK_GRANULARITY against
+/* Layer "device" on the simulated driver: the device set-up's checks of VMMHOOK_GRANULARITY against
  * the driver (a multiple of the minimum; a size the driver can make at all), and the line
  * VMMHOOK_VERBOSE prints when a served allocation fails (vmh_dev_alloc_failed). */
 #ifndef VMH_TESTING

@@ -1,4 +1,4 @@
-/* Layer 2, the three refcounted VMM handles (handle.h), on the simulated driver: argument
+/* Layer "handles": the three refcounted VMM handles (handle.h), on the simulated driver: argument
  * refusals that reach no driver call, reference counting, a mapping's references on its
  * allocation and reservation (unmap always before release and free), access descriptors that
  * travel with the chunk, and failures that unwind to nothing held. */

@@ -1,6 +1,6 @@
-/* Layers 4-5 on the simulated driver: serving, packing, reuse, parked frees, out of memory,
- * limits, realloc, several devices and threads. Each test ends with everything freed, the
- * cache trimmed and the driver's ledger empty. */
+/* The heap's layers (device to heap front) on the simulated driver: serving, packing, reuse, parked
+ * frees, out of memory, limits, realloc, several devices and threads. Each test ends with
+ * everything freed, the cache trimmed and the driver's ledger empty. */
 #ifndef VMH_TESTING
 #define VMH_TESTING 1 /* vmh_heap_thread_shard, declared in heap.h */
 #endif

@@ -1,4 +1,4 @@
-/* Layer 3 on the simulated driver: every range operation, the access and contents it must
+/* Layer "ranges" on the simulated driver: every range operation, the access and contents it must
  * keep, and an empty ledger after each test. */
 #include "testutil.h"
 

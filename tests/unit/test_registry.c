@@ -1,6 +1,6 @@
-/* Layer 5, the address registry (registry.h): exact and interior look-ups, granule and leaf
- * boundaries, the refusals that change nothing, and concurrent writers racing for a fresh leaf
- * while readers look (run under TSan by CI). The registry is process-global: every test uses
+/* Layer "arena, registry": the address registry (registry.h): exact and interior look-ups, granule
+ * and leaf boundaries, the refusals that change nothing, and concurrent writers racing for a fresh
+ * leaf while readers look (run under TSan by CI). The registry is process-global: every test uses
  * its own addresses and clears them. */
 #include <setjmp.h>
 #include <stdarg.h>
