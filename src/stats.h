@@ -27,18 +27,18 @@
     X(syncs, "context synchronizations")                                                           \
     X(syncs_blocking, "  of them blocking an app thread")                                          \
     X(syncs_background, "  of them by the reclaim thread")                                         \
-    X(park_waits, "allocations that waited at the park limit")                                     \
+    X(park_waits, "allocations waited at the park limit")                                     \
     X(park_wait_us, "  microseconds they waited")                                                  \
     X(cache_hits, "allocations served from the cache")                                             \
     X(grows_in_place, "grows that kept the pointer")                                               \
     X(moves, "grows that moved the buffer")                                                        \
     X(copies, "device copies made by realloc")                                                     \
     X(trims, "cache trims")                                                                        \
-    X(tidy_bytes, "idle bytes given back by the background tidy")                                 \
-    X(queue_splits, "second queues of work seen (frees park since)")                               \
-    X(library_streams, "streams math libraries made for themselves")                               \
+    X(tidy_bytes, "idle bytes the tidy gave back")                                                 \
+    X(queue_splits, "second work queues (frees park)")                                            \
+    X(library_streams, "math libraries' own streams")                                             \
     X(oom_retries, "allocations retried after a trim")                                             \
-    X(ooms, "served allocations refused: out of memory")
+    X(ooms, "allocations refused: out of memory")
 
 #define VMH_GAUGES(X)                                                                              \
     X(bytes_requested, "bytes requested by live buffers")                                          \
