@@ -168,6 +168,8 @@ static void dev_tidy(vmh_dev_t *d)
 }
 
 #ifdef VMH_TESTING
+void (*vmh_heap_test_after_drain)(void);
+
 unsigned vmh_heap_thread_shard(void)
 {
     return vmh_packing_thread_shard();
@@ -704,6 +706,10 @@ size_t vmh_heap_trim(void)
         if (!h || h->dev.unsupported)
             continue;
         vmh_reclaim_drain(&h->reclaim); /* not during a capture (reclaim.h) */
+#ifdef VMH_TESTING
+        if (vmh_heap_test_after_drain)
+            vmh_heap_test_after_drain();
+#endif
         size_t b = vmh_cache_trim(&h->cache);
         FOR_EACH_PART(h, p)
             b += vmh_packing_trim(&p->pack);

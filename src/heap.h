@@ -145,6 +145,9 @@ unsigned vmh_heap_thread_shard(void);
 /* Tests: runs the device's background tidy now (heap.c: what the reclaim thread runs), as if
  * its pace had allowed it and, when new_window, a window of the recent peak had ended. */
 void vmh_heap_tidy_now(int device, bool new_window);
+/* Tests: called in vmh_heap_trim after its wait and before it gives memory back, the window in
+ * which another thread's free released at once lands after the wait. NULL: nothing. */
+extern void (*vmh_heap_test_after_drain)(void);
 #endif
 
 /* Tags (pause.c): one device's memory of one tag. false when the device has none of it (or

@@ -310,6 +310,7 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size
     if (at_once && !x) {
         if (vmh_arena_release(s->arena, e->extent, p, &info) != 0)
             return CUDA_ERROR_INVALID_VALUE;
+        e->freed_mark = vmh_reclaim_mark(pk->reclaim);
         vmh_reclaim_freed_at_once(pk->reclaim);
     } else {
         size_t parked_before = parked_bytes_locked(s);
@@ -428,6 +429,19 @@ static bool ext_paused(const void *owner)
     return !ext_holds_memory(owner);
 }
 
+/* Whether an empty extent may be unmapped now: every block freed at once in it was freed
+ * before a wait that has completed (a free may land between a trim's wait and its unmapping). */
+static bool ext_passed(const void *owner)
+{
+    const vmh_ext_t *e = owner;
+    return vmh_reclaim_passed(e->shard->pack->reclaim, e->freed_mark);
+}
+
+static bool ext_retired_passed(const void *owner)
+{
+    return vmh_extent_retired(((const vmh_ext_t *)owner)->extent) && ext_passed(owner);
+}
+
 /* Takes shard s's empty extents of a kind out of its arena, list and the registry, until they
  * hold at least *budget bytes (then lowered by theirs; NULL: all); returns them linked by next.
  * s is locked. */
@@ -437,10 +451,11 @@ static vmh_ext_t *unlink_empty_upto_locked(vmh_shard_t *s, empty_kind_t kind, si
     uintptr_t base;
     size_t size;
     while ((!budget || *budget > 0) &&
-           (e = kind == EMPTY_RETIRED  ? vmh_arena_take_retired_extent(s->arena, &base, &size)
-                : kind == EMPTY_PAUSED ? vmh_arena_take_empty_extent_where(s->arena, ext_paused,
-                                                                           &base, &size)
-                                       : vmh_arena_take_empty_extent(s->arena, &base, &size))) {
+           (e = vmh_arena_take_empty_extent_where(s->arena,
+                                                   kind == EMPTY_RETIRED  ? ext_retired_passed
+                                                   : kind == EMPTY_PAUSED ? ext_paused
+                                                                          : ext_passed,
+                                                   &base, &size))) {
         vmh_registry_set(base, size, NULL);
         if (budget)
             *budget -= size < *budget ? size : *budget;
@@ -478,6 +493,7 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
         e->paused = NULL;
         e->range = NULL;
         e->extent = NULL;
+        e->freed_mark = 0; /* the record serves a new extent next */
         last = e;
     }
     /* A registry reader may still hold one of these records: keep them (type-stable). */

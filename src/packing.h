@@ -70,6 +70,9 @@ struct vmh_ext {
     vmh_paused_t *paused; /* while paused (range NULL; pause.c): its addresses and backup */
     vmh_extent_t *extent;
     vmh_ext_t *prev, *next;
+    /* The reclaim mark of the last block freed at once in it (vmh_reclaim_mark; 0: none): a
+     * trim gives the extent back only once a wait has passed it. Under the shard's lock. */
+    uint64_t freed_mark;
 };
 
 CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim);

@@ -65,6 +65,7 @@ void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
     atomic_init(&r->pending, 0);
     atomic_init(&r->parked_bytes, 0);
     atomic_init(&r->freed_at_once, 0);
+    atomic_init(&r->passed, 0);
     for (int i = 0; i < VMH_PARK_SHARDS; i++)
         atomic_init(&r->parked_shard[i].bytes, 0);
     r->synced_gen = 0;
@@ -245,6 +246,7 @@ static CUresult wait_now(vmh_reclaim_t *r, vmh_waiter_t who)
     assert(!r->synced_any || g > r->synced_gen); /* generations only move forward */
     r->synced_gen = g;
     r->synced_any = true;
+    atomic_store(&r->passed, g + 1);
     release_list(r, take_upto(r, g), g);
     return CUDA_SUCCESS;
 }
@@ -264,9 +266,19 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
     return rc;
 }
 
+uint64_t vmh_reclaim_mark(const vmh_reclaim_t *r)
+{
+    return vmh_reclaim_now(r) + 1;
+}
+
+bool vmh_reclaim_passed(const vmh_reclaim_t *r, uint64_t mark)
+{
+    return mark == 0 || atomic_load((_Atomic uint64_t *)&r->passed) >= mark;
+}
+
 void vmh_reclaim_freed_at_once(vmh_reclaim_t *r)
 {
-    uint64_t mark = vmh_reclaim_now(r) + 1;
+    uint64_t mark = vmh_reclaim_mark(r);
     if (atomic_load_explicit(&r->freed_at_once, memory_order_relaxed) < mark) {
         atomic_store_explicit(&r->freed_at_once, mark, memory_order_relaxed);
         /* Nothing parks while frees are released at once, yet the idle memory they leave

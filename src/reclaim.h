@@ -89,6 +89,9 @@ typedef struct vmh_reclaim {
      * none: memory it made reusable may still be touched by queued work, so it is not unmapped
      * before a wait has passed it (vmh_reclaim_drain waits for it). */
     _Atomic uint64_t freed_at_once;
+    /* 1 + the generation the last successful wait released (0: none yet): read without the
+     * wait lock by a trim deciding what it may unmap (vmh_reclaim_passed). */
+    _Atomic uint64_t passed;
 } vmh_reclaim_t;
 
 /* Who is waiting: an application thread (counted as a blocking synchronization) or the reclaim
@@ -114,6 +117,12 @@ void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t
  * has passed it; vmh_reclaim_drain waits for that. One relaxed load and, the first time in a
  * generation, one store: the free path's cost. */
 void vmh_reclaim_freed_at_once(vmh_reclaim_t *r);
+
+/* The mark a free released at once leaves on what it freed (1 + the generation now), and
+ * whether a successful wait has passed such a mark (0: nothing to pass). A trim unmaps memory
+ * freed at once only once passed: a free may land between the trim's wait and its unmapping. */
+uint64_t vmh_reclaim_mark(const vmh_reclaim_t *r);
+bool vmh_reclaim_passed(const vmh_reclaim_t *r, uint64_t mark);
 
 /* Counts bytes parked under an item that is queued already (its release returns them), without
  * the queue lock (packing's hot path). */

@@ -141,6 +141,31 @@ static void trim_waits_for_memory_freed_at_once(void **state)
     assert_int_equal(syncs(), 0);
 }
 
+/* A free released at once may come after a trim's wait and before its unmapping (another
+ * thread frees while a trim, a pause's or the tidy's, runs): the trim must leave that memory
+ * mapped until a later wait has passed it, or the unmap would pull memory from under the free's
+ * queued work (a HAZARD, checked by the teardown). */
+static CUdeviceptr late_free;
+static void free_in_the_window(void)
+{
+    vmh_heap_test_after_drain = NULL;
+    assert_int_equal(vmh_heap_free(late_free, NULL, false), CUDA_SUCCESS);
+}
+
+static void trim_leaves_memory_freed_after_its_wait(void **state)
+{
+    (void)state;
+    assert_int_equal(vmh_heap_alloc(200 * MiB, &late_free), CUDA_SUCCESS); /* its own extent */
+    assert_int_equal(sim_launch_write(NULL, NULL, late_free, MiB, 0x66), CUDA_SUCCESS);
+    vmh_heap_test_after_drain = free_in_the_window;
+    vmh_heap_trim();
+    assert_null(vmh_heap_test_after_drain); /* the window was met */
+    assert_int_equal(sim_hazards(), 0);
+    assert_true(sim_is_mapped(late_free));
+    vmh_heap_trim(); /* its wait passes the free: now it goes */
+    assert_false(sim_is_mapped(late_free));
+}
+
 /* The program makes a stream: from then on its work may run in two queues. The end waits once
  * for what was reused early (the late write lands before the program has the stream), and
  * frees park from then on: not reused before the GPU has passed them. */
@@ -338,6 +363,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(large_requests_map_what_they_ask, setup, teardown),
         cmocka_unit_test_setup_teardown(late_write_lands_before_the_new_owner, setup, teardown),
         cmocka_unit_test_setup_teardown(trim_waits_for_memory_freed_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(trim_leaves_memory_freed_after_its_wait, setup, teardown),
         cmocka_unit_test_setup_teardown(a_stream_ends_reuse_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(no_wait_when_nothing_was_reused_early, setup, teardown),
         cmocka_unit_test_setup_teardown(a_second_context_ends_reuse_at_once, setup, teardown),
