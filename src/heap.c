@@ -125,19 +125,12 @@ static bool running(void)
     return atomic_load_explicit(&mode, memory_order_relaxed) == HEAP_RUNNING;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 static void dev_tidy(vmh_dev_t *d)
 {
     hdev_t *h = hdev_of(d);
     if (!running() || pthread_mutex_trylock(&h->tidy_lock) != 0)
         return;
-    uint64_t now = now_ns();
+    uint64_t now = vmh_tags_now_ns();
     if (now - h->tidy_ns < TIDY_EVERY_NS) {
         pthread_mutex_unlock(&h->tidy_lock);
         return;
@@ -209,7 +202,7 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
     h->dev.relieve = dev_relieve;
     h->dev.tidy = dev_tidy;
     pthread_mutex_init(&h->tidy_lock, NULL);
-    h->window_ns = h->tidy_ns = now_ns();
+    h->window_ns = h->tidy_ns = vmh_tags_now_ns();
     CUresult rc = vmh_dev_setup(&h->dev, ordinal, ctx);
     vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
     vmh_reclaim_init(&h->reclaim, &h->dev);
