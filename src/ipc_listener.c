@@ -248,10 +248,9 @@ static bool peer_admit(peer_t *pr, int c)
         rep.magic = VMH_IPC_MAGIC;
         rep.device = -1;
         rep.status = err == EACCES ? VMH_IPC_REFUSED_USER : VMH_IPC_BAD_REQUEST;
-        (void)vmh_ipc_send(c, &rep, sizeof rep, NULL, 0); /* never waits */
-        discard_input(c);
-        close(c);
-        /* Said once: a neighbour that connects in a loop must not flood the program's stderr. */
+        /* Said before the refusal is sent: whoever sees the refusal can count on the line
+         * being there (a test, or a user reading the log after the peer failed). Said once: a
+         * neighbour that connects in a loop must not flood the program's stderr. */
         if (!atomic_flag_test_and_set(&warned_refusal))
             vmh_log("refused a CUDA IPC request from pid %d, uid %d: this process runs as uid %u "
                     "(%s; further refusals are said with VMMHOOK_VERBOSE=1 only)",
@@ -259,6 +258,9 @@ static bool peer_admit(peer_t *pr, int c)
                     err == EACCES ? "another user" : "its credentials could not be read");
         else
             vmh_debug("refused a CUDA IPC request from pid %d, uid %d", (int)pid, (int)uid);
+        (void)vmh_ipc_send(c, &rep, sizeof rep, NULL, 0); /* never waits */
+        discard_input(c);
+        close(c);
         return false;
     }
     /* Small: the stream waits for the importer rather than piling descriptors in flight. */
