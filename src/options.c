@@ -61,6 +61,10 @@ _Static_assert(sizeof(vmh_gran_mode_t) == sizeof(int), "enum size");
 static const char *const handle_words[] = {"none", "posix_fd", "fabric"};
 _Static_assert(sizeof(handle_words) / sizeof(handle_words[0]) == VMH_HANDLE_KIND_COUNT, "words");
 /* The words of VMH_GRAN_RECOMMENDED and VMH_GRAN_MIN; VMH_GRAN_BYTES is spelled as a size. */
+static const char *const overflow_words[] = {"off", "host"};
+_Static_assert(sizeof(overflow_words) / sizeof(overflow_words[0]) == VMH_OVERFLOW_KIND_COUNT,
+               "words");
+_Static_assert(sizeof(vmh_overflow_kind_t) == sizeof(int), "enum size");
 static const char *const gran_words[] = {"recommended", "min"};
 _Static_assert(VMH_GRAN_RECOMMENDED == 0 && VMH_GRAN_MIN == 1 && VMH_GRAN_BYTES == 2, "order");
 
@@ -196,6 +200,21 @@ static const opt_row_t rows[] = {
      "available, and free kept memory is given back when less is available at a pause or a "
      "resume. The default, `64T`, sets no cap beyond that (docs/SLEEP.md). With `0` backups "
      "stay in pageable memory and resumes copy back at the pageable rate."},
+    {"VMMHOOK_OVERFLOW", K_ENUM, FIELD(overflow), "off", 0, 0, WORDS(overflow_words),
+     "`host`: an allocation the device cannot serve is served from host memory mapped at "
+     "device addresses, and moved back to the device when room returns.",
+     "Only after the usual wait for freed memory, release and trim have failed. The program "
+     "gets an ordinary device pointer (kernels read and write it over the bus, copies and range "
+     "queries accept it); the first spill says so once on stderr with the bytes, and the "
+     "statistics count spilled bytes per device and tag. Spilled buffers move back at the same "
+     "address once the GPU has passed the work submitted before the move and no capture runs, "
+     "or when the program asks (`vmm_prefetch`, `vmm_prefetch_tag`). A resume that finds no room "
+     "maps the rest on the host. docs/OVERFLOW.md."},
+    {"VMMHOOK_OVERFLOW_LIMIT", K_SIZE, FIELD(overflow_limit), "64T", 0, 0, NO_WORDS,
+     "Cap on the host memory serving overflow, over all devices.",
+     "What is used is also at most half of the host's physical memory (or of its memory "
+     "cgroup's limit), and no spill leaves less than an eighth of it available. Past it the "
+     "allocation fails with out-of-memory, as natively."},
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 _Static_assert(NROWS <= 32, "refused_mask has 32 bits");

@@ -31,6 +31,13 @@ typedef enum vmh_handle_kind {
  * chunk could never be created, and every served allocation would fail. */
 #define VMH_GRANULARITY_MAX ((size_t)256 << 30)
 
+/* VMMHOOK_OVERFLOW: where an allocation goes that the device cannot serve. */
+typedef enum vmh_overflow_kind {
+    VMH_OVERFLOW_OFF,  /* out of memory, as natively (default) */
+    VMH_OVERFLOW_HOST, /* host memory mapped at device addresses (overflow.h) */
+    VMH_OVERFLOW_KIND_COUNT
+} vmh_overflow_kind_t;
+
 typedef struct vmh_options {
     vmh_gran_mode_t gran_mode; /* VMMHOOK_GRANULARITY */
     size_t gran_bytes;         /* when gran_mode is VMH_GRAN_BYTES */
@@ -56,6 +63,8 @@ typedef struct vmh_options {
                                   VMM_PAUSE_BACKUP backups, 0 = none kept */
     bool stream_ordered;       /* VMMHOOK_STREAM_ORDERED: reuse freed memory at once while the
                                   program's work runs in one queue per device (contexts.h) */
+    vmh_overflow_kind_t overflow; /* VMMHOOK_OVERFLOW */
+    size_t overflow_limit;        /* VMMHOOK_OVERFLOW_LIMIT: cap on host bytes serving overflow */
 } vmh_options_t;
 
 extern vmh_options_t vmh_opt;

@@ -133,13 +133,15 @@ static void test_defaults(void **state)
     assert_int_equal(o.park_limit, (size_t)8 << 30);
     assert_int_equal(o.pin_limit, (size_t)64 << 40);
     assert_true(o.stream_ordered);
+    assert_int_equal(o.overflow, VMH_OVERFLOW_OFF);
+    assert_int_equal(o.overflow_limit, (size_t)64 << 40);
 }
 
 /* Every default is accepted by its own row (vmh_options_defaults ignores the status). */
 static void test_defaults_parse(void **state)
 {
     (void)state;
-    assert_int_equal(vmh_options_count(), 20);
+    assert_int_equal(vmh_options_count(), 22);
     for (size_t i = 0; i < vmh_options_count(); i++) {
         vmh_options_t o;
         vmh_options_defaults(&o);
