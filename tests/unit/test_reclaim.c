@@ -425,9 +425,13 @@ static void global_capture_keeps_frees_parked(void **state)
     end_capture_ok(s);
     assert_true(vmh_reclaim_settle(5000));
     assert_true(vmh_counter_get(VMH_STAT_syncs_background) >= 1);
+    /* The frees went: their memory serves again, or, where the run was slow enough for the
+     * recent peak to age out (two tidy windows, a loaded CI machine), the background tidy gave
+     * it back, which it does only to memory no longer parked. */
     CUdeviceptr again;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &again), CUDA_SUCCESS);
-    assert_true(again == before || again == during);
+    assert_true(again == before || again == during ||
+                vmh_counter_get(VMH_STAT_tidy_bytes) >= 8 * MiB);
     assert_int_equal(vmh_heap_free(again, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(fresh, NULL, false), CUDA_SUCCESS);
 }
