@@ -25,7 +25,8 @@
 #include "log.h"
 #include "options.h"
 #include "optparse.h"
-#include "stats.h" /* VMH_PATH_MAX, VMH_TRACE_GAUGES_SUFFIX only: stats.c is not linked */
+#include "outfile.h" /* VMH_PATH_MAX only: outfile.c is not linked */
+#include "trace.h"   /* VMH_TRACE_GAUGES_SUFFIX only: trace.c is not linked */
 #include "vmmhook.h"
 
 extern char **environ;

@@ -1,0 +1,49 @@
+/* Layer "utilities": the exit reports: the statistics table (VMMHOOK_STATS), the JSON report
+ * (VMMHOOK_STATS_JSON) and the leak report (VMMHOOK_LEAKS), over the counters of stats.h; and
+ * the one configuration call of the statistics, trace included. */
+#ifndef VMH_REPORT_H
+#define VMH_REPORT_H
+
+#include <cuda.h>
+#include <stddef.h>
+
+#include "options.h"
+
+/* Takes what the statistics need from the snapshot (VMMHOOK_STATS, VMMHOOK_STATS_JSON,
+ * VMMHOOK_TRACE, VMMHOOK_LEAKS), copied, and hands the trace its path (vmh_trace_configure:
+ * a trace is opened now). Called by the front once, before any other call here (tests call it
+ * again to change the settings).
+ *
+ * Output files (the trace, its gauges companion, the JSON) are created as outfile.h says; "%p"
+ * in a path is replaced by the process id when the file is opened (the trace at configure time,
+ * the JSON at exit, so that a forked child writes its own), "%%" by one '%'; any other '%' is
+ * kept. A JSON file that cannot be opened at exit gets one line. */
+void vmh_stats_configure(const vmh_options_t *o);
+
+/* The per-tag section of the report, written by a layer above this one (tags.c): a function
+ * that logs its lines of the exit table, and one that writes its JSON value into buf (at most
+ * len bytes, indented by indent) and returns the length it needed, like snprintf. Set by the
+ * front at start (lifetime.c); without it the table has no tag lines and the JSON says
+ * "tags": {}. The reports call up only through these, so no arrow of the layer diagram points
+ * up. */
+typedef void (*vmh_stats_table_fn)(void);
+typedef size_t (*vmh_stats_json_fn)(char *buf, size_t len, int indent);
+void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json);
+
+/* Called at exit: the stats table / JSON when asked. Once per process (later calls do
+ * nothing); call it after the leak report so that the JSON includes the leak totals. */
+void vmh_stats_report(void);
+
+/* Leak report at exit: the heap walks its live buffers and calls begin, one per live buffer,
+ * then end. With leaks configured (VMMHOOK_LEAKS) each leak is listed (pointer, size, device, call
+ * site resolved with dladdr; the first 256), then a total; without it nothing is printed, but the
+ * totals still go into the JSON. Not thread-safe against itself: one walk at a time. */
+void vmh_leak_report_begin(void);
+void vmh_leak_report_one(CUdeviceptr p, size_t size, int device, void *call_site);
+void vmh_leak_report_end(void);
+
+/* Zeroes the counters and gauges (vmh_counters_reset) and forgets the leak totals and that the
+ * report was written. */
+void vmh_stats_reset(void);
+
+#endif
