@@ -19,6 +19,7 @@
 
 #include "bigbuf.h"
 #include "cache.h"
+#include "clock.h"
 #include "contexts.h"
 #include "driver.h"
 #include "log.h"
@@ -130,7 +131,7 @@ static void dev_tidy(vmh_dev_t *d)
     hdev_t *h = hdev_of(d);
     if (!running() || pthread_mutex_trylock(&h->tidy_lock) != 0)
         return;
-    uint64_t now = vmh_tags_now_ns();
+    uint64_t now = vmh_now_ns();
     if (now - h->tidy_ns < TIDY_EVERY_NS) {
         pthread_mutex_unlock(&h->tidy_lock);
         return;
@@ -202,7 +203,7 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
     h->dev.relieve = dev_relieve;
     h->dev.tidy = dev_tidy;
     pthread_mutex_init(&h->tidy_lock, NULL);
-    h->window_ns = h->tidy_ns = vmh_tags_now_ns();
+    h->window_ns = h->tidy_ns = vmh_now_ns();
     CUresult rc = vmh_dev_setup(&h->dev, ordinal, ctx);
     vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
     vmh_reclaim_init(&h->reclaim, &h->dev);

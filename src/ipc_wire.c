@@ -1,6 +1,7 @@
 /* CUDA IPC wire format, sockets, credentials, bounded waits and tokens (see ipc_wire.h). */
 #include "ipc_wire.h"
 
+#include "clock.h"
 #include "testable.h"
 
 #include <errno.h>
@@ -63,9 +64,7 @@ bool vmh_ipc_handle_decode(const CUipcMemHandle *in, vmh_ipc_handle_t *h)
 
 int64_t vmh_ipc_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)(vmh_now_ns() / 1000000);
 }
 
 /* Polls fd for events until deadline_ms: 0 when ready, ETIMEDOUT, or the errno. */

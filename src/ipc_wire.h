@@ -120,7 +120,7 @@ int vmh_ipc_send(int fd, const void *buf, size_t len, const int *fds, size_t nfd
 int vmh_ipc_recv(int fd, void *buf, size_t len, int *fds, size_t maxfds, size_t *nfds,
                  int64_t deadline_ms);
 
-/* CLOCK_MONOTONIC in milliseconds: the clock of every deadline above. */
+/* clock.h's monotonic clock in milliseconds: the clock of every deadline above. */
 int64_t vmh_ipc_now_ms(void);
 
 /* ---- credentials and tokens ---------------------------------------------------------------- */

@@ -25,6 +25,7 @@
 #include "pause.h"
 
 #include "bigbuf.h"
+#include "clock.h"
 #include "contexts.h"
 #include "driver.h"
 #include "heap.h"
@@ -335,13 +336,13 @@ static vmm_status pause_one(unsigned tag, unsigned flags, CUresult *driver_rc)
 {
     if (!vmh_tag_transition(tag, VMH_TAG_RUNNING, VMH_TAG_PAUSING))
         return VMM_ERR_PAUSED;
-    uint64_t t0 = vmh_tags_now_ns();
+    uint64_t t0 = vmh_now_ns();
     bool stays_paused;
     CUresult rc = pause_tag(tag, flags & VMM_PAUSE_BACKUP, &stays_paused);
     if (rc == CUDA_SUCCESS || stays_paused) {
         vmh_tag_transition(tag, VMH_TAG_PAUSING, VMH_TAG_PAUSED);
         if (rc == CUDA_SUCCESS)
-            vmh_tag_note_pause(tag, vmh_tags_now_ns() - t0);
+            vmh_tag_note_pause(tag, vmh_now_ns() - t0);
     } else {
         /* Running first, then unfrozen: a set the heap creates meanwhile sees either. */
         vmh_tag_transition(tag, VMH_TAG_PAUSING, VMH_TAG_RUNNING);
@@ -355,12 +356,12 @@ static vmm_status resume_one(unsigned tag, unsigned flags, CUresult *driver_rc)
     (void)flags;
     if (!vmh_tag_transition(tag, VMH_TAG_PAUSED, VMH_TAG_RESUMING))
         return VMM_ERR_NOT_PAUSED;
-    uint64_t t0 = vmh_tags_now_ns();
+    uint64_t t0 = vmh_now_ns();
     CUresult rc = resume_records(tag);
     if (rc == CUDA_SUCCESS) {
         vmh_tag_transition(tag, VMH_TAG_RESUMING, VMH_TAG_RUNNING);
         vmh_heap_tag_freeze(tag, false);
-        vmh_tag_note_resume(tag, vmh_tags_now_ns() - t0);
+        vmh_tag_note_resume(tag, vmh_now_ns() - t0);
     } else {
         vmh_tag_transition(tag, VMH_TAG_RESUMING, VMH_TAG_PAUSED);
     }

@@ -2,6 +2,7 @@
  * reclaim.h). */
 #include "reclaim.h"
 
+#include "clock.h"
 #include "contexts.h"
 #include "driver.h"
 #include "log.h"
@@ -349,17 +350,14 @@ bool vmh_reclaim_throttle(vmh_reclaim_t *r)
     /* The thread stalls from here: behind the wait in progress (the reclaim thread's, which
      * holds the lock until the GPU has passed it) and then, if that did not bring the parked
      * bytes under the limit, its own. Both count as the stall (park_wait_us). */
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = vmh_now_ns();
     pthread_mutex_lock(&r->wait_lock);
     /* The reclaim thread's wait, or another thread's, may have brought it under meanwhile. */
     if (vmh_reclaim_parked_bytes(r) > limit)
         wait_now(r, VMH_WAIT_APP);
     pthread_mutex_unlock(&r->wait_lock);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    int64_t us = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000;
     vmh_count(VMH_STAT_park_waits, 1);
-    vmh_count(VMH_STAT_park_wait_us, us > 0 ? (uint64_t)us : 0);
+    vmh_count(VMH_STAT_park_wait_us, (vmh_now_ns() - t0) / 1000);
     return true;
 }
 

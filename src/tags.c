@@ -12,7 +12,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define VMM_API __attribute__((visibility("default")))
@@ -200,13 +199,6 @@ void vmh_tags_pinned_add(int64_t delta)
 {
     int64_t now = atomic_fetch_add_explicit(&pinned_now, delta, memory_order_relaxed) + delta;
     peak_raise(&pinned_peak, now);
-}
-
-uint64_t vmh_tags_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- JSON ------------------------------------------------------------------------------------- */

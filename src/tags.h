@@ -85,9 +85,6 @@ size_t vmh_tags_json(char *buf, size_t len, int indent);
  * and it never paused. */
 void vmh_tags_report_table(void);
 
-/* Monotonic nanoseconds, for timing pauses. */
-uint64_t vmh_tags_now_ns(void);
-
 #ifdef VMH_TESTING
 /* Tests: forgets every tag but "default", this thread's stack and all figures. Only while no
  * other thread uses tags. */
