@@ -8,8 +8,9 @@
  * nothing else names the symbols.
  *
  * X(sym, pfn, base, since, until, stream)
- *   sym     the exported name (an identifier; used only with # and ##, so cuda.h's versioning
- *           macros never rewrite it); the wrapper is vmh_ip_<sym>, the variant IP_<sym>
+ *   sym     the exported name (an identifier; cuda.h's versioning macros of these names are
+ *           undefined below, so that none rewrites it); the wrapper is vmh_ip_<sym>, the variant
+ *           IP_<sym>
  *   pfn     the function type of that exact ABI (cudaTypedefs.h's PFN of the version that
  *           introduced it; for a v1 ABI cudaTypedefs.h keeps to the driver's own build, the PFN
  *           of the same signature, or one declared below)
@@ -18,6 +19,10 @@
  *   until   the first cudaVersion it answers with a newer ABI (INT_MAX: none known)
  *   stream  IP_STREAM_NONE (no per-thread-stream variant), IP_STREAM_LEGACY or IP_STREAM_PTSZ
  *           (the two variants of one base, chosen by cuGetProcAddress's flags)
+ *
+ * An entry point with both stream forms is one IP_STREAM_FORMS row, which makes the X rows of
+ * both: `sym` (IP_STREAM_LEGACY) and `sym`_ptsz with the PFN `pfn`_ptsz (IP_STREAM_PTSZ). Their
+ * wrappers are written once too (interpose.h, IP_STREAM_FORM_WRAPPERS).
  *
  * The ABIs older than cudaTypedefs.h's public PFNs (a v1 that the driver still exports for
  * old binaries) are interposed too: a program built against an old toolkit calls them.
@@ -29,10 +34,35 @@
 #include <cudaTypedefs.h>
 #include <limits.h>
 
+/* A driver name here means that exact symbol, never the newer ABI cuda.h's macros put in its
+ * place: the wrappers of the older ABIs (cuCtxCreate, cuCtxPushCurrent, ...) are named after
+ * them, and a macro that passes a name on to another (IP_STREAM_FORMS, IP_PASS) would otherwise
+ * silently reach the newer one. */
+#undef cuGetProcAddress
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
+#undef cuStreamBeginCapture
+#undef cuStreamBeginCaptureToGraph
+#undef cuStreamEndCapture
+#undef cuMemAllocAsync
+#undef cuMemAllocFromPoolAsync
+#undef cuMemFreeAsync
+
 enum ip_stream_kind { IP_STREAM_NONE, IP_STREAM_LEGACY, IP_STREAM_PTSZ };
 
-/* The v1 ABIs cudaTypedefs.h declares only inside the driver's own build. */
+/* The v1 ABIs cudaTypedefs.h declares only inside the driver's own build (the same function
+ * type in both stream forms). */
 typedef CUresult(CUDAAPI *IP_PFN_cuStreamBeginCapture_v10000)(CUstream hStream);
+typedef IP_PFN_cuStreamBeginCapture_v10000 IP_PFN_cuStreamBeginCapture_v10000_ptsz;
+
+/* The rows of an entry point's two stream forms (above). */
+#define IP_STREAM_FORMS(X, sym, pfn, base, since, until)                                           \
+    X(sym, pfn, base, since, until, IP_STREAM_LEGACY)                                              \
+    X(sym##_ptsz, pfn##_ptsz, base, since, until, IP_STREAM_PTSZ)
 
 /* clang-format off */
 #define VMH_HOOKED(X) VMH_HOOKED_LOOKUP(X) VMH_HOOKED_MEM(X) VMH_HOOKED_CTX(X)
@@ -51,10 +81,8 @@ typedef CUresult(CUDAAPI *IP_PFN_cuStreamBeginCapture_v10000)(CUstream hStream);
     X(cuMemAllocPitch_v2, PFN_cuMemAllocPitch_v3020, "cuMemAllocPitch", 3020, INT_MAX,             \
       IP_STREAM_NONE)                                                                              \
     X(cuMemFree_v2, PFN_cuMemFree_v3020, "cuMemFree", 3020, INT_MAX, IP_STREAM_NONE)               \
-    X(cuMemFreeAsync, PFN_cuMemFreeAsync_v11020, "cuMemFreeAsync", 11020, INT_MAX,                 \
-      IP_STREAM_LEGACY)                                                                            \
-    X(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz, "cuMemFreeAsync", 11020, INT_MAX,       \
-      IP_STREAM_PTSZ)                                                                              \
+    IP_STREAM_FORMS(X, cuMemFreeAsync, PFN_cuMemFreeAsync_v11020, "cuMemFreeAsync", 11020,        \
+                    INT_MAX)                                                                       \
     /* Queries answered for served buffers. */                                                  \
     X(cuMemGetAddressRange_v2, PFN_cuMemGetAddressRange_v3020, "cuMemGetAddressRange", 3020,       \
       INT_MAX, IP_STREAM_NONE)                                                                     \
@@ -75,14 +103,10 @@ typedef CUresult(CUDAAPI *IP_PFN_cuStreamBeginCapture_v10000)(CUstream hStream);
     X(cuCtxDisablePeerAccess, PFN_cuCtxDisablePeerAccess_v4000, "cuCtxDisablePeerAccess", 4000,    \
       INT_MAX, IP_STREAM_NONE)                                                                     \
     /* Other allocators of the process: retried once after a trim when out of memory. */       \
-    X(cuMemAllocAsync, PFN_cuMemAllocAsync_v11020, "cuMemAllocAsync", 11020, INT_MAX,              \
-      IP_STREAM_LEGACY)                                                                            \
-    X(cuMemAllocAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz, "cuMemAllocAsync", 11020, INT_MAX,    \
-      IP_STREAM_PTSZ)                                                                              \
-    X(cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020, "cuMemAllocFromPoolAsync",      \
-      11020, INT_MAX, IP_STREAM_LEGACY)                                                            \
-    X(cuMemAllocFromPoolAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz,                       \
-      "cuMemAllocFromPoolAsync", 11020, INT_MAX, IP_STREAM_PTSZ)                                   \
+    IP_STREAM_FORMS(X, cuMemAllocAsync, PFN_cuMemAllocAsync_v11020, "cuMemAllocAsync", 11020,      \
+                    INT_MAX)                                                                       \
+    IP_STREAM_FORMS(X, cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020,                \
+                    "cuMemAllocFromPoolAsync", 11020, INT_MAX)                                     \
     X(cuMemCreate, PFN_cuMemCreate_v10020, "cuMemCreate", 10020, INT_MAX, IP_STREAM_NONE)          \
     X(cuMemAllocManaged, PFN_cuMemAllocManaged_v6000, "cuMemAllocManaged", 6000, INT_MAX,          \
       IP_STREAM_NONE)
@@ -114,22 +138,14 @@ typedef CUresult(CUDAAPI *IP_PFN_cuStreamBeginCapture_v10000)(CUstream hStream);
       7000, 11000, IP_STREAM_NONE)                                                                 \
     X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000, "cuDevicePrimaryCtxReset",   \
       11000, INT_MAX, IP_STREAM_NONE)                                                              \
-    X(cuStreamBeginCapture, IP_PFN_cuStreamBeginCapture_v10000, "cuStreamBeginCapture", 10000,     \
-      10010, IP_STREAM_LEGACY)                                                                     \
-    X(cuStreamBeginCapture_ptsz, IP_PFN_cuStreamBeginCapture_v10000, "cuStreamBeginCapture",       \
-      10000, 10010, IP_STREAM_PTSZ)                                                                \
-    X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010, "cuStreamBeginCapture", 10010,     \
-      INT_MAX, IP_STREAM_LEGACY)                                                                   \
-    X(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz, "cuStreamBeginCapture",  \
-      10010, INT_MAX, IP_STREAM_PTSZ)                                                              \
-    X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030,                         \
-      "cuStreamBeginCaptureToGraph", 12030, INT_MAX, IP_STREAM_LEGACY)                             \
-    X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz,               \
-      "cuStreamBeginCaptureToGraph", 12030, INT_MAX, IP_STREAM_PTSZ)                               \
-    X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000, "cuStreamEndCapture", 10000, INT_MAX,     \
-      IP_STREAM_LEGACY)                                                                            \
-    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz, "cuStreamEndCapture", 10000,    \
-      INT_MAX, IP_STREAM_PTSZ)                                                                     \
+    IP_STREAM_FORMS(X, cuStreamBeginCapture, IP_PFN_cuStreamBeginCapture_v10000,                   \
+                    "cuStreamBeginCapture", 10000, 10010)                                          \
+    IP_STREAM_FORMS(X, cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010,                   \
+                    "cuStreamBeginCapture", 10010, INT_MAX)                                        \
+    IP_STREAM_FORMS(X, cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030,        \
+                    "cuStreamBeginCaptureToGraph", 12030, INT_MAX)                                 \
+    IP_STREAM_FORMS(X, cuStreamEndCapture, PFN_cuStreamEndCapture_v10000, "cuStreamEndCapture",    \
+                    10000, INT_MAX)                                                                \
     X(cuThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010,             \
       "cuThreadExchangeStreamCaptureMode", 10010, INT_MAX, IP_STREAM_NONE)                          \
     X(cuStreamCreate, PFN_cuStreamCreate_v2000, "cuStreamCreate", 2000, INT_MAX, IP_STREAM_NONE)    \

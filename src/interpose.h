@@ -14,23 +14,8 @@
 #include "hooked.h"
 #include "stats.h"
 
-/* In these files a driver name means that exact symbol, never the newer ABI cuda.h's macros
- * put in its place: the wrappers of the older ABIs (cuCtxCreate, cuCtxPushCurrent, ...) are
- * named after them, and a macro that passes a name on to another would otherwise silently
- * reach the newer one. */
-#undef cuGetProcAddress
-#undef cuCtxCreate
-#undef cuCtxDestroy
-#undef cuCtxPushCurrent
-#undef cuCtxPopCurrent
-#undef cuDevicePrimaryCtxRelease
-#undef cuDevicePrimaryCtxReset
-#undef cuStreamBeginCapture
-#undef cuStreamBeginCaptureToGraph
-#undef cuStreamEndCapture
-#undef cuMemAllocAsync
-#undef cuMemAllocFromPoolAsync
-#undef cuMemFreeAsync
+/* In these files a driver name means that exact symbol (hooked.h undefines cuda.h's versioning
+ * macros of the hooked names). */
 
 #define IP_LIKELY(x) __builtin_expect(!!(x), 1)
 #define IP_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -69,9 +54,12 @@ static inline void *vmh_ip_real(enum ip_variant v)
 
 /* Pass a call to the real function of variant `sym`, counted. No real function at all (no
  * driver anywhere in the process): CUDA_ERROR_NOT_INITIALIZED, what a driver-less stub says. */
-#define IP_PASS(sym, ...)                                                                          \
+#define IP_PASS(sym, ...) IP_PASS_VARIANT(IP_##sym, sym, __VA_ARGS__)
+
+/* IP_PASS to variant v, one of the stream forms of `sym` (both have sym's function type). */
+#define IP_PASS_VARIANT(v, sym, ...)                                                               \
     do {                                                                                           \
-        __typeof__(&vmh_ip_##sym) real_ = (__typeof__(&vmh_ip_##sym))vmh_ip_real(IP_##sym);        \
+        __typeof__(&vmh_ip_##sym) real_ = (__typeof__(&vmh_ip_##sym))vmh_ip_real(v);               \
         vmh_count(VMH_STAT_passthrough_calls, 1);                                                  \
         if (IP_UNLIKELY(real_ == NULL))                                                            \
             return CUDA_ERROR_NOT_INITIALIZED;                                                     \
@@ -85,12 +73,39 @@ static inline void *vmh_ip_real(enum ip_variant v)
 
 /* result = the real function of `sym` called with the arguments (counted as a pass-through), or
  * CUDA_ERROR_NOT_INITIALIZED when there is none: for wrappers that act on the driver's answer. */
-#define IP_CALL_REAL(result, sym, ...)                                                             \
+#define IP_CALL_REAL(result, sym, ...) IP_CALL_REAL_VARIANT(result, IP_##sym, sym, __VA_ARGS__)
+
+/* IP_CALL_REAL of variant v, one of the stream forms of `sym`. */
+#define IP_CALL_REAL_VARIANT(result, v, sym, ...)                                                  \
     do {                                                                                           \
         vmh_count(VMH_STAT_passthrough_calls, 1);                                                  \
-        __typeof__(&vmh_ip_##sym) real_ = (__typeof__(&vmh_ip_##sym))vmh_ip_real(IP_##sym);        \
+        __typeof__(&vmh_ip_##sym) real_ = (__typeof__(&vmh_ip_##sym))vmh_ip_real(v);               \
         (result) = IP_LIKELY(real_ != NULL) ? real_(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED;     \
     } while (0)
+
+/* The wrappers of an entry point's two stream forms (hooked.h's IP_STREAM_FORMS rows), written
+ * once: vmh_ip_<sym> and vmh_ip_<sym>_ptsz both return body(variant, ptsz, arguments...), where
+ * variant is the form's own (IP_<sym> or IP_<sym>_ptsz: the real function a pass-through
+ * reaches) and ptsz whether it is the per-thread-default-stream form. params is the wrapper's
+ * parameter list, args the names of its arguments, each in parentheses. */
+#define IP_STREAM_FORM_WRAPPERS(sym, body, params, args)                                           \
+    CUresult vmh_ip_##sym params                                                                   \
+    {                                                                                              \
+        return body(IP_##sym, false, IP_UNPAREN args);                                             \
+    }                                                                                              \
+    CUresult vmh_ip_##sym##_ptsz params                                                            \
+    {                                                                                              \
+        return body(IP_##sym##_ptsz, true, IP_UNPAREN args);                                       \
+    }
+#define IP_UNPAREN(...) __VA_ARGS__
+
+/* The stream a call names: in the per-thread-default-stream forms (ptsz) stream 0 is the calling
+ * thread's default stream, named CU_STREAM_PER_THREAD (which the heap orders a free after, and
+ * contexts.c pairs with the thread), not the legacy stream. */
+static inline CUstream vmh_ip_stream(bool ptsz, CUstream s)
+{
+    return ptsz && s == NULL ? CU_STREAM_PER_THREAD : s;
+}
 
 /* Serve or pass, decided once at the first interposed call (never at a lookup). */
 enum { IP_MODE_UNKNOWN, IP_MODE_SERVE, IP_MODE_PASS };

@@ -177,30 +177,24 @@ IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxReset_v2)
 #undef IP_PRIMARY_GOING_WRAPPER
 
 /* ---------------------------------------------------------------------------------------------
- * Stream capture.
- *
- * In the per-thread-default-stream ABIs (_ptsz) stream 0 is the calling thread's default
- * stream; it is recorded as CU_STREAM_PER_THREAD, which contexts.c pairs with the thread.
+ * Stream capture. Every entry point has both stream forms (IP_STREAM_FORM_WRAPPERS); a capture
+ * is recorded on the stream the call names (vmh_ip_stream), which contexts.c pairs with the
+ * calling thread when it is CU_STREAM_PER_THREAD.
  */
-static CUstream ip_ptsz_stream(CUstream s)
-{
-    return s != NULL ? s : CU_STREAM_PER_THREAD;
-}
 
-/* One begin call of the program, whichever form: contexts.c makes it through ip_begin_real
- * once no library synchronize is in progress (vmh_capture_begin), and records its capture. */
+/* One begin call of the program, whichever ABI and stream form: contexts.c makes it through
+ * ip_begin_real once no library synchronize is in progress (vmh_capture_begin), and records its
+ * capture. */
 typedef enum {
     IP_BEGIN_V1,
-    IP_BEGIN_V1_PTSZ,
     IP_BEGIN_V2,
-    IP_BEGIN_V2_PTSZ,
     IP_BEGIN_TO_GRAPH,
-    IP_BEGIN_TO_GRAPH_PTSZ,
 } ip_begin_form_t;
 
 typedef struct ip_begin_call {
     ip_begin_form_t form;
-    CUstream stream; /* as the program passed it */
+    enum ip_variant variant; /* the form's stream variant: the real function to call */
+    CUstream stream;         /* as the program passed it */
     CUstreamCaptureMode mode;
     CUgraph graph;
     const CUgraphNode *dependencies;
@@ -214,104 +208,76 @@ static CUresult ip_begin_real(void *arg)
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     switch (c->form) {
     case IP_BEGIN_V1:
-        IP_CALL_REAL(r, cuStreamBeginCapture, c->stream);
-        break;
-    case IP_BEGIN_V1_PTSZ:
-        IP_CALL_REAL(r, cuStreamBeginCapture_ptsz, c->stream);
+        IP_CALL_REAL_VARIANT(r, c->variant, cuStreamBeginCapture, c->stream);
         break;
     case IP_BEGIN_V2:
-        IP_CALL_REAL(r, cuStreamBeginCapture_v2, c->stream, c->mode);
-        break;
-    case IP_BEGIN_V2_PTSZ:
-        IP_CALL_REAL(r, cuStreamBeginCapture_v2_ptsz, c->stream, c->mode);
+        IP_CALL_REAL_VARIANT(r, c->variant, cuStreamBeginCapture_v2, c->stream, c->mode);
         break;
     case IP_BEGIN_TO_GRAPH:
-        IP_CALL_REAL(r, cuStreamBeginCaptureToGraph, c->stream, c->graph, c->dependencies,
-                     c->dependency_data, c->dependency_count, c->mode);
-        break;
-    case IP_BEGIN_TO_GRAPH_PTSZ:
-        IP_CALL_REAL(r, cuStreamBeginCaptureToGraph_ptsz, c->stream, c->graph, c->dependencies,
-                     c->dependency_data, c->dependency_count, c->mode);
+        IP_CALL_REAL_VARIANT(r, c->variant, cuStreamBeginCaptureToGraph, c->stream, c->graph,
+                             c->dependencies, c->dependency_data, c->dependency_count, c->mode);
         break;
     }
     return r;
 }
 
-static CUresult ip_begin(ip_begin_call_t call)
+static CUresult ip_begin(ip_begin_call_t call, bool ptsz)
 {
-    bool ptsz = call.form == IP_BEGIN_V1_PTSZ || call.form == IP_BEGIN_V2_PTSZ ||
-                call.form == IP_BEGIN_TO_GRAPH_PTSZ;
-    CUstream recorded = ptsz ? ip_ptsz_stream(call.stream) : call.stream;
-    return vmh_capture_begin(recorded, call.mode, ip_begin_real, &call);
+    return vmh_capture_begin(vmh_ip_stream(ptsz, call.stream), call.mode, ip_begin_real, &call);
 }
 
 /* The first ABI (CUDA 10.0) has no mode. Recorded as global, the strictest: the library then
  * refrains from whatever any mode could forbid. */
-CUresult vmh_ip_cuStreamBeginCapture(CUstream hStream)
+static CUresult ip_begin_v1(enum ip_variant v, bool ptsz, CUstream hStream)
 {
-    return ip_begin((ip_begin_call_t){
-        .form = IP_BEGIN_V1, .stream = hStream, .mode = CU_STREAM_CAPTURE_MODE_GLOBAL});
+    return ip_begin((ip_begin_call_t){.form = IP_BEGIN_V1,
+                                      .variant = v,
+                                      .stream = hStream,
+                                      .mode = CU_STREAM_CAPTURE_MODE_GLOBAL},
+                    ptsz);
 }
+IP_STREAM_FORM_WRAPPERS(cuStreamBeginCapture, ip_begin_v1, (CUstream hStream), (hStream))
 
-CUresult vmh_ip_cuStreamBeginCapture_ptsz(CUstream hStream)
+static CUresult ip_begin_v2(enum ip_variant v, bool ptsz, CUstream hStream,
+                            CUstreamCaptureMode mode)
 {
-    return ip_begin((ip_begin_call_t){
-        .form = IP_BEGIN_V1_PTSZ, .stream = hStream, .mode = CU_STREAM_CAPTURE_MODE_GLOBAL});
+    return ip_begin(
+        (ip_begin_call_t){.form = IP_BEGIN_V2, .variant = v, .stream = hStream, .mode = mode},
+        ptsz);
 }
+IP_STREAM_FORM_WRAPPERS(cuStreamBeginCapture_v2, ip_begin_v2,
+                        (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode))
 
-CUresult vmh_ip_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
-{
-    return ip_begin((ip_begin_call_t){.form = IP_BEGIN_V2, .stream = hStream, .mode = mode});
-}
-
-CUresult vmh_ip_cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
-{
-    return ip_begin((ip_begin_call_t){.form = IP_BEGIN_V2_PTSZ, .stream = hStream, .mode = mode});
-}
-
-CUresult vmh_ip_cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
-                                            const CUgraphNode *dependencies,
-                                            const CUgraphEdgeData *dependencyData,
-                                            size_t numDependencies, CUstreamCaptureMode mode)
+static CUresult ip_begin_to_graph(enum ip_variant v, bool ptsz, CUstream hStream, CUgraph hGraph,
+                                  const CUgraphNode *dependencies,
+                                  const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                  CUstreamCaptureMode mode)
 {
     return ip_begin((ip_begin_call_t){.form = IP_BEGIN_TO_GRAPH,
+                                      .variant = v,
                                       .stream = hStream,
                                       .mode = mode,
                                       .graph = hGraph,
                                       .dependencies = dependencies,
                                       .dependency_data = dependencyData,
-                                      .dependency_count = numDependencies});
+                                      .dependency_count = numDependencies},
+                    ptsz);
 }
+IP_STREAM_FORM_WRAPPERS(cuStreamBeginCaptureToGraph, ip_begin_to_graph,
+                        (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+                         const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                         CUstreamCaptureMode mode),
+                        (hStream, hGraph, dependencies, dependencyData, numDependencies, mode))
 
-CUresult vmh_ip_cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
-                                                 const CUgraphNode *dependencies,
-                                                 const CUgraphEdgeData *dependencyData,
-                                                 size_t numDependencies, CUstreamCaptureMode mode)
-{
-    return ip_begin((ip_begin_call_t){.form = IP_BEGIN_TO_GRAPH_PTSZ,
-                                      .stream = hStream,
-                                      .mode = mode,
-                                      .graph = hGraph,
-                                      .dependencies = dependencies,
-                                      .dependency_data = dependencyData,
-                                      .dependency_count = numDependencies});
-}
-
-CUresult vmh_ip_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+static CUresult ip_end_capture(enum ip_variant v, bool ptsz, CUstream hStream, CUgraph *phGraph)
 {
     CUresult r;
-    IP_CALL_REAL(r, cuStreamEndCapture, hStream, phGraph);
-    vmh_capture_ended(hStream);
+    IP_CALL_REAL_VARIANT(r, v, cuStreamEndCapture, hStream, phGraph);
+    vmh_capture_ended(vmh_ip_stream(ptsz, hStream));
     return r;
 }
-
-CUresult vmh_ip_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
-{
-    CUresult r;
-    IP_CALL_REAL(r, cuStreamEndCapture_ptsz, hStream, phGraph);
-    vmh_capture_ended(ip_ptsz_stream(hStream));
-    return r;
-}
+IP_STREAM_FORM_WRAPPERS(cuStreamEndCapture, ip_end_capture, (CUstream hStream, CUgraph *phGraph),
+                        (hStream, phGraph))
 
 /* Whether the code at `caller` belongs to one of NVIDIA's dense math libraries (cuBLAS,
  * cuBLASLt, cuDNN), which make streams for their own use: cuBLASLt makes one in its first

@@ -127,27 +127,18 @@ CUresult vmh_ip_cuMemFree_v2(CUdeviceptr dptr)
     IP_PASS(cuMemFree_v2, dptr);
 }
 
-CUresult vmh_ip_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+/* Both stream forms: the heap orders the free after the stream the call names (vmh_ip_stream). */
+static CUresult ip_free_async(enum ip_variant v, bool ptsz, CUdeviceptr dptr, CUstream hStream)
 {
     if (dptr != 0 && vmh_ip_serving()) {
-        CUresult r = ip_free(dptr, hStream, true);
+        CUresult r = ip_free(dptr, vmh_ip_stream(ptsz, hStream), true);
         if (r != CUDA_ERROR_NOT_FOUND)
             return r;
     }
-    IP_PASS(cuMemFreeAsync, dptr, hStream);
+    IP_PASS_VARIANT(v, cuMemFreeAsync, dptr, hStream);
 }
-
-/* The per-thread-default-stream ABI: stream 0 means this thread's default stream, which the
- * heap must order the free after, not the legacy stream. */
-CUresult vmh_ip_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-    if (dptr != 0 && vmh_ip_serving()) {
-        CUresult r = ip_free(dptr, hStream != NULL ? hStream : CU_STREAM_PER_THREAD, true);
-        if (r != CUDA_ERROR_NOT_FOUND)
-            return r;
-    }
-    IP_PASS(cuMemFreeAsync_ptsz, dptr, hStream);
-}
+IP_STREAM_FORM_WRAPPERS(cuMemFreeAsync, ip_free_async, (CUdeviceptr dptr, CUstream hStream),
+                        (dptr, hStream))
 
 /* ---------------------------------------------------------------------------------------------
  * Queries. A served buffer answers as a native allocation of the size asked for would
@@ -360,36 +351,38 @@ static bool ip_trim_for_retry(CUresult r)
 
 /* Calls the real function of `sym` with the arguments, and once more after a trim when it ran
  * out of memory. */
-#define IP_PASS_RETRYING(sym, ...)                                                                 \
+#define IP_PASS_RETRYING(sym, ...) IP_PASS_RETRYING_VARIANT(IP_##sym, sym, __VA_ARGS__)
+
+/* IP_PASS_RETRYING to variant v, one of the stream forms of `sym`. */
+#define IP_PASS_RETRYING_VARIANT(v, sym, ...)                                                      \
     do {                                                                                           \
         CUresult r_;                                                                               \
-        IP_CALL_REAL(r_, sym, __VA_ARGS__);                                                        \
+        IP_CALL_REAL_VARIANT(r_, v, sym, __VA_ARGS__);                                             \
         if (ip_trim_for_retry(r_))                                                                 \
-            IP_CALL_REAL(r_, sym, __VA_ARGS__);                                                    \
+            IP_CALL_REAL_VARIANT(r_, v, sym, __VA_ARGS__);                                         \
         return r_;                                                                                 \
     } while (0)
 
-CUresult vmh_ip_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+/* Both stream forms pass the stream on untouched: the driver reads it. */
+static CUresult ip_alloc_async(enum ip_variant v, bool ptsz, CUdeviceptr *dptr, size_t bytesize,
+                               CUstream hStream)
 {
-    IP_PASS_RETRYING(cuMemAllocAsync, dptr, bytesize, hStream);
+    (void)ptsz;
+    IP_PASS_RETRYING_VARIANT(v, cuMemAllocAsync, dptr, bytesize, hStream);
 }
+IP_STREAM_FORM_WRAPPERS(cuMemAllocAsync, ip_alloc_async,
+                        (CUdeviceptr * dptr, size_t bytesize, CUstream hStream),
+                        (dptr, bytesize, hStream))
 
-CUresult vmh_ip_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+static CUresult ip_alloc_from_pool_async(enum ip_variant v, bool ptsz, CUdeviceptr *dptr,
+                                         size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
-    IP_PASS_RETRYING(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+    (void)ptsz;
+    IP_PASS_RETRYING_VARIANT(v, cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
 }
-
-CUresult vmh_ip_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                        CUstream hStream)
-{
-    IP_PASS_RETRYING(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
-}
-
-CUresult vmh_ip_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                             CUstream hStream)
-{
-    IP_PASS_RETRYING(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
-}
+IP_STREAM_FORM_WRAPPERS(cuMemAllocFromPoolAsync, ip_alloc_from_pool_async,
+                        (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream),
+                        (dptr, bytesize, pool, hStream))
 
 CUresult vmh_ip_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
