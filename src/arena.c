@@ -21,9 +21,10 @@
  * the address chain, never coalesced, in a FIFO by generation until unpark_upto() frees them.
  *
  * Host cost per block: a 56-byte record, plus 8-16 bytes of hash table per live block, plus
- * 1/2048 of the extent size in bitmaps: under 1% of device memory for blocks of 16 KiB and up,
- * about 28% for 256-byte blocks (measured by the unit test). Slabs are kept until the arena is
- * deleted; hash tables shrink after a peak.
+ * 1/2048 of the extent size in bitmaps: under 1% of device memory for blocks of 16 KiB and up
+ * (tests/unit/test_arena.c checks it), about 28% for 256-byte blocks (the record and its hash
+ * slot against the block). Slabs are kept until the arena is deleted; hash tables shrink after
+ * a peak.
  *
  * Failure: allocating calls reserve the host memory they need (a record, a hash slot) before
  * changing anything, so running out of host memory leaves no trace. Freeing calls need no
@@ -127,9 +128,9 @@ static blk_t *find_suitable(const vmh_arena_t *a, unsigned fl, unsigned sl)
 
 /* Among the first limit entries of list [fl][sl], the smallest block of at least size bytes,
  * and of those the lowest in address. Preferring low addresses packs live blocks towards the
- * bottom of the extents and leaves the holes above them to grow (and whole extents to trim):
- * on a random churn of mixed sizes it costs 1-2.5% less device memory than taking list heads
- * (LIFO), within 0.3% of an exhaustive address-ordered best fit. */
+ * bottom of the extents and leaves the holes above them to grow (and whole extents to trim), so
+ * that a churn of mixed sizes needs less device memory than taking list heads (LIFO) would, and
+ * about what an exhaustive address-ordered best fit needs. */
 static blk_t *scan_class(const vmh_arena_t *a, unsigned fl, unsigned sl, size_t size,
                          unsigned limit)
 {

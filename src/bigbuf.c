@@ -266,7 +266,7 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
          * range is not cached but destroyed once queued work is done; the driver keeps the
          * chunks for as long as an importer holds them. */
         /* Nothing of the range is read once it is parked: the reclaim thread may release it
-         * at once (the stress loop's fork test caught a read of its size after that). */
+         * at once. Its size is read before. */
         vmh_range_t *r = b->range;
         const size_t size = r->size;
         list_remove(&bb->live, b);

@@ -53,7 +53,7 @@ CUresult vmh_ip_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         vmh_ip_depth++;
         CUresult r = vmh_heap_alloc_at(bytesize, __builtin_return_address(0), &p);
         vmh_ip_depth--;
-        /* A failed native allocation writes 0 to *dptr (measured). */
+        /* A failed allocation leaves 0 in *dptr, as the driver's own does. */
         if (r != CUDA_ERROR_NOT_SUPPORTED)
             *dptr = r == CUDA_SUCCESS ? p : 0;
         /* CUDA_ERROR_NOT_SUPPORTED: the heap does not serve (shut down at exit, or a device

@@ -121,8 +121,8 @@ static void prepare_batch(peer_t *pr)
         pr->next += count;
         /* Every chunk has its descriptor now, and the descriptors keep the memory for the
          * importer: the exchange's references go before the importer can hold the last batch,
-         * so that a free and vmm_trim after its import leave the library holding nothing
-         * (CI's ip_ipc found a chunk still held when this thread let go after the send). */
+         * so that a free and vmm_trim after its import leave the library holding nothing (let
+         * go after the send, a chunk could still be held by this thread when they run). */
         if (pr->next == pr->ex.nchunks)
             vmh_ipc_export_untake(&pr->ex);
     }

@@ -105,8 +105,8 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
 /* Adds a packing extent large enough for `size` to shard s and serves `size` from it in the
  * same hold of the shard's lock. So a new extent is never seen empty: a trim on another thread
  * (a pause's) cannot take it between its publication and its use, and nothing of its range is
- * read once the lock is let go (CI found both: a pause's trim destroyed an extent that its
- * allocating thread then read, tests/unit/test_heap.c's trim_never_takes_an_extent_being_served).
+ * read once the lock is let go (tests/unit/test_heap.c's trim_never_takes_an_extent_being_served
+ * checks that a pause's trim never destroys an extent its allocating thread still reads).
  * *out: the block. OUT_OF_MEMORY with nothing left behind when the driver or host memory runs
  * out. */
 static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t size,
@@ -119,10 +119,10 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
     /* Small requests share extents that double in size, so that a program with many makes
      * few chunks; the doubling stops at 1/EXTENT_SHARE of the device's live bytes (and
      * EXTENT_MAX), so that the free space a new extent brings stays a small part of what the
-     * program uses (the stored PyTorch trace: 1.17x its peak with 64 MiB extents, 1.08x with
-     * 16 MiB ones for a 642 MiB program). A request larger than 1/EXTENT_FIT of the shared
-     * extent gets an extent of its own size: a shared extent serves many small requests well,
-     * but a few large ones leave its rest unused. */
+     * program uses (docs/DESIGN.md, "Serving", gives the stored PyTorch trace's figures). A
+     * request larger than 1/EXTENT_FIT of the shared extent gets an extent of its own size: a
+     * shared extent serves many small requests well, but a few large ones leave its rest
+     * unused. */
     size_t share = atomic_load_explicit(&d->live_usable, memory_order_relaxed) / EXTENT_SHARE;
     share -= share % d->gran;
     pthread_mutex_lock(&s->lock);

@@ -173,8 +173,8 @@ CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t
 
     /* 2. An adjacent reservation, kept only at exactly the hinted address; it takes the
      * headroom asked for too. The hint is a probe: the driver may refuse or place it
-     * elsewhere (measured: refused at the end of a fresh 8 GiB reservation), and any failure
-     * falls through to the move. */
+     * elsewhere (docs/DESIGN.md, "Growth", says when it did), and any failure falls through to
+     * the move. */
     CUdeviceptr end = r->base + r->size;
     size_t want = reserve > total ? reserve - r->size : add;
     vmh_resv_t *adj = NULL;
