@@ -167,65 +167,69 @@ static void report_table(void)
         table();
 }
 
-/* A bounded string builder on the caller's stack. */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool overflow;
-} sbuf_t;
-
-static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf_t *b, const char *fmt, ...)
+void vmh_jb_printf(vmh_jbuf_t *b, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    size_t room = b->need < b->cap ? b->cap - b->need : 0;
+    int n = vsnprintf(room ? b->p + b->need : NULL, room, fmt, ap);
     va_end(ap);
-    if (n < 0 || (size_t)n >= b->cap - b->len)
-        b->overflow = true;
-    else
-        b->len += (size_t)n;
+    if (n > 0)
+        b->need += (size_t)n;
+}
+
+void vmh_stats_json_head(vmh_jbuf_t *b)
+{
+    vmh_jb_printf(b, "{\n  \"library\": \"libvmmhook\",\n  \"version\": \"%d.%d.%d\",\n",
+                  VMM_VERSION_MAJOR, VMM_VERSION_MINOR, VMM_VERSION_PATCH);
+    vmh_jb_printf(b, "  \"pid\": %d,\n  \"counters\": {\n", (int)getpid());
+    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
+        vmh_jb_printf(b, "    \"%s\": %llu%s\n", counter_names[i],
+                      (unsigned long long)vmh_counter_get((vmh_counter_t)i),
+                      i + 1 < VMH_COUNTER_COUNT ? "," : "");
+    vmh_jb_printf(b, "  }");
+}
+
+void vmh_stats_json_gauges(vmh_jbuf_t *b)
+{
+    vmh_jb_printf(b, "  \"gauges\": {\n");
+    for (unsigned i = 0; i < VMH_GAUGE_COUNT; i++)
+        vmh_jb_printf(b, "    \"%s\": {\"current\": %lld, \"peak\": %lld}%s\n", gauge_names[i],
+                      (long long)vmh_gauge_get((vmh_gauge_t)i),
+                      (long long)vmh_gauge_peak((vmh_gauge_t)i),
+                      i + 1 < VMH_GAUGE_COUNT ? "," : "");
+    vmh_jb_printf(b, "  }");
 }
 
 static void report_json(void)
 {
     char text[8192];
-    sbuf_t b = {text, 0, sizeof(text), false};
-    sb_printf(&b, "{\n  \"library\": \"libvmmhook\",\n  \"version\": \"%d.%d.%d\",\n",
-              VMM_VERSION_MAJOR, VMM_VERSION_MINOR, VMM_VERSION_PATCH);
-    sb_printf(&b, "  \"pid\": %d,\n  \"counters\": {\n", (int)getpid());
-    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
-        sb_printf(&b, "    \"%s\": %llu%s\n", counter_names[i],
-                  (unsigned long long)vmh_counter_get((vmh_counter_t)i),
-                  i + 1 < VMH_COUNTER_COUNT ? "," : "");
+    vmh_jbuf_t b = {text, sizeof(text), 0};
+    vmh_stats_json_head(&b);
     /* The steady-state figure (DESIGN.md): what an allocation costs an application thread, per
      * thousand (the report has integers only). */
     uint64_t allocs = vmh_counter_get(VMH_STAT_served_allocs);
     uint64_t app_calls = vmh_counter_get(VMH_STAT_driver_calls) -
                          vmh_counter_get(VMH_STAT_driver_calls_background);
-    sb_printf(&b, "  },\n  \"app_driver_calls_per_1000_allocs\": %llu,\n",
-              (unsigned long long)(allocs ? app_calls * 1000 / allocs : 0));
-    sb_printf(&b, "  \"gauges\": {\n");
-    for (unsigned i = 0; i < VMH_GAUGE_COUNT; i++)
-        sb_printf(&b, "    \"%s\": {\"current\": %lld, \"peak\": %lld}%s\n", gauge_names[i],
-                  (long long)vmh_gauge_get((vmh_gauge_t)i),
-                  (long long)vmh_gauge_peak((vmh_gauge_t)i), i + 1 < VMH_GAUGE_COUNT ? "," : "");
-    sb_printf(&b, "  },\n  \"tags\": ");
-    if (!b.overflow) {
-        vmh_stats_json_fn json = atomic_load(&tag_json);
-        size_t need = json ? json(b.p + b.len, b.cap - b.len, 4)
-                           : (size_t)snprintf(b.p + b.len, b.cap - b.len, "{}");
-        b.overflow = need >= b.cap - b.len;
-        b.len += b.overflow ? 0 : need;
+    vmh_jb_printf(&b, ",\n  \"app_driver_calls_per_1000_allocs\": %llu,\n",
+                  (unsigned long long)(allocs ? app_calls * 1000 / allocs : 0));
+    vmh_stats_json_gauges(&b);
+    vmh_jb_printf(&b, ",\n  \"tags\": ");
+    vmh_stats_json_fn json = atomic_load(&tag_json);
+    if (json) {
+        size_t room = b.need < b.cap ? b.cap - b.need : 0;
+        b.need += json(room ? b.p + b.need : NULL, room, 4);
+    } else {
+        vmh_jb_printf(&b, "{}");
     }
-    sb_printf(&b, ",\n");
+    vmh_jb_printf(&b, ",\n");
     if (atomic_load(&leak_ran))
-        sb_printf(&b, "  \"leaks\": {\"count\": %llu, \"bytes\": %llu}\n}\n",
-                  (unsigned long long)atomic_load(&leak_count),
-                  (unsigned long long)atomic_load(&leak_bytes));
+        vmh_jb_printf(&b, "  \"leaks\": {\"count\": %llu, \"bytes\": %llu}\n}\n",
+                      (unsigned long long)atomic_load(&leak_count),
+                      (unsigned long long)atomic_load(&leak_bytes));
     else
-        sb_printf(&b, "  \"leaks\": null\n}\n");
-    if (b.overflow) {
+        vmh_jb_printf(&b, "  \"leaks\": null\n}\n");
+    if (b.need >= b.cap) {
         vmh_log("VMMHOOK_STATS_JSON: the report does not fit its buffer; not written");
         return;
     }
@@ -243,7 +247,7 @@ static void report_json(void)
                 vmh_fmt_quoted(q, sizeof(q), cfg.json, sizeof(cfg.json)), why);
         return;
     }
-    if (!vmh_outfile_write(fd, text, b.len)) {
+    if (!vmh_outfile_write(fd, text, b.need)) {
         char err[128];
         vmh_log("VMMHOOK_STATS_JSON=%s: write failed: %s",
                 vmh_fmt_quoted(q, sizeof(q), path, sizeof(path)),

@@ -34,6 +34,21 @@ void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json);
  * nothing); call it after the leak report so that the JSON includes the leak totals. */
 void vmh_stats_report(void);
 
+/* A text builder over a caller's buffer that keeps counting past its end, like snprintf: need
+ * is what the whole text takes (the buffer holds it, terminated, while need < cap). */
+typedef struct vmh_jbuf {
+    char *p;
+    size_t cap, need;
+} vmh_jbuf_t;
+void vmh_jb_printf(vmh_jbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* What the JSON reports (the exit report, vmm_stats_json) share, each followed by what the
+ * caller adds: the opening brace and the members "library", "version", "pid" and "counters"
+ * (its object closed, no comma after it); and the member "gauges" (each gauge's current value
+ * and peak), on lines of its own, no comma after it. */
+void vmh_stats_json_head(vmh_jbuf_t *b);
+void vmh_stats_json_gauges(vmh_jbuf_t *b);
+
 /* Leak report at exit: the heap walks its live buffers and calls begin, one per live buffer,
  * then end. With leaks configured (VMMHOOK_LEAKS) each leak is listed (pointer, size, device, call
  * site resolved with dladdr; the first 256), then a total; without it nothing is printed, but the

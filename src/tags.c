@@ -8,7 +8,6 @@
 #include <assert.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -203,24 +202,10 @@ void vmh_tags_pinned_add(int64_t delta)
 
 /* ---- JSON ------------------------------------------------------------------------------------- */
 
-/* snprintf into a fixed buffer that keeps counting past its end: need is what the whole text
- * takes, so the caller can size a second attempt. */
-typedef struct jbuf {
-    char *p;
-    size_t cap, need;
-} jbuf_t;
-
-static void jb_printf(jbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void jb_printf(jbuf_t *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = b->need < b->cap ? b->cap - b->need : 0;
-    int n = vsnprintf(room ? b->p + b->need : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        b->need += (size_t)n;
-}
+/* Text is built with report.h's builder, which keeps counting past its end: need is what the
+ * whole text takes, so the caller can size a second attempt. */
+typedef vmh_jbuf_t jbuf_t;
+#define jb_printf vmh_jb_printf
 
 static double seconds(uint64_t ns)
 {
@@ -281,28 +266,15 @@ size_t vmh_tags_json(char *buf, size_t len, int indent)
     return b.need;
 }
 
-#define VMH_STAT_NAME_ITEM(name, help) #name,
-static const char *const counter_names[] = {VMH_COUNTERS(VMH_STAT_NAME_ITEM)};
-static const char *const global_gauge_names[] = {VMH_GAUGES(VMH_STAT_NAME_ITEM)};
-
 VMM_API int vmm_stats_json(char *buf, size_t len)
 {
     if (len && !buf)
         return -1;
     jbuf_t b = {buf, len, 0};
-    jb_printf(&b, "{\n  \"library\": \"libvmmhook\",\n  \"version\": \"%d.%d.%d\",\n",
-              VMM_VERSION_MAJOR, VMM_VERSION_MINOR, VMM_VERSION_PATCH);
-    jb_printf(&b, "  \"pid\": %d,\n  \"counters\": {\n", (int)getpid());
-    for (unsigned i = 0; i < VMH_COUNTER_COUNT; i++)
-        jb_printf(&b, "    \"%s\": %llu%s\n", counter_names[i],
-                  (unsigned long long)vmh_counter_get((vmh_counter_t)i),
-                  i + 1 < VMH_COUNTER_COUNT ? "," : "");
-    jb_printf(&b, "  },\n  \"gauges\": {\n");
-    for (unsigned i = 0; i < VMH_GAUGE_COUNT; i++)
-        jb_printf(&b, "    \"%s\": {\"current\": %lld, \"peak\": %lld}%s\n",
-                  global_gauge_names[i], (long long)vmh_gauge_get((vmh_gauge_t)i),
-                  (long long)vmh_gauge_peak((vmh_gauge_t)i), i + 1 < VMH_GAUGE_COUNT ? "," : "");
-    jb_printf(&b, "  },\n  \"pinned_host_bytes\": {\"current\": %lld, \"peak\": %lld},\n",
+    vmh_stats_json_head(&b);
+    jb_printf(&b, ",\n");
+    vmh_stats_json_gauges(&b);
+    jb_printf(&b, ",\n  \"pinned_host_bytes\": {\"current\": %lld, \"peak\": %lld},\n",
               (long long)atomic_load(&pinned_now), (long long)atomic_load(&pinned_peak));
     jb_printf(&b, "  \"tags\": ");
     tags_json(&b, 4);
