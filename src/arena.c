@@ -22,7 +22,7 @@
  *
  * Host cost per block: a 56-byte record, plus 8-16 bytes of hash table per live block, plus
  * 1/2048 of the extent size in bitmaps: under 1% of device memory for blocks of 16 KiB and up
- * (tests/unit/test_arena.c checks it), about 28% for 256-byte blocks (the record and its hash
+ * (the arena's unit tests check it), about 28% for 256-byte blocks (the record and its hash
  * slot against the block). Slabs are kept until the arena is deleted; hash tables shrink after
  * a peak.
  *

@@ -105,7 +105,7 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
 /* Adds a packing extent large enough for `size` to shard s and serves `size` from it in the
  * same hold of the shard's lock. So a new extent is never seen empty: a trim on another thread
  * (a pause's) cannot take it between its publication and its use, and nothing of its range is
- * read once the lock is let go (tests/unit/test_heap.c's trim_never_takes_an_extent_being_served
+ * read once the lock is let go (the heap's unit test trim_never_takes_an_extent_being_served
  * checks that a pause's trim never destroys an extent its allocating thread still reads).
  * *out: the block. OUT_OF_MEMORY with nothing left behind when the driver or host memory runs
  * out. */
