@@ -226,11 +226,19 @@ static void fill_info(const blk_t *b, vmh_block_info_t *info)
     }
 }
 
-/* Takes live block b out of the index (it is being parked or freed). */
-static void unindex(vmh_extent_t *e, blk_t *b)
+/* The live block starting exactly at p in e, described in *info and taken out of the index and
+ * the live counts (it is being parked or freed); NULL when there is none. */
+static blk_t *take_live(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info)
 {
+    blk_t *b = live_at(a, e, p);
+    if (!b)
+        return NULL;
+    fill_info(b, info);
     tab_del(e, b);
     start_clear(e, granule(e, b->base));
+    e->nlive--;
+    a->live -= blk_size(b);
+    return b;
 }
 
 /* b (not in any list) becomes free: merges with free neighbours, then joins a free list
@@ -408,11 +416,9 @@ bool vmh_arena_find(const vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info)
 int vmh_arena_park(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, uint64_t gen,
                    vmh_block_info_t *info)
 {
-    blk_t *b = live_at(a, e, p);
+    blk_t *b = take_live(a, e, p, info);
     if (!b)
         return EINVAL;
-    fill_info(b, info);
-    unindex(e, b);
     size_t size = blk_size(b);
     blk_set(b, size, B_PARKED);
     b->u.gen = gen;
@@ -426,25 +432,19 @@ int vmh_arena_park(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, uint64_t gen,
     }
     a->park_tail = b;
     a->nparked++;
-    e->nlive--;
     e->nparked++;
-    a->live -= size;
     a->parked += size;
     return 0;
 }
 
 int vmh_arena_release(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info)
 {
-    blk_t *b = live_at(a, e, p);
+    blk_t *b = take_live(a, e, p, info);
     if (!b)
         return EINVAL;
-    fill_info(b, info);
-    unindex(e, b);
     size_t size = blk_size(b);
     make_free(a, b);
-    e->nlive--;
     ext_maybe_idle(a, e);
-    a->live -= size;
     freed_bytes(a, e, size);
     return 0;
 }

@@ -77,24 +77,21 @@ CUresult vmh_ip_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreatePara
     return ip_ctx_created(r, pctx, dev);
 }
 
-/* Destroying a context pops it from the calling thread if it was current there. */
-CUresult vmh_ip_cuCtxDestroy(CUcontext ctx)
-{
-    vmh_ctx_forget(ctx);
-    CUresult r;
-    IP_CALL_REAL(r, cuCtxDestroy, ctx);
-    vmh_ctx_current_changed();
-    return r;
-}
-
-CUresult vmh_ip_cuCtxDestroy_v2(CUcontext ctx)
-{
-    vmh_ctx_forget(ctx);
-    CUresult r;
-    IP_CALL_REAL(r, cuCtxDestroy_v2, ctx);
-    vmh_ctx_current_changed();
-    return r;
-}
+/* The calls that may destroy a context (a destroy; a primary context's release and reset, below):
+ * forget(arg) forgets the context first, then the real call; the calling thread's current
+ * context may have changed either way (a destroy pops the context from the calling thread if it
+ * was current there). The forms of each differ only in the real function they call. */
+#define IP_CTX_GOING_WRAPPER(sym, arg_type, forget)                                                \
+    CUresult vmh_ip_##sym(arg_type arg)                                                            \
+    {                                                                                              \
+        forget(arg);                                                                               \
+        CUresult r;                                                                                \
+        IP_CALL_REAL(r, sym, arg);                                                                 \
+        vmh_ctx_current_changed();                                                                 \
+        return r;                                                                                  \
+    }
+IP_CTX_GOING_WRAPPER(cuCtxDestroy, CUcontext, vmh_ctx_forget)
+IP_CTX_GOING_WRAPPER(cuCtxDestroy_v2, CUcontext, vmh_ctx_forget)
 
 /* The calls that only change which context is current on the calling thread. */
 #define IP_CURRENT_CHANGING(sym, ...)                                                              \
@@ -160,21 +157,11 @@ static void ip_primary_going(CUdevice dev)
         vmh_ctx_forget(atomic_load_explicit(&ip_primary[dev], memory_order_acquire));
 }
 
-/* The four release/reset forms differ only in the real function they call. */
-#define IP_PRIMARY_GOING_WRAPPER(sym)                                                              \
-    CUresult vmh_ip_##sym(CUdevice dev)                                                            \
-    {                                                                                              \
-        ip_primary_going(dev);                                                                     \
-        CUresult r;                                                                                \
-        IP_CALL_REAL(r, sym, dev);                                                                 \
-        vmh_ctx_current_changed();                                                                 \
-        return r;                                                                                  \
-    }
-IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxRelease)
-IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxRelease_v2)
-IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxReset)
-IP_PRIMARY_GOING_WRAPPER(cuDevicePrimaryCtxReset_v2)
-#undef IP_PRIMARY_GOING_WRAPPER
+IP_CTX_GOING_WRAPPER(cuDevicePrimaryCtxRelease, CUdevice, ip_primary_going)
+IP_CTX_GOING_WRAPPER(cuDevicePrimaryCtxRelease_v2, CUdevice, ip_primary_going)
+IP_CTX_GOING_WRAPPER(cuDevicePrimaryCtxReset, CUdevice, ip_primary_going)
+IP_CTX_GOING_WRAPPER(cuDevicePrimaryCtxReset_v2, CUdevice, ip_primary_going)
+#undef IP_CTX_GOING_WRAPPER
 
 /* ---------------------------------------------------------------------------------------------
  * Stream capture. Every entry point has both stream forms (IP_STREAM_FORM_WRAPPERS); a capture
