@@ -10,7 +10,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "optparse.h"
 #include "testable.h"
+
+bool vmh_outfile_path(const char *tmpl, char *path, size_t len, char *why, size_t whylen)
+{
+    if (vmh_expand_path(tmpl, (long)getpid(), path, len))
+        return true;
+    snprintf(why, whylen, "longer than %zu bytes once %%p is replaced", len - 1);
+    return false;
+}
 
 /* Who owns the process's files: geteuid in the library; a test pretends to be another user. */
 VMH_TESTABLE uid_t (*vmh_stats_euid)(void) = geteuid;

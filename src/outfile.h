@@ -16,6 +16,11 @@
 /* The longest output path once "%p" is replaced, terminator included. */
 #define VMH_PATH_MAX 512
 
+/* path: the template tmpl ("%p": this process's id, "%%": one '%'; optparse.h's
+ * vmh_expand_path) as it is now, so that a forked child gets its own; false with why when it
+ * does not fit len bytes. */
+bool vmh_outfile_path(const char *tmpl, char *path, size_t len, char *why, size_t whylen);
+
 /* Opens path for writing (open(2) flags added: O_APPEND for the trace) as above: the
  * descriptor, or -1 with why (whylen bytes) saying what was refused or failed. */
 int vmh_outfile_open(const char *path, int flags, char *why, size_t whylen);

@@ -15,7 +15,6 @@
 
 #include "log.h"
 #include "options.h"
-#include "optparse.h"
 #include "outfile.h"
 #include "stats.h"
 #include "trace.h"
@@ -237,9 +236,7 @@ static void report_json(void)
     char why[200], path[VMH_PATH_MAX], q[1100];
     int fd = -1;
     /* %p is this process's id now: a forked child writes its own file. */
-    if (!vmh_expand_path(cfg.json, (long)getpid(), path, sizeof(path)))
-        snprintf(why, sizeof(why), "longer than %zu bytes once %%p is replaced", sizeof(path) - 1);
-    else
+    if (vmh_outfile_path(cfg.json, path, sizeof(path), why, sizeof(why)))
         fd = vmh_outfile_open(path, 0, why, sizeof(why));
     if (fd < 0) {
         /* At exit there is nothing left to stop, even under VMMHOOK_STRICT: just say it. */

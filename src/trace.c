@@ -17,7 +17,6 @@
 
 #include "clock.h"
 #include "options.h"
-#include "optparse.h"
 #include "outfile.h"
 #include "stats.h"
 
@@ -78,9 +77,7 @@ static void trace_open_locked(void)
 {
     char why[200], path[VMH_PATH_MAX];
     int fd = -1;
-    if (!vmh_expand_path(trace_tmpl, (long)getpid(), path, sizeof(path)))
-        snprintf(why, sizeof(why), "longer than %zu bytes once %%p is replaced", sizeof(path) - 1);
-    else
+    if (vmh_outfile_path(trace_tmpl, path, sizeof(path), why, sizeof(why)))
         fd = trace_file_open(path, trace_header, sizeof(trace_header) - 1, why, sizeof(why));
     if (fd < 0) {
         atomic_store_explicit(&trace_state, TRACE_OFF, memory_order_release);
