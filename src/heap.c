@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PITCH_ALIGN 512 /* the alignment of native cudaMallocPitch's pitches (measured) */
+#define PITCH_ALIGN 512 /* the alignment of the pitches native cudaMallocPitch gives */
 
 /* One tag's memory on a device: a big-buffer set and packing shards of its own, so that memory
  * of one tag never shares a chunk with another tag's (pause.c gives a tag's memory back
