@@ -16,7 +16,7 @@
  * allocations live in each process's own memory). So the child's cuIpcOpenMemHandle gets as
  * far as cuMemImportFromShareableHandle, whose refusal (CUDA_ERROR_INVALID_VALUE) it returns,
  * leaving nothing held. Mapping and contents are checked in one process by the unit tests
- * (tests/unit/test_ipc.c), and on the GPU by tests/gpu/ipc_gpu.cu.
+ * (tests/unit/test_ipc_*.c), and on the GPU by tests/gpu/ipc_gpu.cu.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
