@@ -69,7 +69,7 @@ static inline void tu_reset(const sim_config_t *cfg)
     vmh_options_defaults(&vmh_opt);
     vmh_heap_configure(&vmh_opt); /* the tests change vmh_opt's fields after this */
     /* The suites use sizes of a few MiB for buffers of their own: pack only below 1 MiB here
-     * (the packing tests of test_heap.c say what they pack). */
+     * (the packing tests of test_heap_serve.c say what they pack). */
     vmh_opt.pack_below = MiB;
     /* The suites count driver calls: no reclaim thread synchronizes behind their back, and an
      * allocation waits for anything parked first (park limit 0), so that freed memory is
