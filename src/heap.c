@@ -713,9 +713,10 @@ CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
     *moved = 0;
     if (in_child() || !running())
         return CUDA_ERROR_NOT_FOUND;
+    vmh_buffer_info_t info;
     const vmh_owner_t *seen = vmh_registry_get(p);
-    if (!seen || !seen->lock)
-        return CUDA_ERROR_NOT_FOUND;
+    if (!seen || !seen->lock || !vmh_heap_find(p, &info))
+        return CUDA_ERROR_NOT_FOUND; /* not a live served buffer */
     if (seen->kind != VMH_OWN_BIG)
         return CUDA_SUCCESS; /* packed memory never spills */
     hdev_t *h;
