@@ -33,7 +33,6 @@
 #define VMH_RECLAIM_H
 
 #include "device.h"
-#include "options.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -98,8 +97,13 @@ typedef struct vmh_reclaim {
  * thread. */
 typedef enum vmh_waiter { VMH_WAIT_APP, VMH_WAIT_BACKGROUND } vmh_waiter_t;
 
-/* The options this layer uses (park_limit). The snapshot must outlive the heap. */
-void vmh_reclaim_configure(const vmh_options_t *opt);
+/* What this layer takes from the options; the front makes it once, at start (lifetime.c). */
+typedef struct vmh_reclaim_settings {
+    size_t park_limit; /* VMMHOOK_PARK_LIMIT: the park budget's cap (vmh_reclaim_park_budget) */
+} vmh_reclaim_settings_t;
+
+/* Takes a copy of *s, before any device is used (until then the budget has no cap). */
+void vmh_reclaim_configure(const vmh_reclaim_settings_t *s);
 
 /* Also makes r known to the reclaim thread (one queue per device ordinal). */
 void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev);
