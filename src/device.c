@@ -330,7 +330,8 @@ void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_
                  "the address space budget VMMHOOK_VA_LIMIT=%s is used up (%s reserved)",
                  vmh_fmt_bytes(a, sizeof a, settings.va_limit),
                  vmh_fmt_bytes(b, sizeof b, (size_t)vmh_gauge_get(VMH_STAT_bytes_reserved)));
-    } else if (settings.mem_limit && (live > settings.mem_limit || size > settings.mem_limit - live)) {
+    } else if (settings.mem_limit &&
+               (live > settings.mem_limit || size > settings.mem_limit - live)) {
         snprintf(why, sizeof why, "over VMMHOOK_MEM_LIMIT=%s (%s already served on the device)",
                  vmh_fmt_bytes(a, sizeof a, settings.mem_limit), vmh_fmt_bytes(b, sizeof b, live));
     } else if (!vmh_tag_running(tag)) {

@@ -100,8 +100,7 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx);
  * recommended granularities the driver gave: VMMHOOK_GRANULARITY's choice (s), or when an
  * explicit size is not a multiple of the minimum, the recommended one after s->refuse. Static
  * in the library (testable.h). */
-size_t vmh_dev_pick_granularity(const vmh_device_settings_t *s, size_t min_gran,
-                                size_t rec_gran);
+size_t vmh_dev_pick_granularity(const vmh_device_settings_t *s, size_t min_gran, size_t rec_gran);
 #endif
 
 /* Reserves n usable bytes within VMMHOOK_MEM_LIMIT; false (nothing taken) when they do not fit.

@@ -118,10 +118,10 @@ VMH_TESTABLE void vmh_lifetime_configure_stats(const vmh_options_t *o)
 {
     opts = o;
     vmh_stats_configure(&(vmh_stats_settings_t){.stats = o->stats,
-                                                 .leaks = o->leaks,
-                                                 .trace = o->trace,
-                                                 .json = o->stats_json,
-                                                 .refuse = vmh_lifetime_refuse});
+                                                .leaks = o->leaks,
+                                                .trace = o->trace,
+                                                .json = o->stats_json,
+                                                .refuse = vmh_lifetime_refuse});
 }
 
 /* The heap's settings and those of the layers under it, and IPC's. */
@@ -129,19 +129,19 @@ VMH_TESTABLE void vmh_lifetime_configure(const vmh_options_t *o)
 {
     opts = o;
     vmh_device_configure(&(vmh_device_settings_t){.gran_mode = o->gran_mode,
-                                                   .gran_bytes = o->gran_bytes,
-                                                   .handle = o->handle,
-                                                   .rdma = o->rdma,
-                                                   .peers = o->peers,
-                                                   .mem_limit = o->mem_limit,
-                                                   .va_limit = o->va_limit,
-                                                   .headroom = o->headroom,
-                                                   .refuse = vmh_lifetime_refuse});
+                                                  .gran_bytes = o->gran_bytes,
+                                                  .handle = o->handle,
+                                                  .rdma = o->rdma,
+                                                  .peers = o->peers,
+                                                  .mem_limit = o->mem_limit,
+                                                  .va_limit = o->va_limit,
+                                                  .headroom = o->headroom,
+                                                  .refuse = vmh_lifetime_refuse});
     vmh_cache_configure(&(vmh_cache_settings_t){.limit = o->cache_limit});
     vmh_reclaim_configure(&(vmh_reclaim_settings_t){.park_limit = o->park_limit});
     vmh_heap_configure(&(vmh_heap_settings_t){.pack_below = o->pack_below,
-                                               .stream_ordered = o->stream_ordered,
-                                               .free_sync = o->free_sync});
+                                              .stream_ordered = o->stream_ordered,
+                                              .free_sync = o->free_sync});
     vmh_ipc_configure(&(vmh_ipc_settings_t){.handle = o->handle}, ipc_began);
 }
 
@@ -161,8 +161,7 @@ bool vmh_lifetime_ready(void)
     if (atomic_load_explicit(&phase, memory_order_relaxed) == LIFE_CHILD)
         return false;
     pthread_once(&started, start);
-    return !opts->disable &&
-           atomic_load_explicit(&phase, memory_order_relaxed) == LIFE_RUNNING &&
+    return !opts->disable && atomic_load_explicit(&phase, memory_order_relaxed) == LIFE_RUNNING &&
            vmh_driver_ready();
 }
 

@@ -87,16 +87,17 @@ void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream
 
 /* What this module takes from the options; the front makes it once, at start (lifetime.c). */
 typedef struct vmh_stats_settings {
-    bool stats;        /* VMMHOOK_STATS: the table at exit */
-    bool leaks;        /* VMMHOOK_LEAKS: list leaks at exit */
-    const char *trace; /* VMMHOOK_TRACE: path template, "" = no trace */
-    const char *json;  /* VMMHOOK_STATS_JSON: path template, "" = no JSON */
+    bool stats;           /* VMMHOOK_STATS: the table at exit */
+    bool leaks;           /* VMMHOOK_LEAKS: list leaks at exit */
+    const char *trace;    /* VMMHOOK_TRACE: path template, "" = no trace */
+    const char *json;     /* VMMHOOK_STATS_JSON: path template, "" = no JSON */
     vmh_refuse_fn refuse; /* a trace file that cannot be made (log.h) */
 } vmh_stats_settings_t;
 
-/* Takes a copy of *s (the paths copied, cut at VMH_PATH_MAX), and opens the trace now when one is asked for, so that
- * its clock starts with the program and the file exists even if nothing is allocated. Called by
- * the front once, before any other call here (tests call it again to change the settings).
+/* Takes a copy of *s (the paths copied, cut at VMH_PATH_MAX), and opens the trace now when one is
+ * asked for, so that its clock starts with the program and the file exists even if nothing is
+ * allocated. Called by the front once, before any other call here (tests call it again to change
+ * the settings).
  *
  * Output files (the trace, its gauges companion, the JSON): "%p" in a path is replaced by the
  * process id when the file is opened (the trace at configure time, the JSON at exit, so that a

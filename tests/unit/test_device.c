@@ -92,7 +92,8 @@ static void granularity_choice(void **state)
     s.gran_bytes = 3u << 20;
     assert_int_equal(vmh_dev_pick_granularity(&s, M2, 4 * M2), 4 * M2); /* the recommended */
     assert_int_equal(refusals, 1);
-    assert_non_null(strstr(refused_why, "not a multiple of the driver's minimum granularity 2097152"));
+    assert_non_null(
+        strstr(refused_why, "not a multiple of the driver's minimum granularity 2097152"));
     assert_string_equal(refused_instead, "the recommended granularity 8 MiB");
     /* A recommended value that is not a multiple of the minimum is not used. */
     s.gran_mode = VMH_GRAN_RECOMMENDED;

@@ -79,7 +79,7 @@ static void env_set(fake_env_t *e, const char *name, const char *value)
 }
 
 static void (*real_exit)(int status); /* the library's strict stop, saved before setup */
-static vmh_options_t opt;              /* the options the refusal policy reads (lifetime.c) */
+static vmh_options_t opt;             /* the options the refusal policy reads (lifetime.c) */
 static int exit_calls, exit_status;
 static void fake_exit(int status)
 {
@@ -730,7 +730,7 @@ static void test_handle_type_refused(void **state)
     (void)state;
     opt.handle = VMH_HANDLE_FABRIC;
     vmh_lifetime_refuse("VMMHOOK_HANDLE_TYPE",
-                       "the driver rejects it on this machine (cuMemCreate: error 800)", "none");
+                        "the driver rejects it on this machine (cuMemCreate: error 800)", "none");
     vmh_lifetime_refuse("VMMHOOK_HANDLE_TYPE", "again", "none");
     assert_int_equal(loglines, 1);
     assert_string_equal(logbuf,
