@@ -445,14 +445,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     if (settings.free_sync && !async) {
         vmh_reclaim_wait(r, VMH_WAIT_APP);
     } else if (!async && !(at_once && o->kind == VMH_OWN_EXTENT) && !vmh_capture_any()) {
-        /* One buffer larger than the park budget: the next allocation that needs new memory
-         * would wait for it anyway (vmh_reclaim_throttle); waiting here, as native cudaFree
-         * does, makes it reusable before that allocation comes, without a handoff to the
-         * reclaim thread (a 1 GiB free-then-allocate pair, say). A budget of 0
-         * (VMMHOOK_PARK_LIMIT=0) keeps its meaning (reclaim.h): no wait at the free. */
-        size_t budget = vmh_reclaim_park_budget(r);
-        if (budget != 0 && req > budget)
-            vmh_reclaim_wait(r, VMH_WAIT_APP);
+        vmh_reclaim_free_throttle(r, req); /* one buffer larger than the park budget waits */
     }
     return CUDA_SUCCESS;
 }

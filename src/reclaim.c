@@ -328,6 +328,13 @@ size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r)
     return follow < cap ? follow : cap;
 }
 
+void vmh_reclaim_free_throttle(vmh_reclaim_t *r, size_t bytes)
+{
+    size_t budget = vmh_reclaim_park_budget(r);
+    if (budget != 0 && bytes > budget)
+        vmh_reclaim_wait(r, VMH_WAIT_APP);
+}
+
 bool vmh_reclaim_throttle(vmh_reclaim_t *r)
 {
     size_t limit = vmh_reclaim_park_budget(r);

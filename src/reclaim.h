@@ -154,7 +154,7 @@ CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
 CUresult vmh_reclaim_pass(vmh_reclaim_t *r, vmh_waiter_t who);
 
 /* What may stay parked on the device before an allocating thread that needs new memory waits
- * itself (vmh_reclaim_throttle, and the heap's wait at the free of one larger buffer): a share
+ * itself (vmh_reclaim_throttle), or a free waits (vmh_reclaim_free_throttle): a share
  * of the program's recent peak of live bytes (1/VMH_PARK_SHARE, at least VMH_PARK_FLOOR), so
  * that a 642 MiB program does not hold 512 MiB parked nor a 60 GiB one stall at 512 MiB;
  * VMMHOOK_PARK_LIMIT caps it (0: nothing may stay parked). */
@@ -169,6 +169,14 @@ size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r);
  * fresh memory, which needs no wait). Returns whether it waited (the caller then looks for
  * released memory again before making new). */
 bool vmh_reclaim_throttle(vmh_reclaim_t *r);
+
+/* After the free of one buffer of `bytes` parked on r, on an application thread (not during a
+ * capture, not for a free the program made asynchronous): waits (as VMH_WAIT_APP) when the
+ * buffer alone is larger than the park budget, as native cudaFree does. The next allocation
+ * that needs new memory would wait for it anyway (vmh_reclaim_throttle); waiting here makes it
+ * reusable before that allocation comes, without a handoff to the reclaim thread (a 1 GiB
+ * free-then-allocate pair, say). A budget of 0 (VMMHOOK_PARK_LIMIT=0) never waits here. */
+void vmh_reclaim_free_throttle(vmh_reclaim_t *r, size_t bytes);
 
 /* Tests' reset: releases every item without waiting (the driver's ledger is checked after). */
 void vmh_reclaim_release_all(vmh_reclaim_t *r);
