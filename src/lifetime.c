@@ -148,6 +148,7 @@ VMH_TESTABLE void vmh_lifetime_configure(const vmh_options_t *o)
 static void start(void)
 {
     const vmh_options_t *o = vmh_options_load();
+    vmh_log_set_verbose(o->verbose);
     vmh_lifetime_configure_stats(o); /* the trace clock starts here, the trace file exists */
     vmh_stats_set_tag_report(vmh_tags_report_table, vmh_tags_json);
     vmh_lifetime_configure(o);

@@ -72,8 +72,8 @@ void vmh_log(const char *fmt, ...)
     va_end(ap);
 }
 
-/* Set by whoever read the configuration (the options loader, for the front): this file sits
- * below the options and must not read them. Relaxed: a debug line more or less while the
+/* Set by the front from VMMHOOK_VERBOSE (lifetime.c, at start): this file sits below the
+ * options and must not read them. Relaxed: a debug line more or less while the
  * setting changes does not matter. */
 static atomic_bool verbose;
 

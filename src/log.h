@@ -12,8 +12,8 @@ void vmh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The same, only when verbose logging is on (vmh_log_set_verbose; off until then). */
 void vmh_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Verbose logging on or off. The log sits below the options: the code that reads
- * VMMHOOK_VERBOSE (vmh_options_load) sets it; the log never reads the options. */
+/* Verbose logging on or off. The log sits below the options: the front sets it from
+ * VMMHOOK_VERBOSE at start (lifetime.c); the log never reads the options. */
 void vmh_log_set_verbose(bool on);
 bool vmh_log_verbose(void);
 

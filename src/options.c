@@ -693,8 +693,6 @@ static void load_once(void)
     if (!getauxval(AT_SECURE))
         vmh_options_check_unknown(environ, false);
     snapshot = o;
-    /* The log sits below the options and never reads them: tell it. */
-    vmh_log_set_verbose(o.verbose);
 }
 
 const vmh_options_t *vmh_options_load(void)

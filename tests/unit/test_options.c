@@ -762,7 +762,8 @@ static void test_park_pin_limits(void **state)
     assert_int_equal(o.pin_limit, 2ull << 30);
 }
 
-/* vmh_options_load returns the snapshot the front passes down, the same on every call. */
+/* vmh_options_load returns the snapshot the front makes the settings from, the same on every
+ * call. */
 static void test_load_returns_snapshot(void **state)
 {
     (void)state;
