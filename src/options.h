@@ -141,8 +141,9 @@ void vmh_options_announce(vmh_getenv_fn get, void *arg);
 void vmh_options_defaults(vmh_options_t *o);
 
 /* Reads the environment once (thread-safe); prints warnings, and with VMMHOOK_STRICT stops the
- * program on a bad value (vmh_log_stop); with VMMHOOK_VERBOSE prints every resolved option. Returns the snapshot, the same on every call, from which the front
- * makes each layer's settings (lifetime.c). */
+ * program on a bad value (vmh_log_stop); with VMMHOOK_VERBOSE prints every resolved option.
+ * Returns the snapshot, the same on every call, from which the front makes each layer's
+ * settings (lifetime.c). */
 const vmh_options_t *vmh_options_load(void);
 
 /* "none", "posix_fd", "fabric". */
