@@ -22,6 +22,7 @@
 #include "contexts.h"
 #include "driver.h"
 #include "log.h"
+#include "overflow.h"
 #include "packing.h"
 #include "reclaim.h"
 #include "registry.h"
@@ -307,6 +308,13 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
     CUresult rc = size < pack_below(h, growable)
                       ? vmh_packing_alloc(&p->pack, size, out, no_address)
                       : vmh_bigbuf_alloc(&p->big, size, growable, site, out, no_address);
+    /* The device refused after its wait, release and trim: host memory, when allowed. Not for a
+     * paused tag (it takes no memory) nor an exhausted address budget (host memory needs
+     * addresses too). */
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && !*no_address && vmh_overflow_enabled() &&
+        vmh_tag_running(tag) && (rc = vmh_bigbuf_alloc_spilled(&p->big, size, site, out)) ==
+                                    CUDA_SUCCESS)
+        vmh_count(VMH_STAT_spills, 1);
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_served_allocs, 1);
         vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size);
@@ -676,6 +684,64 @@ CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant)
     if (grant)
         vmh_work_queue_split("peer access enabled");
     return vmh_access_set_peer(owner, peer, grant);
+}
+
+/* ---- spilled memory back to the device ---------------------------------------------------- */
+
+/* What a prefetch does first: no work of the program may touch what moves (its contract), and
+ * none submitted before may still be running; then idle memory makes room. */
+static CUresult prefetch_prepare(hdev_t *h)
+{
+    CUresult rc = vmh_ctx_sync_device(h->dev.ordinal);
+    if (rc == CUDA_SUCCESS)
+        (void)dev_relieve(&h->dev);
+    return rc;
+}
+
+CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
+{
+    *moved = 0;
+    if (in_child() || !running())
+        return CUDA_ERROR_NOT_FOUND;
+    const vmh_owner_t *seen = vmh_registry_get(p);
+    if (!seen || !seen->lock)
+        return CUDA_ERROR_NOT_FOUND;
+    if (seen->kind != VMH_OWN_BIG)
+        return CUDA_SUCCESS; /* packed memory never spills */
+    hdev_t *h;
+    CUresult rc = dev_current(&h);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (&h->dev != seen->dev)
+        return CUDA_ERROR_INVALID_DEVICE; /* the copy runs in the current context */
+    if ((rc = prefetch_prepare(h)) != CUDA_SUCCESS)
+        return rc;
+    vmh_owner_t *o = vmh_owner_lock(p);
+    if (!o)
+        return CUDA_ERROR_NOT_FOUND; /* freed meanwhile */
+    if (o->kind != VMH_OWN_BIG) {
+        vmh_owner_unlock(o);
+        return CUDA_SUCCESS;
+    }
+    return vmh_bigbuf_prefetch_locked((vmh_big_t *)o, p, moved); /* unlocks */
+}
+
+CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
+{
+    *moved = 0;
+    if (in_child() || !running())
+        return CUDA_SUCCESS;
+    hdev_t *h;
+    CUresult rc = dev_current(&h);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    tagpart_t *p = tag < VMM_TAGS_MAX ? atomic_load_explicit(&h->part[tag], memory_order_acquire)
+                                      : NULL;
+    if (!p || !vmh_overflow_bytes(h->dev.ordinal))
+        return CUDA_SUCCESS;
+    if ((rc = prefetch_prepare(h)) != CUDA_SUCCESS)
+        return rc;
+    return vmh_bigbuf_prefetch_all(&p->big, moved);
 }
 
 /* ---- maintenance ------------------------------------------------------------------------- */

@@ -121,6 +121,17 @@ void vmh_heap_on_pressure(vmh_pressure_fn fn);
  * ran out of memory, then retries that call once. */
 size_t vmh_heap_trim(void);
 
+/* Moves spilled memory (VMMHOOK_OVERFLOW=host) back to the device at the same addresses: the
+ * buffer holding p, or every spilled buffer of a tag on the current device (vmm_prefetch,
+ * vmm_prefetch_tag). Waits for the device's work first (the program submits none touching
+ * them meanwhile: its contract, as for a free), and gives idle memory back to make room.
+ * *moved: the bytes moved. CUDA_ERROR_NOT_FOUND: p is not served; INVALID_DEVICE: p's device
+ * is not the current one; OUT_OF_MEMORY: no room (the buffer stays where it is);
+ * NOT_PERMITTED: paused; ALREADY_MAPPED: shared (CUDA IPC). Packed buffers never spill:
+ * success. */
+CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved);
+CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved);
+
 /* Gives back the address space of packed extents whose every block was freed while their tag was
  * paused (they hold no memory: no wait, no unmap), so that a resume does not map them again. */
 void vmh_heap_trim_paused(void);

@@ -38,13 +38,15 @@
     X(queue_splits, "second work queues (frees park)")                                            \
     X(library_streams, "math libraries' own streams")                                             \
     X(oom_retries, "allocations retried after a trim")                                             \
+    X(spills, "allocations served from host memory")                                               \
     X(ooms, "allocations refused: out of memory")
 
 #define VMH_GAUGES(X)                                                                              \
     X(bytes_requested, "bytes requested by live buffers")                                          \
     X(bytes_mapped, "bytes of device memory mapped")                                               \
     X(bytes_reserved, "bytes of address space reserved")                                           \
-    X(bytes_cached, "bytes held idle for reuse")
+    X(bytes_cached, "bytes held idle for reuse")                                                   \
+    X(bytes_spilled, "bytes of host memory mapped (overflow)")
 
 #define VMH_ENUM_ITEM(name, help) VMH_STAT_##name,
 typedef enum vmh_counter { VMH_COUNTERS(VMH_ENUM_ITEM) VMH_COUNTER_COUNT } vmh_counter_t;
