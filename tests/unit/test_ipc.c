@@ -892,7 +892,9 @@ static void *timed_open_thread(void *arg)
 static void silent_peers_do_not_block_importers(void **state)
 {
     (void)state;
-    vmh_ipc_request_timeout_ms = 300;
+    /* Long enough that an import behind the silent peer (1 s) tells from one beside it on a
+     * loaded machine. */
+    vmh_ipc_request_timeout_ms = 1000;
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
     tu_fill(p, 2 * MiB, 12);
@@ -905,7 +907,7 @@ static void silent_peers_do_not_block_importers(void **state)
     timed_open_t o = {.h = h};
     timed_open_thread(&o);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 500); /* served while the silent one waits (was: 10 s behind it) */
+    assert_true(o.took_ms < 900); /* served while the silent one waits, not 1 s behind it */
     assert_true(tu_check(o.q, 2 * MiB, 12));
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
     /* The silent one is told and dropped shortly. */
@@ -914,7 +916,7 @@ static void silent_peers_do_not_block_importers(void **state)
     int64_t t0 = now_ms();
     int r = await_reply(silent, 3000, &rep);
     assert_true(r >= 0);
-    assert_true(now_ms() - t0 < 1500);
+    assert_true(now_ms() - t0 < 2500);
     if (r == 1)
         assert_int_equal(rep.status, VMH_IPC_TIMED_OUT);
     close(silent);
@@ -932,7 +934,7 @@ static void silent_peers_do_not_block_importers(void **state)
     assert_int_equal(pthread_create(&t, NULL, timed_open_thread, &o), 0);
     pthread_join(t, NULL);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 2000);
+    assert_true(o.took_ms < 3000);
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
     for (int i = 0; i < CROWD; i++)
         close(crowd[i]);
@@ -969,17 +971,19 @@ static void unanswering_exporter_is_given_up(void **state)
     int64_t t0 = now_ms();
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_MAP_FAILED);
     int64_t took = now_ms() - t0;
-    assert_true(took >= 250 && took < 1500); /* was: 10 s per receive */
+    assert_true(took >= 250 && took < 5000); /* not 10 s per receive */
     assert_int_equal(captured("did not answer in time"), 1);
     close(l);
 }
 
 /* An importer that asks and then stops reading holds neither the listener nor other importers,
- * and is dropped after the send bound; the exporter keeps no descriptor of it. */
+ * and is dropped after the send bound; the exporter keeps no descriptor of it. The bound is
+ * 2 s here: well above what another import takes on a loaded machine, so that a listener that
+ * waited for the stuck importer shows. */
 static void importer_that_stops_reading_holds_nobody(void **state)
 {
     (void)state;
-    vmh_ipc_send_timeout_ms = 300;
+    vmh_ipc_send_timeout_ms = 2000;
     tu_opt.headroom = 1 * GiB;
     tu_configure();
     enum { CHUNKS = 400 };
@@ -1001,10 +1005,14 @@ static void importer_that_stops_reading_holds_nobody(void **state)
     timed_open_t o = {.h = ho};
     timed_open_thread(&o);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 500); /* (a blocking sender would hold it 10 s) */
+    assert_true(o.took_ms < 1500); /* a sender blocked on the stuck importer: 2 s or more */
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
-    /* Dropped: after what was queued, the connection ends short of the whole buffer. */
-    usleep(500 * 1000);
+    /* Dropped once the bound passed (the exporter closes its end: seen without reading, which
+     * would let it send on; up to 10 s on a loaded machine): after what was queued, the
+     * connection ends short of the whole buffer. */
+    struct pollfd pf = {.fd = s, .events = POLLRDHUP};
+    assert_int_equal(poll(&pf, 1, 10000), 1);
+    assert_true(pf.revents & (POLLRDHUP | POLLHUP));
     size_t batches = 0;
     for (;;) {
         char buf[sizeof(vmh_ipc_batch_t)];
