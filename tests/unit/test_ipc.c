@@ -115,8 +115,9 @@ static void reset_with(int devices, vmh_handle_kind_t kind)
 {
     sim_config_t cfg = {.devices = devices};
     tu_reset(&cfg);
-    vmh_opt.handle = kind;
-    vmh_opt.pack_below = 1 * MiB; /* pinned: the tests name buffers big (own chunks) or packed */
+    tu_opt.handle = kind;
+    tu_opt.pack_below = 1 * MiB; /* pinned: the tests name buffers big (own chunks) or packed */
+    tu_configure();
     capture_clear();
     fds_at_start = count_fds();
 }
@@ -188,7 +189,8 @@ static void handle_type_refused_by_the_device(void **state)
     reset_with(1, VMH_HANDLE_FABRIC);
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(3 * MiB, &p), CUDA_SUCCESS);
-    vmh_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_configure();
     CUipcMemHandle h;
     assert_int_equal(vmh_ipc_get_handle(p, &h), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(captured("refused POSIX fd"), 1);
@@ -368,7 +370,8 @@ static void importer_keeps_its_view_through_grow_and_free(void **state)
     CUipcMemHandle h1 = get_handle(p);
     CUdeviceptr q1;
     assert_int_equal(vmh_ipc_open_remote(&h1, &q1), CUDA_SUCCESS);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     sim_refuse_hints(true); /* the grow moves the buffer */
     CUdeviceptr old = p;
     assert_int_equal(vmh_heap_realloc(&p, 20 * MiB, NULL, false), CUDA_SUCCESS);
@@ -413,7 +416,8 @@ static void many_chunks_cross_in_batches(void **state)
 {
     (void)state;
     /* Each grow adds one chunk: more chunks than one SCM_RIGHTS batch carries. */
-    vmh_opt.headroom = 128 * MiB;
+    tu_opt.headroom = 128 * MiB;
+    tu_configure();
     CUdeviceptr p = 0;
     const int steps = VMH_IPC_BATCH + 8;
     for (int i = 1; i <= steps; i++)
@@ -980,7 +984,8 @@ static void importer_that_stops_reading_holds_nobody(void **state)
 {
     (void)state;
     vmh_ipc_send_timeout_ms = 2000;
-    vmh_opt.headroom = 1 * GiB;
+    tu_opt.headroom = 1 * GiB;
+    tu_configure();
     enum { CHUNKS = 400 };
     CUdeviceptr big = 0, other;
     for (size_t i = 1; i <= CHUNKS; i++)
@@ -1101,7 +1106,8 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_ipc_export_count(), 0);
 
     /* Grown in place: the old handle still opens its snapshot. */
-    vmh_opt.headroom = 64 * MiB;
+    tu_opt.headroom = 64 * MiB;
+    tu_configure();
     CUdeviceptr g;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &g), CUDA_SUCCESS);
     CUipcMemHandle hg = get_handle(g);
@@ -1112,7 +1118,8 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
     /* Moved: the old address is freed, its handle opens nothing. */
     sim_refuse_hints(true);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     assert_int_equal(vmh_heap_realloc(&g, 64 * MiB, NULL, false), CUDA_SUCCESS);
     sim_refuse_hints(false);
     assert_int_not_equal(g, g0);
@@ -1185,8 +1192,9 @@ static void freed_export_memory_is_given_back_under_pressure(void **state)
     (void)state;
     sim_config_t cfg = {.devices = 1, .memory = 64 * MiB};
     tu_reset(&cfg);
-    vmh_opt.handle = VMH_HANDLE_POSIX_FD;
-    vmh_opt.pack_below = 1 * MiB;
+    tu_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_opt.pack_below = 1 * MiB;
+    tu_configure();
     capture_clear();
     fds_at_start = count_fds();
     CUdeviceptr p, r;
@@ -1206,7 +1214,8 @@ static void freed_export_memory_is_given_back_under_pressure(void **state)
 static void many_more_chunks_than_descriptors(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 4 * GiB;
+    tu_opt.headroom = 4 * GiB;
+    tu_configure();
     enum { CHUNKS = 1500 };
     CUdeviceptr p = 0;
     for (size_t i = 1; i <= CHUNKS; i++)
@@ -1275,7 +1284,8 @@ static void driver_failures_leave_nothing(void **state)
 static void failure_sweep_over_the_exchange(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 256 * MiB;
+    tu_opt.headroom = 256 * MiB;
+    tu_configure();
     const size_t chunks = VMH_IPC_BATCH + 8;
     CUdeviceptr p = 0;
     for (size_t i = 1; i <= chunks; i++)
