@@ -123,8 +123,9 @@ static inline void reset_with(int devices, vmh_handle_kind_t kind)
 {
     sim_config_t cfg = {.devices = devices};
     tu_reset(&cfg);
-    vmh_opt.handle = kind;
-    vmh_opt.pack_below = 1 * MiB; /* pinned: the tests name buffers big (own chunks) or packed */
+    tu_opt.handle = kind;
+    tu_opt.pack_below = 1 * MiB; /* pinned: the tests name buffers big (own chunks) or packed */
+    tu_configure();
     capture_clear();
     fds_at_start = count_fds();
 }

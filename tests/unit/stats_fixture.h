@@ -31,6 +31,7 @@
 
 #include <cmocka.h>
 
+#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 #include "optparse.h"
@@ -63,23 +64,22 @@ static inline void fake_exit(int status)
 }
 
 static char tmpdir[64];
-static vmh_options_t opt; /* what the tests configure stats.c with */
+static vmh_options_t opt; /* what the tests configure stats.c with (through lifetime.c) */
 
 static inline int setup(void **state)
 {
     (void)state;
     vmh_log_sink = capture;
-    vmh_options_exit = fake_exit;
+    vmh_log_exit = fake_exit;
     exit_calls = 0;
     loglen = 0;
     logbuf[0] = '\0';
     loglines = 0;
-    vmh_options_defaults(&vmh_opt);
-    vmh_options_refuse_reset();
+    vmh_lifetime_refuse_reset();
     vmh_trace_close();
     vmh_stats_reset();
     vmh_options_defaults(&opt);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     return 0;
 }
 
@@ -88,7 +88,7 @@ static inline int teardown(void **state)
     (void)state;
     vmh_trace_close();
     opt.trace[0] = '\0';
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     return 0;
 }
 

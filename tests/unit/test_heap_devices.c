@@ -70,7 +70,8 @@ static void peers_granted_up_front(void **state)
     (void)state;
     sim_config_t cfg = {.devices = 2};
     tu_reset(&cfg);
-    vmh_opt.peers = 0x3;
+    tu_opt.peers = 0x3;
+    tu_configure();
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);
     assert_int_equal(sim_access_flags(p, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
@@ -80,7 +81,8 @@ static void peers_granted_up_front(void **state)
 static void refused_handle_type_falls_back(void **state)
 {
     (void)state;
-    vmh_opt.handle = VMH_HANDLE_FABRIC; /* the simulated driver answers 800, as the H200 did */
+    tu_opt.handle = VMH_HANDLE_FABRIC; /* the simulated driver answers 800, as the H200 did */
+    tu_configure();
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);
     tu_fill(p, 4 * MiB, 12);
@@ -251,7 +253,8 @@ static void peer_access_reaches_existing_and_new_buffers(void **state)
     assert_int_equal(vmh_heap_alloc(8 * MiB, &b), CUDA_SUCCESS);
     assert_int_equal(sim_access_flags(b, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     /* A grow that moves keeps the peer's access on every chunk. */
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     sim_refuse_hints(true);
     assert_int_equal(vmh_heap_realloc(&b, 20 * MiB, NULL, false), CUDA_SUCCESS);
     sim_refuse_hints(false);

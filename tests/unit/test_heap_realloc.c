@@ -39,7 +39,8 @@ static void realloc_null_zero_and_foreign(void **state)
 static void realloc_grows_in_place_with_headroom(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 64 * MiB;
+    tu_opt.headroom = 64 * MiB;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
     tu_fill(p, 4 * MiB, 3);
@@ -62,7 +63,8 @@ static void realloc_grows_in_place_with_headroom(void **state)
 static void realloc_moves_without_copy_and_frees_the_old_address(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 6 * MiB, NULL, false), CUDA_SUCCESS);
     tu_fill(p, 6 * MiB, 5);
@@ -89,7 +91,8 @@ static void realloc_moves_without_copy_and_frees_the_old_address(void **state)
 static void async_move_keeps_old_address_dead_until_sync(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, true), CUDA_SUCCESS);
     tu_fill(p, 4 * MiB, 13);
@@ -116,7 +119,8 @@ static void async_move_keeps_old_address_dead_until_sync(void **state)
 static void realloc_shrinks_whole_chunks(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_realloc(&p, 8 * MiB, NULL, false), CUDA_SUCCESS);
@@ -195,7 +199,8 @@ static void realloc_failure_leaves_buffer_untouched(void **state)
     (void)state;
     sim_config_t cfg = {.memory = 32 * MiB};
     tu_reset(&cfg);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 8 * MiB, NULL, false), CUDA_SUCCESS);
     tu_fill(p, 8 * MiB, 9);
@@ -204,7 +209,8 @@ static void realloc_failure_leaves_buffer_untouched(void **state)
     assert_int_equal(p, before);
     assert_true(tu_check(p, 8 * MiB, 9));
     /* Address space exhausted: the move path cannot reserve. */
-    vmh_opt.va_limit = 10 * MiB;
+    tu_opt.va_limit = 10 * MiB;
+    tu_configure();
     sim_refuse_hints(true);
     bool no_address = false;
     assert_int_equal(vmh_heap_realloc_ex(&p, 12 * MiB, NULL, false, &no_address),
@@ -220,7 +226,8 @@ static void realloc_failure_leaves_buffer_untouched(void **state)
 static void refused_reservation_is_no_address(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
     tu_fill(p, 4 * MiB, 10);
@@ -284,8 +291,9 @@ static void realloc_is_traced(void **state)
     static vmh_options_t topt;
     vmh_options_defaults(&topt);
     snprintf(topt.trace, sizeof topt.trace, "%s", path);
-    vmh_stats_configure(&topt);
-    vmh_opt.headroom = 0;
+    vmh_lifetime_configure_stats(&topt);
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0, s = 0;
     assert_int_equal(vmh_heap_realloc(&p, 3 * MiB, NULL, false), CUDA_SUCCESS);
     CUdeviceptr first = p;
@@ -314,7 +322,7 @@ static void realloc_is_traced(void **state)
     assert_int_equal(vmh_heap_realloc(&s, 0, NULL, false), CUDA_SUCCESS);
     vmh_trace_close();
     topt.trace[0] = '\0';
-    vmh_stats_configure(&topt);
+    vmh_lifetime_configure_stats(&topt);
     unlink(path);
 }
 

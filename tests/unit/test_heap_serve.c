@@ -67,10 +67,11 @@ static void packs_small_requests(void **state)
 static void default_threshold_packs_every_size_but_not_growable(void **state)
 {
     (void)state;
-    vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default: every size */
-    vmh_opt.park_limit = 0;         /* freed space reused at once (testutil.h) */
-    vmh_opt.stream_ordered = false; /* parked, then reused after the wait */
-    assert_int_equal(vmh_opt.pack_below, (size_t)1 << 40);
+    vmh_options_defaults(&tu_opt); /* VMMHOOK_PACK_BELOW's default: every size */
+    tu_opt.park_limit = 0;         /* freed space reused at once (testutil.h) */
+    tu_opt.stream_ordered = false; /* parked, then reused after the wait */
+    tu_configure();
+    assert_int_equal(tu_opt.pack_below, (size_t)1 << 40);
     CUdeviceptr a, b, c, g = 0;
     vmh_buffer_info_t info;
     assert_int_equal(vmh_heap_alloc(5 * MiB, &a), CUDA_SUCCESS);
@@ -155,7 +156,8 @@ static void out_of_memory_trims_then_fails_natively(void **state)
 static void memory_limit(void **state)
 {
     (void)state;
-    vmh_opt.mem_limit = 8 * MiB;
+    tu_opt.mem_limit = 8 * MiB;
+    tu_configure();
     CUdeviceptr p, q;
     assert_int_equal(vmh_heap_alloc(6 * MiB, &p), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(4 * MiB, &q), CUDA_ERROR_OUT_OF_MEMORY);
@@ -237,7 +239,8 @@ static void pressure_hook_runs_before_out_of_memory(void **state)
 static void packed_fast_path_makes_no_driver_call(void **state)
 {
     (void)state;
-    vmh_opt.park_limit = 256 * MiB; /* the default: no allocating thread waits (reclaim.h) */
+    tu_opt.park_limit = 256 * MiB; /* the default: no allocating thread waits (reclaim.h) */
+    tu_configure();
     CUdeviceptr keep, p;
     assert_int_equal(vmh_heap_alloc(4096, &keep), CUDA_SUCCESS);
     sim_reset_counters();

@@ -83,7 +83,8 @@ static void *packed_churn(void *arg)
 static void threads_pack_large_requests_without_spurious_oom(void **state)
 {
     (void)state;
-    vmh_opt.pack_below = 512 * MiB;
+    tu_opt.pack_below = 512 * MiB;
+    tu_configure();
     pthread_t t[16];
     for (uintptr_t i = 0; i < 16; i++)
         assert_int_equal(pthread_create(&t[i], NULL, packed_churn, (void *)(i + 1)), 0);
@@ -184,7 +185,8 @@ static void *sharded_churn(void *arg)
 static void threads_churn_across_shards(void **state)
 {
     (void)state;
-    vmh_opt.pack_below = 512 * MiB;
+    tu_opt.pack_below = 512 * MiB;
+    tu_configure();
     memset(hand, 0, sizeof hand);
     pthread_t t[16];
     for (uintptr_t i = 0; i < 16; i++)
@@ -238,7 +240,8 @@ static step_t step_on_new_thread(step_t st)
 static void shards_reuse_each_others_space(void **state)
 {
     (void)state;
-    vmh_opt.pack_below = 512 * MiB;
+    tu_opt.pack_below = 512 * MiB;
+    tu_configure();
     /* A thread whose shard has nothing takes room from another shard. */
     step_t a = step_on_new_thread((step_t){.op = STEP_ALLOC, .size = 1000});
     assert_int_equal(a.rc, CUDA_SUCCESS);

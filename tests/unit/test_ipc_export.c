@@ -31,7 +31,8 @@ static void handle_type_refused_by_the_device(void **state)
     reset_with(1, VMH_HANDLE_FABRIC);
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(3 * MiB, &p), CUDA_SUCCESS);
-    vmh_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_configure();
     CUipcMemHandle h;
     assert_int_equal(vmh_ipc_get_handle(p, &h), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(captured("refused POSIX fd"), 1);
@@ -211,7 +212,8 @@ static void importer_keeps_its_view_through_grow_and_free(void **state)
     CUipcMemHandle h1 = get_handle(p);
     CUdeviceptr q1;
     assert_int_equal(vmh_ipc_open_remote(&h1, &q1), CUDA_SUCCESS);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     sim_refuse_hints(true); /* the grow moves the buffer */
     CUdeviceptr old = p;
     assert_int_equal(vmh_heap_realloc(&p, 20 * MiB, NULL, false), CUDA_SUCCESS);
@@ -256,7 +258,8 @@ static void many_chunks_cross_in_batches(void **state)
 {
     (void)state;
     /* Each grow adds one chunk: more chunks than one SCM_RIGHTS batch carries. */
-    vmh_opt.headroom = 128 * MiB;
+    tu_opt.headroom = 128 * MiB;
+    tu_configure();
     CUdeviceptr p = 0;
     const int steps = VMH_IPC_BATCH + 8;
     for (int i = 1; i <= steps; i++)

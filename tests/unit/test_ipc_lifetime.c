@@ -166,7 +166,8 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_ipc_export_count(), 0);
 
     /* Grown in place: the old handle still opens its snapshot. */
-    vmh_opt.headroom = 64 * MiB;
+    tu_opt.headroom = 64 * MiB;
+    tu_configure();
     CUdeviceptr g;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &g), CUDA_SUCCESS);
     CUipcMemHandle hg = get_handle(g);
@@ -177,7 +178,8 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
     /* Moved: the old address is freed, its handle opens nothing. */
     sim_refuse_hints(true);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     assert_int_equal(vmh_heap_realloc(&g, 64 * MiB, NULL, false), CUDA_SUCCESS);
     sim_refuse_hints(false);
     assert_int_not_equal(g, g0);
@@ -250,8 +252,9 @@ static void freed_export_memory_is_given_back_under_pressure(void **state)
     (void)state;
     sim_config_t cfg = {.devices = 1, .memory = 64 * MiB};
     tu_reset(&cfg);
-    vmh_opt.handle = VMH_HANDLE_POSIX_FD;
-    vmh_opt.pack_below = 1 * MiB;
+    tu_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_opt.pack_below = 1 * MiB;
+    tu_configure();
     capture_clear();
     fds_at_start = count_fds();
     CUdeviceptr p, r;

@@ -121,7 +121,8 @@ static void importer_that_stops_reading_holds_nobody(void **state)
 {
     (void)state;
     vmh_ipc_send_timeout_ms = 2000;
-    vmh_opt.headroom = 1 * GiB;
+    tu_opt.headroom = 1 * GiB;
+    tu_configure();
     enum { CHUNKS = 400 };
     CUdeviceptr big = 0, other;
     for (size_t i = 1; i <= CHUNKS; i++)
@@ -228,7 +229,8 @@ static void descriptor_limit_backs_off(void **state)
 static void many_more_chunks_than_descriptors(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 4 * GiB;
+    tu_opt.headroom = 4 * GiB;
+    tu_configure();
     enum { CHUNKS = 1500 };
     CUdeviceptr p = 0;
     for (size_t i = 1; i <= CHUNKS; i++)
@@ -297,7 +299,8 @@ static void driver_failures_leave_nothing(void **state)
 static void failure_sweep_over_the_exchange(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 256 * MiB;
+    tu_opt.headroom = 256 * MiB;
+    tu_configure();
     const size_t chunks = VMH_IPC_BATCH + 8;
     CUdeviceptr p = 0;
     for (size_t i = 1; i <= chunks; i++)

@@ -29,7 +29,7 @@ static void in_child_with_alarm(int (*what)(const char *), const char *path)
 static int trace_at(const char *path)
 {
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     return loglines == 1 && strstr(logbuf, "is refused: it is not a regular file") ? 0 : 3;
 }
@@ -38,7 +38,7 @@ static int trace_at(const char *path)
 static int json_at(const char *path)
 {
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_stats_report();
     return loglines == 1 && strstr(logbuf, "it is not a regular file") &&
                    strstr(logbuf, "; no JSON report")
@@ -101,12 +101,12 @@ static void test_other_users_file_refused(void **state)
     vmh_stats_euid = other_uid;
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", jpath);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_stats_report();
     vmh_trace_close();
     snprintf(opt.trace, sizeof(opt.trace), "%s", fresh);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_stats_euid = geteuid;
 
@@ -160,7 +160,7 @@ static int trace_and_report(const char *tmpl)
     vmh_stats_reset();
     snprintf(opt.trace, sizeof(opt.trace), "%s.csv", tmpl);
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s.json", tmpl);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", (CUdeviceptr)getpid(), 1, NULL);
     vmh_stats_report();
     return loglines == 0 ? 0 : 3;

@@ -132,7 +132,7 @@ static void test_json_report(void **state)
     path_in_tmp(path, sizeof(path), "stats.json");
     unlink(path);
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_count(VMH_STAT_served_allocs, 120);
     vmh_count(VMH_STAT_passthrough_calls, 4);
     vmh_count(VMH_STAT_grows_in_place, 7);
@@ -177,7 +177,7 @@ static void test_json_no_leak_report(void **state)
     fchmod(fd, 0666);
     close(fd);
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_stats_report();
     assert_int_equal(mode_of(path), 0600);
     char *text = slurp(path, NULL);
@@ -190,7 +190,7 @@ static void test_json_unwritable(void **state)
 {
     (void)state;
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s/no/dir/s.json", tmpdir);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_stats_report();
     assert_int_equal(loglines, 1);
     assert_non_null(strstr(logbuf, "cannot create it"));
@@ -203,7 +203,7 @@ static void test_stats_table(void **state)
 {
     (void)state;
     opt.stats = true;
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_count(VMH_STAT_served_allocs, 12345);
     vmh_count(VMH_STAT_syncs, 3);
     vmh_gauge_add(VMH_STAT_bytes_reserved, (int64_t)3 << 29);
@@ -242,7 +242,7 @@ static void test_leak_report(void **state)
 {
     (void)state;
     opt.leaks = true;
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_leak_report_begin();
     vmh_leak_report_one(0x7f0000001000ULL, 4096, 1, (void *)((uintptr_t)&leaky_call_site + 4));
     vmh_leak_report_one(0x7f0000200000ULL, (size_t)3 << 20, 0, (void *)(uintptr_t)&_assert_true);
@@ -270,7 +270,7 @@ static void test_leak_report_none(void **state)
 {
     (void)state;
     opt.leaks = true;
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_leak_report_begin();
     vmh_leak_report_end();
     assert_int_equal(loglines, 1);
@@ -290,7 +290,7 @@ static void test_leak_report_capped(void **state)
 {
     (void)state;
     opt.leaks = true;
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_leak_report_begin();
     for (int i = 0; i < 1000; i++)
         vmh_leak_report_one(0x100000ULL * (uint64_t)(i + 1), 512, 0, NULL);

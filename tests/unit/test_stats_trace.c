@@ -71,7 +71,7 @@ static void test_trace_format(void **state)
 
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
 
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     errno = 777;
     vmh_trace("allocate", (CUdeviceptr)0x7f3a40000000ULL, 1048576, NULL);
     assert_int_equal(errno, 777);
@@ -122,7 +122,7 @@ static void test_trace_new_file_private(void **state)
     unlink(path);
     mode_t old = umask(0); /* even with a permissive umask */
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL); /* opens on first use */
     umask(old);
     assert_int_equal(mode_of(path), 0600);
@@ -151,7 +151,7 @@ static void test_trace_threads(void **state)
     char path[128];
     path_in_tmp(path, sizeof(path), "threads.csv");
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     pthread_t t[TTHREADS];
     for (uintptr_t i = 0; i < TTHREADS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, tracer, (void *)i), 0);
@@ -190,7 +190,7 @@ static void test_trace_unwritable(void **state)
 {
     (void)state;
     snprintf(opt.trace, sizeof(opt.trace), "%s/no/such/dir/t.csv", tmpdir);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_trace("allocate", 0x2000, 1, NULL);
     assert_int_equal(loglines, 1);
@@ -203,9 +203,9 @@ static void test_trace_unwritable(void **state)
 static void test_trace_unwritable_strict(void **state)
 {
     (void)state;
-    vmh_opt.strict = true;
+    opt.strict = true;
     snprintf(opt.trace, sizeof(opt.trace), "%s/no/such/dir/t.csv", tmpdir);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     assert_int_equal(exit_calls, 1);
     assert_non_null(strstr(logbuf, "stopping because VMMHOOK_STRICT is set"));
 }
@@ -224,7 +224,7 @@ static void test_trace_symlink_refused(void **state)
     unlink(link);
     assert_int_equal(symlink(target, link), 0);
     snprintf(opt.trace, sizeof(opt.trace), "%s", link);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     assert_int_equal(loglines, 1);
     assert_non_null(strstr(logbuf, "is refused: it is a symbolic link"));
@@ -236,7 +236,7 @@ static void test_trace_off(void **state)
 {
     (void)state;
     vmh_trace("allocate", 0x1000, 1, NULL);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     assert_int_equal(loglines, 0);
 }
 
@@ -322,7 +322,7 @@ static void test_gauges_companion(void **state)
 
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
 
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     /* Present from the start, like the trace: just the header. */
     assert_int_equal(mode_of(gpath), 0600);
     assert_string_equal(slurp(gpath, NULL), gauges_header);
@@ -403,7 +403,7 @@ static void test_gauges_threads(void **state)
     path_in_tmp(path, sizeof(path), "gthreads.csv");
     snprintf(gpath, sizeof(gpath), "%s.gauges.csv", path);
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_gauge_add(VMH_STAT_bytes_reserved, 123456789);
     pthread_t t[TTHREADS];
     for (uintptr_t i = 0; i < TTHREADS; i++)
@@ -456,9 +456,9 @@ static void gauges_symlink(bool strict)
     close(fd);
     unlink(gpath);
     assert_int_equal(symlink(target, gpath), 0);
-    vmh_opt.strict = strict;
+    opt.strict = strict;
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_trace("free", 0x1000, 1, NULL);
     assert_int_equal(loglines, 1);
