@@ -7,7 +7,6 @@
 #include "heap.h"
 #include "lifetime.h"
 #include "log.h"
-#include "options.h"
 #include "pause.h"
 #include "stats.h"
 #include "tags.h"

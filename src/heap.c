@@ -71,7 +71,8 @@ static pthread_mutex_t parts_lock = PTHREAD_MUTEX_INITIALIZER;
 
 enum { HEAP_RUNNING, HEAP_EXITED, HEAP_CHILD };
 
-static const vmh_options_t *opt;
+/* Written by the front's configure before any allocation; read without a lock after. */
+static vmh_heap_settings_t settings;
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(hdev_t *) devs[VMH_MAX_DEVICES];
 static atomic_int mode = HEAP_RUNNING;
@@ -82,13 +83,9 @@ static hdev_t *hdev_of(vmh_dev_t *d)
     return (hdev_t *)((char *)d - offsetof(hdev_t, dev));
 }
 
-void vmh_heap_configure(const vmh_options_t *o)
+void vmh_heap_configure(const vmh_heap_settings_t *s)
 {
-    opt = o;
-    vmh_device_configure(o);
-    vmh_cache_configure(o);
-    vmh_reclaim_configure(o);
-    vmh_overflow_configure(o->overflow == VMH_OVERFLOW_HOST, o->overflow_limit);
+    settings = *s;
 }
 
 
@@ -264,7 +261,7 @@ static bool in_child(void)
  * a buffer of its own grows in place or by remapping, a packed one by a copy. */
 static size_t pack_below(const hdev_t *h, bool growable)
 {
-    size_t below = opt->pack_below;
+    size_t below = settings.pack_below;
     if (growable && below > h->dev.gran / 2)
         below = h->dev.gran / 2;
     return below;
@@ -440,7 +437,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     size_t req = 0;
     /* Freed memory reused at once while the program's work runs in one queue (contexts.h:
      * the note, then the look, in that order, so that the rule's end covers this free). */
-    bool at_once = opt->stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
+    bool at_once = settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
     CUresult rc = o->kind == VMH_OWN_EXTENT
                       ? vmh_packing_park_locked((vmh_ext_t *)o, p, at_once, &req)
                       : vmh_bigbuf_park_locked((vmh_big_t *)o, p, &req);
@@ -454,17 +451,10 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     /* Natively cudaFree waits for the device; here the reclaim thread does, unless the program
      * asked for native blocking frees (DESIGN.md, "Frees"). */
     vmh_reclaim_t *r = &hdev_of(o->dev)->reclaim;
-    if (opt->free_sync && !async) {
+    if (settings.free_sync && !async) {
         vmh_reclaim_wait(r, VMH_WAIT_APP);
     } else if (!async && !(at_once && o->kind == VMH_OWN_EXTENT) && !vmh_capture_any()) {
-        /* One buffer larger than the park budget: the next allocation that needs new memory
-         * would wait for it anyway (vmh_reclaim_throttle); waiting here, as native cudaFree
-         * does, makes it reusable before that allocation comes, without a handoff to the
-         * reclaim thread (a 1 GiB free-then-allocate pair, say). A budget of 0
-         * (VMMHOOK_PARK_LIMIT=0) keeps its meaning (reclaim.h): no wait at the free. */
-        size_t budget = vmh_reclaim_park_budget(r);
-        if (budget != 0 && req > budget)
-            vmh_reclaim_wait(r, VMH_WAIT_APP);
+        vmh_reclaim_free_throttle(r, req); /* one buffer larger than the park budget waits */
     }
     return CUDA_SUCCESS;
 }
@@ -714,9 +704,10 @@ CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
     *moved = 0;
     if (in_child() || !running())
         return CUDA_ERROR_NOT_FOUND;
+    vmh_buffer_info_t info;
     const vmh_owner_t *seen = vmh_registry_get(p);
-    if (!seen || !seen->lock)
-        return CUDA_ERROR_NOT_FOUND;
+    if (!seen || !seen->lock || !vmh_heap_find(p, &info))
+        return CUDA_ERROR_NOT_FOUND; /* not a live served buffer */
     if (seen->kind != VMH_OWN_BIG)
         return CUDA_SUCCESS; /* packed memory never spills */
     hdev_t *h;

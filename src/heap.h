@@ -15,15 +15,21 @@
 
 #include "device.h"
 #include "handle.h"
-#include "options.h"
 
 #include <cuda.h>
 #include <stdbool.h>
 #include <stddef.h>
 
-/* The options the heap and its layers use (lifetime.c passes the snapshot; tests pass theirs).
- * The snapshot must outlive the heap. */
-void vmh_heap_configure(const vmh_options_t *opt);
+/* What the front takes from the options; lifetime.c makes it once, at start, with the settings
+ * of the layers below (vmh_device_configure, vmh_cache_configure, vmh_reclaim_configure). */
+typedef struct vmh_heap_settings {
+    size_t pack_below;   /* VMMHOOK_PACK_BELOW: smaller requests are packed */
+    bool stream_ordered; /* VMMHOOK_STREAM_ORDERED: reuse at once while one queue (contexts.h) */
+    bool free_sync;      /* VMMHOOK_FREE_SYNC: every free (not async) waits like cudaFree */
+} vmh_heap_settings_t;
+
+/* Takes a copy of *s, before any allocation (tests call it again between tests). */
+void vmh_heap_configure(const vmh_heap_settings_t *s);
 
 /* Serves size bytes (size > 0) on the current context's device, 256-byte aligned. site: where
  * the program asked (the interposed entry point's return address; kept for buffers of their

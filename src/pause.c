@@ -320,9 +320,9 @@ static void tag_memory(unsigned tag, vmh_tag_memory_t *out)
     }
 }
 
-void vmh_pause_configure(const vmh_options_t *opt)
+void vmh_pause_configure(size_t pin_limit)
 {
-    vmh_staging_configure(opt->pin_limit);
+    vmh_staging_configure(pin_limit);
     vmh_tags_set_memory_source(tag_memory);
 }
 

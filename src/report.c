@@ -3,6 +3,7 @@
  * formatted on the stack and written with write(2), and errno is preserved for the caller. */
 #include "report.h"
 
+#include <assert.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -14,14 +15,13 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "options.h"
 #include "outfile.h"
 #include "stats.h"
 #include "trace.h"
 #include "vmmhook.h"
 
-/* The configuration, from vmh_stats_configure (the front passes its snapshot down; this file
- * never reads the options' global). Written once before any event, read without a lock after:
+/* The configuration, from vmh_stats_configure (the front's settings for this file; it never
+ * reads the options). Written once before any event, read without a lock after:
  * the front configures inside its one-time start, before any report. */
 static struct {
     bool stats;              /* the table at exit */
@@ -47,14 +47,13 @@ void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json)
     atomic_store(&tag_json, json);
 }
 
-void vmh_stats_configure(const vmh_options_t *o)
+void vmh_stats_configure(const vmh_stats_settings_t *s)
 {
-    cfg.stats = o->stats;
-    cfg.leaks = o->leaks;
-    _Static_assert(VMH_PATH_MAX >= sizeof(o->trace), "trace path");
-    _Static_assert(sizeof(cfg.json) >= sizeof(o->stats_json), "json path");
-    snprintf(cfg.json, sizeof(cfg.json), "%s", o->stats_json);
-    vmh_trace_configure(o->trace);
+    assert(s->refuse != NULL);
+    cfg.stats = s->stats;
+    cfg.leaks = s->leaks;
+    snprintf(cfg.json, sizeof(cfg.json), "%s", s->json);
+    vmh_trace_configure(s->trace, s->refuse);
 }
 
 /* ---- leak report -------------------------------------------------------------------------- */

@@ -5,20 +5,29 @@
 #define VMH_REPORT_H
 
 #include <cuda.h>
+#include <stdbool.h>
 #include <stddef.h>
 
-#include "options.h"
+#include "log.h"
 
-/* Takes what the statistics need from the snapshot (VMMHOOK_STATS, VMMHOOK_STATS_JSON,
- * VMMHOOK_TRACE, VMMHOOK_LEAKS), copied, and hands the trace its path (vmh_trace_configure:
- * a trace is opened now). Called by the front once, before any other call here (tests call it
- * again to change the settings).
+/* What the statistics take from the options; the front makes it once, at start (lifetime.c). */
+typedef struct vmh_stats_settings {
+    bool stats;           /* VMMHOOK_STATS: the table at exit */
+    bool leaks;           /* VMMHOOK_LEAKS: list leaks at exit */
+    const char *trace;    /* VMMHOOK_TRACE: path template, "" = no trace */
+    const char *json;     /* VMMHOOK_STATS_JSON: path template, "" = no JSON */
+    vmh_refuse_fn refuse; /* a trace file that cannot be made (log.h) */
+} vmh_stats_settings_t;
+
+/* Takes a copy of *s (the paths copied, cut at VMH_PATH_MAX) and hands the trace its path and
+ * refusal (vmh_trace_configure: a trace is opened now). Called by the front once, before any
+ * other call here (tests call it again to change the settings).
  *
  * Output files (the trace, its gauges companion, the JSON) are created as outfile.h says; "%p"
  * in a path is replaced by the process id when the file is opened (the trace at configure time,
  * the JSON at exit, so that a forked child writes its own), "%%" by one '%'; any other '%' is
  * kept. A JSON file that cannot be opened at exit gets one line. */
-void vmh_stats_configure(const vmh_options_t *o);
+void vmh_stats_configure(const vmh_stats_settings_t *s);
 
 /* The per-tag section of the report, written by a layer above this one (tags.c): a function
  * that logs its lines of the exit table, and one that writes its JSON value into buf (at most

@@ -2,7 +2,8 @@
  * options. The allocation trace (trace.h), the exit reports (report.h), which read them,
  * and the output files both write (outfile.h) are files of their own; this header includes
  * theirs, so that the code that counts, traces and reports needs one include. Configured by the
- * front with vmh_stats_configure (report.h), never by reading the options' global.
+ * front with vmh_stats_configure (report.h: its settings, made from the options), never by
+ * reading the options.
  *
  * Counters are relaxed atomics sharded by thread (no shared line on the fast path), summed by
  * vmh_counter_get. Gauges keep a peak. */

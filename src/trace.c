@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include "clock.h"
-#include "options.h"
 #include "outfile.h"
 #include "stats.h"
 
@@ -24,6 +23,7 @@
  * read without a lock after: the front configures inside its one-time start, which every
  * traced call has passed. */
 static char trace_tmpl[VMH_PATH_MAX];
+static vmh_refuse_fn trace_refuse; /* a trace or gauges file that cannot be made */
 
 enum { TRACE_UNOPENED, TRACE_OPEN, TRACE_OFF };
 
@@ -68,7 +68,7 @@ static int gauges_open_locked(int tfd, const char *trace_path)
     if (fd < 0) {
         snprintf(why, sizeof(why), "its gauges file, the path + \"%s\": %s",
                  VMH_TRACE_GAUGES_SUFFIX, sub);
-        vmh_options_refuse("VMMHOOK_TRACE", why, "the trace without gauges");
+        trace_refuse("VMMHOOK_TRACE", why, "the trace without gauges");
     }
     return fd;
 }
@@ -81,7 +81,7 @@ static void trace_open_locked(void)
         fd = trace_file_open(path, trace_header, sizeof(trace_header) - 1, why, sizeof(why));
     if (fd < 0) {
         atomic_store_explicit(&trace_state, TRACE_OFF, memory_order_release);
-        vmh_options_refuse("VMMHOOK_TRACE", why, "no trace");
+        trace_refuse("VMMHOOK_TRACE", why, "no trace");
         return;
     }
     gauges_fd = gauges_open_locked(fd, path);
@@ -104,8 +104,9 @@ static int trace_get(void)
     return st == TRACE_OPEN ? trace_fd : -1;
 }
 
-void vmh_trace_configure(const char *path_template)
+void vmh_trace_configure(const char *path_template, vmh_refuse_fn refuse)
 {
+    trace_refuse = refuse;
     snprintf(trace_tmpl, sizeof(trace_tmpl), "%s", path_template);
     if (trace_tmpl[0] != '\0') {
         /* Open now: the trace clock starts with the program, and the file exists even if

@@ -22,16 +22,19 @@
 #include <cuda.h>
 #include <stddef.h>
 
+#include "log.h"
+
 #define VMH_TRACE_GAUGES_SUFFIX ".gauges.csv"
 
 void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream);
 
-/* The trace's path template (VMMHOOK_TRACE, "" for none; "%p" is replaced by the process id
- * when the file is opened, "%%" by one '%'), from vmh_stats_configure. A trace is opened now,
- * so that its clock starts with the program and the file exists even if nothing is allocated;
- * one that cannot be opened gets one warning (with VMMHOOK_STRICT, the program stops) and
+/* The trace's path template (VMMHOOK_TRACE, "" for none, copied, cut at VMH_PATH_MAX; "%p" is
+ * replaced by the process id when the file is opened, "%%" by one '%'), from
+ * vmh_stats_configure. A trace is opened now, so that its clock starts with the program and the
+ * file exists even if nothing is allocated; a trace or gauges file that cannot be made is
+ * handed to refuse (one warning; with VMMHOOK_STRICT, the program stops), and without the trace
  * tracing is off. */
-void vmh_trace_configure(const char *path_template);
+void vmh_trace_configure(const char *path_template, vmh_refuse_fn refuse);
 
 #ifdef VMH_TESTING
 /* Closes the trace and forgets it, so that a test can open another (the library never closes

@@ -41,8 +41,8 @@ static void reset(bool on, size_t host_memory)
 {
     sim_config_t cfg = {.memory = 32 * MiB, .host_memory = host_memory};
     tu_reset(&cfg);
-    vmh_opt.pin_limit = 0;
-    vmh_pause_configure(&vmh_opt);
+    tu_opt.pin_limit = 0;
+    vmh_pause_configure(tu_opt.pin_limit);
     vmh_tags_reset();
     vmh_pause_reset();
     vmh_overflow_reset();
