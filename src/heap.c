@@ -372,15 +372,9 @@ CUresult vmh_heap_alloc_on(int device, size_t size, CUdeviceptr *out)
     hdev_t *h = atomic_load_explicit(&devs[device], memory_order_acquire);
     if (!h) {
         /* The device's state needs a context to wait on later: the current one when it is
-         * this device's, else the device's primary context. */
+         * this device's, else the device's primary context (kept retained). */
         CUcontext ctx = NULL;
-        CUdevice cur = -1, dev;
-        if (vmh_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
-            vmh_drv.cuCtxGetDevice(&cur) != CUDA_SUCCESS || cur != device) {
-            rc = vmh_drv.cuDeviceGet(&dev, device);
-            if (rc == CUDA_SUCCESS)
-                rc = vmh_drv.cuDevicePrimaryCtxRetain(&ctx, dev);
-        }
+        rc = vmh_ctx_of_device(device, &ctx);
         if (rc == CUDA_SUCCESS)
             rc = dev_by_ordinal(device, ctx, &h);
     } else if (h->dev.unsupported) {

@@ -12,6 +12,7 @@
  */
 #include "ipc_export.h"
 
+#include "contexts.h"
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
@@ -195,12 +196,16 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
         CUmemGenericAllocationHandle h = ex->chunks[first + done]->handle;
         rc = CALL(vmh_drv.cuMemExportToShareableHandle(
             &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-        if (rc == CUDA_ERROR_INVALID_CONTEXT && ctx &&
-            CALL(vmh_drv.cuCtxPushCurrent(ctx)) == CUDA_SUCCESS) {
+        vmh_ctx_scope_t scope;
+        if (rc == CUDA_ERROR_INVALID_CONTEXT && ctx && vmh_ctx_enter(ctx, &scope) == CUDA_SUCCESS) {
             rc = CALL(vmh_drv.cuMemExportToShareableHandle(
                 &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-            CUcontext popped;
-            CALL(vmh_drv.cuCtxPopCurrent(&popped));
+            /* The program's thread keeps the context it had, or the export fails. */
+            CUresult left = vmh_ctx_leave(&scope);
+            if (rc == CUDA_SUCCESS && left != CUDA_SUCCESS) {
+                close(fds[done]);
+                rc = left;
+            }
         }
         if (rc == CUDA_SUCCESS)
             done++;

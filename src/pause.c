@@ -195,7 +195,8 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
         if (!vmh_heap_tag_parts(dev, tag, &parts))
             continue;
         j->dev = parts.dev;
-        CUresult rc = with_context ? vmh_drv.cuCtxPushCurrent(parts.dev->ctx) : CUDA_SUCCESS;
+        vmh_ctx_scope_t scope = {0};
+        CUresult rc = with_context ? vmh_ctx_enter(parts.dev->ctx, &scope) : CUDA_SUCCESS;
         if (rc != CUDA_SUCCESS)
             return rc;
         if (parts.big)
@@ -204,9 +205,9 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
             rc = vmh_packing_visit(parts.pack, fn, j);
         if (j->staging_open) /* its stream belongs to this context */
             vmh_staging_leave_context(&j->staging);
-        CUcontext popped;
-        if (with_context)
-            vmh_drv.cuCtxPopCurrent(&popped);
+        CUresult left = vmh_ctx_leave(&scope);
+        if (rc == CUDA_SUCCESS)
+            rc = left; /* the program's thread must get its context back */
         if (rc != CUDA_SUCCESS)
             return rc;
     }

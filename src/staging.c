@@ -2,6 +2,7 @@
  * and the staging ring with its pinner (see staging.h). */
 #include "staging.h"
 
+#include "contexts.h"
 #include "log.h"
 #include "tags.h"
 #include "testable.h"
@@ -275,11 +276,12 @@ static void kept_release(kept_t *list)
     while (list) {
         kept_t *k = list;
         list = k->next;
-        CUcontext popped;
-        CUresult rc = vmh_drv.cuCtxPushCurrent(k->ctx);
+        vmh_ctx_scope_t scope;
+        CUresult rc = vmh_ctx_enter(k->ctx, &scope);
         if (rc == CUDA_SUCCESS) {
             rc = vmh_drv.cuMemHostUnregister(k->host);
-            vmh_drv.cuCtxPopCurrent(&popped);
+            /* Unregistered: given back below whatever the leave says (it logs a failure). */
+            (void)vmh_ctx_leave(&scope);
         }
         if (rc != CUDA_SUCCESS) {
             vmh_log("backup memory: giving back %zu pinned bytes failed (CUDA error %d); kept",
@@ -504,8 +506,8 @@ CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n
 static void *pinner_main(void *arg)
 {
     const vmh_staging_t *s = arg;
-    CUcontext popped;
-    CUresult ctx_rc = vmh_drv.cuCtxPushCurrent(s->pinned_in);
+    vmh_ctx_scope_t scope;
+    CUresult ctx_rc = vmh_ctx_enter(s->pinned_in, &scope);
     CUresult first_failure = CUDA_SUCCESS;
     size_t failed = 0;
     pthread_mutex_lock(&kept_lock);
@@ -535,8 +537,7 @@ static void *pinner_main(void *arg)
         }
     }
     pthread_mutex_unlock(&kept_lock);
-    if (ctx_rc == CUDA_SUCCESS)
-        vmh_drv.cuCtxPopCurrent(&popped);
+    (void)vmh_ctx_leave(&scope); /* the thread ends: a failure is only logged */
     if (failed) /* slower, not wrong: those backups stay pageable */
         vmh_log("backup memory: pinning %zu backups failed (first: CUDA error %d); they stay "
                 "pageable",
@@ -604,8 +605,8 @@ void vmh_staging_close(vmh_staging_t *s)
         pthread_mutex_unlock(&kept_lock);
     }
     vmh_copy_pool_stop(&s->pool);
-    CUcontext popped;
-    if (vmh_drv.cuCtxPushCurrent(s->pinned_in) != CUDA_SUCCESS) {
+    vmh_ctx_scope_t scope;
+    if (vmh_ctx_enter(s->pinned_in, &scope) != CUDA_SUCCESS) {
         vmh_log("backup staging: cannot make the slots' context current: 2 x %zu bytes of "
                 "pinned host memory are not given back",
                 s->slot_size);
@@ -613,7 +614,7 @@ void vmh_staging_close(vmh_staging_t *s)
         for (int i = 0; i < 2; i++)
             if (vmh_drv.cuMemFreeHost(s->slot[i]) != CUDA_SUCCESS)
                 vmh_log("backup staging: cuMemFreeHost of a slot failed");
-        vmh_drv.cuCtxPopCurrent(&popped);
+        (void)vmh_ctx_leave(&scope); /* a failure is logged; the slots are freed */
     }
     memset(s, 0, sizeof *s);
 }
