@@ -8,6 +8,7 @@
 #include "registry.h"
 #include "stats.h"
 #include "tags.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -344,9 +345,9 @@ vmh_owner_t *vmh_owner_lock(CUdeviceptr p)
     vmh_owner_t *o = vmh_registry_get(p);
     if (!o || !o->lock)
         return NULL;
-    pthread_mutex_lock(o->lock);
+    vmh_lock(o->lock, VMH_RANK_OWNER);
     if (vmh_registry_get(p) != o) { /* released meanwhile */
-        pthread_mutex_unlock(o->lock);
+        vmh_unlock(o->lock);
         return NULL;
     }
     return o;
@@ -354,5 +355,5 @@ vmh_owner_t *vmh_owner_lock(CUdeviceptr p)
 
 void vmh_owner_unlock(vmh_owner_t *o)
 {
-    pthread_mutex_unlock(o->lock);
+    vmh_unlock(o->lock);
 }

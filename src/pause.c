@@ -33,6 +33,7 @@
 #include "reclaim.h"
 #include "staging.h"
 #include "tags.h"
+#include "witness.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -380,7 +381,7 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
     unsigned one = VMH_TAG_NONE;
     if (name && (one = vmh_tag_lookup(name)) == VMH_TAG_NONE)
         return VMM_ERR_UNKNOWN_TAG;
-    pthread_mutex_lock(&pause_lock);
+    vmh_lock(&pause_lock, VMH_RANK_PAUSE);
     /* The host's memory is read here, once a call: pressure gives back free kept pinned
      * buffers now, and the budget for new pinning holds for the call (staging.h). */
     vmh_staging_budget_begin();
@@ -395,7 +396,7 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
                 st = VMM_OK;
         }
     }
-    pthread_mutex_unlock(&pause_lock);
+    vmh_unlock(&pause_lock);
     return st;
 }
 

@@ -40,6 +40,9 @@
     X(RECLAIM_WAIT, true, "reclaim.c wait_lock: one wait for the GPU per device, and the "         \
                           "releases after it")                                                     \
     X(OWNER, false, "a big-buffer set's lock (bigbuf.c) or one packing shard's (packing.c)")       \
+    X(OWNER_VISIT, true, "the same lock taken for pause.c's visit of its records: held across "   \
+                         "the pause's driver calls, so that no other thread sees a record "        \
+                         "half-changed (docs/SLEEP.md)")                                           \
     X(KEPT, false, "staging.c kept_lock: the kept pinned backups (a free of a paused buffer "     \
                    "gives its backup back under the owner's lock)")                                \
     X(CACHE, false, "cache.c: the idle ranges of a device")                                        \
