@@ -247,6 +247,7 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
 CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req, vmh_paused_t **gone)
 {
     vmh_bigbufs_t *bb = b->set;
+    vmh_assert_held(&bb->lock);
     *gone = NULL;
     if (b->state == BIG_PAUSED && p == b->paused->base) {
         /* Its memory went at the pause: only the addresses are left to free (once), by the

@@ -33,6 +33,7 @@ void vmh_cache_init(vmh_cache_t *c, vmh_dev_t *dev)
 
 static void unlink_locked(vmh_cache_t *c, vmh_idle_t *e)
 {
+    vmh_assert_held(&c->lock);
     if (e->prev)
         e->prev->next = e->next;
     else

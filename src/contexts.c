@@ -613,6 +613,9 @@ CUresult vmh_ctx_sync_device(int device)
      * stream belongs to is not known here, so any capture in progress refuses the wait; the
      * library then serves from memory that needs none. The check and the count are one step
      * of the gate, so a capture cannot begin between them and the synchronize. */
+    /* Nothing waits for the GPU under a lock ranked after the reclaim wait lock (witness.h):
+     * the heap's locks would stall every other thread behind the GPU. */
+    vmh_assert_none_above(VMH_RANK_RECLAIM_WAIT);
     if (!gate_sync_enter())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     CUresult rc = sync_device_gated(device);

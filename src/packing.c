@@ -300,6 +300,7 @@ static vmh_packed_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
 CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req)
 {
     vmh_shard_t *s = e->shard;
+    vmh_assert_held(&s->lock);
     vmh_packing_t *pk = s->pack;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;

@@ -240,6 +240,7 @@ static CUresult wait_for_gpu(vmh_dev_t *d, vmh_waiter_t who)
 /* Under the wait lock. */
 static CUresult wait_now(vmh_reclaim_t *r, vmh_waiter_t who)
 {
+    vmh_assert_held(&r->wait_lock); /* the releases of one device run one at a time */
     uint64_t g = atomic_fetch_add(&r->gen, 1);
     CUresult rc = wait_for_gpu(r->dev, who);
     if (rc != CUDA_SUCCESS)

@@ -90,9 +90,10 @@ unsigned vmh_witness_held_count(void);
 #define vmh_assert_held(lock) vmh_witness_assert_held((lock), __FILE__, __LINE__)
 #define vmh_assert_none_above(rank) vmh_witness_assert_none_above((rank), __FILE__, __LINE__)
 #else
-#define vmh_assert_internal(cond) ((void)sizeof(cond)) /* names its variables, evaluates none */
-#define vmh_assert_held(lock) ((void)sizeof(lock))
-#define vmh_assert_none_above(rank) ((void)sizeof(rank))
+/* Compiled out entirely: a helper used only inside these is defined under #ifdef VMH_WITNESS. */
+#define vmh_assert_internal(cond) ((void)0)
+#define vmh_assert_held(lock) ((void)0)
+#define vmh_assert_none_above(rank) ((void)0)
 #endif
 
 /* The locks of the table above are taken and released only through these. */
