@@ -11,9 +11,9 @@
  * Owners (big buffers, extents) are recycled per device and never freed while the process runs,
  * which is what lets registry readers go without a lock (registry.h).
  *
- * Lock order: reclaim's wait lock, then a big-buffer set's or a shard's lock (never both, never
- * two shards), then cache's lock or reclaim's queue lock. Nothing waits for the GPU with a
- * lock of the heap held. No driver call is made under these locks.
+ * Lock order: witness.h's ranks (checked in debug and sanitizer builds). Nothing waits for the
+ * GPU with a lock of the heap held; no driver call is made under the owners', cache's or
+ * reclaim's queue locks.
  */
 #include "heap.h"
 
