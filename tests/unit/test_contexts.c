@@ -626,24 +626,22 @@ static void driver_calls_counted_once(void **state)
 /* --------------------------------------------------------------------------------------------- */
 /* The library's own scopes                                                                      */
 
-static char scope_log[4096];
-static size_t scope_log_len;
+/* The last line logged and how many (vmh_log_sink). */
+static char last_log[256];
+static unsigned logged;
 
-static void scope_capture(const char *line, size_t len)
+static void log_last(const char *line, size_t len)
 {
-    if (scope_log_len + len < sizeof scope_log) {
-        memcpy(scope_log + scope_log_len, line, len);
-        scope_log_len += len;
-        scope_log[scope_log_len] = '\0';
-    }
+    snprintf(last_log, sizeof last_log, "%.*s", (int)len, line);
+    logged++;
 }
 
-static unsigned scope_log_lines(void)
+/* Device 0's and 1's primary contexts; device 0's current (reported). */
+static void on_device0(CUcontext *ctx0, CUcontext *ctx1)
 {
-    unsigned n = 0;
-    for (size_t i = 0; i < scope_log_len; i++)
-        n += scope_log[i] == '\n';
-    return n;
+    *ctx0 = primary(0);
+    *ctx1 = primary(1);
+    sim_set_current_device(0);
 }
 
 /* Scopes nest: a context already current (the thread's, or an open scope's) is not pushed
@@ -651,9 +649,9 @@ static unsigned scope_log_lines(void)
 static void scope_pushes_only_what_is_not_current(void **state)
 {
     (void)state;
-    CUcontext ctx0 = primary(0), ctx1 = primary(1), c;
+    CUcontext ctx0, ctx1, c;
     int dev;
-    sim_set_current_device(0);
+    on_device0(&ctx0, &ctx1);
     assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS); /* the thread's, cached */
     sim_reset_counters();
     vmh_ctx_scope_t a, b, d, e;
@@ -689,8 +687,8 @@ static void scope_pushes_only_what_is_not_current(void **state)
 static void scope_enter_refused(void **state)
 {
     (void)state;
-    CUcontext ctx0 = primary(0), ctx1 = primary(1);
-    sim_set_current_device(0);
+    CUcontext ctx0, ctx1;
+    on_device0(&ctx0, &ctx1);
     vmh_ctx_scope_t s;
     sim_fail_function("cuCtxPushCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
     assert_int_equal(vmh_ctx_enter(ctx1, &s), CUDA_ERROR_ILLEGAL_STATE);
@@ -710,12 +708,12 @@ static void scope_enter_refused(void **state)
 static void scope_leave_refused_is_logged_once(void **state)
 {
     (void)state;
-    CUcontext ctx0 = primary(0), ctx1 = primary(1), c;
+    CUcontext ctx0, ctx1, c;
     int dev;
     const vmh_driver_t *D = sim_table();
-    scope_log_len = 0;
-    vmh_log_sink = scope_capture;
-    sim_set_current_device(0);
+    logged = 0;
+    vmh_log_sink = log_last;
+    on_device0(&ctx0, &ctx1);
     assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS);
     vmh_ctx_scope_t outer, s;
     assert_int_equal(vmh_ctx_enter(ctx0, &outer), CUDA_SUCCESS); /* no push: current */
@@ -724,8 +722,8 @@ static void scope_leave_refused_is_logged_once(void **state)
         sim_fail_function("cuCtxPopCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
         assert_int_equal(vmh_ctx_leave(&s), CUDA_ERROR_ILLEGAL_STATE);
         assert_ptr_equal(driver_current(), ctx1); /* the refused pop left it */
-        assert_int_equal(scope_log_lines(), 1);
-        assert_non_null(strstr(scope_log, "restoring a thread's context"));
+        assert_int_equal(logged, 1);
+        assert_non_null(strstr(last_log, "restoring a thread's context"));
         /* The enclosing scope no longer trusts what it knew: ctx0 is pushed. */
         sim_reset_counters();
         assert_int_equal(vmh_ctx_enter(ctx0, &s), CUDA_SUCCESS);
@@ -751,8 +749,8 @@ static void scope_leave_refused_is_logged_once(void **state)
 static void scope_of_a_device(void **state)
 {
     (void)state;
-    CUcontext ctx0 = primary(0), ctx1 = primary(1);
-    sim_set_current_device(0);
+    CUcontext ctx0, ctx1;
+    on_device0(&ctx0, &ctx1);
     sim_reset_counters();
     vmh_ctx_scope_t s;
     assert_int_equal(vmh_ctx_enter_device(0, &s), CUDA_SUCCESS);
@@ -791,8 +789,8 @@ static void scope_of_a_device(void **state)
 static void device_of_a_context(void **state)
 {
     (void)state;
-    CUcontext ctx0 = primary(0), ctx1 = primary(1);
-    sim_set_current_device(0);
+    CUcontext ctx0, ctx1;
+    on_device0(&ctx0, &ctx1);
     int dev = -1;
     assert_int_equal(vmh_ctx_device_of(ctx1, &dev), CUDA_SUCCESS);
     assert_int_equal(dev, 1);
@@ -801,7 +799,7 @@ static void device_of_a_context(void **state)
     sim_fail_function("cuCtxPushCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
     assert_int_equal(vmh_ctx_device_of(ctx1, &dev), CUDA_ERROR_ILLEGAL_STATE);
     assert_int_equal(dev, -1);
-    vmh_log_sink = scope_capture;
+    vmh_log_sink = log_last;
     sim_fail_function("cuCtxPopCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
     assert_int_equal(vmh_ctx_device_of(ctx1, &dev), CUDA_ERROR_ILLEGAL_STATE);
     assert_int_equal(dev, -1);
