@@ -18,8 +18,9 @@
  *     beginning, so that no capture begins during a synchronize.
  *
  * Lock order: ctx_lock, cap_lock and gate_lock are never held together, nor across a driver
- * call (the last ranks of witness.h). All are made anew in a forked child (vmh_contexts_after_fork_child, called by
- * lifetime.c's fork handler, registered at their first use).
+ * call (the last ranks of witness.h). All are made anew in a forked child
+ * (vmh_contexts_after_fork_child, called by lifetime.c's fork handler, registered at their first
+ * use).
  */
 #include "contexts.h"
 
@@ -258,7 +259,8 @@ CUresult vmh_ctx_leave(vmh_ctx_scope_t *scope)
         if (!atomic_flag_test_and_set(&leave_failure_logged))
             vmh_log("restoring a thread's context after the library's use of context %p failed "
                     "(CUDA error %d): that thread's current context may have changed (logged "
-                    "once)", (void *)scope->ctx, (int)rc);
+                    "once)",
+                    (void *)scope->ctx, (int)rc);
     }
     tl_known = scope->outer;
     if (--tl_depth == 0)

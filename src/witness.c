@@ -17,10 +17,9 @@
 static const struct {
     const char *name;
     bool driver; /* driver calls allowed while held */
-} ranks[VMH_RANK_COUNT] = {
-    [VMH_RANK_NONE] = {"NONE", true},
+} ranks[VMH_RANK_COUNT] = {[VMH_RANK_NONE] = {"NONE", true},
 #define VMH_RANK_ROW(n, d, what) [VMH_RANK_##n] = {#n, d},
-    VMH_RANKS(VMH_RANK_ROW)
+                           VMH_RANKS(VMH_RANK_ROW)
 #undef VMH_RANK_ROW
 };
 
@@ -87,8 +86,8 @@ void vmh_witness_acquire(const void *lock, vmh_rank_t rank, const char *file, in
                   rank_name(rank), lock, rank_name(worst->rank), worst->lock, worst->file,
                   worst->line, worst->lock == lock ? ": the same lock again" : "");
     if (tl_nheld == HELD_MAX) {
-        violation("%s:%d takes %s %p while holding %d locks already", file, line,
-                  rank_name(rank), lock, HELD_MAX);
+        violation("%s:%d takes %s %p while holding %d locks already", file, line, rank_name(rank),
+                  lock, HELD_MAX);
         return;
     }
     tl_held[tl_nheld++] = (held_t){lock, rank, file, line};
@@ -122,8 +121,8 @@ void vmh_witness_assert_none_above(vmh_rank_t rank, const char *file, int line)
 {
     for (unsigned i = 0; i < tl_nheld; i++)
         if (tl_held[i].rank > rank) {
-            violation("%s:%d holds %s %p (taken at %s:%d) where nothing above %s may be held",
-                      file, line, rank_name(tl_held[i].rank), tl_held[i].lock, tl_held[i].file,
+            violation("%s:%d holds %s %p (taken at %s:%d) where nothing above %s may be held", file,
+                      line, rank_name(tl_held[i].rank), tl_held[i].lock, tl_held[i].file,
                       tl_held[i].line, rank > VMH_RANK_NONE ? rank_name(rank) : "no rank");
             return;
         }
@@ -136,7 +135,8 @@ void vmh_witness_driver_call(void)
     for (unsigned i = tl_nheld; i-- > 0;)
         if (!ranks[tl_held[i].rank].driver) {
             violation("a driver call while holding %s %p (taken at %s:%d), under which none is "
-                      "made", rank_name(tl_held[i].rank), tl_held[i].lock, tl_held[i].file,
+                      "made",
+                      rank_name(tl_held[i].rank), tl_held[i].lock, tl_held[i].file,
                       tl_held[i].line);
             return;
         }

@@ -30,30 +30,35 @@
 /* X(name, driver, what), outermost first: `driver` is whether driver calls may be made while
  * the lock is held. */
 #define VMH_RANKS(X)                                                                               \
-    X(PAUSE, true, "pause.c pause_lock: one pause or resume at a time, waits included")           \
-    X(IPC_IMPORT, true, "ipc_import.c imp_lock: the import table (prefork takes the IPC locks "  \
-                        "in this order)")                                                          \
-    X(IPC_LISTENER, true, "ipc_listener.c listen_lock: the listener's start and stop")            \
-    X(IPC_EXPORT, true, "ipc_export.c table_lock: the export table, across the exporting calls")  \
+    X(PAUSE, true, "pause.c pause_lock: one pause or resume at a time, waits included")            \
+    X(IPC_IMPORT, true,                                                                            \
+      "ipc_import.c imp_lock: the import table (prefork takes the IPC locks "                      \
+      "in this order)")                                                                            \
+    X(IPC_LISTENER, true, "ipc_listener.c listen_lock: the listener's start and stop")             \
+    X(IPC_EXPORT, true, "ipc_export.c table_lock: the export table, across the exporting calls")   \
     X(DEVICES, true, "heap.c devs_lock: making a device's state")                                  \
     X(TIDY, true, "heap.c tidy_lock: one device's tidy (its wait and trims)")                      \
-    X(RECLAIM_WAIT, true, "reclaim.c wait_lock: one wait for the GPU per device, and the "         \
-                          "releases after it")                                                     \
+    X(RECLAIM_WAIT, true,                                                                          \
+      "reclaim.c wait_lock: one wait for the GPU per device, and the "                             \
+      "releases after it")                                                                         \
     X(OWNER, false, "a big-buffer set's lock (bigbuf.c) or one packing shard's (packing.c)")       \
-    X(OWNER_VISIT, true, "the same lock taken for pause.c's visit of its records: held across "   \
-                         "the pause's driver calls, so that no other thread sees a record "        \
-                         "half-changed (docs/SLEEP.md)")                                           \
-    X(KEPT, false, "staging.c kept_lock: the kept pinned backups (a free of a paused buffer "     \
-                   "gives its backup back under the owner's lock)")                                \
+    X(OWNER_VISIT, true,                                                                           \
+      "the same lock taken for pause.c's visit of its records: held across "                       \
+      "the pause's driver calls, so that no other thread sees a record "                           \
+      "half-changed (docs/SLEEP.md)")                                                              \
+    X(KEPT, false,                                                                                 \
+      "staging.c kept_lock: the kept pinned backups (pause.c's visit gives one "                   \
+      "back under a record's lock)")                                                               \
     X(CACHE, false, "cache.c: the idle ranges of a device")                                        \
     X(RECLAIM_QUEUE, false, "reclaim.c: a device's queue of parked items")                         \
     X(RECLAIM_STOP, true, "reclaim.c stop_lock: one stop of the reclaim thread at a time")         \
-    X(RECLAIM_THREAD, false, "reclaim.c: the reclaim thread's state (a park starts or wakes it)") \
+    X(RECLAIM_THREAD, false, "reclaim.c: the reclaim thread's state (a park starts or wakes it)")  \
     X(PARTS, false, "heap.c parts_lock: making and freezing tags' parts")                          \
-    X(ACCESS, true, "handle.c access_lock: peer grants against new mappings, across the mapping " \
-                    "calls")                                                                       \
-    X(MAPS, true, "handle.c maps_lock: the list of mappings (a peer grant walks it)")             \
-    X(CAPTURE_GATE, false, "contexts.c gate_lock: library synchronizes against capture begins")   \
+    X(ACCESS, true,                                                                                \
+      "handle.c access_lock: peer grants against new mappings, across the mapping "                \
+      "calls")                                                                                     \
+    X(MAPS, true, "handle.c maps_lock: the list of mappings (a peer grant walks it)")              \
+    X(CAPTURE_GATE, false, "contexts.c gate_lock: library synchronizes against capture begins")    \
     X(CONTEXTS, false, "contexts.c ctx_lock: the known contexts")                                  \
     X(CAPTURES, false, "contexts.c cap_lock: the captures in progress")
 
