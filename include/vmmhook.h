@@ -39,6 +39,8 @@ typedef enum vmm_status {
     VMM_ERR_UNKNOWN_TAG = 12,  /* no tag of that name has ever been pushed */
     VMM_ERR_CAPTURING = 13,    /* a CUDA stream capture is in progress in the process: pausing or
                                   resuming (which must wait for the device) would break it */
+    VMM_ERR_SHARED = 14,       /* the buffer is shared with another process (CUDA IPC) or still
+                                  mapped by a move in flight: its memory cannot be swapped */
     VMM_STATUS_COUNT
 } vmm_status;
 
@@ -134,6 +136,20 @@ vmm_status vmm_resume(const char *tag);
  * VMM_ERR_FOREIGN: ptr is not in a served buffer; VMM_ERR_INVALID: ptr NULL, dst NULL with len
  * > 0, or the bytes run past the buffer. */
 vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len);
+
+/* With VMMHOOK_OVERFLOW=host (docs/OVERFLOW.md): moves the host memory of the spilled buffer
+ * holding ptr (any address in it) back to device memory at the same address, contents kept.
+ * It first waits for the device's work, like cudaFree, and the program must submit no work
+ * touching the buffer until it returns. VMM_OK also when nothing had spilled; VMM_ERR_NO_MEMORY:
+ * the device has no room (the buffer stays in host memory, still usable); VMM_ERR_FOREIGN: ptr
+ * is not served; VMM_ERR_INVALID: ptr's device is not the current one; VMM_ERR_PAUSED;
+ * VMM_ERR_SHARED. */
+vmm_status vmm_prefetch(const void *ptr);
+
+/* The same for every spilled buffer of `tag` (NULL: the calling thread's current tag) on the
+ * current device; stops at nothing: each buffer that can move does, and the first failure is
+ * returned. */
+vmm_status vmm_prefetch_tag(const char *tag);
 
 /* The library's statistics as one JSON object, the per-tag figures under "tags" (requested,
  * mapped, paused and backed-up bytes; pause and resume counts and total nanoseconds). Writes at

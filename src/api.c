@@ -7,9 +7,9 @@
 #include "heap.h"
 #include "lifetime.h"
 #include "log.h"
-#include "options.h"
 #include "pause.h"
 #include "stats.h"
+#include "tags.h"
 
 #include <stdint.h>
 
@@ -111,6 +111,7 @@ VMM_API const char *vmm_status_string(vmm_status status)
         [VMM_ERR_LIMIT] = "too many tags, or tags nested too deep",
         [VMM_ERR_UNKNOWN_TAG] = "no tag of that name",
         [VMM_ERR_CAPTURING] = "a CUDA stream capture is in progress",
+        [VMM_ERR_SHARED] = "the buffer is shared (CUDA IPC): its memory cannot be swapped",
     };
     return (unsigned)status < VMM_STATUS_COUNT ? text[status] : "unknown status";
 }
@@ -141,6 +142,41 @@ VMM_API vmm_status vmm_resume(const char *tag)
     vmh_heap_trim_paused(); /* packed memory freed while paused does not come back */
     vmm_status st = vmh_resume_tags(tag, &driver_rc);
     return tags_status(st, driver_rc);
+}
+
+/* vmm_prefetch and vmm_prefetch_tag: heap.c moves; here the codes. */
+static vmm_status prefetch_status(CUresult rc)
+{
+    switch (rc) {
+    case CUDA_ERROR_INVALID_DEVICE:
+        return VMM_ERR_INVALID;
+    case CUDA_ERROR_ALREADY_MAPPED:
+        return VMM_ERR_SHARED;
+    default:
+        return to_status(rc, false);
+    }
+}
+
+VMM_API vmm_status vmm_prefetch(const void *ptr)
+{
+    if (!ptr)
+        return VMM_ERR_INVALID;
+    if (!vmh_lifetime_ready())
+        return VMM_ERR_NO_DRIVER;
+    size_t moved = 0;
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    return prefetch_status(vmh_heap_prefetch(p, &moved));
+}
+
+VMM_API vmm_status vmm_prefetch_tag(const char *tag)
+{
+    if (!vmh_lifetime_ready())
+        return VMM_ERR_NO_DRIVER;
+    unsigned t = tag ? vmh_tag_lookup(tag) : vmh_tag_current();
+    if (t == VMH_TAG_NONE)
+        return VMM_ERR_UNKNOWN_TAG;
+    size_t moved = 0;
+    return prefetch_status(vmh_heap_prefetch_tag(t, &moved));
 }
 
 VMM_API vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len)

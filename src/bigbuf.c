@@ -1,6 +1,8 @@
 /* Layer "big buffers": buffers with a range of their own (see bigbuf.h). */
 #include "bigbuf.h"
 
+#include "log.h"
+#include "overflow.h"
 #include "registry.h"
 #include "stats.h"
 #include "witness.h"
@@ -242,6 +244,31 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
     return CUDA_SUCCESS;
 }
 
+CUresult vmh_bigbuf_alloc_spilled(vmh_bigbufs_t *bb, size_t size, void *site, CUdeviceptr *out)
+{
+    vmh_dev_t *d = bb->dev;
+    size_t rounded;
+    if (atomic_load(&bb->frozen) || !vmh_round_up(size, d->gran, &rounded) ||
+        !vmh_dev_usable_take(d, rounded))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t reserve = vmh_dev_reserve_for(rounded, false);
+    vmh_range_t *r;
+    CUresult rc = vmh_dev_va_exhausted(reserve) ? CUDA_ERROR_OUT_OF_MEMORY
+                                                : vmh_overflow_range_new(d, rounded, reserve, &r);
+    if (rc != CUDA_SUCCESS) {
+        vmh_dev_usable_give(d, rounded);
+        return rc;
+    }
+    CUdeviceptr base = r->base;
+    if (!serve_range(bb, r, size, false, site)) {
+        vmh_range_destroy(r);
+        vmh_dev_usable_give(d, rounded);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = base;
+    return CUDA_SUCCESS;
+}
+
 /* ---- on a locked buffer ------------------------------------------------------------------ */
 
 CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req, vmh_paused_t **gone)
@@ -264,11 +291,12 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req, vmh_pa
     }
     if (b->state != BIG_LIVE || p != b->range->base)
         return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
-    if (b->export_serial) {
+    if (b->export_serial || vmh_range_host_bytes(b->range)) {
         /* Its export dies here (vmh_bigbuf_export_alive_locked), and its chunks are never
          * served again: as natively, memory freed by its exporter stays an importer's. The
          * range is not cached but destroyed once queued work is done; the driver keeps the
-         * chunks for as long as an importer holds them. */
+         * chunks for as long as an importer holds them. A range with host memory (overflow.h)
+         * goes the same way: the cache serves device memory only. */
         /* Nothing of the range is read once it is parked: the reclaim thread may release it
          * at once (the stress loop's fork test caught a read of its size after that). */
         vmh_range_t *r = b->range;
@@ -377,6 +405,8 @@ static CUresult grow_unlocked(vmh_bigbufs_t *bb, const vmh_range_t *r, size_t ro
     CUresult rc = vmh_dev_chunk(d, rounded - r->size, &a);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && d->relieve(d))
         rc = vmh_dev_chunk(d, rounded - r->size, &a);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && vmh_overflow_enabled())
+        rc = vmh_overflow_chunk(d, rounded - r->size, &a);
     if (rc != CUDA_SUCCESS)
         return rc;
     size_t reserve = vmh_dev_reserve_for(rounded, true);
@@ -495,6 +525,81 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     if (move && !async)
         vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP); /* the old address goes once work is done */
     return CUDA_SUCCESS;
+}
+
+/* ---- moving spilled memory back ---------------------------------------------------------- */
+
+/* Device memory for a rehome. No relief of idle memory here: its locks may be taken under the
+ * set's lock elsewhere; the front trims first (heap.c). */
+static CUresult device_chunk(void *arg, size_t size, vmh_alloc_t **out)
+{
+    return vmh_dev_chunk(arg, size, out);
+}
+
+/* Moves b's host memory to the device (b locked, LIVE, with host memory; unlocked on return,
+ * b RESIZING meanwhile so that frees and resizes keep off). */
+static CUresult prefetch_unlock(vmh_bigbufs_t *bb, vmh_big_t *b, size_t *moved)
+{
+    vmh_range_t *r = b->range, *nr = NULL, *unfinished = NULL;
+    if (!vmh_range_owned_alone(r)) {
+        vmh_unlock(&bb->lock);
+        return CUDA_ERROR_ALREADY_MAPPED; /* exported, or a move's old range still maps it */
+    }
+    size_t host = vmh_range_host_bytes(r);
+    b->state = BIG_RESIZING;
+    vmh_unlock(&bb->lock);
+    CUresult rc = vmh_range_rehome(r, device_chunk, bb->dev, &nr, &unfinished);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
+    assert(b->state == BIG_RESIZING && b->range == r);
+    if (nr) /* r is consumed: the new range is the buffer's whatever rc says */
+        b->range = nr;
+    if (unfinished && park_range_locked(bb, unfinished, 0, 0) != CUDA_SUCCESS)
+        vmh_log("moving memory back to the device: %zu bytes of scratch memory stay mapped "
+                "(no memory to track them until the GPU is done)", unfinished->size);
+    b->state = BIG_LIVE;
+    vmh_unlock(&bb->lock);
+    if (rc == CUDA_SUCCESS)
+        *moved += host;
+    return rc;
+}
+
+CUresult vmh_bigbuf_prefetch_locked(vmh_big_t *b, CUdeviceptr p, size_t *moved)
+{
+    vmh_bigbufs_t *bb = b->set;
+    if (b->state != BIG_LIVE || p < b->range->base || p >= b->range->base + b->req) {
+        vmh_unlock(&bb->lock);
+        return b->state == BIG_PAUSED ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!vmh_range_host_bytes(b->range)) {
+        vmh_unlock(&bb->lock);
+        return CUDA_SUCCESS; /* on the device already */
+    }
+    return prefetch_unlock(bb, b, moved);
+}
+
+CUresult vmh_bigbuf_prefetch_all(vmh_bigbufs_t *bb, size_t *moved)
+{
+    CUresult first = CUDA_SUCCESS;
+    /* One buffer at a time, the set unlocked between them; a buffer that cannot move (shared,
+     * no room) is skipped and the walk starts over past it. */
+    for (size_t skip = 0;;) {
+        vmh_lock(&bb->lock, VMH_RANK_OWNER);
+        vmh_big_t *b = bb->live.head;
+        size_t seen = 0;
+        for (; b; b = b->next)
+            if (vmh_range_host_bytes(b->range) && seen++ == skip)
+                break;
+        if (!b) {
+            vmh_unlock(&bb->lock);
+            return first;
+        }
+        CUresult rc = prefetch_unlock(bb, b, moved);
+        if (rc != CUDA_SUCCESS) {
+            if (first == CUDA_SUCCESS)
+                first = rc;
+            skip++;
+        }
+    }
 }
 
 /* ---- walking and tearing down ------------------------------------------------------------ */

@@ -41,6 +41,20 @@ typedef struct vmh_bigbufs {
 void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
                      vmh_cache_t *cache);
 
+/* A buffer of `size` bytes in host memory at device addresses (overflow.h), for what the
+ * device could not serve; freed, its memory is given back, never cached. */
+CUresult vmh_bigbuf_alloc_spilled(vmh_bigbufs_t *bb, size_t size, void *site, CUdeviceptr *out);
+
+/* Moves a spilled buffer's host memory to the device at the same address (vmm_prefetch; p any
+ * address in it): b locked, unlocked on return. *moved grows by the bytes moved. NOT_PERMITTED
+ * for a paused buffer, ALREADY_MAPPED for a shared one (CUDA IPC, a move's old range); OUT_OF_MEMORY when the device has no room (nothing changed).
+ * The caller has waited for the device's work, and the calling thread's context is on the
+ * buffer's device. */
+CUresult vmh_bigbuf_prefetch_locked(vmh_big_t *b, CUdeviceptr p, size_t *moved);
+/* The same for every spilled buffer of the set; the first failure is returned, the others are
+ * still tried. */
+CUresult vmh_bigbuf_prefetch_all(vmh_bigbufs_t *bb, size_t *moved);
+
 /* A buffer of `size` bytes (rounded to chunks): from the cache, after a wait for parked frees
  * when that may help, or new. growable: address space headroom for later grows. site: where
  * the program asked (leak report). *no_address: the address space budget ran out. */

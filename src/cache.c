@@ -16,11 +16,12 @@ struct vmh_idle {
     vmh_idle_t *prev, *next;
 };
 
-static const vmh_options_t *opt;
+/* Written by the front's configure before any device is used; read without a lock after. */
+static vmh_cache_settings_t settings;
 
-void vmh_cache_configure(const vmh_options_t *o)
+void vmh_cache_configure(const vmh_cache_settings_t *s)
 {
-    opt = o;
+    settings = *s;
 }
 
 void vmh_cache_init(vmh_cache_t *c, vmh_dev_t *dev)
@@ -99,7 +100,7 @@ void vmh_cache_put(vmh_cache_t *c, vmh_range_t *r)
     c->count++;
     c->bytes += r->size;
     vmh_idle_t *over =
-        c->bytes > opt->cache_limit ? evict_locked(c, c->bytes - opt->cache_limit) : NULL;
+        c->bytes > settings.limit ? evict_locked(c, c->bytes - settings.limit) : NULL;
     vmh_unlock(&c->lock);
     destroy_taken(over);
 }
@@ -141,7 +142,7 @@ vmh_range_t *vmh_cache_take(vmh_cache_t *c, size_t rounded)
 void vmh_cache_make_room(vmh_cache_t *c, size_t rounded, size_t parked)
 {
     vmh_lock(&c->lock, VMH_RANK_CACHE);
-    size_t floor = opt->cache_limit < CACHE_FLOOR ? opt->cache_limit : CACHE_FLOOR;
+    size_t floor = settings.limit < CACHE_FLOOR ? settings.limit : CACHE_FLOOR;
     size_t live = atomic_load_explicit(&c->dev->live_usable, memory_order_relaxed);
     size_t allowance = live / 32 > floor ? live / 32 : floor;
     /* Idle bytes that may stay: the allowance beside the new bytes, or what the program held
@@ -154,8 +155,8 @@ void vmh_cache_make_room(vmh_cache_t *c, size_t rounded, size_t parked)
     size_t peak = vmh_dev_usable_peak(c->dev);
     size_t held = live + parked < live ? SIZE_MAX : live + parked;
     size_t below_peak = peak > held ? peak - held : 0;
-    if (below_peak > opt->cache_limit)
-        below_peak = opt->cache_limit;
+    if (below_peak > settings.limit)
+        below_peak = settings.limit;
     if (below_peak > keep)
         keep = below_peak;
     vmh_idle_t *taken = c->bytes > keep ? evict_locked(c, c->bytes - keep) : NULL;

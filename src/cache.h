@@ -24,8 +24,13 @@ typedef struct vmh_cache {
     size_t count, bytes;
 } vmh_cache_t;
 
-/* VMMHOOK_CACHE_LIMIT. */
-void vmh_cache_configure(const vmh_options_t *opt);
+/* What this layer takes from the options; the front makes it once, at start (lifetime.c). */
+typedef struct vmh_cache_settings {
+    size_t limit; /* VMMHOOK_CACHE_LIMIT: idle bytes kept per device */
+} vmh_cache_settings_t;
+
+/* Takes a copy of *s, before any device is used. */
+void vmh_cache_configure(const vmh_cache_settings_t *s);
 
 void vmh_cache_init(vmh_cache_t *c, vmh_dev_t *dev);
 

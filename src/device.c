@@ -8,36 +8,59 @@
 #include "registry.h"
 #include "stats.h"
 #include "tags.h"
+#include "testable.h"
 #include "witness.h"
 
 #include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
-static const vmh_options_t *opt;
+/* Written by the front's configure before any device is set up; read without a lock after. */
+static vmh_device_settings_t settings;
+static bool configured;
 
-void vmh_device_configure(const vmh_options_t *o)
+void vmh_device_configure(const vmh_device_settings_t *s)
 {
-    opt = o;
+    assert(s->refuse != NULL);
+    settings = *s;
+    configured = true;
 }
 
 vmh_owner_t vmh_owner_idle = {VMH_OWN_IDLE, NULL, NULL};
 vmh_owner_t vmh_owner_dead = {VMH_OWN_DEAD, NULL, NULL};
 
-/* The chunk granularity: the driver's, or VMMHOOK_GRANULARITY when it is a multiple of the
- * driver's minimum (the check: vmh_options_check_granularity); else one warning naming the
- * variable (VMMHOOK_STRICT: the stop) and the recommended granularity. */
-static size_t pick_granularity(size_t min_gran, size_t rec_gran)
+/* The chunk granularity: the driver's recommended or minimum one, or VMMHOOK_GRANULARITY's
+ * size when it is a multiple of the driver's minimum (cuMemMap needs the multiple); else the
+ * value is refused (s->refuse: one warning, or VMMHOOK_STRICT's stop) and the recommended one
+ * used. A size the driver cannot make at all is found later, with a chunk (probe_granularity). */
+VMH_TESTABLE size_t vmh_dev_pick_granularity(const vmh_device_settings_t *s, size_t min_gran,
+                                             size_t rec_gran)
 {
-    size_t g;
-    char why[160];
-    if (!vmh_options_check_granularity(opt, min_gran, rec_gran, &g, why, sizeof why)) {
-        char instead[80], b[32];
+    if (min_gran == 0)
+        min_gran = 1; /* the driver never answers 0; do not divide by it if it does */
+    /* The recommended granularity is a multiple of the minimum on every driver seen; fall back
+     * to the minimum if one ever answers otherwise. */
+    size_t rec = (rec_gran != 0 && rec_gran % min_gran == 0) ? rec_gran : min_gran;
+    switch (s->gran_mode) {
+    case VMH_GRAN_MIN:
+        return min_gran;
+    case VMH_GRAN_BYTES: {
+        if (s->gran_bytes != 0 && s->gran_bytes % min_gran == 0)
+            return s->gran_bytes;
+        char why[160], instead[80], m[32], r[32];
+        snprintf(why, sizeof why,
+                 "not a multiple of the driver's minimum granularity %zu (%s) for these "
+                 "allocation properties",
+                 min_gran, vmh_fmt_bytes(m, sizeof m, min_gran));
         snprintf(instead, sizeof instead, "the recommended granularity %s",
-                 vmh_fmt_bytes(b, sizeof b, g));
-        vmh_options_refuse("VMMHOOK_GRANULARITY", why, instead);
+                 vmh_fmt_bytes(r, sizeof r, rec));
+        s->refuse("VMMHOOK_GRANULARITY", why, instead);
+        return rec;
     }
-    return g;
+    case VMH_GRAN_RECOMMENDED:
+    default:
+        return rec;
+    }
 }
 
 /* The name of the driver's answers this file reports (the table has no cuGetErrorName). */
@@ -87,7 +110,7 @@ static size_t probe_granularity(vmh_dev_t *d, size_t rec_gran)
              d->ordinal, vmh_fmt_bytes(b, sizeof b, d->gran), cu_name(rc), (int)rc,
              vmh_fmt_bytes(r, sizeof r, rec_gran));
     snprintf(instead, sizeof instead, "the recommended granularity %s", r);
-    vmh_options_refuse("VMMHOOK_GRANULARITY", why, instead);
+    settings.refuse("VMMHOOK_GRANULARITY", why, instead);
     return rec_gran;
 }
 
@@ -95,7 +118,7 @@ static size_t probe_granularity(vmh_dev_t *d, size_t rec_gran)
  * that a type the driver refuses is reported clearly at the start, not at some later grow. */
 CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
 {
-    assert(opt && "vmh_device_configure first");
+    assert(configured && "vmh_device_configure first");
     d->ordinal = ordinal;
     d->ctx = ctx;
     int vmm = 0;
@@ -115,8 +138,8 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
         [VMH_HANDLE_POSIX_FD] = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
         [VMH_HANDLE_FABRIC] = CU_MEM_HANDLE_TYPE_FABRIC,
     };
-    d->prop.requestedHandleTypes = types[opt->handle];
-    if (opt->rdma) {
+    d->prop.requestedHandleTypes = types[settings.handle];
+    if (settings.rdma) {
         int rdma = 0;
         vmh_drv.cuDeviceGetAttribute(
             &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, ordinal);
@@ -141,14 +164,14 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
         min_gran = floor;
     if (rec_gran < min_gran || rec_gran % min_gran)
         rec_gran = min_gran;
-    d->gran = pick_granularity(min_gran, rec_gran);
+    d->gran = vmh_dev_pick_granularity(&settings, min_gran, rec_gran);
     d->rec_gran = rec_gran;
 
     d->access.location = d->prop.location;
     d->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     for (int peer = 0; peer < VMH_MAX_DEVICES; peer++) {
         int can = 0;
-        if (peer == ordinal || !(opt->peers & (1ull << peer)))
+        if (peer == ordinal || !(settings.peers & (1ull << peer)))
             continue;
         if (vmh_drv.cuDeviceCanAccessPeer(&can, ordinal, peer) != CUDA_SUCCESS || !can) {
             vmh_debug("VMMHOOK_PEERS: device %d cannot reach device %d; not granted", peer,
@@ -168,7 +191,7 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
             char why[96];
             snprintf(why, sizeof why, "cuMemCreate on device %d answers CUDA error %d",
                      ordinal, (int)rc);
-            vmh_options_refuse("VMMHOOK_HANDLE_TYPE", why, "none");
+            settings.refuse("VMMHOOK_HANDLE_TYPE", why, "none");
             d->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
         } else if (rc == CUDA_SUCCESS) {
             vmh_alloc_unref(probe);
@@ -196,7 +219,7 @@ static void peak_note(vmh_dev_t *d, size_t now)
 
 bool vmh_dev_usable_take(vmh_dev_t *d, size_t n)
 {
-    size_t limit = opt->mem_limit;
+    size_t limit = settings.mem_limit;
     if (!limit) {
         peak_note(d, atomic_fetch_add_explicit(&d->live_usable, n, memory_order_relaxed) + n);
         return true;
@@ -243,8 +266,8 @@ void vmh_dev_usable_adjust(vmh_dev_t *d, int64_t delta)
 size_t vmh_dev_reserve_for(size_t size, bool growable)
 {
     size_t reserve = size;
-    if (growable && opt->headroom) {
-        size_t extra = size < opt->headroom ? size : opt->headroom;
+    if (growable && settings.headroom) {
+        size_t extra = size < settings.headroom ? size : settings.headroom;
         if (extra <= SIZE_MAX - size)
             reserve = size + extra;
     }
@@ -256,7 +279,7 @@ size_t vmh_dev_reserve_for(size_t size, bool growable)
 bool vmh_dev_va_exhausted(size_t reserve)
 {
     int64_t used = vmh_gauge_get(VMH_STAT_bytes_reserved);
-    return opt->va_limit && (size_t)used + reserve > opt->va_limit;
+    return settings.va_limit && (size_t)used + reserve > settings.va_limit;
 }
 
 /* ---- memory ----------------------------------------------------------------------------- */
@@ -306,11 +329,12 @@ void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_
     if (no_address) {
         snprintf(why, sizeof why,
                  "the address space budget VMMHOOK_VA_LIMIT=%s is used up (%s reserved)",
-                 vmh_fmt_bytes(a, sizeof a, opt->va_limit),
+                 vmh_fmt_bytes(a, sizeof a, settings.va_limit),
                  vmh_fmt_bytes(b, sizeof b, (size_t)vmh_gauge_get(VMH_STAT_bytes_reserved)));
-    } else if (opt->mem_limit && (live > opt->mem_limit || size > opt->mem_limit - live)) {
+    } else if (settings.mem_limit &&
+               (live > settings.mem_limit || size > settings.mem_limit - live)) {
         snprintf(why, sizeof why, "over VMMHOOK_MEM_LIMIT=%s (%s already served on the device)",
-                 vmh_fmt_bytes(a, sizeof a, opt->mem_limit), vmh_fmt_bytes(b, sizeof b, live));
+                 vmh_fmt_bytes(a, sizeof a, settings.mem_limit), vmh_fmt_bytes(b, sizeof b, live));
     } else if (!vmh_tag_running(tag)) {
         snprintf(why, sizeof why, "its tag \"%s\" is paused (vmm_pause): it takes no memory "
                  "until vmm_resume", vmh_tag_name(tag));

@@ -15,7 +15,8 @@
 #define VMH_DEVICE_H
 
 #include "handle.h"
-#include "options.h"
+#include "log.h"
+#include "options.h" /* the values of VMMHOOK_GRANULARITY and VMMHOOK_HANDLE_TYPE */
 #include "range.h"
 
 #include <cuda.h>
@@ -73,13 +74,34 @@ struct vmh_dev {
     vmh_tidy_fn tidy;       /* likewise */
 };
 
-/* The options this layer uses (granularity, handle type, RDMA, peers, limits). */
-void vmh_device_configure(const vmh_options_t *opt);
+/* What this layer takes from the options; the front makes it once, at start (lifetime.c). */
+typedef struct vmh_device_settings {
+    vmh_gran_mode_t gran_mode; /* VMMHOOK_GRANULARITY */
+    size_t gran_bytes;         /* when gran_mode is VMH_GRAN_BYTES */
+    vmh_handle_kind_t handle;  /* VMMHOOK_HANDLE_TYPE */
+    bool rdma;                 /* VMMHOOK_RDMA */
+    uint64_t peers;            /* VMMHOOK_PEERS: bit i = grant device i access up front */
+    size_t mem_limit;          /* VMMHOOK_MEM_LIMIT: usable bytes per device, 0 = no limit */
+    size_t va_limit;           /* VMMHOOK_VA_LIMIT: address space, all devices together */
+    size_t headroom;           /* VMMHOOK_HEADROOM: reserved past a buffer that may grow */
+    vmh_refuse_fn refuse;      /* a value the driver refuses (log.h) */
+} vmh_device_settings_t;
+
+/* Takes a copy of *s; before any device is set up (tests call it again between devices). */
+void vmh_device_configure(const vmh_device_settings_t *s);
 
 /* Fills d for device `ordinal` (ctx: the context it is first served in): properties,
  * granularity (a handle type the driver refuses is reported here, once), VMMHOOK_PEERS grants
  * (handle.h). A device without VMM gets unsupported = true and CUDA_SUCCESS. */
 CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx);
+
+#ifdef VMH_TESTING
+/* The chunk granularity vmh_dev_setup uses for allocation properties whose minimum and
+ * recommended granularities the driver gave: VMMHOOK_GRANULARITY's choice (s), or when an
+ * explicit size is not a multiple of the minimum, the recommended one after s->refuse. Static
+ * in the library (testable.h). */
+size_t vmh_dev_pick_granularity(const vmh_device_settings_t *s, size_t min_gran, size_t rec_gran);
+#endif
 
 /* Reserves n usable bytes within VMMHOOK_MEM_LIMIT; false (nothing taken) when they do not fit.
  * vmh_dev_usable_give returns them; adjust corrects by a signed amount. */

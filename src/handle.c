@@ -23,6 +23,22 @@ void vmh_handle_report_failure(const char *call, CUresult rc)
     vmh_log("%s failed with CUDA error %d during release", call, (int)rc);
 }
 
+static _Atomic int64_t host_bytes[VMH_ALLOC_DEVICES];
+
+static void host_bytes_add(const vmh_alloc_t *a, int64_t delta)
+{
+    if (a->host && a->device >= 0 && a->device < VMH_ALLOC_DEVICES)
+        atomic_fetch_add_explicit(&host_bytes[a->device], delta, memory_order_relaxed);
+}
+
+size_t vmh_alloc_host_bytes(int device)
+{
+    if (device < 0 || device >= VMH_ALLOC_DEVICES)
+        return 0;
+    int64_t n = atomic_load_explicit(&host_bytes[device], memory_order_relaxed);
+    return n > 0 ? (size_t)n : 0;
+}
+
 CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
                           const CUmemAccessDesc *access, int naccess, vmh_alloc_t **out)
 {
@@ -38,7 +54,11 @@ CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
     }
     atomic_init(&a->refs, 1);
     a->size = size;
-    a->device = prop->location.id;
+    /* A host-located chunk serves the device its access names (overflow.h): a resume of it
+     * makes device memory there. */
+    a->host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
+    a->device = !a->host ? prop->location.id : naccess ? access[0].location.id : -1;
+    host_bytes_add(a, (int64_t)size);
     a->handle_type = (int)prop->requestedHandleTypes;
     a->naccess = naccess;
     if (naccess)
@@ -60,6 +80,7 @@ void vmh_alloc_unref(vmh_alloc_t *a)
     CUresult rc = CALL(vmh_drv.cuMemRelease(a->handle));
     if (rc != CUDA_SUCCESS)
         vmh_handle_report_failure("cuMemRelease", rc);
+    host_bytes_add(a, -(int64_t)a->size);
     free(a);
 }
 
@@ -233,7 +254,7 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
     m->resv = vmh_resv_ref(resv);
     maps_link(m);
     vmh_rwunlock(&access_lock);
-    vmh_gauge_add(VMH_STAT_bytes_mapped, (int64_t)m->size);
+    vmh_gauge_add(alloc->host ? VMH_STAT_bytes_spilled : VMH_STAT_bytes_mapped, (int64_t)m->size);
     *out = m;
     return CUDA_SUCCESS;
 }
@@ -252,7 +273,8 @@ void vmh_map_unref(vmh_map_t *m)
     CUresult rc = CALL(vmh_drv.cuMemUnmap(m->ptr, m->size));
     if (rc != CUDA_SUCCESS)
         vmh_handle_report_failure("cuMemUnmap", rc);
-    vmh_gauge_add(VMH_STAT_bytes_mapped, -(int64_t)m->size);
+    vmh_gauge_add(m->alloc->host ? VMH_STAT_bytes_spilled : VMH_STAT_bytes_mapped,
+                  -(int64_t)m->size);
     /* Unmap first, then the references: the allocation is released and the reservation
      * freed only when nothing maps them any more. */
     vmh_alloc_unref(m->alloc);

@@ -24,7 +24,8 @@ typedef struct vmh_alloc {
     atomic_int refs;
     CUmemGenericAllocationHandle handle;
     size_t size;
-    int device;          /* ordinal the chunk lives on */
+    int device;          /* ordinal the chunk lives on, or serves when host-located */
+    bool host;           /* host-located (overflow.h): pinned host memory at device addresses */
     int handle_type;     /* CUmemAllocationHandleType it was created with */
     int naccess;
     CUmemAccessDesc access[VMH_MAX_ACCESS];
@@ -44,6 +45,12 @@ typedef struct vmh_map {
     vmh_resv_t *resv;
     struct vmh_map *prev, *next; /* every live mapping (peer access reaches them all) */
 } vmh_map_t;
+
+/* Bytes of host-located chunks alive that serve `device` (created and not yet released): the
+ * overflow layer's budget and statistics. Devices at or past VMH_ALLOC_DEVICES are not
+ * counted apart (the device layer's limit is lower). */
+#define VMH_ALLOC_DEVICES 64
+size_t vmh_alloc_host_bytes(int device);
 
 /* cuMemCreate(size, prop); the descriptors are copied and applied wherever the chunk is
  * mapped. naccess may be 0 (a mapping then gets no cuMemSetAccess call). */

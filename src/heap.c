@@ -22,6 +22,7 @@
 #include "contexts.h"
 #include "driver.h"
 #include "log.h"
+#include "overflow.h"
 #include "packing.h"
 #include "reclaim.h"
 #include "registry.h"
@@ -70,7 +71,8 @@ static pthread_mutex_t parts_lock = PTHREAD_MUTEX_INITIALIZER;
 
 enum { HEAP_RUNNING, HEAP_EXITED, HEAP_CHILD };
 
-static const vmh_options_t *opt;
+/* Written by the front's configure before any allocation; read without a lock after. */
+static vmh_heap_settings_t settings;
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(hdev_t *) devs[VMH_MAX_DEVICES];
 static atomic_int mode = HEAP_RUNNING;
@@ -81,12 +83,9 @@ static hdev_t *hdev_of(vmh_dev_t *d)
     return (hdev_t *)((char *)d - offsetof(hdev_t, dev));
 }
 
-void vmh_heap_configure(const vmh_options_t *o)
+void vmh_heap_configure(const vmh_heap_settings_t *s)
 {
-    opt = o;
-    vmh_device_configure(o);
-    vmh_cache_configure(o);
-    vmh_reclaim_configure(o);
+    settings = *s;
 }
 
 
@@ -262,7 +261,7 @@ static bool in_child(void)
  * a buffer of its own grows in place or by remapping, a packed one by a copy. */
 static size_t pack_below(const hdev_t *h, bool growable)
 {
-    size_t below = opt->pack_below;
+    size_t below = settings.pack_below;
     if (growable && below > h->dev.gran / 2)
         below = h->dev.gran / 2;
     return below;
@@ -310,6 +309,13 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
     CUresult rc = size < pack_below(h, growable)
                       ? vmh_packing_alloc(&p->pack, size, out, no_address)
                       : vmh_bigbuf_alloc(&p->big, size, growable, site, out, no_address);
+    /* The device refused after its wait, release and trim: host memory, when allowed. Not for a
+     * paused tag (it takes no memory) nor an exhausted address budget (host memory needs
+     * addresses too). */
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && !*no_address && vmh_overflow_enabled() &&
+        vmh_tag_running(tag) && (rc = vmh_bigbuf_alloc_spilled(&p->big, size, site, out)) ==
+                                    CUDA_SUCCESS)
+        vmh_count(VMH_STAT_spills, 1);
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_served_allocs, 1);
         vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size);
@@ -425,7 +431,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     size_t req = 0;
     /* Freed memory reused at once while the program's work runs in one queue (contexts.h:
      * the note, then the look, in that order, so that the rule's end covers this free). */
-    bool at_once = opt->stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
+    bool at_once = settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
     vmh_paused_t *gone = NULL;
     CUresult rc = o->kind == VMH_OWN_EXTENT
                       ? vmh_packing_park_locked((vmh_ext_t *)o, p, at_once, &req)
@@ -441,17 +447,10 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     /* Natively cudaFree waits for the device; here the reclaim thread does, unless the program
      * asked for native blocking frees (DESIGN.md, "Frees"). */
     vmh_reclaim_t *r = &hdev_of(o->dev)->reclaim;
-    if (opt->free_sync && !async) {
+    if (settings.free_sync && !async) {
         vmh_reclaim_wait(r, VMH_WAIT_APP);
     } else if (!async && !(at_once && o->kind == VMH_OWN_EXTENT) && !vmh_capture_any()) {
-        /* One buffer larger than the park budget: the next allocation that needs new memory
-         * would wait for it anyway (vmh_reclaim_throttle); waiting here, as native cudaFree
-         * does, makes it reusable before that allocation comes, without a handoff to the
-         * reclaim thread (a 1 GiB free-then-allocate pair, say). A budget of 0
-         * (VMMHOOK_PARK_LIMIT=0) keeps its meaning (reclaim.h): no wait at the free. */
-        size_t budget = vmh_reclaim_park_budget(r);
-        if (budget != 0 && req > budget)
-            vmh_reclaim_wait(r, VMH_WAIT_APP);
+        vmh_reclaim_free_throttle(r, req); /* one buffer larger than the park budget waits */
     }
     return CUDA_SUCCESS;
 }
@@ -682,6 +681,65 @@ CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant)
     if (grant)
         vmh_work_queue_split("peer access enabled");
     return vmh_access_set_peer(owner, peer, grant);
+}
+
+/* ---- spilled memory back to the device ---------------------------------------------------- */
+
+/* What a prefetch does first: no work of the program may touch what moves (its contract), and
+ * none submitted before may still be running; then idle memory makes room. */
+static CUresult prefetch_prepare(hdev_t *h)
+{
+    CUresult rc = vmh_ctx_sync_device(h->dev.ordinal);
+    if (rc == CUDA_SUCCESS)
+        (void)dev_relieve(&h->dev);
+    return rc;
+}
+
+CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
+{
+    *moved = 0;
+    if (in_child() || !running())
+        return CUDA_ERROR_NOT_FOUND;
+    vmh_buffer_info_t info;
+    const vmh_owner_t *seen = vmh_registry_get(p);
+    if (!seen || !seen->lock || !vmh_heap_find(p, &info))
+        return CUDA_ERROR_NOT_FOUND; /* not a live served buffer */
+    if (seen->kind != VMH_OWN_BIG)
+        return CUDA_SUCCESS; /* packed memory never spills */
+    hdev_t *h;
+    CUresult rc = dev_current(&h);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (&h->dev != seen->dev)
+        return CUDA_ERROR_INVALID_DEVICE; /* the copy runs in the current context */
+    if ((rc = prefetch_prepare(h)) != CUDA_SUCCESS)
+        return rc;
+    vmh_owner_t *o = vmh_owner_lock(p);
+    if (!o)
+        return CUDA_ERROR_NOT_FOUND; /* freed meanwhile */
+    if (o->kind != VMH_OWN_BIG) {
+        vmh_owner_unlock(o);
+        return CUDA_SUCCESS;
+    }
+    return vmh_bigbuf_prefetch_locked((vmh_big_t *)o, p, moved); /* unlocks */
+}
+
+CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
+{
+    *moved = 0;
+    if (in_child() || !running())
+        return CUDA_SUCCESS;
+    hdev_t *h;
+    CUresult rc = dev_current(&h);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    tagpart_t *p = tag < VMM_TAGS_MAX ? atomic_load_explicit(&h->part[tag], memory_order_acquire)
+                                      : NULL;
+    if (!p || !vmh_overflow_bytes(h->dev.ordinal))
+        return CUDA_SUCCESS;
+    if ((rc = prefetch_prepare(h)) != CUDA_SUCCESS)
+        return rc;
+    return vmh_bigbuf_prefetch_all(&p->big, moved);
 }
 
 /* ---- maintenance ------------------------------------------------------------------------- */

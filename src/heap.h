@@ -15,15 +15,21 @@
 
 #include "device.h"
 #include "handle.h"
-#include "options.h"
 
 #include <cuda.h>
 #include <stdbool.h>
 #include <stddef.h>
 
-/* The options the heap and its layers use (lifetime.c passes the snapshot; tests pass theirs).
- * The snapshot must outlive the heap. */
-void vmh_heap_configure(const vmh_options_t *opt);
+/* What the front takes from the options; lifetime.c makes it once, at start, with the settings
+ * of the layers below (vmh_device_configure, vmh_cache_configure, vmh_reclaim_configure). */
+typedef struct vmh_heap_settings {
+    size_t pack_below;   /* VMMHOOK_PACK_BELOW: smaller requests are packed */
+    bool stream_ordered; /* VMMHOOK_STREAM_ORDERED: reuse at once while one queue (contexts.h) */
+    bool free_sync;      /* VMMHOOK_FREE_SYNC: every free (not async) waits like cudaFree */
+} vmh_heap_settings_t;
+
+/* Takes a copy of *s, before any allocation (tests call it again between tests). */
+void vmh_heap_configure(const vmh_heap_settings_t *s);
 
 /* Serves size bytes (size > 0) on the current context's device, 256-byte aligned. site: where
  * the program asked (the interposed entry point's return address; kept for buffers of their
@@ -114,6 +120,17 @@ void vmh_heap_on_pressure(vmh_pressure_fn fn);
  * returns the bytes given back. The interposer calls it when another allocator of the process
  * ran out of memory, then retries that call once. */
 size_t vmh_heap_trim(void);
+
+/* Moves spilled memory (VMMHOOK_OVERFLOW=host) back to the device at the same addresses: the
+ * buffer holding p, or every spilled buffer of a tag on the current device (vmm_prefetch,
+ * vmm_prefetch_tag). Waits for the device's work first (the program submits none touching
+ * them meanwhile: its contract, as for a free), and gives idle memory back to make room.
+ * *moved: the bytes moved. CUDA_ERROR_NOT_FOUND: p is not served; INVALID_DEVICE: p's device
+ * is not the current one; OUT_OF_MEMORY: no room (the buffer stays where it is);
+ * NOT_PERMITTED: paused; ALREADY_MAPPED: shared (CUDA IPC). Packed buffers never spill:
+ * success. */
+CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved);
+CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved);
 
 /* Gives back the address space of packed extents whose every block was freed while their tag was
  * paused (they hold no memory: no wait, no unmap), so that a resume does not map them again. */

@@ -355,8 +355,9 @@ static void ip_init(void)
     /* Options, then the driver table (lifetime.h). After the heap's shutdown at exit its calls
      * answer "not ours" (CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_FOUND) and we pass through. */
     bool serve = vmh_lifetime_ready();
+    const vmh_options_t *o = vmh_lifetime_options();
     if (!serve)
-        vmh_debug(vmh_opt.disable ? "VMMHOOK_DISABLE is set: every call goes to the driver"
+        vmh_debug(o && o->disable ? "VMMHOOK_DISABLE is set: every call goes to the driver"
                                   : "no usable CUDA driver: every call goes to the driver");
     atomic_store_explicit(&vmh_ip_mode, serve ? IP_MODE_SERVE : IP_MODE_PASS, memory_order_release);
 }

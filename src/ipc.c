@@ -10,7 +10,6 @@
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
-#include "options.h"
 #include "stats.h"
 
 #include <assert.h>
@@ -23,13 +22,13 @@
 static atomic_flag warned_handle_type = ATOMIC_FLAG_INIT;
 
 /* Handed down by lifetime.c (vmh_ipc_configure) before any other call. */
-static const vmh_options_t *configured_opt;
+static vmh_ipc_settings_t settings;
 static void (*configured_before_export)(void);
 
-void vmh_ipc_configure(const vmh_options_t *opt, void (*before_export)(void))
+void vmh_ipc_configure(const vmh_ipc_settings_t *s, void (*before_export)(void))
 {
-    assert(opt != NULL && before_export != NULL);
-    configured_opt = opt;
+    assert(s != NULL && before_export != NULL);
+    settings = *s;
     configured_before_export = before_export;
 }
 
@@ -53,9 +52,9 @@ CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)
 {
     if (!out)
         return CUDA_ERROR_INVALID_VALUE;
-    /* The front's snapshot (vmh_ipc_configure): the handle type the chunks were asked to carry. */
-    assert(configured_opt != NULL);
-    vmh_handle_kind_t kind = configured_opt->handle;
+    /* The handle type the chunks were asked to carry (vmh_ipc_configure). */
+    assert(configured_before_export != NULL);
+    vmh_handle_kind_t kind = settings.handle;
     if (kind != VMH_HANDLE_POSIX_FD) {
         vmh_buffer_info_t bi;
         if (!vmh_heap_find(p, &bi))

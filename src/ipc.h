@@ -59,16 +59,20 @@
 
 #include "ipc_import.h"
 #include "ipc_wire.h"
-#include "options.h"
+#include "options.h" /* the values of VMMHOOK_HANDLE_TYPE */
 
 /* ---- what the layer above (lifetime.c) hands down ---------------------------------------- */
 
-/* Called once at the library's start, before any other call here: opt is the options snapshot
- * (the handle type the chunks carry is read from it at each export), and before_export is
- * called before every export: lifetime installs its IPC exit and fork handling there, once,
- * after the driver was initialized. IPC includes nothing above itself; what it needs from
- * its lifetime comes down as this data. */
-void vmh_ipc_configure(const vmh_options_t *opt, void (*before_export)(void));
+/* What this layer takes from the options; the front makes it once, at start (lifetime.c). */
+typedef struct vmh_ipc_settings {
+    vmh_handle_kind_t handle; /* VMMHOOK_HANDLE_TYPE: what the chunks were asked to carry */
+} vmh_ipc_settings_t;
+
+/* Called once at the library's start, before any other call here: a copy of *s is kept, and
+ * before_export is called before every export: lifetime installs its IPC exit and fork
+ * handling there, once, after the driver was initialized. IPC includes nothing above itself;
+ * what it needs from its lifetime comes down as this data. */
+void vmh_ipc_configure(const vmh_ipc_settings_t *s, void (*before_export)(void));
 
 /* vmh_ipc_stop (lifetime.c) and vmh_ipc_close (interpose.c) are ipc_import.c's, declared in
  * ipc_import.h, which this header includes; vmh_ipc_prune is ipc_export.c's: ipc_export.h. */

@@ -44,12 +44,16 @@
 #include "lifetime.h"
 #include "contexts.h"
 
+#include "cache.h"
+#include "device.h"
 #include "driver.h"
 #include "heap.h"
 #include "ipc.h"
 #include "ipc_export.h"
 #include "ipc_import.h"
 #include "ipc_listener.h"
+#include "log.h"
+#include "overflow.h"
 #include "pause.h"
 #include "reclaim.h"
 #include "stats.h"
@@ -58,26 +62,99 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { LIFE_RUNNING, LIFE_EXITED, LIFE_CHILD };
 
 static pthread_once_t started = PTHREAD_ONCE_INIT;
 static atomic_bool start_done; /* the once above completed (the fork handler reads it) */
 static atomic_int phase = LIFE_RUNNING;
-static const vmh_options_t *snapshot;
+/* The options the layers were configured from: the snapshot (a test's own options in the
+ * tests). Read for VMMHOOK_DISABLE, VMMHOOK_LEAKS, and to name a refused value. */
+static const vmh_options_t *opts;
 
 static void ipc_began(void);
 
+/* ---- settings: each layer's, made from the options ------------------------------------------
+ * The layers below never see the options: each takes the small struct of its own header
+ * (vmh_device_settings_t, ...), made here, once, at start. */
+
+/* Which variables have had their one refusal warning (bit = row of the table). */
+static _Atomic uint64_t refused_mask;
+
+/* The refusal policy the layers are handed (log.h's vmh_refuse_fn): one warning per variable,
+ * however many devices ask, "VMMHOOK_X=value is refused: <why>; accepted: <forms>; using
+ * <instead>", the value as the options hold it; with VMMHOOK_STRICT the program stops. */
+VMH_TESTABLE void vmh_lifetime_refuse(const char *name, const char *why, const char *instead)
+{
+    size_t row = 0, rows = vmh_options_count();
+    while (row < rows && strcmp(vmh_options_name(row), name) != 0)
+        row++;
+    vmh_option_info_t info;
+    char v[300], q[80];
+    const char *forms = "?";
+    if (row < rows && vmh_options_info(row, &info)) {
+        uint64_t bit = row < 64 ? (uint64_t)1 << row : 0;
+        if (!opts->strict && (atomic_fetch_or(&refused_mask, bit) & bit))
+            return;
+        vmh_options_format(opts, row, v, sizeof v);
+        vmh_fmt_quoted(q, sizeof q, v, 64);
+        forms = info.forms;
+    } else {
+        snprintf(q, sizeof q, "(unknown)");
+    }
+    if (opts->strict) {
+        vmh_log("%s=%s is refused: %s; accepted: %s; stopping because VMMHOOK_STRICT is set", name,
+                q, why, forms);
+        vmh_log_stop();
+        return;
+    }
+    vmh_log("%s=%s is refused: %s; accepted: %s; using %s", name, q, why, forms, instead);
+}
+
+/* The statistics' settings: opens the trace when one is asked for (its clock starts then). */
+VMH_TESTABLE void vmh_lifetime_configure_stats(const vmh_options_t *o)
+{
+    opts = o;
+    vmh_stats_configure(&(vmh_stats_settings_t){.stats = o->stats,
+                                                .leaks = o->leaks,
+                                                .trace = o->trace,
+                                                .json = o->stats_json,
+                                                .refuse = vmh_lifetime_refuse});
+}
+
+/* The heap's settings and those of the layers under it, and IPC's. */
+VMH_TESTABLE void vmh_lifetime_configure(const vmh_options_t *o)
+{
+    opts = o;
+    vmh_device_configure(&(vmh_device_settings_t){.gran_mode = o->gran_mode,
+                                                  .gran_bytes = o->gran_bytes,
+                                                  .handle = o->handle,
+                                                  .rdma = o->rdma,
+                                                  .peers = o->peers,
+                                                  .mem_limit = o->mem_limit,
+                                                  .va_limit = o->va_limit,
+                                                  .headroom = o->headroom,
+                                                  .refuse = vmh_lifetime_refuse});
+    vmh_cache_configure(&(vmh_cache_settings_t){.limit = o->cache_limit});
+    vmh_reclaim_configure(&(vmh_reclaim_settings_t){.park_limit = o->park_limit});
+    vmh_overflow_configure(o->overflow == VMH_OVERFLOW_HOST, o->overflow_limit);
+    vmh_heap_configure(&(vmh_heap_settings_t){.pack_below = o->pack_below,
+                                              .stream_ordered = o->stream_ordered,
+                                              .free_sync = o->free_sync});
+    vmh_ipc_configure(&(vmh_ipc_settings_t){.handle = o->handle}, ipc_began);
+}
+
 static void start(void)
 {
-    snapshot = vmh_options_load();
-    /* the trace clock starts here, and the trace file exists from now */
-    vmh_stats_configure(snapshot);
+    const vmh_options_t *o = vmh_options_load();
+    vmh_log_set_verbose(o->verbose);
+    vmh_lifetime_configure_stats(o); /* the trace clock starts here, the trace file exists */
     vmh_stats_set_tag_report(vmh_tags_report_table, vmh_tags_json);
-    vmh_heap_configure(snapshot);
-    vmh_pause_configure(snapshot);
-    vmh_ipc_configure(snapshot, ipc_began);
+    vmh_lifetime_configure(o);
+    vmh_pause_configure(o->pin_limit);
     atomic_store(&start_done, true);
 }
 
@@ -87,14 +164,13 @@ bool vmh_lifetime_ready(void)
     if (atomic_load_explicit(&phase, memory_order_relaxed) == LIFE_CHILD)
         return false;
     pthread_once(&started, start);
-    return !snapshot->disable &&
-           atomic_load_explicit(&phase, memory_order_relaxed) == LIFE_RUNNING &&
+    return !opts->disable && atomic_load_explicit(&phase, memory_order_relaxed) == LIFE_RUNNING &&
            vmh_driver_ready();
 }
 
 const vmh_options_t *vmh_lifetime_options(void)
 {
-    return snapshot;
+    return opts;
 }
 
 /* ---- process events ------------------------------------------------------------------------ */
@@ -111,6 +187,11 @@ static void step(char c)
     unsigned i = atomic_fetch_add(&step_len, 1);
     if (i + 1 < sizeof step_log)
         step_log[i] = c;
+}
+
+void vmh_lifetime_refuse_reset(void)
+{
+    atomic_store(&refused_mask, 0);
 }
 
 const char *vmh_lifetime_steps(void)
@@ -239,11 +320,11 @@ static void ipc_began(void)
 VMH_TESTABLE void vmh_lifetime_exit(void)
 {
     int expected = LIFE_RUNNING;
-    if (!vmh_driver_loaded() || !snapshot ||
+    if (!vmh_driver_loaded() || !opts ||
         !atomic_compare_exchange_strong(&phase, &expected, LIFE_EXITED))
         return;
     vmh_ipc_stop();
-    vmh_heap_shutdown(snapshot->leaks);
+    vmh_heap_shutdown(opts->leaks);
     vmh_stats_report();
 }
 

@@ -1,8 +1,11 @@
 /* The library's lifetime, in one place: start, exit, fork, and what a call gets after each.
  *
  *   start   the first interposed or public call: options are read once into a snapshot, the
- *           statistics start, each layer is configured from the snapshot (the layers below
- *           never read options themselves).
+ *           statistics start, each layer gets its settings (a small struct of its own header)
+ *           made from the snapshot here: the layers below never see the options. A value the
+ *           machine refuses later is reported by this layer's policy, handed down with the
+ *           settings (log.h's vmh_refuse_fn: one warning per variable, or VMMHOOK_STRICT's
+ *           stop).
  *   exit    the library's destructor: the leak report and statistics, then the heap serves
  *           nothing more; late frees of served pointers (other libraries' destructors) are
  *           accepted quietly without a driver call, everything else passes through.
@@ -12,7 +15,7 @@
  *           driver answers as it does natively (CUDA is not usable in such a child). The child
  *           takes no lock another thread of the parent may have held, writes no report and
  *           reports no leak.
- *   IPC     start hands IPC the snapshot and a function it calls before each export
+ *   IPC     start hands IPC its settings and a function it calls before each export
  *           (vmh_ipc_configure); from the first, the exit handler stops the IPC listener and
  *           export table before libcuda's teardown, and the fork handlers keep their locks
  *           from being inherited held (ipc_listener.h, ipc_export.h, ipc_import.h: shutdown,
@@ -35,10 +38,19 @@
  * pass everything through. */
 bool vmh_lifetime_ready(void);
 
-/* The options snapshot (valid after vmh_lifetime_ready). */
+/* The options the layers were configured from: the snapshot (valid after vmh_lifetime_ready;
+ * NULL before). */
 const vmh_options_t *vmh_lifetime_options(void);
 
 #ifdef VMH_TESTING
+/* What start does with the snapshot, for the tests' own options (o must outlive their use: a
+ * refusal names its value from it): the settings of the heap, the layers under it and IPC;
+ * those of the statistics (which opens the trace). Both may be called again to change them. */
+void vmh_lifetime_configure(const vmh_options_t *o);
+void vmh_lifetime_configure_stats(const vmh_options_t *o);
+/* The refusal policy handed to the layers, and its reset (every variable may warn again). */
+void vmh_lifetime_refuse(const char *name, const char *why, const char *instead);
+void vmh_lifetime_refuse_reset(void);
 /* Tests: what the destructor does at exit, what the fork handler does in a child (only there:
  * it releases the locks the prefork step took), and what the exit handler does for IPC. */
 void vmh_lifetime_exit(void);

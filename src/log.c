@@ -5,13 +5,16 @@
  * the loader holds its lock, in fork children and in destructors after libc's own exit handlers.
  * glibc's vsnprintf does not allocate for the integer, pointer and %s conversions used here,
  * and one write(2) per line keeps lines of different threads from interleaving. errno is
- * preserved, since the interposed entry points must not change what the program sees. */
+ * preserved, since the interposed entry points must not change what the program sees. The one
+ * use of stdio: VMMHOOK_STRICT's stop (vmh_log_stop) flushes the program's buffers before it
+ * aborts. */
 #include "log.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -69,8 +72,8 @@ void vmh_log(const char *fmt, ...)
     va_end(ap);
 }
 
-/* Set by whoever read the configuration (the options loader, for the front): this file sits
- * below the options and must not read them. Relaxed: a debug line more or less while the
+/* Set by the front from VMMHOOK_VERBOSE (lifetime.c, at start): this file sits below the
+ * options and must not read them. Relaxed: a debug line more or less while the
  * setting changes does not matter. */
 static atomic_bool verbose;
 
@@ -92,6 +95,20 @@ void vmh_debug(const char *fmt, ...)
     va_start(ap, fmt);
     vlog(fmt, ap);
     va_end(ap);
+}
+
+static void stop_program(int status)
+{
+    (void)status; /* abort's status is SIGABRT's */
+    fflush(NULL);
+    abort();
+}
+
+VMH_TESTABLE void (*vmh_log_exit)(int status) = stop_program;
+
+void vmh_log_stop(void)
+{
+    vmh_log_exit(2);
 }
 
 const char *vmh_fmt_bytes(char *buf, size_t len, unsigned long long n)

@@ -12,8 +12,8 @@ void vmh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The same, only when verbose logging is on (vmh_log_set_verbose; off until then). */
 void vmh_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Verbose logging on or off. The log sits below the options: the code that reads
- * VMMHOOK_VERBOSE (vmh_options_load) sets it; the log never reads the options. */
+/* Verbose logging on or off. The log sits below the options: the front sets it from
+ * VMMHOOK_VERBOSE at start (lifetime.c); the log never reads the options. */
 void vmh_log_set_verbose(bool on);
 bool vmh_log_verbose(void);
 
@@ -26,6 +26,22 @@ const char *vmh_fmt_bytes(char *buf, size_t len, unsigned long long n);
  * could hold a newline that would forge a log line. Returns buf. */
 const char *vmh_fmt_quoted(char *buf, size_t len, const char *s, size_t max);
 
+/* How VMMHOOK_STRICT stops the program (a bad value when the options are read, a value the
+ * machine refuses later): the C library's buffers are flushed, so that what the program printed
+ * so far is not lost, then abort(). Not exit(): the stop can come from inside the library (its
+ * first use runs inside a pthread_once, a refusal inside a device lock), and exit handlers,
+ * cudart's among them, call CUDA and would re-enter it and wait forever. Not _exit(): that
+ * loses the program's buffered output. Returns only when a test replaced vmh_log_exit. */
+void vmh_log_stop(void);
+
+/* A value the parser accepted but that the machine refuses later (VMMHOOK_HANDLE_TYPE=fabric
+ * when cuMemCreate answers CUDA_ERROR_NOT_PERMITTED, a trace file that cannot be made): name is
+ * the variable ("VMMHOOK_X"), why the machine's answer, instead what the caller then uses. The
+ * front's policy (lifetime.c: one warning per variable naming the value and its accepted
+ * forms, or VMMHOOK_STRICT's stop), handed down in the settings of the layers that meet such
+ * a value; the caller applies `instead` itself when it returns. */
+typedef void (*vmh_refuse_fn)(const char *name, const char *why, const char *instead);
+
 /* The longest line vmh_log writes, prefix and newline included; longer ones end in "...". */
 #define VMH_LOG_LINE_MAX 1024
 
@@ -33,6 +49,8 @@ const char *vmh_fmt_quoted(char *buf, size_t len, const char *s, size_t max);
 /* Where finished lines ("vmmhook: ...\n") go: write(2) to fd 2 in the library; tests capture. */
 extern void (*vmh_log_sink)(const char *line, size_t len);
 void vmh_log_write_stderr(const char *line, size_t len);
+/* What vmh_log_stop calls: flush and abort in the library; tests replace it (it may return). */
+extern void (*vmh_log_exit)(int status);
 #endif
 
 #endif

@@ -9,15 +9,17 @@
  *  - unset or empty: the default;
  *  - blanks around a value are ignored except for paths, which are taken verbatim;
  *  - a bad value: one warning naming the variable, the value (escaped, shortened) and the
- *    accepted forms, and the default is kept; with VMMHOOK_STRICT the program stops instead.
- * Nothing here allocates; stdio only to flush the program's buffers before a strict stop. The
- * first read can happen inside dlsym or the driver. */
+ *    accepted forms, and the default is kept; with VMMHOOK_STRICT the program stops instead
+ *    (log.h's vmh_log_stop).
+ * This file parses, checks forms, formats and prints; what a value means to a layer is that
+ * layer's (lifetime.c makes each layer's settings from the snapshot), and so is a value the
+ * machine refuses later (lifetime.c's refusal policy). Nothing here allocates; stdio only to
+ * format. The first read can happen inside dlsym or the driver. */
 #include "options.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +30,6 @@
 #include "optparse.h"
 #include "testable.h"
 #include "vmmhook.h"
-
-vmh_options_t vmh_opt;
 
 /* The kinds of row (vmh_option_kind_t in options.h), by their short names here. */
 typedef vmh_option_kind_t opt_kind_t;
@@ -217,7 +217,6 @@ static const opt_row_t rows[] = {
      "allocation fails with out-of-memory, as natively."},
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
-_Static_assert(NROWS <= 32, "refused_mask has 32 bits");
 
 /* The accepted forms, as the warnings state them. */
 static const char *forms(const opt_row_t *r)
@@ -426,20 +425,6 @@ static const opt_row_t *find_row(const char *name)
 
 /* ---- the table, as a whole ---------------------------------------------------------------- */
 
-/* How VMMHOOK_STRICT stops the program: the C library's buffers are flushed (what the program
- * printed so far is not lost), then abort(). Not exit(): the stop can come from inside the
- * library (its first use runs inside a pthread_once, a refusal inside a device lock), and
- * exit handlers, cudart's among them, call CUDA and would re-enter it and wait forever. Not
- * _exit(): that loses the program's buffered output. */
-static void stop_program(int status)
-{
-    (void)status; /* abort's status is SIGABRT's */
-    fflush(NULL);
-    abort();
-}
-
-VMH_TESTABLE void (*vmh_options_exit)(int status) = stop_program;
-
 void vmh_options_defaults(vmh_options_t *o)
 {
     memset(o, 0, sizeof(*o));
@@ -641,7 +626,7 @@ VMH_TESTABLE int vmh_options_apply(vmh_options_t *o, vmh_getenv_fn get, void *ar
     vmh_options_defaults(o);
     vmh_options_parse(o, get, arg, &bad);
     if (bad > 0 && o->strict) {
-        vmh_options_exit(2);
+        vmh_log_stop();
         return -1; /* only when a test's exit hook returns */
     }
     if (o->verbose)
@@ -697,6 +682,9 @@ void vmh_options_announce(vmh_getenv_fn get, void *arg)
             n ? changed : "none", bad ? " (and bad values, reported at the first CUDA call)" : "");
 }
 
+/* The options as the environment set them, read once by vmh_options_load. */
+static vmh_options_t snapshot;
+
 static void load_once(void)
 {
     vmh_options_t o;
@@ -704,83 +692,19 @@ static void load_once(void)
     vmh_options_apply(&o, vmh_options_env_get, NULL);
     if (!getauxval(AT_SECURE))
         vmh_options_check_unknown(environ, false);
-    vmh_opt = o;
-    /* The log sits below the options and never reads them: tell it. */
-    vmh_log_set_verbose(o.verbose);
+    snapshot = o;
 }
 
 const vmh_options_t *vmh_options_load(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, load_once);
-    return &vmh_opt;
+    return &snapshot;
 }
-
-/* ---- checks that need the driver ------------------------------------------------------------ */
 
 const char *vmh_handle_kind_name(vmh_handle_kind_t k)
 {
     return (unsigned)k < VMH_HANDLE_KIND_COUNT ? handle_words[k] : "?";
-}
-
-bool vmh_options_check_granularity(const vmh_options_t *o, size_t min_gran, size_t rec_gran,
-                                   size_t *out, char *why, size_t whylen)
-{
-    if (min_gran == 0)
-        min_gran = 1; /* the driver never answers 0; do not divide by it if it does */
-    /* The recommended granularity is a multiple of the minimum on every driver seen; fall back
-     * to the minimum if one ever answers otherwise, since cuMemMap needs the multiple. */
-    size_t rec = (rec_gran != 0 && rec_gran % min_gran == 0) ? rec_gran : min_gran;
-    if (whylen)
-        why[0] = '\0';
-    switch (o->gran_mode) {
-    case VMH_GRAN_MIN:
-        *out = min_gran;
-        return true;
-    case VMH_GRAN_BYTES:
-        if (o->gran_bytes != 0 && o->gran_bytes % min_gran == 0) {
-            *out = o->gran_bytes;
-            return true;
-        }
-        if (whylen) {
-            char m[32];
-            snprintf(why, whylen,
-                     "not a multiple of the driver's minimum granularity %zu (%s) for these "
-                     "allocation properties",
-                     min_gran, vmh_fmt_bytes(m, sizeof(m), min_gran));
-        }
-        *out = rec;
-        return false;
-    case VMH_GRAN_RECOMMENDED:
-    default:
-        *out = rec;
-        return true;
-    }
-}
-
-static _Atomic uint32_t refused_mask;
-
-void vmh_options_refuse(const char *name, const char *why, const char *instead)
-{
-    const opt_row_t *r = find_row(name);
-    char v[300], q[80];
-    if (r) {
-        uint32_t bit = 1u << (unsigned)(r - rows);
-        if (!vmh_opt.strict && (atomic_fetch_or(&refused_mask, bit) & bit))
-            return; /* one warning per variable, however many devices ask */
-        fmt_row(&vmh_opt, r, v, sizeof(v));
-        vmh_fmt_quoted(q, sizeof(q), v, 64);
-    } else {
-        snprintf(q, sizeof(q), "(unknown)");
-    }
-    if (vmh_opt.strict) {
-        vmh_log("%s=%s is refused: %s; accepted: %s; stopping because VMMHOOK_STRICT is set", name,
-                q, why, r ? forms(r) : "?");
-        vmh_options_exit(2);
-        return;
-    }
-    vmh_log("%s=%s is refused: %s; accepted: %s; using %s", name, q, why, r ? forms(r) : "?",
-            instead);
 }
 
 /* ---- the table, row by row (vmmhook-config, the tests, the fuzzer) ----------------------------
@@ -828,10 +752,3 @@ size_t vmh_options_format(const vmh_options_t *o, size_t row, char *buf, size_t 
     }
     return fmt_row(o, &rows[row], buf, len);
 }
-
-#ifdef VMH_TESTING
-void vmh_options_refuse_reset(void)
-{
-    atomic_store(&refused_mask, 0);
-}
-#endif

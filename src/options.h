@@ -1,8 +1,11 @@
 /* Layer "utilities": options. Every VMMHOOK_* environment variable is one row of the table in
  * options.c. They are read once, at the first use of the library by a CUDA program, into a
- * snapshot (vmh_options_load) that the front passes down to the modules below it through their
- * configure calls; only the load line of VMMHOOK_VERBOSE (vmh_options_announce) reads them
- * earlier, quietly. Below: log only. */
+ * snapshot (vmh_options_load); the front (lifetime.c) makes each layer's settings from it (a
+ * small struct in that layer's header: vmh_device_settings_t, ...) and passes them down
+ * through the configure calls, so that no layer below the front uses vmh_options_t. The enums
+ * below are the values of rows (a layer's settings may hold them). Only the load line of
+ * VMMHOOK_VERBOSE (vmh_options_announce) reads the environment earlier, quietly. Below: log
+ * only. */
 #ifndef VMH_OPTIONS_H
 #define VMH_OPTIONS_H
 
@@ -66,8 +69,6 @@ typedef struct vmh_options {
     vmh_overflow_kind_t overflow; /* VMMHOOK_OVERFLOW */
     size_t overflow_limit;        /* VMMHOOK_OVERFLOW_LIMIT: cap on host bytes serving overflow */
 } vmh_options_t;
-
-extern vmh_options_t vmh_opt;
 
 /* Where the parser reads a variable: secure_getenv in the library (vmh_options_env_get), a
  * fake environment in the tests and the fuzzer. Returns NULL when the variable is unset. */
@@ -140,28 +141,10 @@ void vmh_options_announce(vmh_getenv_fn get, void *arg);
 void vmh_options_defaults(vmh_options_t *o);
 
 /* Reads the environment once (thread-safe); prints warnings, and with VMMHOOK_STRICT stops the
- * program on a bad value (vmh_options_exit); sets the log's verbosity; with VMMHOOK_VERBOSE
- * prints every resolved option. Returns the snapshot, which the front passes down to the
- * modules below it (their configure calls). vmh_opt holds zeros, not
- * the defaults, until this has run: every reader calls it first (after the first call it costs
- * one pthread_once check). The vmh_opt global stays until every module below the front takes
- * its configuration from the snapshot. */
+ * program on a bad value (vmh_log_stop); with VMMHOOK_VERBOSE prints every resolved option.
+ * Returns the snapshot, the same on every call, from which the front makes each layer's
+ * settings (lifetime.c). */
 const vmh_options_t *vmh_options_load(void);
-
-/* The chunk granularity to use for one set of allocation properties, given the driver's
- * minimum and recommended granularity queried for exactly those properties (handle type, RDMA
- * flag): true and *out; or false when an explicit VMMHOOK_GRANULARITY is not a multiple of
- * min_gran, *out the fallback (recommended) and why a short reason. No warning: device.c
- * (vmh_dev_setup) warns with vmh_options_refuse, and also makes one chunk of the size to find a
- * granularity the driver cannot serve at all. */
-bool vmh_options_check_granularity(const vmh_options_t *o, size_t min_gran, size_t rec_gran,
-                                   size_t *out, char *why, size_t whylen);
-
-/* A value the parser accepted but that the machine refuses later, e.g. VMMHOOK_HANDLE_TYPE=fabric
- * when cuMemCreate answers CUDA_ERROR_NOT_PERMITTED: prints one warning (once per variable)
- * "VMMHOOK_X=value is refused: <why>; accepted: <forms>; using <instead>", or with
- * VMMHOOK_STRICT stops the program (vmh_options_exit). The caller then applies `instead` itself. */
-void vmh_options_refuse(const char *name, const char *why, const char *instead);
 
 /* "none", "posix_fd", "fabric". */
 const char *vmh_handle_kind_name(vmh_handle_kind_t k);
@@ -169,16 +152,9 @@ const char *vmh_handle_kind_name(vmh_handle_kind_t k);
 #ifdef VMH_TESTING
 /* Internal to options.c (static in the shipped library, see testable.h). */
 
-/* What vmh_options_load does once: defaults, parse, strict stop (through vmh_options_exit),
- * verbose listing. Returns 0 when every value was good, else -1. */
+/* What vmh_options_load does once: defaults, parse, strict stop (vmh_log_stop), verbose
+ * listing. Returns 0 when every value was good, else -1. */
 int vmh_options_apply(vmh_options_t *o, vmh_getenv_fn get, void *arg);
-
-/* How strict mode stops the program: in the library, flush stdio then abort() (options.c says
- * why not exit); tests replace it (it may return). */
-extern void (*vmh_options_exit)(int status);
-
-/* Forgets which variables vmh_options_refuse already warned about. */
-void vmh_options_refuse_reset(void);
 #endif
 
 #endif

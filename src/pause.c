@@ -29,6 +29,7 @@
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
+#include "overflow.h"
 #include "packing.h"
 #include "reclaim.h"
 #include "staging.h"
@@ -143,6 +144,13 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
     return CUDA_SUCCESS;
 }
 
+/* Host memory for a segment the device has no room for at a resume (overflow.h). */
+static CUresult spill_chunk(void *arg, size_t size, vmh_alloc_t **out)
+{
+    const vmh_dev_t *d = arg;
+    return vmh_overflow_chunk(d, size, out);
+}
+
 static CUresult visit_prepare(vmh_range_t **range, vmh_paused_t **paused, bool exported,
                               void *arg)
 {
@@ -154,8 +162,12 @@ static CUresult visit_prepare(vmh_range_t **range, vmh_paused_t **paused, bool e
         return CUDA_SUCCESS;
     if (p->host)
         vmh_staging_pin_now(p->host, p->size, j->dev->ctx);
-    /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants. */
-    return vmh_range_resume(p, &j->dev->prop, NULL, 0, p->host, &p->resumed);
+    /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants.
+     * With VMMHOOK_OVERFLOW=host what the device has no room for comes back in host memory:
+     * a resume does not fail for lack of device memory. */
+    return vmh_range_resume_spilling(p, &j->dev->prop, NULL, 0, p->host,
+                                     vmh_overflow_enabled() ? spill_chunk : NULL,
+                                     (void *)j->dev, &p->resumed);
 }
 
 static CUresult visit_abort(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
@@ -281,7 +293,9 @@ static CUresult visit_count(vmh_range_t **range, vmh_paused_t **paused, bool exp
 {
     vmh_tag_memory_t *m = arg;
     if (*range) {
-        m->mapped += (*range)->size;
+        size_t host = vmh_range_host_bytes(*range);
+        m->mapped += (*range)->size - host;
+        m->spilled += host;
         if (exported)
             m->kept += (*range)->size;
     }
@@ -307,9 +321,9 @@ static void tag_memory(unsigned tag, vmh_tag_memory_t *out)
     }
 }
 
-void vmh_pause_configure(const vmh_options_t *opt)
+void vmh_pause_configure(size_t pin_limit)
 {
-    vmh_staging_configure(opt->pin_limit);
+    vmh_staging_configure(pin_limit);
     vmh_tags_set_memory_source(tag_memory);
 }
 

@@ -5,12 +5,11 @@
 #define VMH_PAUSE_H
 
 #include "driver.h"
-#include "options.h"
 #include "vmmhook.h"
 
-/* VMMHOOK_PIN_LIMIT, and the per-tag memory figures of the statistics (tags.h). Called by the
- * front with the options snapshot. */
-void vmh_pause_configure(const vmh_options_t *opt);
+/* pin_limit: VMMHOOK_PIN_LIMIT (staging.h); also hands the per-tag memory figures of the
+ * statistics to tags.h. Called by the front at start (tests call it again). */
+void vmh_pause_configure(size_t pin_limit);
 
 /* vmm_pause / vmm_resume (include/vmmhook.h) under the entry points (api.c), which check first
  * that the library serves and keep the thread's last driver error: *driver_rc is set to the

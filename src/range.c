@@ -4,6 +4,7 @@
 #include "range.h"
 
 #include "driver.h"
+#include "log.h"
 #include "witness.h"
 
 #include <assert.h>
@@ -321,6 +322,14 @@ CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop
                           const CUmemAccessDesc *access, int naccess, const void *backup,
                           vmh_range_t **out)
 {
+    return vmh_range_resume_spilling(p, prop, access, naccess, backup, NULL, NULL, out);
+}
+
+CUresult vmh_range_resume_spilling(const vmh_paused_t *p, const CUmemAllocationProp *prop,
+                                   const CUmemAccessDesc *access, int naccess,
+                                   const void *backup, vmh_chunk_fn spill, void *spill_arg,
+                                   vmh_range_t **out)
+{
     if (!p || !prop || !out || !p->nsegs || naccess < 0 || naccess > VMH_MAX_ACCESS ||
         (naccess && !access))
         return CUDA_ERROR_INVALID_VALUE;
@@ -336,6 +345,8 @@ CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop
         vmh_alloc_t *a;
         rc = naccess ? vmh_alloc_create(s->size, &chunk_prop, access, naccess, &a)
                      : vmh_alloc_create(s->size, &chunk_prop, s->access, s->naccess, &a);
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY && spill)
+            rc = spill(spill_arg, s->size, &a);
         if (rc != CUDA_SUCCESS)
             break;
         rc = map_all(r, &a, 1, s->ptr, s->resv);
@@ -353,4 +364,141 @@ CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop
     assert(r->size == p->size);
     *out = r;
     return CUDA_SUCCESS;
+}
+
+/* ---- host chunks back to the device ---- */
+
+size_t vmh_range_host_bytes(const vmh_range_t *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; r && i < r->nmaps; i++)
+        n += r->maps[i] && r->maps[i]->alloc->host ? r->maps[i]->size : 0;
+    return n;
+}
+
+/* One host mapping of a range being rehomed: its new chunk and where that is copied to. */
+typedef struct rehome_slot {
+    vmh_alloc_t *fresh;    /* the new chunk (NULL: the mapping stays) */
+    vmh_range_t *scratch;  /* fresh mapped at a scratch address for the copy */
+    vmh_alloc_t *old;      /* the host chunk, kept until its replacement is mapped */
+    vmh_resv_t *resv;      /* the reservation the mapping is in */
+    CUdeviceptr ptr;
+} rehome_slot_t;
+
+static void slots_drop(rehome_slot_t *slots, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        vmh_range_destroy(slots[i].scratch);
+        vmh_alloc_unref(slots[i].fresh);
+        vmh_alloc_unref(slots[i].old);
+        if (slots[i].resv)
+            vmh_resv_unref(slots[i].resv);
+    }
+    free(slots);
+}
+
+/* Maps a at ptr in resv into *slot; tried again once with the old chunk (the bytes it held are
+ * unchanged: nothing touched them) when the new one cannot be mapped there. */
+static CUresult remap(rehome_slot_t *s, vmh_map_t **slot)
+{
+    CUresult rc = vmh_map_create(s->ptr, s->fresh, s->resv, slot);
+    if (rc == CUDA_SUCCESS)
+        return rc;
+    if (vmh_map_create(s->ptr, s->old, s->resv, slot) != CUDA_SUCCESS) {
+        *slot = NULL;
+        vmh_log("moving memory back to the device: the driver refused to map [0x%llx, +%zu) "
+                "again (CUDA error %d): that part of the buffer is lost",
+                (unsigned long long)s->ptr, s->old->size, (int)rc);
+    }
+    return rc;
+}
+
+/* The scratch mappings of slots[0..n) in one list (references), for a caller that must keep
+ * them until queued copies are done; NULL when out of host memory (then they stay mapped for
+ * ever: the copies may run, the memory must not go). */
+static vmh_range_t *scratch_list(rehome_slot_t *slots, size_t n)
+{
+    vmh_range_t *l = range_alloc(n);
+    if (!l) {
+        for (size_t i = 0; i < n; i++)
+            slots[i].scratch = NULL; /* leaked on purpose, see above */
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (slots[i].scratch) {
+            l->maps[l->nmaps++] = vmh_map_ref(slots[i].scratch->maps[0]);
+            l->size += slots[i].scratch->size;
+        }
+    return l;
+}
+
+CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_range_t **out,
+                          vmh_range_t **unfinished)
+{
+    if (!r || !make || !out || !unfinished || !vmh_range_host_bytes(r))
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = *unfinished = NULL;
+    if (!vmh_range_owned_alone(r))
+        return CUDA_ERROR_NOT_PERMITTED;
+    rehome_slot_t *slots = calloc(r->nmaps, sizeof *slots);
+    vmh_range_t *nr = range_alloc(r->nmaps);
+    if (!slots || !nr) {
+        free(slots);
+        free(nr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    /* Copy first, while r stays mapped: a failure here changes nothing. */
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t i = 0; i < r->nmaps && rc == CUDA_SUCCESS; i++) {
+        const vmh_map_t *m = r->maps[i];
+        if (!m->alloc->host)
+            continue;
+        rc = make(arg, m->size, &slots[i].fresh);
+        if (rc == CUDA_SUCCESS)
+            rc = vmh_range_create(&slots[i].fresh, 1, m->size, 0, 0, &slots[i].scratch, NULL);
+        if (rc == CUDA_SUCCESS)
+            rc = vmh_drv.cuMemcpyDtoD(slots[i].scratch->base, m->ptr, m->size);
+    }
+    bool copied = false; /* copies were queued */
+    for (size_t i = 0; i < r->nmaps; i++)
+        copied |= slots[i].scratch != NULL;
+    if (rc == CUDA_SUCCESS)
+        rc = vmh_drv.cuCtxSynchronize(); /* cuMemcpyDtoD does not wait for its own copy */
+    if (rc != CUDA_SUCCESS) {
+        /* A failed wait proves nothing: the queued copies may still write the scratch
+         * memory, which goes only once the GPU has passed them (the caller's reclaim). */
+        if (copied)
+            *unfinished = scratch_list(slots, r->nmaps);
+        free(nr);
+        slots_drop(slots, r->nmaps);
+        return rc;
+    }
+    /* Then the swap: hold what stays and where the host chunks were, unmap them (destroying
+     * r, which alone holds them), map the new chunks there. */
+    size_t n = r->nmaps;
+    nr->base = r->base;
+    for (size_t i = 0; i < n; i++) {
+        vmh_map_t *m = r->maps[i];
+        if (!slots[i].fresh) {
+            nr->maps[i] = vmh_map_ref(m);
+            continue;
+        }
+        slots[i].old = vmh_alloc_ref(m->alloc);
+        slots[i].resv = vmh_resv_ref(m->resv);
+        slots[i].ptr = m->ptr;
+    }
+    vmh_range_destroy(r);
+    CUresult swap_rc = CUDA_SUCCESS;
+    for (size_t i = 0; i < n; i++) {
+        if (slots[i].fresh && (rc = remap(&slots[i], &nr->maps[i])) != CUDA_SUCCESS)
+            swap_rc = rc;
+        nr->size += nr->maps[i] ? nr->maps[i]->size : 0;
+    }
+    nr->nmaps = n;
+    slots_drop(slots, n); /* the scratch mappings go; the new ones hold the chunks */
+    *out = nr;
+    /* A mapping the driver refused even for the old chunk is a hole in the buffer: said by
+     * the caller; the range holds what could be mapped, the old chunk where the new one failed,
+     * so the bytes and the address stay right whenever the driver allowed either. */
+    return swap_rc;
 }

@@ -60,6 +60,30 @@ void vmh_range_destroy(vmh_range_t *r);
 /* Bytes of address space reserved past the range's end in its last reservation. */
 size_t vmh_range_headroom(const vmh_range_t *r);
 
+/* Bytes of the range in host-located chunks (handle.h, a->host: memory that spilled). */
+size_t vmh_range_host_bytes(const vmh_range_t *r);
+
+/* Makes one chunk of `size` bytes for a range operation that needs new memory of the caller's
+ * kind (the overflow layer's host chunks, or the device's): as data, so this layer never
+ * calls upwards. */
+typedef CUresult (*vmh_chunk_fn)(void *arg, size_t size, vmh_alloc_t **out);
+
+/* Moves r's host-located chunks to chunks made by make(arg, size) (device memory), at the same
+ * addresses, contents kept: each new chunk is mapped at a scratch address, the old bytes are
+ * copied into it (cuMemcpyDtoD, then cuCtxSynchronize in the calling thread's context, which
+ * must be on r's device), and only then are r's host mappings replaced. No work may touch r
+ * while this runs (the caller's contract). r must be owned alone (vmh_range_owned_alone) and
+ * have a host chunk. On success r is consumed and *out is the new range (same base and size).
+ * A failure before the swap (no memory, a copy) leaves r untouched and *out NULL; when it was
+ * the wait for the copies, they may still run, and *unfinished gets a list (not a contiguous
+ * range: only for vmh_range_destroy) of the scratch mappings, for the caller to destroy once
+ * the GPU has passed them (else NULL). A failure of
+ * the swap itself (the driver refusing to map a new chunk where the old one was) consumes r
+ * too and returns the driver's code with *out the range as mapped: the old chunk back where a
+ * new one failed, NULL in maps[] only where the driver refused that as well (logged). */
+CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_range_t **out,
+                          vmh_range_t **unfinished);
+
 /* ---- Pause and resume: physical memory given back, addresses kept ----
  *
  * A paused range is a description of where a range was mapped: per segment its address, size,
@@ -124,6 +148,14 @@ CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, 
 CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop,
                           const CUmemAccessDesc *access, int naccess, const void *backup,
                           vmh_range_t **out);
+
+/* As vmh_range_resume, and a segment whose chunk the driver has no memory for gets one made by
+ * spill(spill_arg, size) instead (host memory at the same addresses, VMMHOOK_OVERFLOW; NULL:
+ * none, as vmh_range_resume). */
+CUresult vmh_range_resume_spilling(const vmh_paused_t *p, const CUmemAllocationProp *prop,
+                                   const CUmemAccessDesc *access, int naccess,
+                                   const void *backup, vmh_chunk_fn spill, void *spill_arg,
+                                   vmh_range_t **out);
 
 /* How the pause layer sees a heap record (a big buffer, a packing extent) during a visit,
  * under the record's lock: the record's range slot (NULL while paused), its paused-description

@@ -14,11 +14,12 @@
 #include <string.h>
 #include <time.h>
 
-static const vmh_options_t *opt;
+/* Written by the front's configure before any device is used; read without a lock after. */
+static vmh_reclaim_settings_t settings = {.park_limit = SIZE_MAX};
 
-void vmh_reclaim_configure(const vmh_options_t *o)
+void vmh_reclaim_configure(const vmh_reclaim_settings_t *s)
 {
-    opt = o;
+    settings = *s;
 }
 
 /* ---- the reclaim thread's state -----------------------------------------------------------
@@ -320,13 +321,20 @@ CUresult vmh_reclaim_drain(vmh_reclaim_t *r)
 
 size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r)
 {
-    size_t cap = opt ? opt->park_limit : SIZE_MAX;
+    size_t cap = settings.park_limit;
     if (cap == 0)
         return 0;
     size_t follow = vmh_dev_usable_peak(r->dev) / VMH_PARK_SHARE;
     if (follow < VMH_PARK_FLOOR)
         follow = VMH_PARK_FLOOR;
     return follow < cap ? follow : cap;
+}
+
+void vmh_reclaim_free_throttle(vmh_reclaim_t *r, size_t bytes)
+{
+    size_t budget = vmh_reclaim_park_budget(r);
+    if (budget != 0 && bytes > budget)
+        vmh_reclaim_wait(r, VMH_WAIT_APP);
 }
 
 bool vmh_reclaim_throttle(vmh_reclaim_t *r)

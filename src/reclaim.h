@@ -34,7 +34,6 @@
 #define VMH_RECLAIM_H
 
 #include "device.h"
-#include "options.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -99,8 +98,13 @@ typedef struct vmh_reclaim {
  * thread. */
 typedef enum vmh_waiter { VMH_WAIT_APP, VMH_WAIT_BACKGROUND } vmh_waiter_t;
 
-/* The options this layer uses (park_limit). The snapshot must outlive the heap. */
-void vmh_reclaim_configure(const vmh_options_t *opt);
+/* What this layer takes from the options; the front makes it once, at start (lifetime.c). */
+typedef struct vmh_reclaim_settings {
+    size_t park_limit; /* VMMHOOK_PARK_LIMIT: the park budget's cap (vmh_reclaim_park_budget) */
+} vmh_reclaim_settings_t;
+
+/* Takes a copy of *s, before any device is used (until then the budget has no cap). */
+void vmh_reclaim_configure(const vmh_reclaim_settings_t *s);
 
 /* Also makes r known to the reclaim thread (one queue per device ordinal). */
 void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev);
@@ -151,7 +155,7 @@ CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
 CUresult vmh_reclaim_pass(vmh_reclaim_t *r, vmh_waiter_t who);
 
 /* What may stay parked on the device before an allocating thread that needs new memory waits
- * itself (vmh_reclaim_throttle, and the heap's wait at the free of one larger buffer): a share
+ * itself (vmh_reclaim_throttle), or a free waits (vmh_reclaim_free_throttle): a share
  * of the program's recent peak of live bytes (1/VMH_PARK_SHARE, at least VMH_PARK_FLOOR), so
  * that a 642 MiB program does not hold 512 MiB parked nor a 60 GiB one stall at 512 MiB;
  * VMMHOOK_PARK_LIMIT caps it (0: nothing may stay parked). */
@@ -166,6 +170,14 @@ size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r);
  * fresh memory, which needs no wait). Returns whether it waited (the caller then looks for
  * released memory again before making new). */
 bool vmh_reclaim_throttle(vmh_reclaim_t *r);
+
+/* After the free of one buffer of `bytes` parked on r, on an application thread (not during a
+ * capture, not for a free the program made asynchronous): waits (as VMH_WAIT_APP) when the
+ * buffer alone is larger than the park budget, as native cudaFree does. The next allocation
+ * that needs new memory would wait for it anyway (vmh_reclaim_throttle); waiting here makes it
+ * reusable before that allocation comes, without a handoff to the reclaim thread (a 1 GiB
+ * free-then-allocate pair, say). A budget of 0 (VMMHOOK_PARK_LIMIT=0) never waits here. */
+void vmh_reclaim_free_throttle(vmh_reclaim_t *r, size_t bytes);
 
 /* Tests' reset: releases every item without waiting (the driver's ledger is checked after). */
 void vmh_reclaim_release_all(vmh_reclaim_t *r);

@@ -151,6 +151,11 @@ VMH_TESTABLE bool vmh_host_mem_read(vmh_host_mem_t *out)
 
 static vmh_host_mem_fn host_mem = vmh_host_mem_read;
 
+bool vmh_staging_host_mem(vmh_host_mem_t *out)
+{
+    return host_mem(out);
+}
+
 /* ---- backups: pageable memory --------------------------------------------------------------- */
 
 static size_t page_round(size_t n)

@@ -12,6 +12,7 @@
  * interposed callers. */
 #include "stats.h"
 
+#include <assert.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +28,6 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "options.h"
 #include "optparse.h"
 #include "testable.h"
 #include "vmmhook.h"
@@ -135,14 +135,15 @@ int64_t vmh_gauge_peak(vmh_gauge_t g)
 
 /* ---- private files ---------------------------------------------------------------------- */
 
-/* The configuration, from vmh_stats_configure (the front passes its snapshot down; this file
- * never reads the options' global). Written once before any event, read without a lock after:
+/* The configuration, from vmh_stats_configure (the front's settings for this file; it never
+ * reads the options). Written once before any event, read without a lock after:
  * the front configures inside its one-time start, which every traced call has passed. */
 static struct {
     bool stats;               /* the table at exit */
     bool leaks;               /* list leaks at exit */
     char trace[VMH_PATH_MAX]; /* path template ("" = no trace) */
     char json[VMH_PATH_MAX];  /* path template ("" = no JSON) */
+    vmh_refuse_fn refuse;     /* a trace file that cannot be made */
 } cfg;
 
 /* Who owns the process's files: geteuid in the library; a test pretends to be another user. */
@@ -289,7 +290,7 @@ static int gauges_open_locked(int tfd, const char *trace_path)
     if (fd < 0) {
         snprintf(why, sizeof(why), "its gauges file, the path + \"%s\": %s",
                  VMH_TRACE_GAUGES_SUFFIX, sub);
-        vmh_options_refuse("VMMHOOK_TRACE", why, "the trace without gauges");
+        cfg.refuse("VMMHOOK_TRACE", why, "the trace without gauges");
     }
     return fd;
 }
@@ -304,7 +305,7 @@ static void trace_open_locked(void)
         fd = trace_file_open(path, trace_header, sizeof(trace_header) - 1, why, sizeof(why));
     if (fd < 0) {
         atomic_store_explicit(&trace_state, TRACE_OFF, memory_order_release);
-        vmh_options_refuse("VMMHOOK_TRACE", why, "no trace");
+        cfg.refuse("VMMHOOK_TRACE", why, "no trace");
         return;
     }
     gauges_fd = gauges_open_locked(fd, path);
@@ -336,14 +337,14 @@ void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json)
     atomic_store(&tag_json, json);
 }
 
-void vmh_stats_configure(const vmh_options_t *o)
+void vmh_stats_configure(const vmh_stats_settings_t *s)
 {
-    cfg.stats = o->stats;
-    cfg.leaks = o->leaks;
-    _Static_assert(sizeof(cfg.trace) >= sizeof(o->trace), "trace path");
-    _Static_assert(sizeof(cfg.json) >= sizeof(o->stats_json), "json path");
-    snprintf(cfg.trace, sizeof(cfg.trace), "%s", o->trace);
-    snprintf(cfg.json, sizeof(cfg.json), "%s", o->stats_json);
+    assert(s->refuse != NULL);
+    cfg.stats = s->stats;
+    cfg.leaks = s->leaks;
+    cfg.refuse = s->refuse;
+    snprintf(cfg.trace, sizeof(cfg.trace), "%s", s->trace);
+    snprintf(cfg.json, sizeof(cfg.json), "%s", s->json);
     if (cfg.trace[0] != '\0') {
         /* Open now: the trace clock starts with the program, and the file exists even if
          * nothing is allocated. */

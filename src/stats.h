@@ -1,6 +1,6 @@
 /* Layer "utilities": counters, the allocation trace, the exit reports (table, JSON, leaks).
  * Below every other module but log and options; configured by the front with
- * vmh_stats_configure, never by reading the options' global.
+ * vmh_stats_configure (its settings, made from the options), never by reading the options.
  *
  * Counters are relaxed atomics sharded by thread (no shared line on the fast path), summed by
  * vmh_counter_get. Gauges keep a peak. */
@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "options.h"
+#include "log.h"
 
 /* The longest output path once "%p" is replaced, terminator included. */
 #define VMH_PATH_MAX 512
@@ -38,13 +38,15 @@
     X(queue_splits, "second work queues (frees park)")                                            \
     X(library_streams, "math libraries' own streams")                                             \
     X(oom_retries, "allocations retried after a trim")                                             \
+    X(spills, "allocations served from host memory")                                               \
     X(ooms, "allocations refused: out of memory")
 
 #define VMH_GAUGES(X)                                                                              \
     X(bytes_requested, "bytes requested by live buffers")                                          \
     X(bytes_mapped, "bytes of device memory mapped")                                               \
     X(bytes_reserved, "bytes of address space reserved")                                           \
-    X(bytes_cached, "bytes held idle for reuse")
+    X(bytes_cached, "bytes held idle for reuse")                                                   \
+    X(bytes_spilled, "bytes of host memory mapped (overflow)")
 
 #define VMH_ENUM_ITEM(name, help) VMH_STAT_##name,
 typedef enum vmh_counter { VMH_COUNTERS(VMH_ENUM_ITEM) VMH_COUNTER_COUNT } vmh_counter_t;
@@ -85,10 +87,19 @@ void vmh_stats_reset(void);
 #define VMH_TRACE_GAUGES_SUFFIX ".gauges.csv"
 void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream);
 
-/* Takes what this module needs from the snapshot (VMMHOOK_STATS, VMMHOOK_STATS_JSON,
- * VMMHOOK_TRACE, VMMHOOK_LEAKS), copied, and opens the trace now when one is asked for, so that
- * its clock starts with the program and the file exists even if nothing is allocated. Called by
- * the front once, before any other call here (tests call it again to change the settings).
+/* What this module takes from the options; the front makes it once, at start (lifetime.c). */
+typedef struct vmh_stats_settings {
+    bool stats;           /* VMMHOOK_STATS: the table at exit */
+    bool leaks;           /* VMMHOOK_LEAKS: list leaks at exit */
+    const char *trace;    /* VMMHOOK_TRACE: path template, "" = no trace */
+    const char *json;     /* VMMHOOK_STATS_JSON: path template, "" = no JSON */
+    vmh_refuse_fn refuse; /* a trace file that cannot be made (log.h) */
+} vmh_stats_settings_t;
+
+/* Takes a copy of *s (the paths copied, cut at VMH_PATH_MAX), and opens the trace now when one is
+ * asked for, so that its clock starts with the program and the file exists even if nothing is
+ * allocated. Called by the front once, before any other call here (tests call it again to change
+ * the settings).
  *
  * Output files (the trace, its gauges companion, the JSON): "%p" in a path is replaced by the
  * process id when the file is opened (the trace at configure time, the JSON at exit, so that a
@@ -98,7 +109,7 @@ void vmh_trace(const char *action, CUdeviceptr ptr, size_t size, CUstream stream
  * FIFO, which would block the program, a device, another user's file, even for root). A trace
  * that cannot be opened gets one warning (with VMMHOOK_STRICT, the program stops) and tracing
  * is off; a JSON file that cannot be opened at exit gets one line. */
-void vmh_stats_configure(const vmh_options_t *o);
+void vmh_stats_configure(const vmh_stats_settings_t *s);
 
 /* The per-tag section of the report, written by a layer above this one (tags.c): a function
  * that logs its lines of the exit table, and one that writes its JSON value into buf (at most

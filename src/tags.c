@@ -165,7 +165,7 @@ void vmh_tags_set_memory_source(vmh_tag_memory_fn fn)
 
 static vmh_tag_memory_t tag_memory(unsigned tag)
 {
-    vmh_tag_memory_t m = {0, 0, 0, 0};
+    vmh_tag_memory_t m = {0, 0, 0, 0, 0};
     vmh_tag_memory_fn fn = atomic_load(&memory_source);
     if (fn)
         fn(tag, &m);
@@ -264,9 +264,10 @@ static void tags_json(jbuf_t *b, int indent)
         vmh_tag_memory_t m = tag_memory(t);
         jb_printf(b,
                   "\"requested\": %lld, \"requested_peak\": %lld, \"mapped\": %zu, "
-                  "\"paused\": %zu, \"backed_up\": %zu, \"kept_mapped\": %zu, ",
+                  "\"paused\": %zu, \"backed_up\": %zu, \"kept_mapped\": %zu, "
+                  "\"spilled\": %zu, ",
                   (long long)vmh_tag_requested(t), (long long)vmh_tag_requested_peak(t), m.mapped,
-                  m.paused, m.backed_up, m.kept);
+                  m.paused, m.backed_up, m.kept, m.spilled);
         const tag_stats_t *s = &stats[t];
         /* Integers only, as the rest of the report: durations in nanoseconds. */
         jb_printf(b,

@@ -61,6 +61,7 @@ typedef struct vmh_tag_memory {
     size_t paused;    /* bytes of the tag's buffers that are paused */
     size_t backed_up; /* bytes of paused buffers held in host memory */
     size_t kept;      /* bytes left mapped by a pause (exported buffers) */
+    size_t spilled;   /* host memory serving the tag's buffers (VMMHOOK_OVERFLOW=host) */
 } vmh_tag_memory_t;
 typedef void (*vmh_tag_memory_fn)(unsigned tag, vmh_tag_memory_t *out);
 /* Who answers (the pause layer, which walks the heap); none: zeroes. Ownership as data: this

@@ -28,6 +28,8 @@ __all__ = [
     "tag",
     "pause",
     "resume",
+    "prefetch",
+    "prefetch_tag",
     "stats",
     "memory_stats",
     "torch_allocator",
@@ -45,6 +47,7 @@ ERR_NOT_PAUSED = 10
 ERR_LIMIT = 11
 ERR_UNKNOWN_TAG = 12
 ERR_CAPTURING = 13
+ERR_SHARED = 14
 
 
 class VmmError(RuntimeError):
@@ -170,6 +173,11 @@ def _load():
     lib.vmm_resume.argtypes = [ctypes.c_char_p]
     lib.vmm_stats_json.restype = ctypes.c_int
     lib.vmm_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    if hasattr(lib, "vmm_prefetch"):  # newer libraries: VMMHOOK_OVERFLOW=host
+        lib.vmm_prefetch.restype = ctypes.c_int
+        lib.vmm_prefetch.argtypes = [ctypes.c_void_p]
+        lib.vmm_prefetch_tag.restype = ctypes.c_int
+        lib.vmm_prefetch_tag.argtypes = [ctypes.c_char_p]
     if hasattr(lib, "vmm_backup_read"):  # newer libraries: TMS's get_cpu_backup
         lib.vmm_backup_read.restype = ctypes.c_int
         lib.vmm_backup_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
@@ -229,6 +237,24 @@ def resume(tag=None):
     out of memory leaves the tag paused, and the call can be retried."""
     lib = _need()
     _check(lib, "vmm_resume", lib.vmm_resume(_name(tag)))
+
+
+def prefetch(buffer):
+    """Moves a buffer that spilled to host memory (VMMHOOK_OVERFLOW=host, docs/OVERFLOW.md) back
+    to the device at the same address. `buffer`: a device pointer (int) or anything with
+    data_ptr() (a torch.Tensor). Waits for the device's work first; no work touching the
+    buffer may be submitted until it returns. Raises VmmError (ERR_NO_MEMORY: no room, the
+    buffer stays where it is)."""
+    lib = _need()
+    ptr = buffer.data_ptr() if hasattr(buffer, "data_ptr") else int(buffer)
+    _check(lib, "vmm_prefetch", lib.vmm_prefetch(ptr))
+
+
+def prefetch_tag(tag=None):
+    """prefetch() for every spilled buffer of `tag` (None: the calling thread's current tag) on
+    the current device."""
+    lib = _need()
+    _check(lib, "vmm_prefetch_tag", lib.vmm_prefetch_tag(_name(tag)))
 
 
 def stats():

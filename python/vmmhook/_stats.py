@@ -16,13 +16,13 @@ allocator, if in front of it, is not seen: its blocks are inside the buffers cou
 | num_sync_all_streams | context synchronizations by the library (syncs) | - |
 
 "tag.*" keys: the figures of docs/SLEEP.md (tag.state, tag.paused, tag.backed_up,
-tag.kept_mapped, tag.pauses, tag.resumes, tag.pause_ns, tag.resume_ns, tag.last_pause_ns,
+tag.kept_mapped, tag.spilled, tag.pauses, tag.resumes, tag.pause_ns, tag.resume_ns, tag.last_pause_ns,
 tag.last_resume_ns) for one tag; summed over every tag for tag None (tag.state then counts:
 tag.paused_tags, tag.running_tags). "pinned_host_bytes.current", ".peak": host memory kept
 pinned for backups (process-wide, in both cases).
 """
 
-_TAG_FIGURES = ("paused", "backed_up", "kept_mapped", "pauses", "resumes", "pause_ns",
+_TAG_FIGURES = ("paused", "backed_up", "kept_mapped", "spilled", "pauses", "resumes", "pause_ns",
                 "resume_ns", "last_pause_ns", "last_resume_ns")
 
 

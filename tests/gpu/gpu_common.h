@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <vector>
+
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -233,6 +235,56 @@ template <class F> static F gt_dlsym_cuda(const char *name)
     void *fn = h ? dlsym(h, name) : NULL;
     CHECK(fn != NULL, "dlsym(libcuda.so.1, %s) -> NULL (%s)", name, h ? "no symbol" : dlerror());
     return (F)fn;
+}
+
+/* ---------------------------------------------------------------- ballast */
+
+/* The program's own physical handles (cuMemCreate, which the hook never serves): they fill the
+ * device so that only memory the hook really releases leaves room, or so that it is full. */
+typedef CUresult (*gt_mem_create_fn)(CUmemGenericAllocationHandle *, size_t,
+                                     const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*gt_mem_release_fn)(CUmemGenericAllocationHandle);
+
+static std::vector<CUmemGenericAllocationHandle> gt_ballast;
+
+static inline size_t gt_free_bytes(void)
+{
+    size_t fr = 0, tot = 0;
+    CK(cudaMemGetInfo(&fr, &tot));
+    return fr;
+}
+
+/* Fills the device in 1 GiB handles until about keep bytes (at least) are free. */
+static inline void gt_ballast_fill(size_t keep)
+{
+    gt_mem_create_fn create = gt_entry<gt_mem_create_fn>("cuMemCreate", 12000);
+    if (!create)
+        return;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    gt_trim();
+    size_t fr = gt_free_bytes();
+    while (fr > keep + 1 * GiB) {
+        CUmemGenericAllocationHandle h = 0;
+        if (create(&h, 1 * GiB, &prop, 0) != CUDA_SUCCESS)
+            break;
+        gt_ballast.push_back(h);
+        fr -= 1 * GiB;
+    }
+    INFO("ballast: %zu GiB of own cuMemCreate handles; cudaMemGetInfo free now %zu MiB",
+         gt_ballast.size(), gt_free_bytes() / MiB);
+}
+
+static inline void gt_ballast_release(void)
+{
+    gt_mem_release_fn release = gt_entry<gt_mem_release_fn>("cuMemRelease", 12000);
+    for (auto h : gt_ballast)
+        if (release)
+            CKD(release(h));
+    gt_ballast.clear();
 }
 
 typedef decltype(&cuMemGetAddressRange) gt_range_fn;

@@ -224,47 +224,6 @@ static size_t tag_mapped(const char *tag)
     return (size_t)strtoull(j.c_str() + colon + 1, NULL, 10);
 }
 
-/* --------------------------------------------------------------- ballast */
-
-typedef CUresult (*mem_create_fn)(CUmemGenericAllocationHandle *, size_t,
-                                  const CUmemAllocationProp *, unsigned long long);
-typedef CUresult (*mem_release_fn)(CUmemGenericAllocationHandle);
-
-static std::vector<CUmemGenericAllocationHandle> g_ballast;
-
-/* Fills the device with the program's own physical handles until about keep bytes are free. */
-static void ballast_fill(size_t keep)
-{
-    mem_create_fn create = gt_entry<mem_create_fn>("cuMemCreate", 12000);
-    if (!create)
-        return;
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    gt_trim();
-    size_t fr = free_bytes();
-    while (fr > keep + 1 * GiB) {
-        CUmemGenericAllocationHandle h = 0;
-        if (create(&h, 1 * GiB, &prop, 0) != CUDA_SUCCESS)
-            break;
-        g_ballast.push_back(h);
-        fr -= 1 * GiB;
-    }
-    INFO("ballast: %zu GiB of own cuMemCreate handles; cudaMemGetInfo free now %zu MiB",
-         g_ballast.size(), free_bytes() / MiB);
-}
-
-static void ballast_release(void)
-{
-    mem_release_fn release = gt_entry<mem_release_fn>("cuMemRelease", 12000);
-    for (auto h : g_ballast)
-        if (release)
-            CKD(release(h));
-    g_ballast.clear();
-}
-
 /* --------------------------------------------------------------- 1: no backup */
 
 static void layout_no_backup(const char *tag, int count, size_t size, double target_ms)
@@ -275,7 +234,7 @@ static void layout_no_backup(const char *tag, int count, size_t size, double tar
         return;
     }
     fill_set(s, 1000);
-    ballast_fill(2 * GiB);
+    gt_ballast_fill(2 * GiB);
     size_t mapped = tag_mapped(tag);
     size_t basis = std::max(mapped, s.bytes);
     INFO("tag %s: %zu MiB requested, %zu MiB mapped (vmm_stats_json; 0 = not found)", tag,
@@ -316,7 +275,7 @@ static void layout_no_backup(const char *tag, int count, size_t size, double tar
             R("%s cycle %d: buffers written and read back after resume, bad = %zu", tag, cycle, bad);
         }
     }
-    ballast_release();
+    gt_ballast_release();
     free_set(s);
     gt_trim();
 }

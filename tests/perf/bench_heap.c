@@ -66,9 +66,10 @@ static double bench_run(int nthreads)
 static void bench_packed_pairs(void **state)
 {
     (void)state;
-    vmh_opt.pack_below = 512 * MiB;
+    tu_opt.pack_below = 512 * MiB;
     /* The product's reclaim: the thread releases parked blocks, the default park limit. */
-    vmh_opt.park_limit = 256 * MiB;
+    tu_opt.park_limit = 256 * MiB;
+    tu_configure();
     vmh_reclaim_background(true);
     CUdeviceptr warm;
     assert_int_equal(vmh_heap_alloc(4096, &warm), CUDA_SUCCESS); /* makes device 0's state */

@@ -160,6 +160,21 @@ class Preloaded(unittest.TestCase):
         drv.free(small)
         self.assertEqual(vmmhook.stats()["tags"]["py-weights"]["requested"], 0)
 
+    def test_prefetch_codes(self):
+        # Nothing spilled (VMMHOOK_OVERFLOW is off here): a served buffer is on the device
+        # already; tests/unit/test_overflow.c moves spilled ones.
+        drv = self.drv
+        p = drv.alloc(4 * MiB)
+        vmmhook.prefetch(p)
+        vmmhook.prefetch_tag()
+        drv.free(p)
+        with self.assertRaises(vmmhook.VmmError) as e:
+            vmmhook.prefetch(p)  # freed: nobody's
+        self.assertEqual(e.exception.status, 2)  # VMM_ERR_FOREIGN
+        with self.assertRaises(vmmhook.VmmError) as e:
+            vmmhook.prefetch_tag("never-pushed")
+        self.assertEqual(e.exception.status, vmmhook.ERR_UNKNOWN_TAG)
+
 
 class Stats(unittest.TestCase):
     """memory_stats(): PyTorch's names over the library's figures; vmm_backup_read."""

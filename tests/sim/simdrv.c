@@ -508,6 +508,8 @@ static void alloc_maybe_free(sim_alloc_t *a)
         return;
     if (a->device >= 0)
         S.used[a->device] -= a->size;
+    else
+        S.host_used -= a->size;
     drop_backing(&a->bytes, a->size);
     for (size_t i = 0; i < S.nexports;) {
         if (S.exports[i].a == a)
@@ -625,6 +627,8 @@ static void reset_locked(const sim_config_t *cfg)
         die("at most %d devices", SIM_MAX_DEVICES);
     if (!c.memory)
         c.memory = 80 * GiB;
+    if (!c.host_memory)
+        c.host_memory = 256 * GiB;
     if (!c.granularity)
         c.granularity = 2 * MiB;
     if (!is_pow2(c.granularity))
@@ -652,6 +656,7 @@ static void reset_locked(const sim_config_t *cfg)
     memset(S.primary_refs, 0, sizeof S.primary_refs);
     memset(S.peer, 0, sizeof S.peer);
     memset(S.used, 0, sizeof S.used);
+    S.host_used = 0;
     S.res_rover = VA_BASE;
     S.nat_rover = NAT_BASE;
     S.refuse_hints = false;
@@ -774,6 +779,7 @@ void sim_ledger_fdump(FILE *out)
     }
     for (int d = 0; d < ndev(); d++)
         fprintf(out, "  device %d: %zu of %zu bytes used\n", d, S.used[d], S.cfg.memory);
+    fprintf(out, "  host-located: %zu of %zu bytes used\n", S.host_used, S.cfg.host_memory);
 }
 
 void sim_ledger_dump(void) { sim_ledger_fdump(stderr); }
@@ -823,6 +829,13 @@ size_t sim_device_used(int device)
     LOCKED;
     allocs_sweep_held();
     return device >= 0 && device < ndev() ? S.used[device] : 0;
+}
+
+size_t sim_host_used(void)
+{
+    LOCKED;
+    allocs_sweep_held();
+    return S.host_used;
 }
 
 size_t sim_device_capacity(int device)
@@ -953,6 +966,7 @@ CUresult SIM_IMPL(cuInit)(unsigned int flags)
         sim_config_t c = {0};
         c.devices = (int)env_size("SIM_DEVICES", 0);
         c.memory = env_size("SIM_MEMORY", 0);
+        c.host_memory = env_size("SIM_HOST_MEMORY", 0);
         c.granularity = env_size("SIM_GRANULARITY", 0);
         c.va_size = env_size("SIM_VA_SIZE", 0);
         c.no_current_context = true; /* cudart makes the primary context current itself */
@@ -1169,6 +1183,10 @@ CUresult SIM_IMPL(cuMemCreate)(CUmemGenericAllocationHandle *handle, size_t size
     if (device >= 0 && size > S.cfg.memory - S.used[device])
         return reject(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: %zu bytes, %zu free on device %d",
                       size, S.cfg.memory - S.used[device], device);
+    /* Host-located memory is pinned by the driver at creation: its own, separate limit. */
+    if (device < 0 && size > S.cfg.host_memory - S.host_used)
+        return reject(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate: %zu bytes of host memory, %zu free",
+                      size, S.cfg.host_memory - S.host_used);
     sim_alloc_t *a = xcalloc(1, sizeof *a);
     a->id = S.next_id++;
     a->size = size;
@@ -1176,6 +1194,8 @@ CUresult SIM_IMPL(cuMemCreate)(CUmemGenericAllocationHandle *handle, size_t size
     a->device = device;
     if (device >= 0)
         S.used[device] += size;
+    else
+        S.host_used += size;
     a->next = S.allocs;
     if (S.allocs)
         S.allocs->prev = a;

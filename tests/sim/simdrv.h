@@ -6,7 +6,8 @@
  *     names (cuInit, cuGetProcAddress, cuGetProcAddress_v2, cuMemAlloc_v2, the _ptds/_ptsz
  *     variants, cuCtxGetDevice_v2, cuCtxSynchronize_v2 ...) and every sim_* function below
  *     (dlsym them). It initialises itself on the first cuInit, tuned by SIM_DEVICES,
- *     SIM_MEMORY, SIM_GRANULARITY, SIM_VA_SIZE (sizes take K/M/G/T suffixes); SIM_VERBOSE=1
+ *     SIM_MEMORY, SIM_HOST_MEMORY, SIM_GRANULARITY, SIM_VA_SIZE (sizes take K/M/G/T
+ *     suffixes); SIM_VERBOSE=1
  *     logs every rejection to stderr. SIM_PERTURB=<seed> (both forms of the driver, read at
  *     the first call) perturbs the schedule: each call first yields or sleeps a random few
  *     microseconds (simdrv.c, sim_perturb; tools/run-tests --stress sets it). There cuInit makes no
@@ -97,7 +98,9 @@
  *     (cuStreamGetCtx / _v2 at 12050 has it, and cuGraphInstantiate's PFN is not the ABI its
  *     macro declares, but the simulation implements neither).
  *   - VMM: allocations (granularity multiple, PINNED, DEVICE / HOST / HOST_NUMA, handle types
- *     NONE|POSIX_FD; FABRIC -> 800, WIN32 -> 801), charged to the device; handles are never
+ *     NONE|POSIX_FD; FABRIC -> 800, WIN32 -> 801), charged to the device, or for a host
+ *     location to the host's own limit (config.host_memory; OUT_OF_MEMORY past it: the real
+ *     driver pins such memory at creation); handles are never
  *     reused (a double release is CUDA_ERROR_INVALID_VALUE); an allocation's memory goes when
  *     no handle and no mapping is left. Reservations in a fake VA region (default 64 TiB from
  *     0x100000000000; hint granted when free and inside the region, sim_refuse_hints() turns
@@ -186,6 +189,8 @@
 typedef struct sim_config {
     int devices;          /* default 1 (at most SIM_MAX_DEVICES) */
     size_t memory;        /* bytes per device, default 80 GiB */
+    size_t host_memory;   /* bytes of host-located VMM allocations (cuMemCreate with a HOST
+                             location), default 256 GiB; SIM_HOST_MEMORY */
     size_t granularity;   /* minimum granularity (power of two), default 2 MiB */
     size_t recommended;   /* recommended granularity, default = granularity */
     size_t va_size;       /* bytes of address space for reservations, default 64 TiB */
@@ -263,6 +268,7 @@ bool sim_is_reserved(CUdeviceptr p);
 size_t sim_range_mapped_bytes(CUdeviceptr p, size_t n);
 unsigned sim_access_flags(CUdeviceptr p, int device); /* CU_MEM_ACCESS_FLAGS_PROT_* */
 size_t sim_device_used(int device);      /* bytes charged on the device */
+size_t sim_host_used(void);              /* bytes of host-located VMM allocations */
 size_t sim_device_capacity(int device);
 size_t sim_reserved_bytes(void);         /* address space held by reservations */
 

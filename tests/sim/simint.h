@@ -369,6 +369,7 @@ typedef struct sim_state {
     unsigned primary_refs[SIM_MAX_DEVICES];
     bool peer[SIM_MAX_DEVICES][SIM_MAX_DEVICES];
     size_t used[SIM_MAX_DEVICES];
+    size_t host_used; /* bytes of host-located VMM allocations (cfg.host_memory bounds it) */
     sim_alloc_t *allocs;
     size_t nallocs;
     sim_vec_t handles, resvs, maps, natives, streams, ctxs, graphs, hosts;

@@ -16,7 +16,8 @@ static int setup(void **state)
     (void)state;
     tu_reset(NULL);
     assert_true(vmh_lifetime_ready()); /* reads the options once; the test's values come after */
-    vmh_options_defaults(&vmh_opt);
+    vmh_options_defaults(&tu_opt);
+    tu_configure();
     return 0;
 }
 
@@ -62,8 +63,9 @@ static void status_codes(void **state)
     void *inner = (char *)p + 512;
     assert_int_equal(vmm_realloc(&inner, 8 * MiB), VMM_ERR_INTERIOR);
     assert_int_equal(vmm_realloc(&p, 200 * GiB), VMM_ERR_NO_MEMORY); /* 80 GiB device */
-    vmh_opt.va_limit = 8 * MiB;
-    vmh_opt.headroom = 0;
+    tu_opt.va_limit = 8 * MiB;
+    tu_opt.headroom = 0;
+    tu_configure();
     sim_refuse_hints(true);
     assert_int_equal(vmm_realloc(&p, 16 * MiB), VMM_ERR_NO_ADDRESS);
     sim_refuse_hints(false);
@@ -174,7 +176,7 @@ static void fork_child(CUdeviceptr big, CUdeviceptr small, int errfd)
 static void fork_child_passes_through(void **state)
 {
     (void)state;
-    vmh_opt.leaks = true;
+    tu_opt.leaks = true;
     CUdeviceptr big, small;
     assert_int_equal(vmh_heap_alloc(3 * MiB, &big), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(4096, &small), CUDA_SUCCESS);
@@ -214,7 +216,7 @@ static void fork_child_passes_through(void **state)
     }
     assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
-    vmh_opt.leaks = false;
+    tu_opt.leaks = false;
 }
 
 /* Exit (the destructor's work): afterwards nothing is served, and late frees of served

@@ -341,18 +341,19 @@ static void host_plenty(void)
 
 static void set_pin_limit(size_t limit)
 {
-    vmh_opt.pin_limit = limit;
-    vmh_pause_configure(&vmh_opt);
+    tu_opt.pin_limit = limit;
+    vmh_pause_configure(tu_opt.pin_limit);
 }
 
 static void backup_reset(const sim_config_t *cfg)
 {
     tu_reset(cfg);
     assert_true(vmh_lifetime_ready());
-    vmh_opt.pack_below = MiB;
-    vmh_opt.pin_limit = 0;
-    vmh_opt.headroom = 0;
-    vmh_pause_configure(&vmh_opt);
+    tu_opt.pack_below = MiB;
+    tu_opt.pin_limit = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
+    vmh_pause_configure(tu_opt.pin_limit);
     vmh_tags_reset();
     vmh_pause_reset();
     host_plenty();

@@ -81,7 +81,8 @@ static void parked_bytes_count_against_the_room(void **state)
     alloc_step(p, STEP_BUFFERS); /* peak: 512 MiB */
     free_step(p, STEP_BUFFERS);
     assert_int_equal(vmh_heap_alloc(40 * MiB, &other), CUDA_SUCCESS); /* 448 MiB stay idle */
-    vmh_opt.park_limit = GiB; /* from here frees stay parked: no wait, no reclaim thread */
+    tu_opt.park_limit = GiB; /* from here frees stay parked: no wait, no reclaim thread */
+    tu_configure();
     assert_int_equal(vmh_heap_free(other, NULL, false), CUDA_SUCCESS);
     /* A miss with 48 MiB live and 40 MiB parked: at most 512 - 88 = 424 MiB stay in the cache
      * (448 if the parked bytes did not count); the idle bytes count the parked ones too. */
@@ -96,7 +97,8 @@ static void parked_bytes_count_against_the_room(void **state)
 static void the_cache_limit_bounds_the_room(void **state)
 {
     (void)state;
-    vmh_opt.cache_limit = 128 * MiB;
+    tu_opt.cache_limit = 128 * MiB;
+    tu_configure();
     CUdeviceptr p[STEP_BUFFERS], other;
     alloc_step(p, STEP_BUFFERS);
     free_step(p, STEP_BUFFERS);

@@ -1,8 +1,9 @@
-/* Layer "device" on the simulated driver: the device set-up's checks of VMMHOOK_GRANULARITY against
- * the driver (a multiple of the minimum; a size the driver can make at all), and the line
- * VMMHOOK_VERBOSE prints when a served allocation fails (vmh_dev_alloc_failed). */
+/* Layer "device" on the simulated driver: the granularity choice (vmh_dev_pick_granularity, the
+ * one function the device set-up uses), the device set-up's checks of VMMHOOK_GRANULARITY
+ * against the driver (a multiple of the minimum; a size the driver can make at all), and the
+ * line VMMHOOK_VERBOSE prints when a served allocation fails (vmh_dev_alloc_failed). */
 #ifndef VMH_TESTING
-#define VMH_TESTING 1 /* vmh_options_exit, vmh_options_refuse_reset, vmh_log_sink */
+#define VMH_TESTING 1 /* vmh_log_exit, vmh_lifetime_refuse_reset, vmh_log_sink */
 #endif
 #include "testutil.h"
 
@@ -38,8 +39,8 @@ static int setup(void **state)
     tu_setup(state);
     vmh_log_sink = capture;
     vmh_log_set_verbose(false);
-    vmh_options_exit = fake_exit;
-    vmh_options_refuse_reset();
+    vmh_log_exit = fake_exit;
+    vmh_lifetime_refuse_reset();
     exit_calls = 0;
     loglen = 0;
     logbuf[0] = '\0';
@@ -55,11 +56,52 @@ static int teardown(void **state)
 
 static void gran_bytes(size_t n)
 {
-    vmh_opt.gran_mode = VMH_GRAN_BYTES;
-    vmh_opt.gran_bytes = n;
+    tu_opt.gran_mode = VMH_GRAN_BYTES;
+    tu_opt.gran_bytes = n;
+    tu_configure();
 }
 
 /* ---- VMMHOOK_GRANULARITY against the driver -------------------------------------------------- */
+
+/* What the choice refused (the settings' refuse function), for the pure choice below. */
+static char refused_why[200], refused_instead[80];
+static int refusals;
+
+static void record_refusal(const char *name, const char *why, const char *instead)
+{
+    assert_string_equal(name, "VMMHOOK_GRANULARITY");
+    snprintf(refused_why, sizeof refused_why, "%s", why);
+    snprintf(refused_instead, sizeof refused_instead, "%s", instead);
+    refusals++;
+}
+
+/* The choice from the driver's minimum and recommended granularity, without a driver. */
+static void granularity_choice(void **state)
+{
+    (void)state;
+    const size_t M2 = 2u << 20;
+    vmh_device_settings_t s = {.gran_mode = VMH_GRAN_RECOMMENDED, .refuse = record_refusal};
+    refusals = 0;
+    assert_int_equal(vmh_dev_pick_granularity(&s, M2, 4 * M2), 4 * M2);
+    s.gran_mode = VMH_GRAN_MIN;
+    assert_int_equal(vmh_dev_pick_granularity(&s, M2, 4 * M2), M2);
+    s.gran_mode = VMH_GRAN_BYTES;
+    s.gran_bytes = 32 * M2;
+    assert_int_equal(vmh_dev_pick_granularity(&s, M2, 4 * M2), 32 * M2);
+    assert_int_equal(refusals, 0);
+    s.gran_bytes = 3u << 20;
+    assert_int_equal(vmh_dev_pick_granularity(&s, M2, 4 * M2), 4 * M2); /* the recommended */
+    assert_int_equal(refusals, 1);
+    assert_non_null(
+        strstr(refused_why, "not a multiple of the driver's minimum granularity 2097152"));
+    assert_string_equal(refused_instead, "the recommended granularity 8 MiB");
+    /* A recommended value that is not a multiple of the minimum is not used. */
+    s.gran_mode = VMH_GRAN_RECOMMENDED;
+    assert_int_equal(vmh_dev_pick_granularity(&s, M2, 3u << 20), M2);
+    /* A driver answering 0 does not divide by zero. */
+    assert_int_equal(vmh_dev_pick_granularity(&s, 0, 0), 1);
+    assert_int_equal(refusals, 1);
+}
 
 /* Not a multiple of the minimum: one warning however many devices ask, the recommended used. */
 static void granularity_not_a_multiple(void **state)
@@ -85,7 +127,8 @@ static void granularity_not_a_multiple_strict(void **state)
 {
     (void)state;
     gran_bytes(3 * MiB);
-    vmh_opt.strict = true;
+    tu_opt.strict = true;
+    tu_configure();
     vmh_dev_t d = {0};
     vmh_dev_setup(&d, 0, NULL);
     assert_int_equal(exit_calls, 1);
@@ -120,7 +163,7 @@ static void granularity_the_driver_cannot_make(void **state)
     const char *texts[] = {"\"1T\"", "\"512G\"", "\"128G\""};
     for (size_t i = 0; i < 3; i++) {
         tu_reset(NULL); /* 80 GiB */
-        vmh_options_refuse_reset();
+        vmh_lifetime_refuse_reset();
         loglen = 0;
         loglines = 0;
         gran_bytes(sizes[i]);
@@ -149,7 +192,8 @@ static void granularity_the_driver_cannot_make_strict(void **state)
 {
     (void)state;
     gran_bytes((size_t)128 << 30);
-    vmh_opt.strict = true;
+    tu_opt.strict = true;
+    tu_configure();
     vmh_dev_t d = {0};
     vmh_dev_setup(&d, 0, NULL);
     assert_int_equal(exit_calls, 1);
@@ -195,7 +239,8 @@ static void why_failed(size_t size)
 static void failure_says_mem_limit(void **state)
 {
     (void)state;
-    vmh_opt.mem_limit = 16 * MiB;
+    tu_opt.mem_limit = 16 * MiB;
+    tu_configure();
     vmh_log_set_verbose(true);
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(12 * MiB, &p), CUDA_SUCCESS);
@@ -209,7 +254,8 @@ static void failure_says_mem_limit(void **state)
 static void failure_says_va_limit(void **state)
 {
     (void)state;
-    vmh_opt.va_limit = 8 * MiB;
+    tu_opt.va_limit = 8 * MiB;
+    tu_configure();
     vmh_log_set_verbose(true);
     why_failed(16 * MiB);
     assert_non_null(strstr(logbuf, "the address space budget VMMHOOK_VA_LIMIT=8 MiB is used up"));
@@ -259,7 +305,8 @@ static void failure_says_out_of_memory(void **state)
 static void failure_quiet_without_verbose(void **state)
 {
     (void)state;
-    vmh_opt.mem_limit = 4 * MiB;
+    tu_opt.mem_limit = 4 * MiB;
+    tu_configure();
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(8 * MiB, &p), CUDA_ERROR_OUT_OF_MEMORY);
     assert_int_equal(loglines, 0);
@@ -269,6 +316,7 @@ int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
     const struct CMUnitTest tests[] = {
+        T(granularity_choice),
         T(granularity_not_a_multiple),
         T(granularity_not_a_multiple_strict),
         T(granularity_good_is_quiet),

@@ -71,10 +71,11 @@ static void packs_small_requests(void **state)
 static void default_threshold_packs_every_size_but_not_growable(void **state)
 {
     (void)state;
-    vmh_options_defaults(&vmh_opt); /* VMMHOOK_PACK_BELOW's default: every size */
-    vmh_opt.park_limit = 0;         /* freed space reused at once (testutil.h) */
-    vmh_opt.stream_ordered = false; /* parked, then reused after the wait */
-    assert_int_equal(vmh_opt.pack_below, (size_t)1 << 40);
+    vmh_options_defaults(&tu_opt); /* VMMHOOK_PACK_BELOW's default: every size */
+    tu_opt.park_limit = 0;         /* freed space reused at once (testutil.h) */
+    tu_opt.stream_ordered = false; /* parked, then reused after the wait */
+    tu_configure();
+    assert_int_equal(tu_opt.pack_below, (size_t)1 << 40);
     CUdeviceptr a, b, c, g = 0;
     vmh_buffer_info_t info;
     assert_int_equal(vmh_heap_alloc(5 * MiB, &a), CUDA_SUCCESS);
@@ -159,7 +160,8 @@ static void out_of_memory_trims_then_fails_natively(void **state)
 static void memory_limit(void **state)
 {
     (void)state;
-    vmh_opt.mem_limit = 8 * MiB;
+    tu_opt.mem_limit = 8 * MiB;
+    tu_configure();
     CUdeviceptr p, q;
     assert_int_equal(vmh_heap_alloc(6 * MiB, &p), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(4 * MiB, &q), CUDA_ERROR_OUT_OF_MEMORY);
@@ -214,7 +216,8 @@ static void realloc_null_zero_and_foreign(void **state)
 static void realloc_grows_in_place_with_headroom(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 64 * MiB;
+    tu_opt.headroom = 64 * MiB;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
     tu_fill(p, 4 * MiB, 3);
@@ -237,7 +240,8 @@ static void realloc_grows_in_place_with_headroom(void **state)
 static void realloc_moves_without_copy_and_frees_the_old_address(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 6 * MiB, NULL, false), CUDA_SUCCESS);
     tu_fill(p, 6 * MiB, 5);
@@ -264,7 +268,8 @@ static void realloc_moves_without_copy_and_frees_the_old_address(void **state)
 static void async_move_keeps_old_address_dead_until_sync(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, true), CUDA_SUCCESS);
     tu_fill(p, 4 * MiB, 13);
@@ -309,7 +314,8 @@ static void alloc_on_a_device_without_a_context(void **state)
 static void realloc_shrinks_whole_chunks(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_realloc(&p, 8 * MiB, NULL, false), CUDA_SUCCESS);
@@ -388,7 +394,8 @@ static void realloc_failure_leaves_buffer_untouched(void **state)
     (void)state;
     sim_config_t cfg = {.memory = 32 * MiB};
     tu_reset(&cfg);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 8 * MiB, NULL, false), CUDA_SUCCESS);
     tu_fill(p, 8 * MiB, 9);
@@ -397,7 +404,8 @@ static void realloc_failure_leaves_buffer_untouched(void **state)
     assert_int_equal(p, before);
     assert_true(tu_check(p, 8 * MiB, 9));
     /* Address space exhausted: the move path cannot reserve. */
-    vmh_opt.va_limit = 10 * MiB;
+    tu_opt.va_limit = 10 * MiB;
+    tu_configure();
     sim_refuse_hints(true);
     bool no_address = false;
     assert_int_equal(vmh_heap_realloc_ex(&p, 12 * MiB, NULL, false, &no_address),
@@ -413,7 +421,8 @@ static void realloc_failure_leaves_buffer_untouched(void **state)
 static void refused_reservation_is_no_address(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0;
     assert_int_equal(vmh_heap_realloc(&p, 4 * MiB, NULL, false), CUDA_SUCCESS);
     tu_fill(p, 4 * MiB, 10);
@@ -477,7 +486,8 @@ static void peers_granted_up_front(void **state)
     (void)state;
     sim_config_t cfg = {.devices = 2};
     tu_reset(&cfg);
-    vmh_opt.peers = 0x3;
+    tu_opt.peers = 0x3;
+    tu_configure();
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);
     assert_int_equal(sim_access_flags(p, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
@@ -487,7 +497,8 @@ static void peers_granted_up_front(void **state)
 static void refused_handle_type_falls_back(void **state)
 {
     (void)state;
-    vmh_opt.handle = VMH_HANDLE_FABRIC; /* the simulated driver answers 800, as the H200 did */
+    tu_opt.handle = VMH_HANDLE_FABRIC; /* the simulated driver answers 800, as the H200 did */
+    tu_configure();
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);
     tu_fill(p, 4 * MiB, 12);
@@ -658,7 +669,8 @@ static void peer_access_reaches_existing_and_new_buffers(void **state)
     assert_int_equal(vmh_heap_alloc(8 * MiB, &b), CUDA_SUCCESS);
     assert_int_equal(sim_access_flags(b, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     /* A grow that moves keeps the peer's access on every chunk. */
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     sim_refuse_hints(true);
     assert_int_equal(vmh_heap_realloc(&b, 20 * MiB, NULL, false), CUDA_SUCCESS);
     sim_refuse_hints(false);
@@ -733,7 +745,8 @@ static void *packed_churn(void *arg)
 static void threads_pack_large_requests_without_spurious_oom(void **state)
 {
     (void)state;
-    vmh_opt.pack_below = 512 * MiB;
+    tu_opt.pack_below = 512 * MiB;
+    tu_configure();
     pthread_t t[16];
     for (uintptr_t i = 0; i < 16; i++)
         assert_int_equal(pthread_create(&t[i], NULL, packed_churn, (void *)(i + 1)), 0);
@@ -834,7 +847,8 @@ static void *sharded_churn(void *arg)
 static void threads_churn_across_shards(void **state)
 {
     (void)state;
-    vmh_opt.pack_below = 512 * MiB;
+    tu_opt.pack_below = 512 * MiB;
+    tu_configure();
     memset(hand, 0, sizeof hand);
     pthread_t t[16];
     for (uintptr_t i = 0; i < 16; i++)
@@ -888,7 +902,8 @@ static step_t step_on_new_thread(step_t st)
 static void shards_reuse_each_others_space(void **state)
 {
     (void)state;
-    vmh_opt.pack_below = 512 * MiB;
+    tu_opt.pack_below = 512 * MiB;
+    tu_configure();
     /* A thread whose shard has nothing takes room from another shard. */
     step_t a = step_on_new_thread((step_t){.op = STEP_ALLOC, .size = 1000});
     assert_int_equal(a.rc, CUDA_SUCCESS);
@@ -980,7 +995,8 @@ static void pressure_hook_runs_before_out_of_memory(void **state)
 static void packed_fast_path_makes_no_driver_call(void **state)
 {
     (void)state;
-    vmh_opt.park_limit = 256 * MiB; /* the default: no allocating thread waits (reclaim.h) */
+    tu_opt.park_limit = 256 * MiB; /* the default: no allocating thread waits (reclaim.h) */
+    tu_configure();
     CUdeviceptr keep, p;
     assert_int_equal(vmh_heap_alloc(4096, &keep), CUDA_SUCCESS);
     sim_reset_counters();
@@ -1059,8 +1075,9 @@ static void realloc_is_traced(void **state)
     static vmh_options_t topt;
     vmh_options_defaults(&topt);
     snprintf(topt.trace, sizeof topt.trace, "%s", path);
-    vmh_stats_configure(&topt);
-    vmh_opt.headroom = 0;
+    vmh_lifetime_configure_stats(&topt);
+    tu_opt.headroom = 0;
+    tu_configure();
     CUdeviceptr p = 0, s = 0;
     assert_int_equal(vmh_heap_realloc(&p, 3 * MiB, NULL, false), CUDA_SUCCESS);
     CUdeviceptr first = p;
@@ -1089,7 +1106,7 @@ static void realloc_is_traced(void **state)
     assert_int_equal(vmh_heap_realloc(&s, 0, NULL, false), CUDA_SUCCESS);
     vmh_trace_close();
     topt.trace[0] = '\0';
-    vmh_stats_configure(&topt);
+    vmh_lifetime_configure_stats(&topt);
     unlink(path);
 }
 

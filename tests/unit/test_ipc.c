@@ -115,8 +115,9 @@ static void reset_with(int devices, vmh_handle_kind_t kind)
 {
     sim_config_t cfg = {.devices = devices};
     tu_reset(&cfg);
-    vmh_opt.handle = kind;
-    vmh_opt.pack_below = 1 * MiB; /* pinned: the tests name buffers big (own chunks) or packed */
+    tu_opt.handle = kind;
+    tu_opt.pack_below = 1 * MiB; /* pinned: the tests name buffers big (own chunks) or packed */
+    tu_configure();
     capture_clear();
     fds_at_start = count_fds();
 }
@@ -188,7 +189,8 @@ static void handle_type_refused_by_the_device(void **state)
     reset_with(1, VMH_HANDLE_FABRIC);
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(3 * MiB, &p), CUDA_SUCCESS);
-    vmh_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_configure();
     CUipcMemHandle h;
     assert_int_equal(vmh_ipc_get_handle(p, &h), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(captured("refused POSIX fd"), 1);
@@ -368,7 +370,8 @@ static void importer_keeps_its_view_through_grow_and_free(void **state)
     CUipcMemHandle h1 = get_handle(p);
     CUdeviceptr q1;
     assert_int_equal(vmh_ipc_open_remote(&h1, &q1), CUDA_SUCCESS);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     sim_refuse_hints(true); /* the grow moves the buffer */
     CUdeviceptr old = p;
     assert_int_equal(vmh_heap_realloc(&p, 20 * MiB, NULL, false), CUDA_SUCCESS);
@@ -413,7 +416,8 @@ static void many_chunks_cross_in_batches(void **state)
 {
     (void)state;
     /* Each grow adds one chunk: more chunks than one SCM_RIGHTS batch carries. */
-    vmh_opt.headroom = 128 * MiB;
+    tu_opt.headroom = 128 * MiB;
+    tu_configure();
     CUdeviceptr p = 0;
     const int steps = VMH_IPC_BATCH + 8;
     for (int i = 1; i <= steps; i++)
@@ -888,7 +892,9 @@ static void *timed_open_thread(void *arg)
 static void silent_peers_do_not_block_importers(void **state)
 {
     (void)state;
-    vmh_ipc_request_timeout_ms = 300;
+    /* Long enough that an import behind the silent peer (1 s) tells from one beside it on a
+     * loaded machine. */
+    vmh_ipc_request_timeout_ms = 1000;
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(2 * MiB, &p), CUDA_SUCCESS);
     tu_fill(p, 2 * MiB, 12);
@@ -901,7 +907,7 @@ static void silent_peers_do_not_block_importers(void **state)
     timed_open_t o = {.h = h};
     timed_open_thread(&o);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 500); /* served while the silent one waits (was: 10 s behind it) */
+    assert_true(o.took_ms < 900); /* served while the silent one waits, not 1 s behind it */
     assert_true(tu_check(o.q, 2 * MiB, 12));
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
     /* The silent one is told and dropped shortly. */
@@ -910,7 +916,7 @@ static void silent_peers_do_not_block_importers(void **state)
     int64_t t0 = now_ms();
     int r = await_reply(silent, 3000, &rep);
     assert_true(r >= 0);
-    assert_true(now_ms() - t0 < 1500);
+    assert_true(now_ms() - t0 < 2500);
     if (r == 1)
         assert_int_equal(rep.status, VMH_IPC_TIMED_OUT);
     close(silent);
@@ -928,7 +934,7 @@ static void silent_peers_do_not_block_importers(void **state)
     assert_int_equal(pthread_create(&t, NULL, timed_open_thread, &o), 0);
     pthread_join(t, NULL);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 2000);
+    assert_true(o.took_ms < 3000);
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
     for (int i = 0; i < CROWD; i++)
         close(crowd[i]);
@@ -965,18 +971,21 @@ static void unanswering_exporter_is_given_up(void **state)
     int64_t t0 = now_ms();
     assert_int_equal(vmh_ipc_open_remote(&h, &q), CUDA_ERROR_MAP_FAILED);
     int64_t took = now_ms() - t0;
-    assert_true(took >= 250 && took < 1500); /* was: 10 s per receive */
+    assert_true(took >= 250 && took < 5000); /* not 10 s per receive */
     assert_int_equal(captured("did not answer in time"), 1);
     close(l);
 }
 
 /* An importer that asks and then stops reading holds neither the listener nor other importers,
- * and is dropped after the send bound; the exporter keeps no descriptor of it. */
+ * and is dropped after the send bound; the exporter keeps no descriptor of it. The bound is
+ * 2 s here: well above what another import takes on a loaded machine, so that a listener that
+ * waited for the stuck importer shows. */
 static void importer_that_stops_reading_holds_nobody(void **state)
 {
     (void)state;
-    vmh_ipc_send_timeout_ms = 300;
-    vmh_opt.headroom = 1 * GiB;
+    vmh_ipc_send_timeout_ms = 2000;
+    tu_opt.headroom = 1 * GiB;
+    tu_configure();
     enum { CHUNKS = 400 };
     CUdeviceptr big = 0, other;
     for (size_t i = 1; i <= CHUNKS; i++)
@@ -996,10 +1005,14 @@ static void importer_that_stops_reading_holds_nobody(void **state)
     timed_open_t o = {.h = ho};
     timed_open_thread(&o);
     assert_int_equal(o.rc, CUDA_SUCCESS);
-    assert_true(o.took_ms < 500); /* (a blocking sender would hold it 10 s) */
+    assert_true(o.took_ms < 1500); /* a sender blocked on the stuck importer: 2 s or more */
     assert_int_equal(vmh_ipc_close(o.q), CUDA_SUCCESS);
-    /* Dropped: after what was queued, the connection ends short of the whole buffer. */
-    usleep(500 * 1000);
+    /* Dropped once the bound passed (the exporter closes its end: seen without reading, which
+     * would let it send on; up to 10 s on a loaded machine): after what was queued, the
+     * connection ends short of the whole buffer. */
+    struct pollfd pf = {.fd = s, .events = POLLRDHUP};
+    assert_int_equal(poll(&pf, 1, 10000), 1);
+    assert_true(pf.revents & (POLLRDHUP | POLLHUP));
     size_t batches = 0;
     for (;;) {
         char buf[sizeof(vmh_ipc_batch_t)];
@@ -1093,7 +1106,8 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_ipc_export_count(), 0);
 
     /* Grown in place: the old handle still opens its snapshot. */
-    vmh_opt.headroom = 64 * MiB;
+    tu_opt.headroom = 64 * MiB;
+    tu_configure();
     CUdeviceptr g;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &g), CUDA_SUCCESS);
     CUipcMemHandle hg = get_handle(g);
@@ -1104,7 +1118,8 @@ static void freed_buffers_exports_are_refused(void **state)
     assert_int_equal(vmh_ipc_close(q), CUDA_SUCCESS);
     /* Moved: the old address is freed, its handle opens nothing. */
     sim_refuse_hints(true);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     assert_int_equal(vmh_heap_realloc(&g, 64 * MiB, NULL, false), CUDA_SUCCESS);
     sim_refuse_hints(false);
     assert_int_not_equal(g, g0);
@@ -1177,8 +1192,9 @@ static void freed_export_memory_is_given_back_under_pressure(void **state)
     (void)state;
     sim_config_t cfg = {.devices = 1, .memory = 64 * MiB};
     tu_reset(&cfg);
-    vmh_opt.handle = VMH_HANDLE_POSIX_FD;
-    vmh_opt.pack_below = 1 * MiB;
+    tu_opt.handle = VMH_HANDLE_POSIX_FD;
+    tu_opt.pack_below = 1 * MiB;
+    tu_configure();
     capture_clear();
     fds_at_start = count_fds();
     CUdeviceptr p, r;
@@ -1198,7 +1214,8 @@ static void freed_export_memory_is_given_back_under_pressure(void **state)
 static void many_more_chunks_than_descriptors(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 4 * GiB;
+    tu_opt.headroom = 4 * GiB;
+    tu_configure();
     enum { CHUNKS = 1500 };
     CUdeviceptr p = 0;
     for (size_t i = 1; i <= CHUNKS; i++)
@@ -1267,7 +1284,8 @@ static void driver_failures_leave_nothing(void **state)
 static void failure_sweep_over_the_exchange(void **state)
 {
     (void)state;
-    vmh_opt.headroom = 256 * MiB;
+    tu_opt.headroom = 256 * MiB;
+    tu_configure();
     const size_t chunks = VMH_IPC_BATCH + 8;
     CUdeviceptr p = 0;
     for (size_t i = 1; i <= chunks; i++)

@@ -2,7 +2,9 @@
  *
  * The parser is driven through a fake environment (vmh_options_parse/apply take a lookup
  * function), the log sink is replaced to capture the exact warning text, and strict mode's exit
- * goes through a hook that records the status instead of ending the test. */
+ * goes through a hook that records the status instead of ending the test. The refusal policy
+ * for values the machine refuses later is lifetime.c's (vmh_lifetime_refuse), tested here with
+ * the options it names values from. */
 #ifndef VMH_TESTING
 #define VMH_TESTING 1 /* the internal prototypes of options.h and log.h */
 #endif
@@ -23,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 #include "optparse.h"
@@ -76,6 +79,7 @@ static void env_set(fake_env_t *e, const char *name, const char *value)
 }
 
 static void (*real_exit)(int status); /* the library's strict stop, saved before setup */
+static vmh_options_t opt;             /* the options the refusal policy reads (lifetime.c) */
 static int exit_calls, exit_status;
 static void fake_exit(int status)
 {
@@ -87,12 +91,13 @@ static int setup(void **state)
 {
     (void)state;
     vmh_log_sink = capture;
-    vmh_options_exit = fake_exit;
+    vmh_log_exit = fake_exit;
     exit_calls = 0;
     exit_status = -1;
     log_reset();
-    vmh_options_defaults(&vmh_opt);
-    vmh_options_refuse_reset();
+    vmh_options_defaults(&opt);
+    vmh_lifetime_configure(&opt); /* a refusal names its value from opt */
+    vmh_lifetime_refuse_reset();
     return 0;
 }
 
@@ -718,46 +723,15 @@ static void test_format_round_trip(void **state)
     assert_true(o.peers == UINT64_MAX);
 }
 
-/* ---- checks made later, against the driver --------------------------------------------------- */
-
-static void test_granularity_check(void **state)
-{
-    (void)state;
-    const size_t M2 = 2u << 20;
-    vmh_options_t o;
-    vmh_options_defaults(&o);
-    size_t g = 0;
-    char why[200];
-
-    assert_true(vmh_options_check_granularity(&o, M2, 4 * M2, &g, why, sizeof(why)));
-    assert_int_equal(g, 4 * M2);
-    o.gran_mode = VMH_GRAN_MIN;
-    assert_true(vmh_options_check_granularity(&o, M2, 4 * M2, &g, why, sizeof(why)));
-    assert_int_equal(g, M2);
-    o.gran_mode = VMH_GRAN_BYTES;
-    o.gran_bytes = 32 * M2;
-    assert_true(vmh_options_check_granularity(&o, M2, 4 * M2, &g, why, sizeof(why)));
-    assert_int_equal(g, 32 * M2);
-    o.gran_bytes = 3u << 20;
-    assert_false(vmh_options_check_granularity(&o, M2, 4 * M2, &g, why, sizeof(why)));
-    assert_int_equal(g, 4 * M2); /* the fallback: recommended */
-    assert_non_null(strstr(why, "not a multiple of the driver's minimum granularity 2097152"));
-    /* A recommended value that is not a multiple of the minimum is not used. */
-    o.gran_mode = VMH_GRAN_RECOMMENDED;
-    assert_true(vmh_options_check_granularity(&o, M2, 3u << 20, &g, why, sizeof(why)));
-    assert_int_equal(g, M2);
-    /* A driver answering 0 does not divide by zero. */
-    assert_true(vmh_options_check_granularity(&o, 0, 0, &g, why, sizeof(why)));
-    assert_int_equal(g, 1);
-}
+/* ---- values the machine refuses later (the front's policy, lifetime.c) ---------------------- */
 
 static void test_handle_type_refused(void **state)
 {
     (void)state;
-    vmh_opt.handle = VMH_HANDLE_FABRIC;
-    vmh_options_refuse("VMMHOOK_HANDLE_TYPE",
-                       "the driver rejects it on this machine (cuMemCreate: error 800)", "none");
-    vmh_options_refuse("VMMHOOK_HANDLE_TYPE", "again", "none");
+    opt.handle = VMH_HANDLE_FABRIC;
+    vmh_lifetime_refuse("VMMHOOK_HANDLE_TYPE",
+                        "the driver rejects it on this machine (cuMemCreate: error 800)", "none");
+    vmh_lifetime_refuse("VMMHOOK_HANDLE_TYPE", "again", "none");
     assert_int_equal(loglines, 1);
     assert_string_equal(logbuf,
                         "vmmhook: VMMHOOK_HANDLE_TYPE=\"fabric\" is refused: the driver rejects "
@@ -788,7 +762,8 @@ static void test_park_pin_limits(void **state)
     assert_int_equal(o.pin_limit, 2ull << 30);
 }
 
-/* vmh_options_load returns the snapshot the front passes down, the same on every call. */
+/* vmh_options_load returns the snapshot the front makes the settings from, the same on every
+ * call. */
 static void test_load_returns_snapshot(void **state)
 {
     (void)state;
@@ -848,10 +823,10 @@ static void test_strict_stop_flushes_and_aborts(void **state)
         close(fds[0]);
         close(fds[1]);
         setvbuf(stdout, NULL, _IOFBF, 4096);
-        vmh_options_exit = real_exit;
-        vmh_opt.strict = true;
+        vmh_log_exit = real_exit;
+        opt.strict = true;
         printf("output the program buffered");
-        vmh_options_refuse("VMMHOOK_TRACE", "a test", "no trace");
+        vmh_lifetime_refuse("VMMHOOK_TRACE", "a test", "no trace");
         _exit(0); /* not reached when the stop works */
     }
     close(fds[1]);
@@ -956,7 +931,7 @@ static void test_log_line(void **state)
     vmh_log_set_verbose(false);
     vmh_debug("hidden");
     assert_int_equal(loglines, 0);
-    vmh_opt.verbose = true; /* the log does not read the options: still hidden */
+    opt.verbose = true; /* the log does not read the options: still hidden */
     vmh_debug("hidden");
     assert_int_equal(loglines, 0);
     vmh_log_set_verbose(true);
@@ -1006,7 +981,7 @@ static void test_fmt_bytes(void **state)
 
 int main(void)
 {
-    real_exit = vmh_options_exit;
+    real_exit = vmh_log_exit;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_defaults, setup),
         cmocka_unit_test_setup(test_defaults_parse, setup),
@@ -1029,7 +1004,6 @@ int main(void)
         cmocka_unit_test_setup(test_unknown_suggestions, setup),
         cmocka_unit_test_setup(test_parse_for_check, setup),
         cmocka_unit_test_setup(test_format_round_trip, setup),
-        cmocka_unit_test_setup(test_granularity_check, setup),
         cmocka_unit_test_setup(test_handle_type_refused, setup),
         cmocka_unit_test_setup(test_park_pin_limits, setup),
         cmocka_unit_test_setup(test_load_returns_snapshot, setup),

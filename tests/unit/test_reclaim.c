@@ -46,7 +46,8 @@ static void reset(const sim_config_t *cfg, bool background, size_t park_limit)
 {
     tu_reset(cfg);
     vmh_reclaim_background(background);
-    vmh_opt.park_limit = park_limit;
+    tu_opt.park_limit = park_limit;
+    tu_configure();
 #define GET(field, name) F.field = (__typeof__(F.field))proc(name)
     GET(ctx_create, "cuCtxCreate");
     GET(ctx_destroy, "cuCtxDestroy");
@@ -349,7 +350,8 @@ static void free_sync_blocks_like_native(void **state)
 {
     (void)state;
     reset(NULL, false, SIZE_MAX);
-    vmh_opt.free_sync = true;
+    tu_opt.free_sync = true;
+    tu_configure();
     CUcontext other = second_context();
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);

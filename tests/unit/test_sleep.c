@@ -22,9 +22,10 @@ static void sleep_reset(const sim_config_t *cfg)
 {
     tu_reset(cfg);
     assert_true(vmh_lifetime_ready()); /* reads the options once; the test's values come after */
-    vmh_opt.pack_below = MiB;
-    vmh_opt.pin_limit = 0; /* a test that keeps pinned memory sets its own */
-    vmh_pause_configure(&vmh_opt);
+    tu_opt.pack_below = MiB;
+    tu_opt.pin_limit = 0; /* a test that keeps pinned memory sets its own */
+    tu_configure();
+    vmh_pause_configure(tu_opt.pin_limit);
     vmh_tags_reset();
     vmh_pause_reset();
 }
@@ -136,8 +137,8 @@ static void backup_keeps_contents(void **state)
     /* Without VMMHOOK_PIN_LIMIT nothing is pinned; with it, the first resume pins the backups
      * (touched by the pause's copy) and later pauses and resumes reuse them (no more pinning). */
     assert_int_equal(sim_calls("cuMemHostRegister"), 0);
-    vmh_opt.pin_limit = 64 * MiB;
-    vmh_pause_configure(&vmh_opt);
+    tu_opt.pin_limit = 64 * MiB;
+    vmh_pause_configure(tu_opt.pin_limit);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
         assert_int_equal(sim_calls("cuMemHostRegister"), i == 0 ? 0 : 2);
@@ -188,8 +189,8 @@ static void first_pause_never_pins(void **state)
     tu_fill(big, 5 * MiB, 21);
     tu_fill(small, 3000, 22);
     for (int limit = 0; limit < 2; limit++) {
-        vmh_opt.pin_limit = limit ? 64 * MiB : 0;
-        vmh_pause_configure(&vmh_opt);
+        tu_opt.pin_limit = limit ? 64 * MiB : 0;
+        vmh_pause_configure(tu_opt.pin_limit);
         sim_reset_counters();
         sim_trace_begin();
         assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
@@ -240,8 +241,8 @@ static void pin_refused_at_resume(void **state)
     (void)state;
     CUdeviceptr big = tt_alloc_in("w", 5 * MiB);
     tu_fill(big, 5 * MiB, 31);
-    vmh_opt.pin_limit = 6 * MiB; /* room for this one backup only */
-    vmh_pause_configure(&vmh_opt);
+    tu_opt.pin_limit = 6 * MiB; /* room for this one backup only */
+    vmh_pause_configure(tu_opt.pin_limit);
     assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
     sim_fail_function("cuMemHostRegister", 1, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     assert_int_equal(vmm_resume("w"), VMM_OK);
@@ -569,7 +570,8 @@ typedef struct tfix {
 static void tfix_make(tfix_t *f)
 {
     sleep_reset(NULL);
-    vmh_opt.headroom = 0;
+    tu_opt.headroom = 0;
+    tu_configure();
     f->big = tt_alloc_in("kv", 3 * MiB);
     void *g = NULL;
     assert_int_equal(vmm_tag_push("kv"), VMM_OK);

@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "lifetime.h"
 #include "log.h"
 #include "options.h"
 #include "optparse.h"
@@ -59,23 +60,22 @@ static void fake_exit(int status)
 }
 
 static char tmpdir[64];
-static vmh_options_t opt; /* what the tests configure stats.c with */
+static vmh_options_t opt; /* what the tests configure stats.c with (through lifetime.c) */
 
 static int setup(void **state)
 {
     (void)state;
     vmh_log_sink = capture;
-    vmh_options_exit = fake_exit;
+    vmh_log_exit = fake_exit;
     exit_calls = 0;
     loglen = 0;
     logbuf[0] = '\0';
     loglines = 0;
-    vmh_options_defaults(&vmh_opt);
-    vmh_options_refuse_reset();
+    vmh_lifetime_refuse_reset();
     vmh_trace_close();
     vmh_stats_reset();
     vmh_options_defaults(&opt);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     return 0;
 }
 
@@ -84,7 +84,7 @@ static int teardown(void **state)
     (void)state;
     vmh_trace_close();
     opt.trace[0] = '\0';
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     return 0;
 }
 
@@ -260,7 +260,7 @@ static void test_trace_format(void **state)
 
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
 
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     errno = 777;
     vmh_trace("allocate", (CUdeviceptr)0x7f3a40000000ULL, 1048576, NULL);
     assert_int_equal(errno, 777);
@@ -311,7 +311,7 @@ static void test_trace_new_file_private(void **state)
     unlink(path);
     mode_t old = umask(0); /* even with a permissive umask */
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL); /* opens on first use */
     umask(old);
     assert_int_equal(mode_of(path), 0600);
@@ -340,7 +340,7 @@ static void test_trace_threads(void **state)
     char path[128];
     path_in_tmp(path, sizeof(path), "threads.csv");
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     pthread_t t[TTHREADS];
     for (uintptr_t i = 0; i < TTHREADS; i++)
         assert_int_equal(pthread_create(&t[i], NULL, tracer, (void *)i), 0);
@@ -379,7 +379,7 @@ static void test_trace_unwritable(void **state)
 {
     (void)state;
     snprintf(opt.trace, sizeof(opt.trace), "%s/no/such/dir/t.csv", tmpdir);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_trace("allocate", 0x2000, 1, NULL);
     assert_int_equal(loglines, 1);
@@ -392,9 +392,9 @@ static void test_trace_unwritable(void **state)
 static void test_trace_unwritable_strict(void **state)
 {
     (void)state;
-    vmh_opt.strict = true;
+    opt.strict = true;
     snprintf(opt.trace, sizeof(opt.trace), "%s/no/such/dir/t.csv", tmpdir);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     assert_int_equal(exit_calls, 1);
     assert_non_null(strstr(logbuf, "stopping because VMMHOOK_STRICT is set"));
 }
@@ -413,7 +413,7 @@ static void test_trace_symlink_refused(void **state)
     unlink(link);
     assert_int_equal(symlink(target, link), 0);
     snprintf(opt.trace, sizeof(opt.trace), "%s", link);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     assert_int_equal(loglines, 1);
     assert_non_null(strstr(logbuf, "is refused: it is a symbolic link"));
@@ -425,7 +425,7 @@ static void test_trace_off(void **state)
 {
     (void)state;
     vmh_trace("allocate", 0x1000, 1, NULL);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     assert_int_equal(loglines, 0);
 }
 
@@ -511,7 +511,7 @@ static void test_gauges_companion(void **state)
 
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
 
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     /* Present from the start, like the trace: just the header. */
     assert_int_equal(mode_of(gpath), 0600);
     assert_string_equal(slurp(gpath, NULL), gauges_header);
@@ -591,7 +591,7 @@ static void test_gauges_threads(void **state)
     path_in_tmp(path, sizeof(path), "gthreads.csv");
     snprintf(gpath, sizeof(gpath), "%s.gauges.csv", path);
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_gauge_add(VMH_STAT_bytes_reserved, 123456789);
     pthread_t t[TTHREADS];
     for (uintptr_t i = 0; i < TTHREADS; i++)
@@ -644,9 +644,9 @@ static void gauges_symlink(bool strict)
     close(fd);
     unlink(gpath);
     assert_int_equal(symlink(target, gpath), 0);
-    vmh_opt.strict = strict;
+    opt.strict = strict;
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_trace("free", 0x1000, 1, NULL);
     assert_int_equal(loglines, 1);
@@ -703,7 +703,7 @@ static void in_child_with_alarm(int (*what)(const char *), const char *path)
 static int trace_at(const char *path)
 {
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     return loglines == 1 && strstr(logbuf, "is refused: it is not a regular file") ? 0 : 3;
 }
@@ -712,7 +712,7 @@ static int trace_at(const char *path)
 static int json_at(const char *path)
 {
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_stats_report();
     return loglines == 1 && strstr(logbuf, "it is not a regular file") &&
                    strstr(logbuf, "; no JSON report")
@@ -775,12 +775,12 @@ static void test_other_users_file_refused(void **state)
     vmh_stats_euid = other_uid;
     snprintf(opt.trace, sizeof(opt.trace), "%s", path);
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", jpath);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_stats_report();
     vmh_trace_close();
     snprintf(opt.trace, sizeof(opt.trace), "%s", fresh);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", 0x1000, 1, NULL);
     vmh_stats_euid = geteuid;
 
@@ -834,7 +834,7 @@ static int trace_and_report(const char *tmpl)
     vmh_stats_reset();
     snprintf(opt.trace, sizeof(opt.trace), "%s.csv", tmpl);
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s.json", tmpl);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_trace("allocate", (CUdeviceptr)getpid(), 1, NULL);
     vmh_stats_report();
     return loglines == 0 ? 0 : 3;
@@ -1008,7 +1008,7 @@ static void test_json_report(void **state)
     path_in_tmp(path, sizeof(path), "stats.json");
     unlink(path);
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_count(VMH_STAT_served_allocs, 120);
     vmh_count(VMH_STAT_passthrough_calls, 4);
     vmh_count(VMH_STAT_grows_in_place, 7);
@@ -1053,7 +1053,7 @@ static void test_json_no_leak_report(void **state)
     fchmod(fd, 0666);
     close(fd);
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s", path);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_stats_report();
     assert_int_equal(mode_of(path), 0600);
     char *text = slurp(path, NULL);
@@ -1066,7 +1066,7 @@ static void test_json_unwritable(void **state)
 {
     (void)state;
     snprintf(opt.stats_json, sizeof(opt.stats_json), "%s/no/dir/s.json", tmpdir);
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_stats_report();
     assert_int_equal(loglines, 1);
     assert_non_null(strstr(logbuf, "cannot create it"));
@@ -1079,7 +1079,7 @@ static void test_stats_table(void **state)
 {
     (void)state;
     opt.stats = true;
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_count(VMH_STAT_served_allocs, 12345);
     vmh_count(VMH_STAT_syncs, 3);
     vmh_gauge_add(VMH_STAT_bytes_reserved, (int64_t)3 << 29);
@@ -1118,7 +1118,7 @@ static void test_leak_report(void **state)
 {
     (void)state;
     opt.leaks = true;
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_leak_report_begin();
     vmh_leak_report_one(0x7f0000001000ULL, 4096, 1, (void *)((uintptr_t)&leaky_call_site + 4));
     vmh_leak_report_one(0x7f0000200000ULL, (size_t)3 << 20, 0, (void *)(uintptr_t)&_assert_true);
@@ -1146,7 +1146,7 @@ static void test_leak_report_none(void **state)
 {
     (void)state;
     opt.leaks = true;
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_leak_report_begin();
     vmh_leak_report_end();
     assert_int_equal(loglines, 1);
@@ -1166,7 +1166,7 @@ static void test_leak_report_capped(void **state)
 {
     (void)state;
     opt.leaks = true;
-    vmh_stats_configure(&opt);
+    vmh_lifetime_configure_stats(&opt);
     vmh_leak_report_begin();
     for (int i = 0; i < 1000; i++)
         vmh_leak_report_one(0x100000ULL * (uint64_t)(i + 1), 512, 0, NULL);

@@ -23,9 +23,10 @@ static int setup(void **state)
 {
     (void)state;
     tu_reset(NULL);
-    vmh_opt.pack_below = (size_t)1 << 40;
-    vmh_opt.stream_ordered = true;
-    vmh_opt.park_limit = (size_t)8 << 30;
+    tu_opt.pack_below = (size_t)1 << 40;
+    tu_opt.stream_ordered = true;
+    tu_opt.park_limit = (size_t)8 << 30;
+    tu_configure();
     return 0;
 }
 
@@ -204,7 +205,8 @@ static void a_stream_ends_reuse_at_once(void **state)
 static void no_wait_when_nothing_was_reused_early(void **state)
 {
     (void)state;
-    vmh_opt.stream_ordered = false;
+    tu_opt.stream_ordered = false;
+    tu_configure();
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(8 * MiB, &p), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
@@ -277,7 +279,8 @@ static void late_write_from_a_second_context_never_lands_in_reused_memory(void *
 static void park_budget_follows_the_peak(void **state)
 {
     (void)state;
-    vmh_opt.stream_ordered = false;
+    tu_opt.stream_ordered = false;
+    tu_configure();
     vmh_dev_t *d = NULL;
     CUdeviceptr a, b;
     assert_int_equal(vmh_heap_alloc(100 * MiB, &a), CUDA_SUCCESS);
@@ -289,9 +292,11 @@ static void park_budget_follows_the_peak(void **state)
     size_t peak = vmh_dev_usable_peak(d);
     assert_true(peak >= 2100 * MiB);
     assert_int_equal(vmh_reclaim_park_budget(parts.reclaim), peak / VMH_PARK_SHARE);
-    vmh_opt.park_limit = 128 * MiB;
+    tu_opt.park_limit = 128 * MiB;
+    tu_configure();
     assert_int_equal(vmh_reclaim_park_budget(parts.reclaim), 128 * MiB);
-    vmh_opt.park_limit = 0;
+    tu_opt.park_limit = 0;
+    tu_configure();
     assert_int_equal(vmh_reclaim_park_budget(parts.reclaim), 0);
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);

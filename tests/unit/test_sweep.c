@@ -109,7 +109,8 @@ static CUresult run_shrink(fixture_t *f)
 
 static void setup_heap(fixture_t *f)
 {
-    vmh_opt.headroom = 0; /* so that grows go through the adjacent probe or a move */
+    tu_opt.headroom = 0; /* so that grows go through the adjacent probe or a move */
+    tu_configure();
     assert_int_equal(vmh_heap_alloc(3 * MiB, &f->p), CUDA_SUCCESS);
     f->old_size = 3 * MiB;
     tu_fill(f->p, f->old_size, 42);
@@ -126,8 +127,9 @@ static void setup_heap_small(fixture_t *f)
  * at once while the program's work runs in one queue. */
 static void setup_heap_carved(fixture_t *f)
 {
-    vmh_opt.pack_below = (size_t)1 << 40;
-    vmh_opt.stream_ordered = true;
+    tu_opt.pack_below = (size_t)1 << 40;
+    tu_opt.stream_ordered = true;
+    tu_configure();
     setup_heap(f);
 }
 

@@ -113,11 +113,11 @@ static void stats_json_api(void **state)
     assert_non_null(strstr(buf, "\"tags\": {"));
     assert_non_null(strstr(buf, "\"default\": {\"state\": \"running\", \"requested\": 0"));
     assert_non_null(strstr(buf, "\"pinned_host_bytes\": {\"current\": 0"));
-    char want[200];
+    char want[256];
     snprintf(want, sizeof want,
              "\"k\\\"v\": {\"state\": \"running\", \"requested\": %zu, \"requested_peak\": %zu, "
              "\"mapped\": 0, \"paused\": 0, \"backed_up\": 0, \"kept_mapped\": 0, "
-             "\"pauses\": 1, \"resumes\": 0, \"pause_ns\": 1500000000",
+             "\"spilled\": 0, \"pauses\": 1, \"resumes\": 0, \"pause_ns\": 1500000000",
              2 * GRAN, 3 * GRAN);
     if (!strstr(buf, want))
         fprintf(stderr, "%s\nwanted: %s\n", buf, want);

@@ -8,7 +8,10 @@
 #   backup_rate             (issue 15) tools/probe/backup_rate.c beside pause_resume: the rate of
 #                           the first pause's mechanism (a staging ring into fresh host memory)
 #                           and its alternatives, without the library, in the same run;
-#   torch_sleep.py          (issue 15) a second process fills the whole GPU while paused.
+#   torch_sleep.py          (issue 15) a second process fills the whole GPU while paused;
+#   overflow_gpu            (issue 23) the device filled, 4 GiB served from host memory
+#                           (VMMHOOK_OVERFLOW=host), moved back by vmm_prefetch; its "T" lines
+#                           join the timing table's INFO row.
 # Natively pause_resume and torch_sleep only skip (the API is the hook's): pause_resume's native
 # run checks that (a second); torch_sleep's native run is left out (a PyTorch start for a skip).
 
@@ -45,6 +48,25 @@ exclusive_run() {
                 pause_resume.static.hooked 77 served 0
             pause_table
             backup_probe
+        fi
+    fi
+
+    local ov=$W/bin/overflow_gpu.static
+    if [ -x "$ov" ]; then
+        t=$(tmo 120 60)
+        if [ "$t" = 0 ]; then
+            row "overflow_gpu" static "-" "-" SKIP "no time left in the budget"
+        else
+            say "overflow_gpu: native (skips), then hooked with VMMHOOK_OVERFLOW=host, alone on the GPU, timeout ${t}s ($(elapsed) s)"
+            launch overflow_gpu.static.native native 30 "$ov"
+            wait
+            launch overflow_gpu.static.hooked hooked "$t" env VMMHOOK_OVERFLOW=host "$ov"
+            wait
+            judge "overflow_gpu [VMMHOOK_OVERFLOW=host]" static overflow_gpu.static.native \
+                overflow_gpu.static.hooked 77 served 0
+            info_row "overflow_gpu timings (targets of issue 23)" static "-" \
+                "$(rcname "$(rc_of overflow_gpu.static.hooked)")" \
+                "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)"
         fi
     fi
 

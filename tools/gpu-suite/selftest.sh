@@ -43,6 +43,8 @@ case $name in
 gpu_probe) echo "PASS: gpu_probe"; exit 0 ;;
 realloc_gpu | pause_resume)
     [ "$hooked" = 1 ] || { echo "SKIP: needs the hook"; exit 77; } ;;
+overflow_gpu)
+    [ "$hooked" = 1 ] && [ "${VMMHOOK_OVERFLOW:-}" = host ] || { echo "SKIP: needs the hook and VMMHOOK_OVERFLOW=host"; exit 77; } ;;
 ipc_gpu)
     if [ "${VMMHOOK_HANDLE_TYPE:-}" = none ] && [ "$hooked" = 1 ]; then
         echo "vmmhook: IPC needs VMMHOOK_HANDLE_TYPE=posix_fd" >&2
@@ -72,6 +74,10 @@ pause_resume)
     echo "T pr40m.pause.cycle0 80.000 ms <=100.000 MET"
     echo "T backup.first_pause_rate 5.000 GiB/s >=8.000 MISS"
     echo "I pinned cudaMemcpy 1 GiB: device to host 50.0 GiB/s, host to device 51.0 GiB/s" ;;
+overflow_gpu)
+    echo "R vmm_prefetch -> 0"
+    echo "T spilled_kernel_read 47.00 GiB/s 40 MET"
+    echo "T prefetch_back 30.00 GiB/s 40 MISS" ;;
 ipc_cost) echo "COST malloc_free 2MiB median_us=60.1" ;;
 replay) echo "RESULT replay 1.0" ;;
 *) echo "R same answer" ;;
@@ -167,6 +173,8 @@ want "fork_churn passes" '^\| fork_churn \| static \| 0 \| 0 \| \*\*PASS\*\*'
 want "mallocasync_after_free passes" '^\| mallocasync_after_free \| static \| 0 \| 0 \| \*\*PASS\*\*'
 want "pause_resume passes (native skips)" '^\| pause_resume \[defaults\] \| static \| 77 \| 0 \| \*\*PASS\*\*'
 want "pause_resume timings row" '^\| pause_resume timings .* INFO \| 1 met; misses: backup.first_pause_rate'
+want "overflow_gpu passes (native skips)" '^\| overflow_gpu \[VMMHOOK_OVERFLOW=host\] \| static \| 77 \| 0 \| \*\*PASS\*\*'
+want "overflow_gpu timings row" '^\| overflow_gpu timings .* INFO \| spilled_kernel_read=47.00GiB/s \(40 MET\); prefetch_back=30.00GiB/s \(40 MISS\)'
 want "the sleep table" '^\| backup.first_pause_rate \| 5.000 GiB/s \| >=8.000 \| MISS \|'
 want "torch_sleep passes" '^\| torch_sleep .* \*\*PASS\*\*'
 want "torch_graph passes" '^\| torch_graph .* \| python \| 0 \| 0 \| \*\*PASS\*\*'

@@ -201,7 +201,8 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
 {
     result_t res = {.pack_below = pack_below, .threads = threads};
     probe_heap_reset("churn_sim", reclaim_thread);
-    vmh_opt.pack_below = pack_below; /* the threshold tried */
+    tu_opt.pack_below = pack_below; /* the threshold tried */
+    tu_configure();
 
     run_t run = {.threads = threads, .warmup = warmup, .steps = steps};
     run.ch = calloc((size_t)threads, sizeof *run.ch);

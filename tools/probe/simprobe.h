@@ -20,13 +20,15 @@
 /* A fresh simulated driver with the H200's memory (2 MiB granularity) and a fresh heap
  * (tu_reset), then the product's options from the environment (VMMHOOK_* as the library reads
  * them; tu_reset sets the unit suites' own) and the product's background reclaim thread unless
- * reclaim_thread is false. The caller may change vmh_opt's fields after this. */
+ * reclaim_thread is false. The caller may change tu_opt's fields after this, then calls
+ * tu_configure(). */
 static inline void probe_heap_reset(const char *tool, bool reclaim_thread)
 {
     sim_config_t cfg = {.memory = 141 * GiB};
     tu_reset(&cfg);
-    if (vmh_options_apply(&vmh_opt, vmh_options_env_get, NULL) != 0)
+    if (vmh_options_apply(&tu_opt, vmh_options_env_get, NULL) != 0)
         fprintf(stderr, "%s: a VMMHOOK_* value was refused (see above)\n", tool);
+    tu_configure();
     vmh_reclaim_background(reclaim_thread);
 }
 

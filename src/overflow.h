@@ -1,0 +1,49 @@
+/* Layer "overflow": host memory at device addresses, for what the device cannot serve
+ * (VMMHOOK_OVERFLOW=host; docs/OVERFLOW.md).
+ *
+ * A chunk made here is a VMM allocation located in host memory (the driver pins it at
+ * creation) and mapped into the library's device address space with the device's own access,
+ * so the program holds an ordinary device pointer: kernels read and write it over the bus,
+ * copies and range queries accept it. The heap asks for one only after the device refused
+ * (after its wait, release and trim). Chunks come back to the device through the range layer
+ * (vmh_range_rehome: a prefetch; vmh_range_resume: a resume), at the same addresses.
+ *
+ * The budget: VMMHOOK_OVERFLOW_LIMIT, at most half of the host's memory (or of its memory
+ * cgroup's limit), and no spill that would leave less than an eighth of it available: pinned
+ * memory cannot be swapped, and a host that runs out of it kills processes, not allocations.
+ * Spills are serialized (a creation of pinned host memory takes milliseconds anyway), so the
+ * budget is never passed.
+ */
+#ifndef VMH_OVERFLOW_H
+#define VMH_OVERFLOW_H
+
+#include "device.h"
+#include "handle.h"
+#include "range.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* On or off, and the cap in bytes (VMMHOOK_OVERFLOW, VMMHOOK_OVERFLOW_LIMIT). Off: nothing in
+ * this file is reached and no driver call is made. */
+void vmh_overflow_configure(bool on, size_t cap);
+bool vmh_overflow_enabled(void);
+
+/* One host-located chunk of `size` bytes (a multiple of d->gran) that d's device accesses as its
+ * own memory. CUDA_ERROR_OUT_OF_MEMORY when the budget or the driver refuses; NOT_SUPPORTED
+ * when the device cannot map host memory this way (said once). The first success in the process
+ * says, once, on stderr, that allocations spill and where to turn it off. */
+CUresult vmh_overflow_chunk(const vmh_dev_t *d, size_t size, vmh_alloc_t **out);
+
+/* A range of its own of one such chunk, with `reserve` bytes of address space. */
+CUresult vmh_overflow_range_new(const vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out);
+
+/* Host bytes serving device `device` now (every chunk made here and not yet released). */
+size_t vmh_overflow_bytes(int device);
+
+#ifdef VMH_TESTING
+/* Tests: forget the once-only warnings and what was learnt about each device. */
+void vmh_overflow_reset(void);
+#endif
+
+#endif

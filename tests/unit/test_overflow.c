@@ -1,0 +1,464 @@
+/* Overflow to host memory (VMMHOOK_OVERFLOW=host, src/overflow.c): what the device cannot serve
+ * is served from host-located memory at device addresses, and moves back at the same address
+ * when the program asks (vmm_prefetch) or at a resume. Against the simulated driver, whose
+ * host-located allocations have their own limit (sim_config.host_memory). */
+#include "testutil.h"
+
+#include "log.h"
+#include "overflow.h"
+#include "pause.h"
+#include "registry.h"
+#include "staging.h"
+#include "tags.h"
+#include "vmmhook.h"
+
+#include <pthread.h>
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static char cap_text[1 << 14];
+static size_t cap_len;
+
+static void capture_sink(const char *line, size_t len)
+{
+    if (cap_len + len < sizeof cap_text) {
+        memcpy(cap_text + cap_len, line, len);
+        cap_len += len;
+        cap_text[cap_len] = '\0';
+    }
+}
+
+static size_t captured(const char *needle)
+{
+    size_t k = 0;
+    for (const char *p = cap_text; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        k++;
+    return k;
+}
+
+/* A device of 32 MiB, host-located memory 64 MiB, overflow on with no cap of its own. */
+static void reset(bool on, size_t host_memory)
+{
+    sim_config_t cfg = {.memory = 32 * MiB, .host_memory = host_memory};
+    tu_reset(&cfg);
+    tu_opt.pin_limit = 0;
+    vmh_pause_configure(tu_opt.pin_limit);
+    vmh_tags_reset();
+    vmh_pause_reset();
+    vmh_overflow_reset();
+    vmh_overflow_configure(on, (size_t)64 << 40);
+    vmh_staging_set_host_mem(NULL);
+    cap_len = 0;
+    cap_text[0] = '\0';
+    vmh_log_sink = capture_sink;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    reset(true, 64 * MiB);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    vmh_log_sink = NULL;
+    vmh_overflow_configure(false, 0);
+    return tu_teardown(state);
+}
+
+/* Fills the device: 16 buffers of one chunk each. */
+static void fill_device(CUdeviceptr p[16])
+{
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(vmh_heap_alloc(GRAN, &p[i]), CUDA_SUCCESS);
+}
+
+static void free_all(CUdeviceptr *p, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (p[i])
+            assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+}
+
+static bool on_host(CUdeviceptr p)
+{
+    return vmh_registry_get(p) && sim_host_used() > 0;
+}
+
+/* ---- the simulated driver ------------------------------------------------------------------ */
+
+/* Host-located memory is charged to the host's own limit, not to a device. */
+static void sim_host_memory_has_its_own_limit(void **state)
+{
+    (void)state;
+    CUmemAllocationProp p = tu_prop(0);
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    p.location.id = 0;
+    CUmemGenericAllocationHandle h[2];
+    assert_int_equal(sim_table()->cuMemCreate(&h[0], 64 * MiB, &p, 0), CUDA_SUCCESS);
+    assert_int_equal(sim_host_used(), 64 * MiB);
+    assert_int_equal(sim_device_used(0), 0);
+    assert_int_equal(sim_table()->cuMemCreate(&h[1], GRAN, &p, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(sim_table()->cuMemRelease(h[0]), CUDA_SUCCESS);
+    assert_int_equal(sim_host_used(), 0);
+}
+
+/* ---- spilling ------------------------------------------------------------------------------ */
+
+/* Off (the default): a full device answers out of memory, as natively; nothing is asked of the
+ * host and the failing allocation makes no more driver calls than before. */
+static void off_changes_nothing(void **state)
+{
+    (void)state;
+    reset(false, 64 * MiB);
+    CUdeviceptr p[16], q = 0;
+    fill_device(p);
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_alloc(GRAN, &q), CUDA_ERROR_OUT_OF_MEMORY);
+    unsigned long calls_off = sim_call_count();
+    assert_int_equal(sim_host_used(), 0);
+    assert_int_equal(vmh_counter_get(VMH_STAT_spills), 0);
+    assert_int_equal(captured("host memory"), 0);
+    free_all(p, 16);
+
+    /* On, with the host full too: the same calls plus the spill's own. */
+    reset(true, GRAN / 2 * 2);
+    fill_device(p);
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &q), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_true(sim_call_count() > calls_off);
+    free_all(p, 16);
+}
+
+/* A spilled buffer is an ordinary served pointer: written, read, found, freed; its host memory
+ * is given back after the free, and the first spill says so once. */
+static void spills_when_the_device_is_full(void **state)
+{
+    (void)state;
+    CUdeviceptr p[16], a = 0, b = 0;
+    fill_device(p);
+    assert_int_equal(vmh_heap_alloc(3 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(100, &b), CUDA_SUCCESS); /* small ones too */
+    assert_int_equal(sim_device_used(0), 32 * MiB);
+    assert_int_equal(sim_host_used(), 4 * MiB + GRAN);
+    assert_true(on_host(a));
+    assert_int_equal(vmh_counter_get(VMH_STAT_spills), 2);
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_spilled), (int64_t)(4 * MiB + GRAN));
+    assert_int_equal(vmh_overflow_bytes(0), 4 * MiB + GRAN);
+    assert_int_equal(captured("served from host memory"), 1);
+    tu_fill(a, 3 * MiB, 7);
+    assert_true(tu_check(a, 3 * MiB, 7));
+    vmh_buffer_info_t info;
+    assert_true(vmh_heap_find(a + 5, &info));
+    assert_int_equal(info.base, a);
+    assert_int_equal(info.size, 3 * MiB);
+    assert_int_equal(sim_hazards(), 0);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim();
+    assert_int_equal(sim_host_used(), 0); /* never cached: the cache serves device memory */
+    assert_int_equal(vmh_overflow_bytes(0), 0);
+    free_all(p, 16);
+}
+
+/* VMMHOOK_OVERFLOW_LIMIT bounds the host bytes; past it the allocation fails, said once. */
+static void limit_bounds_the_host_bytes(void **state)
+{
+    (void)state;
+    vmh_overflow_configure(true, 4 * MiB);
+    CUdeviceptr p[16], a = 0, b = 0, c = 0;
+    fill_device(p);
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(GRAN, &b), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_heap_alloc(GRAN, &c), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(captured("does not spill"), 1);
+    assert_int_equal(vmh_counter_get(VMH_STAT_ooms), 2);
+    assert_int_equal(sim_host_used(), 4 * MiB);
+    free_all(&a, 1);
+    free_all(p, 16);
+}
+
+/* The host's own memory bounds it too: at most half of it, and an eighth stays available. */
+static bool small_host(vmh_host_mem_t *m)
+{
+    m->total = 8 * MiB;
+    m->available = 6 * MiB;
+    return true;
+}
+
+static void host_share_bounds_the_host_bytes(void **state)
+{
+    (void)state;
+    vmh_staging_set_host_mem(small_host);
+    CUdeviceptr p[16], a = 0, b = 0;
+    fill_device(p);
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &a), CUDA_SUCCESS); /* half of 8 MiB */
+    assert_int_equal(vmh_heap_alloc(GRAN, &b), CUDA_ERROR_OUT_OF_MEMORY);
+    free_all(&a, 1);
+    free_all(p, 16);
+    vmh_staging_set_host_mem(NULL);
+}
+
+/* A paused tag takes no memory, host memory included. */
+static void paused_tag_does_not_spill(void **state)
+{
+    (void)state;
+    CUdeviceptr p[16], a = 0;
+    fill_device(p);
+    assert_int_equal(vmm_tag_push("kv"), VMM_OK);
+    assert_int_equal(vmh_heap_alloc(GRAN, &a), CUDA_SUCCESS); /* a spilled one in "kv" */
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    CUresult drc;
+    assert_int_equal(vmh_pause_tags("kv", 0, &drc), VMM_OK);
+    assert_int_equal(sim_host_used(), 0); /* the pause gave the host memory back */
+    assert_int_equal(vmm_tag_push("kv"), VMM_OK);
+    CUdeviceptr b = 0;
+    assert_int_equal(vmh_heap_alloc(GRAN, &b), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    assert_int_equal(sim_host_used(), 0);
+    free_all(&a, 1);
+    free_all(p, 16);
+}
+
+/* vmm_realloc grows a spilled buffer with device memory when there is room, else host memory;
+ * the contents stay. */
+static void spilled_buffer_grows(void **state)
+{
+    (void)state;
+    CUdeviceptr p[16], a = 0;
+    fill_device(p);
+    assert_int_equal(vmh_heap_alloc(GRAN, &a), CUDA_SUCCESS);
+    tu_fill(a, GRAN, 3);
+    assert_int_equal(vmh_heap_realloc(&a, 3 * GRAN, NULL, false), CUDA_SUCCESS);
+    assert_true(tu_check(a, GRAN, 3));
+    assert_int_equal(sim_host_used(), 3 * GRAN);
+    free_all(&a, 1);
+    free_all(p, 16);
+}
+
+/* ---- back to the device -------------------------------------------------------------------- */
+
+/* vmm_prefetch moves a spilled buffer back at the same address once there is room; without room
+ * it answers out of memory and the buffer stays usable where it is. */
+static void prefetch_moves_back_at_the_same_address(void **state)
+{
+    (void)state;
+    CUdeviceptr p[16], a = 0;
+    fill_device(p);
+    assert_int_equal(vmh_heap_alloc(2 * GRAN, &a), CUDA_SUCCESS);
+    tu_fill(a, 2 * GRAN, 9);
+    size_t moved = 0;
+    assert_int_equal(vmh_heap_prefetch(a, &moved), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(moved, 0);
+    assert_true(tu_check(a, 2 * GRAN, 9));
+    assert_int_equal(sim_host_used(), 2 * GRAN);
+
+    assert_int_equal(vmh_heap_free(p[0], NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p[1], NULL, false), CUDA_SUCCESS);
+    p[0] = p[1] = 0;
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_prefetch(a + 100, &moved), CUDA_SUCCESS);
+    assert_true(sim_sync_count(NULL) >= 1); /* waited for the device's work first */
+    assert_int_equal(moved, 2 * GRAN);
+    assert_int_equal(sim_host_used(), 0);
+    assert_int_equal(sim_device_used(0), 32 * MiB);
+    assert_true(tu_check(a, 2 * GRAN, 9));
+    assert_int_equal(sim_hazards(), 0);
+    vmh_buffer_info_t info;
+    assert_true(vmh_heap_find(a, &info));
+    assert_int_equal(info.base, a);
+    /* On the device now: a second prefetch moves nothing; the free caches it as any other. */
+    assert_int_equal(vmh_heap_prefetch(a, &moved), CUDA_SUCCESS);
+    assert_int_equal(moved, 0);
+    free_all(&a, 1);
+    free_all(p, 16);
+}
+
+/* The public entry points: codes for the cases a program meets. */
+static void prefetch_api_codes(void **state)
+{
+    (void)state;
+    assert_int_equal(vmm_prefetch(NULL), VMM_ERR_INVALID);
+    assert_int_equal(vmm_prefetch_tag("no such tag"), VMM_ERR_UNKNOWN_TAG);
+}
+
+/* vmm_prefetch_tag moves every spilled buffer of the tag that fits, and only that tag's. */
+static void prefetch_tag_moves_the_tags_buffers(void **state)
+{
+    (void)state;
+    CUdeviceptr p[16], kv[2] = {0, 0}, other = 0;
+    fill_device(p);
+    assert_int_equal(vmm_tag_push("kv"), VMM_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(vmh_heap_alloc(GRAN, &kv[i]), CUDA_SUCCESS);
+        tu_fill(kv[i], GRAN, 20 + i);
+    }
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    assert_int_equal(vmh_heap_alloc(GRAN, &other), CUDA_SUCCESS);
+    assert_int_equal(sim_host_used(), 3 * GRAN);
+    free_all(p, 4);
+    for (int i = 0; i < 4; i++)
+        p[i] = 0;
+    assert_int_equal(vmm_tag_push("kv"), VMM_OK);
+    size_t moved = 0;
+    assert_int_equal(vmh_heap_prefetch_tag(vmh_tag_current(), &moved), CUDA_SUCCESS);
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    assert_int_equal(moved, 2 * GRAN);
+    assert_int_equal(sim_host_used(), GRAN); /* the other tag's stays */
+    for (int i = 0; i < 2; i++)
+        assert_true(tu_check(kv[i], GRAN, 20 + i));
+    free_all(kv, 2);
+    free_all(&other, 1);
+    free_all(p, 16);
+}
+
+/* A shared (exported) spilled buffer cannot move: its chunks have another holder. */
+static void prefetch_refuses_a_shared_buffer(void **state)
+{
+    (void)state;
+    CUdeviceptr p[16], a = 0;
+    fill_device(p);
+    assert_int_equal(vmh_heap_alloc(GRAN, &a), CUDA_SUCCESS);
+    vmh_export_t ex;
+    assert_int_equal(vmh_heap_export(a, &ex), CUDA_SUCCESS);
+    free_all(p, 2);
+    p[0] = p[1] = 0;
+    size_t moved = 0;
+    assert_int_equal(vmh_heap_prefetch(a, &moved), CUDA_ERROR_ALREADY_MAPPED);
+    assert_int_equal(sim_host_used(), GRAN);
+    vmh_heap_export_release(&ex);
+    assert_int_equal(vmh_heap_prefetch(a, &moved), CUDA_SUCCESS);
+    assert_int_equal(moved, GRAN);
+    free_all(&a, 1);
+    free_all(p, 16);
+}
+
+/* A resume that finds no room on the device maps the rest in host memory, contents restored;
+ * with overflow off it fails and the tag stays paused, as before. */
+static void resume_spills_what_does_not_fit(void **state)
+{
+    (void)state;
+    CUdeviceptr w[4], p[14] = {0};
+    assert_int_equal(vmm_tag_push("w"), VMM_OK);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(vmh_heap_alloc(2 * GRAN, &w[i]), CUDA_SUCCESS);
+        tu_fill(w[i], 2 * GRAN, 40 + i);
+    }
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    CUresult drc;
+    assert_int_equal(vmh_pause_tags("w", VMM_PAUSE_BACKUP, &drc), VMM_OK);
+    for (int i = 0; i < 14; i++) /* 28 of 32 MiB: room for one of the four on the device */
+        assert_int_equal(vmh_heap_alloc(GRAN, &p[i]), CUDA_SUCCESS);
+    assert_int_equal(vmh_resume_tags("w", &drc), VMM_OK);
+    assert_int_equal(sim_host_used(), 3 * 2 * GRAN);
+    for (int i = 0; i < 4; i++)
+        assert_true(tu_check(w[i], 2 * GRAN, 40 + i));
+    assert_int_equal(sim_hazards(), 0);
+
+    /* Off: the same resume is refused and the tag stays paused. */
+    assert_int_equal(vmh_pause_tags("w", VMM_PAUSE_BACKUP, &drc), VMM_OK);
+    vmh_overflow_configure(false, 0);
+    assert_int_equal(vmh_resume_tags("w", &drc), VMM_ERR_NO_MEMORY);
+    vmh_overflow_configure(true, (size_t)64 << 40);
+    assert_int_equal(vmh_resume_tags("w", &drc), VMM_OK);
+    for (int i = 0; i < 4; i++)
+        assert_true(tu_check(w[i], 2 * GRAN, 40 + i));
+    free_all(w, 4);
+    free_all(p, 14);
+}
+
+/* ---- failures ------------------------------------------------------------------------------ */
+
+/* Every driver call of a spill and of a move back fails in turn: the operation reports it,
+ * nothing leaks, nothing is half-mapped, and a buffer that was not moved keeps its bytes. */
+static CUresult run_spill(CUdeviceptr *a)
+{
+    return vmh_heap_alloc(2 * GRAN, a);
+}
+
+/* One fixture: the device full; for the move back (op 1) a spilled buffer with a pattern and
+ * room made for it. */
+static void sweep_fixture(int op, CUdeviceptr p[16], CUdeviceptr *a)
+{
+    reset(true, 64 * MiB);
+    *a = 0;
+    fill_device(p);
+    if (op == 1) {
+        assert_int_equal(run_spill(a), CUDA_SUCCESS);
+        tu_fill(*a, 2 * GRAN, 77);
+        free_all(p, 2);
+        p[0] = p[1] = 0;
+        vmh_heap_trim(); /* the room is made before: the sweep fails the move's own calls */
+    }
+    sim_reset_counters();
+}
+
+static void sweep_release(int op, CUdeviceptr p[16], CUdeviceptr a)
+{
+    if (op == 1)
+        assert_true(tu_check(a, 2 * GRAN, 77));
+    assert_int_equal(sim_hazards(), 0);
+    if (a)
+        free_all(&a, 1);
+    free_all(p, 16);
+    vmh_heap_trim();
+    tu_assert_ledger_empty();
+}
+
+static void failure_sweep(void **state)
+{
+    (void)state;
+    unsigned points = 0;
+    for (int op = 0; op < 2; op++) {
+        CUdeviceptr p[16], a;
+        size_t moved = 0;
+        const char *names[64];
+        sweep_fixture(op, p, &a);
+        sim_trace_begin();
+        assert_int_equal(op == 0 ? run_spill(&a) : vmh_heap_prefetch(a, &moved), CUDA_SUCCESS);
+        unsigned long n = sim_call_count();
+        assert_true(sim_trace_get(names, 64) == n && n < 64);
+        sim_trace_end();
+        sweep_release(op, p, a);
+        for (unsigned long i = 1; i <= n; i++) {
+            if (tu_is_undo(names[i - 1]))
+                continue;
+            sweep_fixture(op, p, &a);
+            sim_fail_call(i, CUDA_ERROR_UNKNOWN);
+            CUresult rc = op == 0 ? run_spill(&a) : vmh_heap_prefetch(a, &moved);
+            sim_clear_faults();
+            if (rc == CUDA_SUCCESS)
+                fprintf(stderr, "op %d: %s failed and the operation succeeded\n", op,
+                        names[i - 1]);
+            assert_int_not_equal(rc, CUDA_SUCCESS);
+            if (op == 0)
+                assert_int_equal(a, 0);
+            sweep_release(op, p, a);
+            points++;
+        }
+    }
+    printf("overflow sweep: %u injection points, no leak, contents kept\n", points);
+    assert_true(points >= 12);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(sim_host_memory_has_its_own_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(off_changes_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(spills_when_the_device_is_full, setup, teardown),
+        cmocka_unit_test_setup_teardown(limit_bounds_the_host_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(host_share_bounds_the_host_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(paused_tag_does_not_spill, setup, teardown),
+        cmocka_unit_test_setup_teardown(spilled_buffer_grows, setup, teardown),
+        cmocka_unit_test_setup_teardown(prefetch_moves_back_at_the_same_address, setup, teardown),
+        cmocka_unit_test_setup_teardown(prefetch_api_codes, setup, teardown),
+        cmocka_unit_test_setup_teardown(prefetch_tag_moves_the_tags_buffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(prefetch_refuses_a_shared_buffer, setup, teardown),
+        cmocka_unit_test_setup_teardown(resume_spills_what_does_not_fit, setup, teardown),
+        cmocka_unit_test_setup_teardown(failure_sweep, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
