@@ -270,14 +270,17 @@ CUresult vmh_ctx_leave(vmh_ctx_scope_t *scope)
 }
 
 /* vmh_ctx_of_device; *primary: the device whose primary context was retained for the caller
- * (-1: the current context was of `device`, nothing retained). */
-static CUresult device_context(int device, CUcontext *ctx, CUdevice *primary)
+ * (-1: the current context was of `device`, nothing retained); *current: the thread's current
+ * context as the driver answered (NULL: none, or not known). */
+static CUresult device_context(int device, CUcontext *ctx, CUdevice *primary, CUcontext *current)
 {
     CUcontext cur = NULL;
     CUdevice cur_dev = -1, dev;
     *primary = -1;
-    if (vmh_drv.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL &&
-        vmh_drv.cuCtxGetDevice(&cur_dev) == CUDA_SUCCESS && cur_dev == device) {
+    if (vmh_drv.cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+        cur = NULL;
+    *current = cur;
+    if (cur != NULL && vmh_drv.cuCtxGetDevice(&cur_dev) == CUDA_SUCCESS && cur_dev == device) {
         *ctx = cur;
         return CUDA_SUCCESS;
     }
@@ -292,16 +295,17 @@ static CUresult device_context(int device, CUcontext *ctx, CUdevice *primary)
 CUresult vmh_ctx_of_device(int device, CUcontext *ctx)
 {
     CUdevice primary;
-    return device_context(device, ctx, &primary);
+    CUcontext current;
+    return device_context(device, ctx, &primary, &current);
 }
 
 CUresult vmh_ctx_enter_device(int device, vmh_ctx_scope_t *scope)
 {
-    CUcontext ctx = NULL;
+    CUcontext ctx = NULL, current;
     CUdevice primary;
-    CUresult rc = device_context(device, &ctx, &primary);
+    CUresult rc = device_context(device, &ctx, &primary, &current);
     if (rc == CUDA_SUCCESS)
-        rc = scope_enter(ctx, primary >= 0 ? current_known() : ctx, scope);
+        rc = scope_enter(ctx, current, scope); /* the driver's answer, fresher than the cache */
     if (rc != CUDA_SUCCESS) {
         if (primary >= 0)
             (void)vmh_drv.cuDevicePrimaryCtxRelease(primary); /* undo: what the enter made */
