@@ -107,7 +107,8 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
  * same hold of the shard's lock. So a new extent is never seen empty: a trim on another thread
  * (a pause's) cannot take it between its publication and its use, and nothing of its range is
  * read once the lock is let go (CI found both: a pause's trim destroyed an extent that its
- * allocating thread then read, tests/unit/test_heap.c's trim_never_takes_an_extent_being_served).
+ * allocating thread then read, tests/unit/test_heap_serve.c's
+ * trim_never_takes_an_extent_being_served).
  * *out: the block. OUT_OF_MEMORY with nothing left behind when the driver or host memory runs
  * out. */
 static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t size,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Repeats the concurrency suites (meson suite 'stress': tests/unit/meson.build's stress_suites)
 many times, in parallel, each run under a perturbed schedule (the simulated driver's
-SIM_PERTURB, tests/sim/simdrv.c), to find rare races. `tools/run-tests --stress N` calls it.
+SIM_PERTURB, tests/sim/simcall.c), to find rare races. `tools/run-tests --stress N` calls it.
 
     tools/stress-tests.py N [--build DIR] [--jobs J] [--seed S] [--budget SECONDS]
                             [--suite NAME] [--only TEST,...] [--logs DIR]

@@ -22,31 +22,10 @@
 #define LIVE 24
 #define OPS 4000
 
-#define SIM_FNS(X)                                                                                 \
-    X(sim_live_native) X(sim_ledger_empty) X(sim_ledger_dump) X(sim_write) X(sim_read)            \
-    X(sim_live_mappings) X(sim_live_reservations)
-#define SIM_FIELD(n) __typeof__(&n) n;
-static struct {
-    SIM_FNS(SIM_FIELD)
-} sim;
-#undef SIM_FIELD
-
-static PFN_cuGetProcAddress_v12000 getproc;
-static int (*vmm_owns_fn)(const void *);
+static ip_driver_t driver; /* libcuda.so.1 opened, its controls, the library's lookups */
 static CUcontext ctx;
 
 static atomic_int errors_alloc, errors_free, errors_owned, errors_range, errors_tag, served_n;
-
-static void *fetch(const char *name, int version, cuuint64_t flags)
-{
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (getproc(name, &fn, version, flags, &st) != CUDA_SUCCESS || !fn) {
-        printf("FAIL cuGetProcAddress(%s)\n", name);
-        exit(1);
-    }
-    return fn;
-}
 
 static uint64_t next_rand(uint64_t *s)
 {
@@ -75,19 +54,19 @@ struct slot {
 static void put_tag(struct slot *b)
 {
     size_t n = b->size < 8 ? b->size : 8;
-    sim.sim_write(b->p, &b->tag, n);
+    driver.sim.sim_write(b->p, &b->tag, n);
     if (b->size >= 16)
-        sim.sim_write(b->p + b->size - 8, &b->tag, 8);
+        driver.sim.sim_write(b->p + b->size - 8, &b->tag, 8);
 }
 
 static bool tag_ok(const struct slot *b)
 {
     uint64_t head = 0, tail = 0;
     size_t n = b->size < 8 ? b->size : 8;
-    if (sim.sim_read(&head, b->p, n) != CUDA_SUCCESS || memcmp(&head, &b->tag, n))
+    if (driver.sim.sim_read(&head, b->p, n) != CUDA_SUCCESS || memcmp(&head, &b->tag, n))
         return false;
     if (b->size >= 16 &&
-        (sim.sim_read(&tail, b->p + b->size - 8, 8) != CUDA_SUCCESS || tail != b->tag))
+        (driver.sim.sim_read(&tail, b->p + b->size - 8, 8) != CUDA_SUCCESS || tail != b->tag))
         return false;
     return true;
 }
@@ -97,11 +76,13 @@ static void *worker(void *arg)
     int id = (int)(intptr_t)arg;
     bool ptsz = id % 2;
     cuuint64_t flags = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
-    PFN_cuCtxSetCurrent_v4000 set_current = fetch("cuCtxSetCurrent", 12000, flags);
-    PFN_cuMemAlloc_v3020 mem_alloc = fetch("cuMemAlloc", 12000, flags);
-    PFN_cuMemFree_v3020 mem_free = fetch("cuMemFree", 12000, flags);
-    PFN_cuMemFreeAsync_v11020 free_async = fetch("cuMemFreeAsync", 12000, flags);
-    PFN_cuMemGetAddressRange_v3020 range = fetch("cuMemGetAddressRange", 13000, flags);
+    PFN_cuCtxSetCurrent_v4000 set_current =
+        ip_fetch(driver.getproc, "cuCtxSetCurrent", 12000, flags);
+    PFN_cuMemAlloc_v3020 mem_alloc = ip_fetch(driver.getproc, "cuMemAlloc", 12000, flags);
+    PFN_cuMemFree_v3020 mem_free = ip_fetch(driver.getproc, "cuMemFree", 12000, flags);
+    PFN_cuMemFreeAsync_v11020 free_async = ip_fetch(driver.getproc, "cuMemFreeAsync", 12000, flags);
+    PFN_cuMemGetAddressRange_v3020 range =
+        ip_fetch(driver.getproc, "cuMemGetAddressRange", 13000, flags);
     set_current(ctx);
 
     struct slot live[LIVE] = {{0}};
@@ -127,7 +108,7 @@ static void *worker(void *arg)
             b->p = 0;
             continue;
         }
-        if (vmm_owns_fn((const void *)(uintptr_t)b->p))
+        if (driver.vmm_owns((const void *)(uintptr_t)b->p))
             atomic_fetch_add(&served_n, 1);
         else
             atomic_fetch_add(&errors_owned, 1);
@@ -155,25 +136,11 @@ int main(void)
     printf("ip_churn: %d threads x %d operations, up to %d live buffers each\n", THREADS, OPS,
            LIVE);
     ip_require_preloaded();
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
-        return 1;
-    }
-#define SIM_GET(n) sim.n = (__typeof__(sim.n))dlsym(h, #n);
-    SIM_FNS(SIM_GET)
-#undef SIM_GET
-    getproc = (PFN_cuGetProcAddress_v12000)dlsym(h, "cuGetProcAddress_v2");
-    vmm_owns_fn = (int (*)(const void *))dlsym(RTLD_DEFAULT, "vmm_owns");
-    size_t (*trim)(void) = (size_t(*)(void))dlsym(RTLD_DEFAULT, "vmm_trim");
-    if (!sim.sim_ledger_empty || !sim.sim_read || !getproc || !vmm_owns_fn || !trim) {
-        printf("FAIL a symbol is missing\n");
-        return 1;
-    }
-    CHECK(ip_in_hook((void *)getproc), "cuGetProcAddress_v2 is the library's");
+    driver = ip_open_driver();
 
-    PFN_cuInit_v2000 init = fetch("cuInit", 12000, 0);
-    PFN_cuDevicePrimaryCtxRetain_v7000 retain = fetch("cuDevicePrimaryCtxRetain", 12000, 0);
+    PFN_cuInit_v2000 init = ip_fetch(driver.getproc, "cuInit", 12000, 0);
+    PFN_cuDevicePrimaryCtxRetain_v7000 retain =
+        ip_fetch(driver.getproc, "cuDevicePrimaryCtxRetain", 12000, 0);
     CHECK_RC(init(0), CUDA_SUCCESS, "cuInit");
     CHECK_RC(retain(&ctx, 0), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain");
 
@@ -192,12 +159,12 @@ int main(void)
           atomic_load(&errors_range));
     CHECK(atomic_load(&errors_tag) == 0,
           "no buffer's tag was overwritten by another buffer (%d were)", atomic_load(&errors_tag));
-    CHECK(sim.sim_live_native() == 0, "no native allocation was made");
-    trim();
-    bool empty = sim.sim_ledger_empty();
+    CHECK(driver.sim.sim_live_native() == 0, "no native allocation was made");
+    driver.vmm_trim();
+    bool empty = driver.sim.sim_ledger_empty();
     CHECK(empty, "after vmm_trim the driver holds nothing (%zu mappings, %zu reservations)",
-          sim.sim_live_mappings(), sim.sim_live_reservations());
+          driver.sim.sim_live_mappings(), driver.sim.sim_live_reservations());
     if (!empty)
-        sim.sim_ledger_dump();
+        driver.sim.sim_ledger_dump();
     return ip_finish("ip_churn");
 }

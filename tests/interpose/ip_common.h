@@ -1,6 +1,7 @@
 /* Helpers for the interpose suite: checks that print what they checked, where a function lives,
- * what the process has mapped, and a capture of this process's own stderr (the library writes
- * its diagnostics to fd 2).
+ * what the process has mapped, a capture of this process's own stderr (the library writes its
+ * diagnostics to fd 2), the served/native argument, and, for the programs that include
+ * <cuda.h> first, the simulated driver loaded as cudart loads the driver.
  *
  * Every program of the suite runs with LD_PRELOAD=libvmmhook.so and first makes sure the
  * preload is really there (ip_require_preloaded), so that no check can pass for want of the
@@ -154,5 +155,159 @@ static inline size_t ip_count_substr(const char *hay, const char *needle)
         k++;
     return k;
 }
+
+/* The run's mode from the one argument "served" or "native" (true: served), the usage on stderr
+ * and exit status 2 otherwise. Then stdout line-buffered (the test log interleaves it with the
+ * library's stderr), what the run expects printed, and the preload made sure of. */
+static inline bool ip_served_arg(int argc, char **argv, const char *program)
+{
+    if (argc != 2 || (strcmp(argv[1], "served") && strcmp(argv[1], "native"))) {
+        fprintf(stderr, "usage: %s served|native\n", argv[0]);
+        exit(2);
+    }
+    bool served = !strcmp(argv[1], "served");
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("%s: expecting %s allocations\n", program, served ? "served" : "native");
+    ip_require_preloaded();
+    return served;
+}
+
+#ifdef CUDA_VERSION
+/* ---- the driver, for programs that include <cuda.h> first -------------------------------- */
+#include <cudaTypedefs.h>
+
+#include "simdrv.h"
+
+/* dlsym that stops the program when the symbol is missing: nothing can be checked without it. */
+static inline void *ip_need_dlsym(void *h, const char *name)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        printf("FAIL dlsym(%s): %s\n", name, dlerror());
+        exit(1);
+    }
+    return p;
+}
+
+/* libcuda.so.1 (the simulated driver, LD_LIBRARY_PATH) opened as cudart opens it: RTLD_LOCAL,
+ * so that its symbols reach the program only through dlsym and cuGetProcAddress. */
+static inline void *ip_open_libcuda(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
+        exit(1);
+    }
+    return h;
+}
+
+/* What cudart asks the opened driver for first: dlsym(h, "cuGetProcAddress_v2"), which the
+ * preloaded library answers with its own (checked). */
+static inline PFN_cuGetProcAddress_v12000 ip_getproc(void *libcuda)
+{
+    PFN_cuGetProcAddress_v12000 getproc =
+        (PFN_cuGetProcAddress_v12000)ip_need_dlsym(libcuda, "cuGetProcAddress_v2");
+    CHECK(ip_in_hook((void *)getproc), "dlsym(libcuda, \"cuGetProcAddress_v2\") is the library's");
+    return getproc;
+}
+
+/* The entry point name through getproc, as cudart fetches one; stops the program when there is
+ * none. */
+static inline void *ip_fetch(PFN_cuGetProcAddress_v12000 getproc, const char *name, int version,
+                             cuuint64_t flags)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CUresult rc = getproc(name, &fn, version, flags, &st);
+    if (rc != CUDA_SUCCESS || !fn) {
+        printf("FAIL cuGetProcAddress(%s, %d, %llu) -> %d\n", name, version,
+               (unsigned long long)flags, rc);
+        exit(1);
+    }
+    return fn;
+}
+
+/* The simulated driver's control functions (simdrv.h) that the programs use, looked up in the
+ * opened libcuda.so.1 like any of its symbols (a program that dlopens the driver cannot link
+ * them). */
+#define IP_SIM_FNS(X)                                                                              \
+    X(sim_live_native) X(sim_live_allocations) X(sim_live_handles) X(sim_live_reservations)        \
+    X(sim_live_mappings) X(sim_live_contexts) X(sim_is_mapped) X(sim_access_flags)                 \
+    X(sim_ledger_empty) X(sim_ledger_dump) X(sim_calls) X(sim_write) X(sim_read)                   \
+    X(sim_device_capacity) X(sim_device_used) X(sim_get_proc_address) X(sim_capture_refusals)    \
+    X(sim_launch_write) X(sim_flush)
+#define IP_SIM_FIELD(n) __typeof__(&n) n;
+typedef struct ip_sim {
+    IP_SIM_FNS(IP_SIM_FIELD)
+} ip_sim_t;
+#undef IP_SIM_FIELD
+
+static inline ip_sim_t ip_sim_controls(void *libcuda)
+{
+    ip_sim_t s;
+#define IP_SIM_GET(n) s.n = (__typeof__(s.n))ip_need_dlsym(libcuda, #n);
+    IP_SIM_FNS(IP_SIM_GET)
+#undef IP_SIM_GET
+    return s;
+}
+
+/* A program's entry points, each named once: the program lists them as X(name, version) in a
+ * macro, where PFN_<name>_<version> is cudaTypedefs.h's type; IP_ENTRY_DECLARE declares each as
+ * p_<name>, and IP_ENTRY_FETCH, where a `getproc` is in scope, fetches each as cudart does (CUDA
+ * 12000, no flags). Entry points fetched otherwise (another version, the per-thread flavour) are
+ * declared and fetched by hand beside them. */
+#define IP_ENTRY_DECLARE(name, version) static PFN_##name##_##version p_##name;
+#define IP_ENTRY_FETCH(name, version) p_##name = ip_fetch(getproc, #name, 12000, 0);
+
+/* What a program that dlopens the driver holds of it, from ip_open_driver. */
+typedef struct ip_driver {
+    void *libcuda;                       /* ip_open_libcuda */
+    PFN_cuGetProcAddress_v12000 getproc; /* ip_getproc: the library's */
+    ip_sim_t sim;                        /* the simulated driver's controls */
+    int (*vmm_owns)(const void *);       /* the library's API, found as any program finds it */
+    size_t (*vmm_trim)(void);
+} ip_driver_t;
+
+static inline ip_driver_t ip_open_driver(void)
+{
+    ip_driver_t d;
+    d.libcuda = ip_open_libcuda();
+    d.sim = ip_sim_controls(d.libcuda);
+    d.getproc = ip_getproc(d.libcuda);
+    d.vmm_owns = (int (*)(const void *))ip_need_dlsym(RTLD_DEFAULT, "vmm_owns");
+    d.vmm_trim = (size_t(*)(void))ip_need_dlsym(RTLD_DEFAULT, "vmm_trim");
+    return d;
+}
+
+/* cuInit, then devices 0 and 1 (SIM_DEVICES=2) and their primary contexts (in ctx), device 0's
+ * made current: each call fetched through getproc and checked. */
+static inline void ip_two_primary_contexts(PFN_cuGetProcAddress_v12000 getproc, CUcontext ctx[2])
+{
+    PFN_cuInit_v2000 init = ip_fetch(getproc, "cuInit", 12000, 0);
+    PFN_cuDeviceGet_v2000 device_get = ip_fetch(getproc, "cuDeviceGet", 12000, 0);
+    PFN_cuDevicePrimaryCtxRetain_v7000 retain =
+        ip_fetch(getproc, "cuDevicePrimaryCtxRetain", 12000, 0);
+    PFN_cuCtxSetCurrent_v4000 set_current = ip_fetch(getproc, "cuCtxSetCurrent", 12000, 0);
+    CUdevice dev[2];
+    CHECK_RC(init(0), CUDA_SUCCESS, "cuInit");
+    CHECK_RC(device_get(&dev[0], 0), CUDA_SUCCESS, "cuDeviceGet(0)");
+    CHECK_RC(device_get(&dev[1], 1), CUDA_SUCCESS, "cuDeviceGet(1) (SIM_DEVICES=2)");
+    CHECK_RC(retain(&ctx[0], dev[0]), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(0)");
+    CHECK_RC(retain(&ctx[1], dev[1]), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(1)");
+    CHECK_RC(set_current(ctx[0]), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
+}
+
+/* For programs linked against the driver (-lcuda style): cuInit, and device 0's primary context
+ * retained and made current, each call checked. */
+static inline void ip_linked_primary_context(void)
+{
+    CUdevice dev;
+    CUcontext ctx = NULL;
+    CHECK_RC(cuInit(0), CUDA_SUCCESS, "cuInit");
+    CHECK_RC(cuDeviceGet(&dev, 0), CUDA_SUCCESS, "cuDeviceGet");
+    CHECK_RC(cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain");
+    CHECK_RC(cuCtxSetCurrent(ctx), CUDA_SUCCESS, "cuCtxSetCurrent");
+}
+#endif
 
 #endif

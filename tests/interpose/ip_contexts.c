@@ -27,70 +27,22 @@
 #define GiB ((size_t)1 << 30)
 
 static bool served;
-static void *libcuda;
+static ip_driver_t driver; /* libcuda.so.1 opened, its controls, the library's lookups */
 
-#define SIM_FNS(X)                                                                                 \
-    X(sim_device_used)                                                                             \
-    X(sim_device_capacity) X(sim_calls) X(sim_ledger_empty) X(sim_capture_refusals)                \
-        X(sim_live_contexts)
-#define SIM_FIELD(n) __typeof__(&n) n;
-static struct {
-    SIM_FNS(SIM_FIELD)
-} sim;
-#undef SIM_FIELD
-
-static PFN_cuGetProcAddress_v12000 getproc;
-static int (*vmm_owns_fn)(const void *);
-static size_t (*vmm_trim_fn)(void);
-
-static PFN_cuInit_v2000 p_cuInit;
-static PFN_cuDevicePrimaryCtxRetain_v7000 p_cuDevicePrimaryCtxRetain;
-static PFN_cuCtxSetCurrent_v4000 p_cuCtxSetCurrent;
-static PFN_cuMemAlloc_v3020 p_cuMemAlloc;
-static PFN_cuMemFree_v3020 p_cuMemFree;
-static PFN_cuMemAllocAsync_v11020 p_cuMemAllocAsync;
+/* The entry points used, fetched through the library's cuGetProcAddress (ip_common.h). */
+#define ENTRY_POINTS(X)                                                                            \
+    X(cuDevicePrimaryCtxRetain, v7000) X(cuCtxSetCurrent, v4000) X(cuMemAlloc, v3020)              \
+    X(cuMemFree, v3020) X(cuMemAllocAsync, v11020) X(cuMemFreeAsync, v11020)                       \
+    X(cuMemCreate, v10020) X(cuMemRelease, v10020) X(cuMemAllocFromPoolAsync, v11020)              \
+    X(cuMemAllocManaged, v6000) X(cuMemGetInfo, v3020) X(cuCtxDestroy, v4000)                      \
+    X(cuDevicePrimaryCtxRelease, v11000) X(cuDevicePrimaryCtxReset, v11000)                        \
+    X(cuCtxGetCurrent, v4000) X(cuStreamCreate, v2000) X(cuStreamDestroy, v4000)                   \
+    X(cuStreamBeginCapture, v10010) X(cuStreamEndCapture, v10000) X(cuGraphDestroy, v10000)        \
+    X(cuThreadExchangeStreamCaptureMode, v10010)
+ENTRY_POINTS(IP_ENTRY_DECLARE)
 static PFN_cuMemAllocAsync_v11020_ptsz p_cuMemAllocAsync_ptsz;
-static PFN_cuMemFreeAsync_v11020 p_cuMemFreeAsync;
-static PFN_cuMemCreate_v10020 p_cuMemCreate;
-static PFN_cuMemRelease_v10020 p_cuMemRelease;
-static PFN_cuMemAllocFromPoolAsync_v11020 p_cuMemAllocFromPoolAsync;
-static PFN_cuMemAllocManaged_v6000 p_cuMemAllocManaged;
-static PFN_cuMemGetInfo_v3020 p_cuMemGetInfo;
 static PFN_cuCtxCreate_v12050 p_cuCtxCreate;
-static PFN_cuCtxDestroy_v4000 p_cuCtxDestroy;
-static PFN_cuDevicePrimaryCtxRelease_v11000 p_cuDevicePrimaryCtxRelease;
-static PFN_cuDevicePrimaryCtxReset_v11000 p_cuDevicePrimaryCtxReset;
-static PFN_cuCtxGetCurrent_v4000 p_cuCtxGetCurrent;
-static PFN_cuStreamCreate_v2000 p_cuStreamCreate;
-static PFN_cuStreamDestroy_v4000 p_cuStreamDestroy;
-static PFN_cuStreamBeginCapture_v10010 p_cuStreamBeginCapture;
 static PFN_cuStreamBeginCapture_v10010_ptsz p_cuStreamBeginCapture_ptsz;
-static PFN_cuStreamEndCapture_v10000 p_cuStreamEndCapture;
-static PFN_cuThreadExchangeStreamCaptureMode_v10010 p_cuThreadExchangeStreamCaptureMode;
-static PFN_cuGraphDestroy_v10000 p_cuGraphDestroy;
-
-static void *need_dlsym(void *h, const char *name)
-{
-    void *p = dlsym(h, name);
-    if (!p) {
-        printf("FAIL dlsym(%s): %s\n", name, dlerror());
-        exit(1);
-    }
-    return p;
-}
-
-static void *fetch(const char *name, int version, cuuint64_t flags)
-{
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st;
-    CUresult rc = getproc(name, &fn, version, flags, &st);
-    if (rc != CUDA_SUCCESS || !fn) {
-        printf("FAIL cuGetProcAddress(%s, %d, %llu) -> %d\n", name, version,
-               (unsigned long long)flags, rc);
-        exit(1);
-    }
-    return fn;
-}
 
 /* A served buffer of `size` allocated and freed: the library keeps it idle for reuse (served
  * run), the driver takes it back (native run). */
@@ -98,17 +50,17 @@ static void hold_idle(size_t size)
 {
     CUdeviceptr p = 0;
     CHECK_RC(p_cuMemAlloc(&p, size), CUDA_SUCCESS, "cuMemAlloc(%zu GiB)", size / GiB);
-    CHECK(vmm_owns_fn((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s",
+    CHECK(driver.vmm_owns((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s",
           served ? "served" : "native");
     CHECK_RC(p_cuMemFree(p), CUDA_SUCCESS, "cuMemFree(%zu GiB)", size / GiB);
-    size_t used = sim.sim_device_used(0);
+    size_t used = driver.sim.sim_device_used(0);
     CHECK(served ? used >= size : used < GiB, "after the free the device has %zu MiB in use (%s)",
           used >> 20, served ? "the library's cache holds it" : "native: given back");
 }
 
 static void check_other_allocators_oom(void)
 {
-    size_t cap = sim.sim_device_capacity(0);
+    size_t cap = driver.sim.sim_device_capacity(0);
     CHECK(cap == 8 * GiB, "SIM_MEMORY=8G");
 
     /* cudaMallocAsync: 5 GiB cached by the library, 4 GiB asked from the pool. */
@@ -116,9 +68,9 @@ static void check_other_allocators_oom(void)
     CUdeviceptr a = 0;
     CHECK_RC(p_cuMemAllocAsync(&a, 4 * GiB, NULL), CUDA_SUCCESS,
              "cuMemAllocAsync(4 GiB) with 5 GiB freed before (retried after a trim when served)");
-    CHECK(a != 0 && sim.sim_device_used(0) < 5 * GiB,
+    CHECK(a != 0 && driver.sim.sim_device_used(0) < 5 * GiB,
           "the pool got its memory; the cache was given back (%zu MiB in use)",
-          sim.sim_device_used(0) >> 20);
+          driver.sim.sim_device_used(0) >> 20);
     CHECK_RC(p_cuMemFreeAsync(a, NULL), CUDA_SUCCESS, "cuMemFreeAsync(pool block)");
 
     /* The per-thread-stream flavour. */
@@ -150,12 +102,12 @@ static void check_other_allocators_oom(void)
     CHECK_RC(p_cuMemFree(a), CUDA_SUCCESS, "cuMemFree(managed)");
 
     /* What cannot fit even after the trim is the driver's answer, retried once. */
-    unsigned long creates = sim.sim_calls("cuMemCreate");
+    unsigned long creates = driver.sim.sim_calls("cuMemCreate");
     CHECK_RC(p_cuMemCreate(&h, 16 * GiB, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY,
              "cuMemCreate(16 GiB) on an 8 GiB device");
-    CHECK(sim.sim_calls("cuMemCreate") == creates + (served ? 2 : 1), "tried %s (%lu calls)",
+    CHECK(driver.sim.sim_calls("cuMemCreate") == creates + (served ? 2 : 1), "tried %s (%lu calls)",
           served ? "twice: once more after the trim" : "once",
-          sim.sim_calls("cuMemCreate") - creates);
+          driver.sim.sim_calls("cuMemCreate") - creates);
 }
 
 /* cuMemGetInfo's free memory, and what the driver alone says of the device (the library adds
@@ -190,21 +142,22 @@ static void check_contexts(CUcontext ctx0, CUcontext ctx1)
           served ? "1 GiB used by the cache, counted as free" : "nothing used");
 
     /* A context of its own on device 0: current on this thread once made. */
-    size_t live = sim.sim_live_contexts();
+    size_t live = driver.sim.sim_live_contexts();
     CUcontext mine = NULL;
     CHECK_RC(p_cuCtxCreate(&mine, NULL, 0, 0), CUDA_SUCCESS, "cuCtxCreate(device 0)");
-    CHECK(mine != NULL && current() == mine && sim.sim_live_contexts() == live + 1,
+    CHECK(mine != NULL && current() == mine && driver.sim.sim_live_contexts() == live + 1,
           "the new context is current");
     CHECK(info_free() == 6 * GiB,
           "cuMemGetInfo in it answers for device 0 (2 GiB used; nothing of device 1's cache)");
     CHECK_RC(p_cuMemAlloc(&p, 4096), CUDA_SUCCESS, "cuMemAlloc(4 KiB) in the new context");
-    CHECK(vmm_owns_fn((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s",
+    CHECK(driver.vmm_owns((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s",
           served ? "served" : "native");
     CHECK_RC(p_cuMemFree(p), CUDA_SUCCESS, "cuMemFree");
 
     /* Destroyed: the previous context (device 1) is current again. */
     CHECK_RC(p_cuCtxDestroy(mine), CUDA_SUCCESS, "cuCtxDestroy");
-    CHECK(current() == ctx1 && sim.sim_live_contexts() == live, "device 1's context is current");
+    CHECK(current() == ctx1 && driver.sim.sim_live_contexts() == live,
+          "device 1's context is current");
     CHECK(info_free() == 8 * GiB, "cuMemGetInfo answers for device 1 again");
     CHECK_RC(p_cuCtxDestroy(mine), CUDA_ERROR_INVALID_CONTEXT, "cuCtxDestroy again");
 
@@ -219,8 +172,8 @@ static void check_contexts(CUcontext ctx0, CUcontext ctx1)
         const char *exported;
     } abis[] = {{11030, "cuCtxCreate_v2"}, {12000, "cuCtxCreate_v3"}, {13000, "cuCtxCreate_v4"}};
     for (size_t i = 0; i < sizeof abis / sizeof abis[0]; i++) {
-        void *fn = fetch("cuCtxCreate", abis[i].version, 0);
-        CHECK(ip_in_hook(fn) && fn == need_dlsym(libcuda, abis[i].exported),
+        void *fn = ip_fetch(driver.getproc, "cuCtxCreate", abis[i].version, 0);
+        CHECK(ip_in_hook(fn) && fn == ip_need_dlsym(driver.libcuda, abis[i].exported),
               "cuGetProcAddress(cuCtxCreate, %d) -> the library's %s", abis[i].version,
               abis[i].exported);
         CUcontext c = NULL;
@@ -249,7 +202,7 @@ static void check_contexts(CUcontext ctx0, CUcontext ctx1)
     CHECK_RC(p_cuDevicePrimaryCtxRetain(&again, 1), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(1)");
     CHECK_RC(p_cuCtxSetCurrent(again), CUDA_SUCCESS, "cuCtxSetCurrent(device 1)");
     CHECK_RC(p_cuMemAlloc(&p, 3 << 20), CUDA_SUCCESS, "cuMemAlloc(3 MiB) on device 1");
-    CHECK(vmm_owns_fn((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s",
+    CHECK(driver.vmm_owns((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s",
           served ? "served" : "native");
     CHECK_RC(p_cuMemFree(p), CUDA_SUCCESS, "cuMemFree");
     CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
@@ -321,7 +274,7 @@ static CUresult alloc_during_capture(const char *what)
     CUdeviceptr p = 0;
     CUresult r = p_cuMemAlloc(&p, 1 << 20);
     if (r == CUDA_SUCCESS) {
-        CHECK(vmm_owns_fn((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s: %s", what,
+        CHECK(driver.vmm_owns((const void *)(uintptr_t)p) == (served ? 1 : 0), "%s: %s", what,
               served ? "served" : "native");
         p_cuMemFree(p);
     }
@@ -334,7 +287,7 @@ static void check_capture(void)
     CHECK_RC(p_cuStreamCreate(&s, 0), CUDA_SUCCESS, "cuStreamCreate");
     CHECK_RC(p_cuStreamCreate(&s2, 0), CUDA_SUCCESS, "cuStreamCreate");
     CUgraph g = NULL;
-    unsigned long refusals = sim.sim_capture_refusals();
+    unsigned long refusals = driver.sim.sim_capture_refusals();
 
     /* A buffer freed during a global-mode capture: refused as natively, the capture
      * invalidated, the buffer still allocated (freed after the capture). */
@@ -344,20 +297,20 @@ static void check_capture(void)
              "cuStreamBeginCapture(global)");
     CHECK_RC(p_cuMemFree(kept), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
              "cuMemFree during a global-mode capture (the driver's refusal)");
-    CHECK(sim.sim_capture_refusals() == refusals + 1, "the driver saw and refused it");
+    CHECK(driver.sim.sim_capture_refusals() == refusals + 1, "the driver saw and refused it");
     CHECK_RC(p_cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
              "cuStreamEndCapture: invalidated, as natively");
-    CHECK(vmm_owns_fn((const void *)(uintptr_t)kept) == (served ? 1 : 0),
+    CHECK(driver.vmm_owns((const void *)(uintptr_t)kept) == (served ? 1 : 0),
           "the buffer is still allocated");
     CHECK_RC(p_cuMemFree(kept), CUDA_SUCCESS, "cuMemFree after the capture");
-    refusals = sim.sim_capture_refusals();
+    refusals = driver.sim.sim_capture_refusals();
 
     /* Global mode, own capture: the driver refuses cuMemAlloc and invalidates the capture. */
     CHECK_RC(p_cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS,
              "cuStreamBeginCapture(global)");
     CHECK_RC(alloc_during_capture("global"), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
              "cuMemAlloc during a global-mode capture (the driver's refusal)");
-    CHECK(sim.sim_capture_refusals() == refusals + 1, "the driver saw and refused it");
+    CHECK(driver.sim.sim_capture_refusals() == refusals + 1, "the driver saw and refused it");
     CHECK_RC(p_cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
              "cuStreamEndCapture: invalidated, as natively");
     CHECK_RC(alloc_during_capture("after the capture"), CUDA_SUCCESS, "cuMemAlloc after it");
@@ -422,53 +375,17 @@ static void check_capture(void)
 
 int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    ip_require_preloaded();
-    if (argc < 2 || (strcmp(argv[1], "served") != 0 && strcmp(argv[1], "native") != 0)) {
-        printf("FAIL usage: ip_contexts served|native\n");
-        return 1;
-    }
-    served = strcmp(argv[1], "served") == 0;
+    served = ip_served_arg(argc, argv, "ip_contexts");
 
-    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!libcuda) {
-        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
-        return 1;
-    }
-#define SIM_GET(n) sim.n = (__typeof__(sim.n))need_dlsym(libcuda, #n);
-    SIM_FNS(SIM_GET)
-#undef SIM_GET
-    getproc = (PFN_cuGetProcAddress_v12000)need_dlsym(libcuda, "cuGetProcAddress_v2");
-    vmm_owns_fn = (int (*)(const void *))need_dlsym(RTLD_DEFAULT, "vmm_owns");
-    vmm_trim_fn = (size_t(*)(void))need_dlsym(RTLD_DEFAULT, "vmm_trim");
+    driver = ip_open_driver();
 
-    p_cuInit = fetch("cuInit", 12000, 0);
-    p_cuDevicePrimaryCtxRetain = fetch("cuDevicePrimaryCtxRetain", 12000, 0);
-    p_cuCtxSetCurrent = fetch("cuCtxSetCurrent", 12000, 0);
-    p_cuMemAlloc = fetch("cuMemAlloc", 12000, 0);
-    p_cuMemFree = fetch("cuMemFree", 12000, 0);
-    p_cuMemAllocAsync = fetch("cuMemAllocAsync", 12000, 0);
+    PFN_cuGetProcAddress_v12000 getproc = driver.getproc;
+    ENTRY_POINTS(IP_ENTRY_FETCH)
     p_cuMemAllocAsync_ptsz =
-        fetch("cuMemAllocAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
-    p_cuMemFreeAsync = fetch("cuMemFreeAsync", 12000, 0);
-    p_cuMemCreate = fetch("cuMemCreate", 12000, 0);
-    p_cuMemRelease = fetch("cuMemRelease", 12000, 0);
-    p_cuMemAllocFromPoolAsync = fetch("cuMemAllocFromPoolAsync", 12000, 0);
-    p_cuMemAllocManaged = fetch("cuMemAllocManaged", 12000, 0);
-    p_cuMemGetInfo = fetch("cuMemGetInfo", 12000, 0);
-    p_cuCtxCreate = fetch("cuCtxCreate", 13000, 0);
-    p_cuCtxDestroy = fetch("cuCtxDestroy", 12000, 0);
-    p_cuCtxGetCurrent = fetch("cuCtxGetCurrent", 12000, 0);
-    p_cuDevicePrimaryCtxRelease = fetch("cuDevicePrimaryCtxRelease", 12000, 0);
-    p_cuDevicePrimaryCtxReset = fetch("cuDevicePrimaryCtxReset", 12000, 0);
-    p_cuStreamCreate = fetch("cuStreamCreate", 12000, 0);
-    p_cuStreamDestroy = fetch("cuStreamDestroy", 12000, 0);
-    p_cuStreamBeginCapture = fetch("cuStreamBeginCapture", 12000, 0);
-    p_cuStreamBeginCapture_ptsz =
-        fetch("cuStreamBeginCapture", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
-    p_cuStreamEndCapture = fetch("cuStreamEndCapture", 12000, 0);
-    p_cuThreadExchangeStreamCaptureMode = fetch("cuThreadExchangeStreamCaptureMode", 12000, 0);
-    p_cuGraphDestroy = fetch("cuGraphDestroy", 12000, 0);
+        ip_fetch(getproc, "cuMemAllocAsync", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
+    p_cuCtxCreate = ip_fetch(getproc, "cuCtxCreate", 13000, 0);
+    p_cuStreamBeginCapture_ptsz = ip_fetch(getproc, "cuStreamBeginCapture", 12000,
+                                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
     CHECK(ip_in_hook((void *)p_cuMemAllocAsync) && ip_in_hook((void *)p_cuMemAllocAsync_ptsz) &&
               ip_in_hook((void *)p_cuMemCreate) && p_cuMemAllocAsync != p_cuMemAllocAsync_ptsz,
           "cuMemAllocAsync (both flavours) and cuMemCreate are the library's wrappers");
@@ -485,17 +402,14 @@ int main(int argc, char **argv)
           "the context, stream, capture and allocator entry points are the library's wrappers; "
           "cuGraphDestroy is the driver's");
 
-    CUcontext ctx0, ctx1;
-    CHECK_RC(p_cuInit(0), CUDA_SUCCESS, "cuInit");
-    CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx0, 0), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(0)");
-    CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx1, 1), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(1)");
-    CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
+    CUcontext ctx[2];
+    ip_two_primary_contexts(driver.getproc, ctx);
 
     check_other_allocators_oom();
-    check_contexts(ctx0, ctx1);
+    check_contexts(ctx[0], ctx[1]);
     check_capture();
 
-    vmm_trim_fn();
-    CHECK(sim.sim_ledger_empty(), "at the end the driver holds nothing");
+    driver.vmm_trim();
+    CHECK(driver.sim.sim_ledger_empty(), "at the end the driver holds nothing");
     return ip_finish(served ? "ip_contexts served" : "ip_contexts native");
 }

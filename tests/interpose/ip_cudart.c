@@ -39,26 +39,9 @@
 #define LEGACY CU_GET_PROC_ADDRESS_LEGACY_STREAM
 
 static bool served; /* what this run expects */
-static void *libcuda;
-
-/* The simulated driver's control functions, looked up like any symbol of libcuda. */
-#define SIM_FNS(X)                                                                                 \
-    X(sim_live_native) X(sim_is_mapped) X(sim_ledger_empty) X(sim_ledger_dump) X(sim_calls)        \
-    X(sim_write) X(sim_read) X(sim_device_capacity) X(sim_device_used) X(sim_get_proc_address)     \
-    X(sim_live_mappings) X(sim_live_reservations)
-#define SIM_FIELD(n) __typeof__(&n) n;
-static struct {
-    SIM_FNS(SIM_FIELD)
-} sim;
-#undef SIM_FIELD
-
-static PFN_cuGetProcAddress_v12000 getproc;    /* what dlsym gave: the library's */
-static int (*vmm_owns_fn)(const void *);
-static size_t (*vmm_trim_fn)(void);
+static ip_driver_t driver; /* libcuda.so.1 opened, its controls, the library's lookups */
 
 /* Driver entry points, fetched through getproc as cudart does. */
-static PFN_cuInit_v2000 p_cuInit;
-static PFN_cuDeviceGet_v2000 p_cuDeviceGet;
 static PFN_cuDevicePrimaryCtxRetain_v7000 p_cuDevicePrimaryCtxRetain;
 static PFN_cuCtxSetCurrent_v4000 p_cuCtxSetCurrent;
 static PFN_cuMemAlloc_v3020 p_cuMemAlloc;
@@ -86,40 +69,17 @@ static PFN_cuMemSetAccess_v10020 p_cuMemSetAccess;
 static PFN_cuStreamCreate_v2000 p_cuStreamCreate;
 static PFN_cuStreamDestroy_v4000 p_cuStreamDestroy;
 
-static void *need_dlsym(void *h, const char *name)
-{
-    void *p = dlsym(h, name);
-    if (!p) {
-        printf("FAIL dlsym(%s): %s\n", name, dlerror());
-        exit(1);
-    }
-    return p;
-}
-
-static void *fetch(const char *name, int version, cuuint64_t flags)
-{
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st;
-    CUresult rc = getproc(name, &fn, version, flags, &st);
-    if (rc != CUDA_SUCCESS || !fn) {
-        printf("FAIL cuGetProcAddress(%s, %d, %llu) -> %d\n", name, version,
-               (unsigned long long)flags, rc);
-        exit(1);
-    }
-    return fn;
-}
-
 /* The driver's own function for a request (what the program would get without the library). */
 static void *driver_fn(const char *name)
 {
     void *fn = NULL;
     CUdriverProcAddressQueryResult st;
-    return sim.sim_get_proc_address(name, &fn, 13000, 0, &st) == CUDA_SUCCESS ? fn : NULL;
+    return driver.sim.sim_get_proc_address(name, &fn, 13000, 0, &st) == CUDA_SUCCESS ? fn : NULL;
 }
 
 static bool owned(CUdeviceptr p)
 {
-    return vmm_owns_fn((const void *)(uintptr_t)p) != 0;
+    return driver.vmm_owns((const void *)(uintptr_t)p) != 0;
 }
 
 /* ---- lookups ---------------------------------------------------------------------------- */
@@ -187,14 +147,15 @@ static void check_lookups(void)
                 cuuint64_t fl = flagsets[f];
                 void *got = (void *)1, *drv = (void *)1;
                 CUdriverProcAddressQueryResult st = 99, dst = 99;
-                CUresult rc = getproc(lookups[i].name, &got, ver, fl, &st);
-                CUresult drc = sim.sim_get_proc_address(lookups[i].name, &drv, ver, fl, &dst);
+                CUresult rc = driver.getproc(lookups[i].name, &got, ver, fl, &st);
+                CUresult drc =
+                    driver.sim.sim_get_proc_address(lookups[i].name, &drv, ver, fl, &dst);
                 void *want = drv;
                 if (drc == CUDA_SUCCESS && lookups[i].ours && ver >= lookups[i].since) {
                     /* PER_THREAD picks the _ptsz function; LEGACY excludes it. The simulated
                      * driver has one function for both, so both bits at once get _ptsz. */
                     const char *exp = (fl & PTDS) ? lookups[i].ours_ptsz : lookups[i].ours;
-                    want = need_dlsym(libcuda, exp);
+                    want = ip_need_dlsym(driver.libcuda, exp);
                 }
                 if (rc != drc || st != dst || got != want) {
                     if (!bad)
@@ -215,39 +176,43 @@ static void check_lookups(void)
     }
 
     /* cuGetProcAddress itself: the 4-argument ABI for 11030, the 5-argument one from 12000. */
-    void *v1 = need_dlsym(libcuda, "cuGetProcAddress");
-    void *v2 = need_dlsym(libcuda, "cuGetProcAddress_v2");
+    void *v1 = ip_need_dlsym(driver.libcuda, "cuGetProcAddress");
+    void *v2 = ip_need_dlsym(driver.libcuda, "cuGetProcAddress_v2");
     CHECK(ip_in_hook(v1) && ip_in_hook(v2) && v1 != v2,
           "dlsym(libcuda, cuGetProcAddress / _v2) are the library's two ABIs");
     void *got = NULL;
     CUdriverProcAddressQueryResult st;
-    CHECK(getproc("cuGetProcAddress", &got, 11030, 0, &st) == CUDA_SUCCESS && got == v1,
+    CHECK(driver.getproc("cuGetProcAddress", &got, 11030, 0, &st) == CUDA_SUCCESS && got == v1,
           "cuGetProcAddress(\"cuGetProcAddress\", 11030) -> our 4-argument wrapper");
     PFN_cuGetProcAddress_v11030 gp1 = (PFN_cuGetProcAddress_v11030)got;
     for (int ver = 12000; ver <= 13000; ver += 1000) {
-        CHECK(getproc("cuGetProcAddress", &got, ver, PTDS, &st) == CUDA_SUCCESS && got == v2,
+        CHECK(driver.getproc("cuGetProcAddress", &got, ver, PTDS, &st) == CUDA_SUCCESS && got == v2,
               "cuGetProcAddress(\"cuGetProcAddress\", %d, per-thread) -> our _v2", ver);
     }
     PFN_cuGetProcAddress_v12000 nested = (PFN_cuGetProcAddress_v12000)got;
     CHECK(nested("cuMemAlloc", &got, 12000, 0, &st) == CUDA_SUCCESS &&
-              got == need_dlsym(libcuda, "cuMemAlloc_v2"),
+              got == ip_need_dlsym(driver.libcuda, "cuMemAlloc_v2"),
           "nested lookup through the returned cuGetProcAddress stays hooked");
     CHECK(gp1("cuMemFreeAsync", &got, 12000, PTDS) == CUDA_SUCCESS &&
-              got == need_dlsym(libcuda, "cuMemFreeAsync_ptsz"),
+              got == ip_need_dlsym(driver.libcuda, "cuMemFreeAsync_ptsz"),
           "the 4-argument cuGetProcAddress hooks too (cuMemFreeAsync per-thread -> _ptsz)");
     CHECK(gp1("cuInit", &got, 12000, 0) == CUDA_SUCCESS && got == driver_fn("cuInit"),
           "the 4-argument cuGetProcAddress passes cuInit through");
 
     /* dlsym on the driver's handle: the exact exported ABI names. */
-    CHECK(dlsym(libcuda, "cuMemAlloc") == NULL,
+    CHECK(dlsym(driver.libcuda, "cuMemAlloc") == NULL,
           "dlsym(libcuda, \"cuMemAlloc\") (v1 ABI, absent from the simulation) stays NULL");
-    CHECK(ip_in_hook(dlsym(libcuda, "cuMemAlloc_v2")), "dlsym(libcuda, cuMemAlloc_v2) is ours");
-    CHECK(ip_in_hook(dlsym(libcuda, "cuMemFreeAsync_ptsz")) &&
-              dlsym(libcuda, "cuMemFreeAsync_ptsz") != dlsym(libcuda, "cuMemFreeAsync"),
+    CHECK(ip_in_hook(dlsym(driver.libcuda, "cuMemAlloc_v2")),
+          "dlsym(libcuda, cuMemAlloc_v2) is ours");
+    CHECK(ip_in_hook(dlsym(driver.libcuda, "cuMemFreeAsync_ptsz")) &&
+              dlsym(driver.libcuda, "cuMemFreeAsync_ptsz") !=
+                  dlsym(driver.libcuda, "cuMemFreeAsync"),
           "dlsym(libcuda, cuMemFreeAsync_ptsz) is ours and differs from the legacy one");
-    CHECK(ip_in_libcuda(dlsym(libcuda, "cuInit")) && ip_in_libcuda(dlsym(libcuda, "cuMemMap")),
+    CHECK(ip_in_libcuda(dlsym(driver.libcuda, "cuInit")) &&
+              ip_in_libcuda(dlsym(driver.libcuda, "cuMemMap")),
           "dlsym(libcuda, cuInit / cuMemMap) are the driver's");
-    CHECK(ip_in_hook(dlsym(libcuda, "cuMemCreate")) && ip_in_hook(dlsym(libcuda, "cuCtxSetCurrent")),
+    CHECK(ip_in_hook(dlsym(driver.libcuda, "cuMemCreate")) &&
+              ip_in_hook(dlsym(driver.libcuda, "cuCtxSetCurrent")),
           "dlsym(libcuda, cuMemCreate / cuCtxSetCurrent) are the library's wrappers");
     CHECK(ip_in_hook(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")),
           "dlsym(RTLD_DEFAULT, cuMemAlloc_v2) finds the exported symbol");
@@ -256,8 +221,8 @@ static void check_lookups(void)
     void *user = dlopen(IPT_CUDAUSER_PATH, RTLD_NOW | RTLD_LOCAL);
     CHECK(user != NULL, "dlopen(libipt_cudauser.so), a library linked against the driver");
     if (user) {
-        CHECK(dlsym(user, "cuMemFree_v2") == need_dlsym(libcuda, "cuMemFree_v2") &&
-                  dlsym(user, "cuGetProcAddress_v2") == (void *)getproc,
+        CHECK(dlsym(user, "cuMemFree_v2") == ip_need_dlsym(driver.libcuda, "cuMemFree_v2") &&
+                  dlsym(user, "cuGetProcAddress_v2") == (void *)driver.getproc,
               "dlsym(its handle, cuMemFree_v2 / cuGetProcAddress_v2) -> the library's");
         CHECK(ip_in_libcuda(dlsym(user, "cuInit")), "dlsym(its handle, cuInit) -> the driver's");
     }
@@ -302,9 +267,9 @@ static void check_contents(CUdeviceptr p, size_t size, unsigned char tag)
     unsigned char in[512], out[512];
     size_t n = size < sizeof in ? size : sizeof in;
     memset(in, tag, n);
-    CUresult w1 = sim.sim_write(p, in, n), w2 = sim.sim_write(p + size - n, in, n);
+    CUresult w1 = driver.sim.sim_write(p, in, n), w2 = driver.sim.sim_write(p + size - n, in, n);
     memset(out, 0, n);
-    CUresult r1 = sim.sim_read(out, p + size - n, n);
+    CUresult r1 = driver.sim.sim_read(out, p + size - n, n);
     CHECK(w1 == CUDA_SUCCESS && w2 == CUDA_SUCCESS && r1 == CUDA_SUCCESS && !memcmp(in, out, n),
           "contents: the first and last %zu bytes of %zu are writable and read back", n, size);
 }
@@ -316,7 +281,7 @@ static void check_allocations(void)
     enum { N = sizeof sizes / sizeof sizes[0] };
     CUdeviceptr ptrs[N];
     for (int i = 0; i < N; i++) {
-        size_t native0 = sim.sim_live_native();
+        size_t native0 = driver.sim.sim_live_native();
         CUresult rc = p_cuMemAlloc(&ptrs[i], sizes[i]);
         CUdeviceptr p = ptrs[i];
         CHECK(rc == CUDA_SUCCESS && p % 256 == 0, "cuMemAlloc(%zu) -> rc %d, 256-byte aligned",
@@ -324,10 +289,11 @@ static void check_allocations(void)
         if (rc != CUDA_SUCCESS)
             continue;
         if (served)
-            CHECK(owned(p) && sim.sim_is_mapped(p) && sim.sim_live_native() == native0,
+            CHECK(owned(p) && driver.sim.sim_is_mapped(p) &&
+                      driver.sim.sim_live_native() == native0,
                   "cuMemAlloc(%zu) served: vmm_owns, VMM-mapped, no native block", sizes[i]);
         else
-            CHECK(!owned(p) && sim.sim_live_native() == native0 + 1,
+            CHECK(!owned(p) && driver.sim.sim_live_native() == native0 + 1,
                   "cuMemAlloc(%zu) native: not owned, one more native block", sizes[i]);
         char what[64];
         snprintf(what, sizeof what, "size %zu", sizes[i]);
@@ -367,8 +333,8 @@ static void *no_context_thread(void *arg)
 static void check_bad_inputs(void)
 {
     CUdeviceptr p = 0;
-    size_t cap = sim.sim_device_capacity(0);
-    size_t native0 = sim.sim_live_native();
+    size_t cap = driver.sim.sim_device_capacity(0);
+    size_t native0 = driver.sim.sim_live_native();
     CHECK_RC(p_cuMemAlloc(&p, 0), CUDA_ERROR_INVALID_VALUE, "cuMemAlloc(size 0)");
     CHECK_RC(p_cuMemAlloc(NULL, 4096), CUDA_ERROR_INVALID_VALUE, "cuMemAlloc(dptr NULL)");
     CHECK_RC(p_cuMemAlloc(&p, SIZE_MAX), CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc(SIZE_MAX)");
@@ -377,7 +343,7 @@ static void check_bad_inputs(void)
     CHECK_RC(p_cuMemAlloc(&p, cap + 1), CUDA_ERROR_OUT_OF_MEMORY,
              "cuMemAlloc(device capacity + 1 = %zu)", cap + 1);
     CHECK_RC(p_cuMemAlloc(&p, 2 * cap), CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc(2 x capacity)");
-    CHECK(sim.sim_live_native() == native0, "no native block left behind by the failures");
+    CHECK(driver.sim.sim_live_native() == native0, "no native block left behind by the failures");
 
     CHECK_RC(p_cuMemFree(0), CUDA_SUCCESS, "cuMemFree(0)");
     CHECK_RC(p_cuMemFree((CUdeviceptr)0x7f0000001000ULL), CUDA_ERROR_INVALID_VALUE,
@@ -424,9 +390,9 @@ static void check_app_vmm(void)
     CUmemGenericAllocationHandle h = 0;
     CUdeviceptr va = 0;
     size_t sz = 2 * MiB;
-    unsigned long creates = sim.sim_calls("cuMemCreate");
+    unsigned long creates = driver.sim.sim_calls("cuMemCreate");
     CHECK_RC(p_cuMemCreate(&h, sz, &prop, 0), CUDA_SUCCESS, "app cuMemCreate(2 MiB)");
-    CHECK(sim.sim_calls("cuMemCreate") == creates + 1,
+    CHECK(driver.sim.sim_calls("cuMemCreate") == creates + 1,
           "the app's cuMemCreate reached the driver exactly once");
     CHECK_RC(p_cuMemAddressReserve(&va, sz, 0, 0, 0), CUDA_SUCCESS, "app cuMemAddressReserve");
     CHECK_RC(p_cuMemMap(va, sz, 0, h, 0), CUDA_SUCCESS, "app cuMemMap");
@@ -435,7 +401,7 @@ static void check_app_vmm(void)
     CHECK(!owned(va) && !owned(va + 4096), "the app's VMM range is not the library's");
     CHECK_RC(p_cuMemFree(va), CUDA_ERROR_INVALID_VALUE,
              "cuMemFree(app VMM pointer) gives the driver's answer");
-    CHECK(sim.sim_is_mapped(va), "the app's mapping is still there");
+    CHECK(driver.sim.sim_is_mapped(va), "the app's mapping is still there");
     CUdeviceptr base = 0;
     size_t len = 0;
     CHECK(p_cuMemGetAddressRange(&base, &len, va + 100) == CUDA_SUCCESS && base == va &&
@@ -463,19 +429,19 @@ static void check_async(void)
     CHECK_RC(p_cuMemFreeAsync_ptsz(c, NULL), CUDA_ERROR_INVALID_VALUE,
              "cuMemFreeAsync_ptsz again (double free)");
 
-    size_t native0 = sim.sim_live_native();
+    size_t native0 = driver.sim.sim_live_native();
     CHECK_RC(p_cuMemAllocAsync_ptsz(&n, 4096, s), CUDA_SUCCESS,
              "cuMemAllocAsync_ptsz (passed through)");
-    CHECK(!owned(n) && sim.sim_live_native() == native0 + 1,
+    CHECK(!owned(n) && driver.sim.sim_live_native() == native0 + 1,
           "cuMemAllocAsync gives a native block in both modes");
     CUipcMemHandle ih;
     CHECK_RC(p_cuIpcGetMemHandle(&ih, n), CUDA_SUCCESS, "cuIpcGetMemHandle(native block)");
     CHECK_RC(p_cuMemFreeAsync_ptsz(n, s), CUDA_SUCCESS,
              "cuMemFreeAsync_ptsz(native block) passes through");
-    CHECK(sim.sim_live_native() == native0, "the native block is gone");
+    CHECK(driver.sim.sim_live_native() == native0, "the native block is gone");
     CHECK_RC(p_cuMemAllocAsync(&n, 8192, NULL), CUDA_SUCCESS, "cuMemAllocAsync (legacy)");
     CHECK_RC(p_cuMemFreeAsync(n, NULL), CUDA_SUCCESS, "cuMemFreeAsync(native block), legacy");
-    CHECK(sim.sim_live_native() == native0, "that native block is gone too");
+    CHECK(driver.sim.sim_live_native() == native0, "that native block is gone too");
     CHECK_RC(p_cuStreamDestroy(s), CUDA_SUCCESS, "cuStreamDestroy");
 }
 
@@ -496,7 +462,7 @@ static void check_mem_info(void)
     CHECK(f1 == f0 && t1 == t0,
           "free is back to %zu after the frees (got %zu; the driver itself says %zu, the "
           "library holds %zu bytes)",
-          f0, f1, df, sim.sim_device_used(0));
+          f0, f1, df, driver.sim.sim_device_used(0));
     if (served)
         CHECK(df < f1, "non-vacuous: the library keeps memory cached (driver free %zu < %zu)", df,
               f1);
@@ -560,81 +526,56 @@ static void check_fork(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "served") && strcmp(argv[1], "native"))) {
-        fprintf(stderr, "usage: %s served|native\n", argv[0]);
-        return 2;
-    }
-    served = !strcmp(argv[1], "served");
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    printf("ip_cudart: expecting %s allocations\n", served ? "served" : "native");
-    ip_require_preloaded();
+    served = ip_served_arg(argc, argv, "ip_cudart");
     CHECK(!ip_maps_has("libcuda.so"), "the library did not load libcuda.so.1 by itself");
 
     ip_capture_t cap;
     ip_capture_begin(&cap);
 
-    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!libcuda) {
-        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
-        return 1;
-    }
-#define SIM_GET(n) sim.n = (__typeof__(sim.n))need_dlsym(libcuda, #n);
-    SIM_FNS(SIM_GET)
-#undef SIM_GET
-    CHECK(ip_in_libcuda((void *)sim.sim_live_native), "the simulated driver's controls resolve");
-    getproc = (PFN_cuGetProcAddress_v12000)need_dlsym(libcuda, "cuGetProcAddress_v2");
-    CHECK(ip_in_hook((void *)getproc), "dlsym(libcuda, \"cuGetProcAddress_v2\") is the library's");
-    vmm_owns_fn = (int (*)(const void *))need_dlsym(RTLD_DEFAULT, "vmm_owns");
-    vmm_trim_fn = (size_t(*)(void))need_dlsym(RTLD_DEFAULT, "vmm_trim");
+    driver = ip_open_driver();
+    CHECK(ip_in_libcuda((void *)driver.sim.sim_live_native),
+          "the simulated driver's controls resolve");
 
     check_lookups();
 
     /* Fetch what the program uses, with cudart's mix of versions and flags. */
-    p_cuInit = fetch("cuInit", 12000, 0);
-    p_cuDeviceGet = fetch("cuDeviceGet", 12000, 0);
-    p_cuDevicePrimaryCtxRetain = fetch("cuDevicePrimaryCtxRetain", 12000, 0);
-    p_cuCtxSetCurrent = fetch("cuCtxSetCurrent", 12000, 0);
-    p_cuMemAlloc = fetch("cuMemAlloc", 12000, 0);
-    p_cuMemAllocPitch = fetch("cuMemAllocPitch", 11030, 0);
-    p_cuMemFree = fetch("cuMemFree", 13000, PTDS);
-    p_cuMemFreeAsync = fetch("cuMemFreeAsync", 12000, 0);
-    p_cuMemFreeAsync_ptsz = fetch("cuMemFreeAsync", 12000, PTDS);
-    p_cuMemAllocAsync = fetch("cuMemAllocAsync", 12000, 0);
-    p_cuMemAllocAsync_ptsz = fetch("cuMemAllocAsync", 12000, PTDS);
-    p_cuMemGetAddressRange = fetch("cuMemGetAddressRange", 13000, 0);
-    p_cuPointerGetAttribute = fetch("cuPointerGetAttribute", 11030, 0);
-    p_cuPointerGetAttributes = fetch("cuPointerGetAttributes", 13000, PTDS);
-    p_cuMemGetInfo = fetch("cuMemGetInfo", 12000, 0);
-    p_cuIpcGetMemHandle = fetch("cuIpcGetMemHandle", 12000, 0);
-    p_cuIpcCloseMemHandle = fetch("cuIpcCloseMemHandle", 12000, 0);
-    p_cuCtxEnablePeerAccess = fetch("cuCtxEnablePeerAccess", 12000, 0);
-    p_cuCtxDisablePeerAccess = fetch("cuCtxDisablePeerAccess", 12000, 0);
-    p_cuMemCreate = fetch("cuMemCreate", 12000, 0);
-    p_cuMemRelease = fetch("cuMemRelease", 12000, 0);
-    p_cuMemAddressReserve = fetch("cuMemAddressReserve", 12000, 0);
-    p_cuMemAddressFree = fetch("cuMemAddressFree", 12000, 0);
-    p_cuMemMap = fetch("cuMemMap", 12000, 0);
-    p_cuMemUnmap = fetch("cuMemUnmap", 12000, 0);
-    p_cuMemSetAccess = fetch("cuMemSetAccess", 12000, 0);
-    p_cuStreamCreate = fetch("cuStreamCreate", 12000, 0);
-    p_cuStreamDestroy = fetch("cuStreamDestroy", 12000, 0);
+    p_cuDevicePrimaryCtxRetain = ip_fetch(driver.getproc, "cuDevicePrimaryCtxRetain", 12000, 0);
+    p_cuCtxSetCurrent = ip_fetch(driver.getproc, "cuCtxSetCurrent", 12000, 0);
+    p_cuMemAlloc = ip_fetch(driver.getproc, "cuMemAlloc", 12000, 0);
+    p_cuMemAllocPitch = ip_fetch(driver.getproc, "cuMemAllocPitch", 11030, 0);
+    p_cuMemFree = ip_fetch(driver.getproc, "cuMemFree", 13000, PTDS);
+    p_cuMemFreeAsync = ip_fetch(driver.getproc, "cuMemFreeAsync", 12000, 0);
+    p_cuMemFreeAsync_ptsz = ip_fetch(driver.getproc, "cuMemFreeAsync", 12000, PTDS);
+    p_cuMemAllocAsync = ip_fetch(driver.getproc, "cuMemAllocAsync", 12000, 0);
+    p_cuMemAllocAsync_ptsz = ip_fetch(driver.getproc, "cuMemAllocAsync", 12000, PTDS);
+    p_cuMemGetAddressRange = ip_fetch(driver.getproc, "cuMemGetAddressRange", 13000, 0);
+    p_cuPointerGetAttribute = ip_fetch(driver.getproc, "cuPointerGetAttribute", 11030, 0);
+    p_cuPointerGetAttributes = ip_fetch(driver.getproc, "cuPointerGetAttributes", 13000, PTDS);
+    p_cuMemGetInfo = ip_fetch(driver.getproc, "cuMemGetInfo", 12000, 0);
+    p_cuIpcGetMemHandle = ip_fetch(driver.getproc, "cuIpcGetMemHandle", 12000, 0);
+    p_cuIpcCloseMemHandle = ip_fetch(driver.getproc, "cuIpcCloseMemHandle", 12000, 0);
+    p_cuCtxEnablePeerAccess = ip_fetch(driver.getproc, "cuCtxEnablePeerAccess", 12000, 0);
+    p_cuCtxDisablePeerAccess = ip_fetch(driver.getproc, "cuCtxDisablePeerAccess", 12000, 0);
+    p_cuMemCreate = ip_fetch(driver.getproc, "cuMemCreate", 12000, 0);
+    p_cuMemRelease = ip_fetch(driver.getproc, "cuMemRelease", 12000, 0);
+    p_cuMemAddressReserve = ip_fetch(driver.getproc, "cuMemAddressReserve", 12000, 0);
+    p_cuMemAddressFree = ip_fetch(driver.getproc, "cuMemAddressFree", 12000, 0);
+    p_cuMemMap = ip_fetch(driver.getproc, "cuMemMap", 12000, 0);
+    p_cuMemUnmap = ip_fetch(driver.getproc, "cuMemUnmap", 12000, 0);
+    p_cuMemSetAccess = ip_fetch(driver.getproc, "cuMemSetAccess", 12000, 0);
+    p_cuStreamCreate = ip_fetch(driver.getproc, "cuStreamCreate", 12000, 0);
+    p_cuStreamDestroy = ip_fetch(driver.getproc, "cuStreamDestroy", 12000, 0);
 
     /* Nothing so far may have initialised the library: no cuInit from its driver table, no
      * option parsing (VMMHOOK_VERBOSE=1 would print the options), no output at all. */
     static char text[1 << 16];
     ip_capture_read(&cap, text, sizeof text);
-    CHECK(sim.sim_calls("cuInit") == 0, "no cuInit during dlsym and %s lookups",
+    CHECK(driver.sim.sim_calls("cuInit") == 0, "no cuInit during dlsym and %s lookups",
           "cuGetProcAddress");
     CHECK(text[0] == '\0', "nothing printed during lookups (%zu bytes)", strlen(text));
 
-    CUdevice dev0, dev1;
-    CUcontext ctx0, ctx1;
-    CHECK_RC(p_cuInit(0), CUDA_SUCCESS, "cuInit");
-    CHECK_RC(p_cuDeviceGet(&dev0, 0), CUDA_SUCCESS, "cuDeviceGet(0)");
-    CHECK_RC(p_cuDeviceGet(&dev1, 1), CUDA_SUCCESS, "cuDeviceGet(1) (SIM_DEVICES=2)");
-    CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx0, dev0), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(0)");
-    CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx1, dev1), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain(1)");
-    CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
+    CUcontext ctx[2];
+    ip_two_primary_contexts(driver.getproc, ctx);
 
     CUdeviceptr first = 0;
     CHECK_RC(p_cuMemAlloc(&first, 100), CUDA_SUCCESS, "first cuMemAlloc");
@@ -648,17 +589,19 @@ int main(int argc, char **argv)
     check_app_vmm();
     check_async();
     check_mem_info();
-    check_ipc_and_peers(&cap, ctx0, ctx1);
+    check_ipc_and_peers(&cap, ctx[0], ctx[1]);
     ip_capture_end(&cap);
     check_fork();
 
-    size_t trimmed = vmm_trim_fn();
+    size_t trimmed = driver.vmm_trim();
     printf("vmm_trim released %zu bytes\n", trimmed);
-    bool empty = sim.sim_ledger_empty();
-    CHECK(empty, "after freeing everything and vmm_trim, the driver holds nothing (%zu "
-                 "mappings, %zu reservations, %zu native)",
-          sim.sim_live_mappings(), sim.sim_live_reservations(), sim.sim_live_native());
+    bool empty = driver.sim.sim_ledger_empty();
+    CHECK(empty,
+          "after freeing everything and vmm_trim, the driver holds nothing (%zu "
+          "mappings, %zu reservations, %zu native)",
+          driver.sim.sim_live_mappings(), driver.sim.sim_live_reservations(),
+          driver.sim.sim_live_native());
     if (!empty)
-        sim.sim_ledger_dump();
+        driver.sim.sim_ledger_dump();
     return ip_finish(served ? "ip_cudart served" : "ip_cudart native");
 }

@@ -40,17 +40,6 @@ static PFN_cuGraphDestroy_v10000 p_cuGraphDestroy;
 static CUcontext ctx0;
 static atomic_bool stop;
 
-static void *fetch(const char *name)
-{
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (getproc(name, &fn, 12000, 0, &st) != CUDA_SUCCESS || fn == NULL) {
-        printf("FAIL cuGetProcAddress(%s)\n", name);
-        exit(1);
-    }
-    return fn;
-}
-
 static void *churn(void *arg)
 {
     (void)arg;
@@ -114,29 +103,17 @@ static size_t read_all(int fd, char *buf, size_t n)
 
 int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    ip_require_preloaded();
-    if (argc < 2 || (strcmp(argv[1], "served") != 0 && strcmp(argv[1], "native") != 0)) {
-        printf("FAIL usage: ip_fork served|native\n");
-        return 1;
-    }
-    served = strcmp(argv[1], "served") == 0;
-    void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!libcuda) {
-        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
-        return 1;
-    }
-    getproc = (PFN_cuGetProcAddress_v12000)dlsym(libcuda, "cuGetProcAddress_v2");
-    CHECK(ip_in_hook((void *)getproc), "cuGetProcAddress_v2 is the library's");
-    p_cuInit = fetch("cuInit");
-    p_cuDevicePrimaryCtxRetain = fetch("cuDevicePrimaryCtxRetain");
-    p_cuCtxSetCurrent = fetch("cuCtxSetCurrent");
-    p_cuMemAlloc = fetch("cuMemAlloc");
-    p_cuMemFree = fetch("cuMemFree");
-    p_cuStreamEndCapture = fetch("cuStreamEndCapture");
-    p_cuStreamBeginCapture = fetch("cuStreamBeginCapture");
-    p_cuStreamCreate = fetch("cuStreamCreate");
-    p_cuGraphDestroy = fetch("cuGraphDestroy");
+    served = ip_served_arg(argc, argv, "ip_fork");
+    getproc = ip_getproc(ip_open_libcuda());
+    p_cuInit = ip_fetch(getproc, "cuInit", 12000, 0);
+    p_cuDevicePrimaryCtxRetain = ip_fetch(getproc, "cuDevicePrimaryCtxRetain", 12000, 0);
+    p_cuCtxSetCurrent = ip_fetch(getproc, "cuCtxSetCurrent", 12000, 0);
+    p_cuMemAlloc = ip_fetch(getproc, "cuMemAlloc", 12000, 0);
+    p_cuMemFree = ip_fetch(getproc, "cuMemFree", 12000, 0);
+    p_cuStreamEndCapture = ip_fetch(getproc, "cuStreamEndCapture", 12000, 0);
+    p_cuStreamBeginCapture = ip_fetch(getproc, "cuStreamBeginCapture", 12000, 0);
+    p_cuStreamCreate = ip_fetch(getproc, "cuStreamCreate", 12000, 0);
+    p_cuGraphDestroy = ip_fetch(getproc, "cuGraphDestroy", 12000, 0);
     CHECK_RC(p_cuInit(0), CUDA_SUCCESS, "cuInit");
     CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx0, 0), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain");
     CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent");

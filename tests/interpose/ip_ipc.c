@@ -16,7 +16,7 @@
  * allocations live in each process's own memory). So the child's cuIpcOpenMemHandle gets as
  * far as cuMemImportFromShareableHandle, whose refusal (CUDA_ERROR_INVALID_VALUE) it returns,
  * leaving nothing held. Mapping and contents are checked in one process by the unit tests
- * (tests/unit/test_ipc.c), and on the GPU by tests/gpu/ipc_gpu.cu.
+ * (tests/unit/test_ipc_*.c), and on the GPU by tests/gpu/ipc_gpu.cu.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -34,77 +34,29 @@
 
 #define MiB ((size_t)1 << 20)
 
-static void *libcuda;
-static PFN_cuGetProcAddress_v12000 getproc;
-static int (*vmm_owns_fn)(const void *);
-static size_t (*vmm_trim_fn)(void);
+static ip_driver_t driver; /* libcuda.so.1 opened, its controls, the library's lookups */
 
-#define SIM_FNS(X)                                                                                 \
-    X(sim_calls)                                                                                   \
-    X(sim_access_flags)                                                                            \
-    X(sim_live_reservations)                                                                       \
-    X(sim_live_mappings)                                                                           \
-    X(sim_live_handles)                                                                            \
-    X(sim_live_allocations)                                                                        \
-    X(sim_get_proc_address)                                                                        \
-    X(sim_write)                                                                                   \
-    X(sim_read)                                                                                    \
-    X(sim_ledger_empty)                                                                            \
-    X(sim_ledger_dump)
-#define SIM_FIELD(n) __typeof__(&n) n;
-static struct {
-    SIM_FNS(SIM_FIELD)
-} sim;
-#undef SIM_FIELD
-
-static PFN_cuInit_v2000 p_cuInit;
-static PFN_cuDeviceGet_v2000 p_cuDeviceGet;
-static PFN_cuDevicePrimaryCtxRetain_v7000 p_cuDevicePrimaryCtxRetain;
-static PFN_cuCtxSetCurrent_v4000 p_cuCtxSetCurrent;
-static PFN_cuMemAlloc_v3020 p_cuMemAlloc;
-static PFN_cuMemFree_v3020 p_cuMemFree;
-static PFN_cuMemAllocAsync_v11020 p_cuMemAllocAsync;
-static PFN_cuMemFreeAsync_v11020 p_cuMemFreeAsync;
-static PFN_cuIpcGetMemHandle_v4010 p_cuIpcGetMemHandle;
-static PFN_cuIpcOpenMemHandle_v11000 p_cuIpcOpenMemHandle;
-static PFN_cuIpcCloseMemHandle_v4010 p_cuIpcCloseMemHandle;
-static PFN_cuCtxEnablePeerAccess_v4000 p_cuCtxEnablePeerAccess;
-static PFN_cuCtxDisablePeerAccess_v4000 p_cuCtxDisablePeerAccess;
+/* The entry points used, fetched through the library's cuGetProcAddress (ip_common.h). */
+#define ENTRY_POINTS(X)                                                                            \
+    X(cuCtxSetCurrent, v4000) X(cuMemAlloc, v3020) X(cuMemFree, v3020)                             \
+    X(cuMemAllocAsync, v11020) X(cuMemFreeAsync, v11020) X(cuIpcGetMemHandle, v4010)               \
+    X(cuIpcOpenMemHandle, v11000) X(cuIpcCloseMemHandle, v4010) X(cuCtxEnablePeerAccess, v4000)    \
+    X(cuCtxDisablePeerAccess, v4000)
+ENTRY_POINTS(IP_ENTRY_DECLARE)
 
 static CUcontext ctx0, ctx1;
-
-static void *need_dlsym(void *h, const char *name)
-{
-    void *p = dlsym(h, name);
-    if (!p) {
-        printf("FAIL dlsym(%s): %s\n", name, dlerror());
-        exit(1);
-    }
-    return p;
-}
-
-static void *fetch(const char *name, int version)
-{
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (getproc(name, &fn, version, 0, &st) != CUDA_SUCCESS || !fn) {
-        printf("FAIL cuGetProcAddress(%s, %d)\n", name, version);
-        exit(1);
-    }
-    return fn;
-}
 
 /* The driver's own function (what the program would get without the library). */
 static void *driver_fn(const char *name, int version)
 {
     void *fn = NULL;
     CUdriverProcAddressQueryResult st;
-    return sim.sim_get_proc_address(name, &fn, version, 0, &st) == CUDA_SUCCESS ? fn : NULL;
+    return driver.sim.sim_get_proc_address(name, &fn, version, 0, &st) == CUDA_SUCCESS ? fn : NULL;
 }
 
 static bool owned(CUdeviceptr p)
 {
-    return vmm_owns_fn((const void *)(uintptr_t)p) != 0;
+    return driver.vmm_owns((const void *)(uintptr_t)p) != 0;
 }
 
 static vmh_ipc_handle_t decode(const CUipcMemHandle *h)
@@ -114,21 +66,11 @@ static vmh_ipc_handle_t decode(const CUipcMemHandle *h)
     return w;
 }
 
-static int count_fds(void)
+/* The entries of a /proc/self folder, "." and ".." left out (-1: unreadable). The tests compare
+ * two counts, so the descriptor that reads the folder counts in both. */
+static int count_entries(const char *dir)
 {
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
-}
-
-static int count_threads(void)
-{
-    DIR *d = opendir("/proc/self/task");
+    DIR *d = opendir(dir);
     int n = 0;
     if (!d)
         return -1;
@@ -136,6 +78,16 @@ static int count_threads(void)
         n += e->d_name[0] != '.';
     closedir(d);
     return n;
+}
+
+static int count_fds(void)
+{
+    return count_entries("/proc/self/fd");
+}
+
+static int count_threads(void)
+{
+    return count_entries("/proc/self/task");
 }
 
 /* Runs fn in a forked child (the importer) and returns its exit status; the child's checks
@@ -283,18 +235,18 @@ static void child_opens_through_the_library(void *arg)
     const handles_t *hs = arg;
     printf("  [child %d: cuIpcOpenMemHandle through the library]\n", (int)getpid());
     int fds0 = count_fds();
-    size_t resv0 = sim.sim_live_reservations(), maps0 = sim.sim_live_mappings(),
-           handles0 = sim.sim_live_handles();
-    unsigned long imports0 = sim.sim_calls("cuMemImportFromShareableHandle");
+    size_t resv0 = driver.sim.sim_live_reservations(), maps0 = driver.sim.sim_live_mappings(),
+           handles0 = driver.sim.sim_live_handles();
+    unsigned long imports0 = driver.sim.sim_calls("cuMemImportFromShareableHandle");
     CUdeviceptr q = 0;
     /* The fd arrives; the simulated driver cannot import another process's memfd. */
     CHECK_RC(p_cuIpcOpenMemHandle(&q, hs->big, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
              CUDA_ERROR_INVALID_VALUE,
              "cuIpcOpenMemHandle(the parent's handle): the simulated driver's refusal to import");
-    CHECK(sim.sim_calls("cuMemImportFromShareableHandle") == imports0 + 1,
+    CHECK(driver.sim.sim_calls("cuMemImportFromShareableHandle") == imports0 + 1,
           "the descriptor arrived and its import was tried once");
-    CHECK(sim.sim_live_reservations() == resv0 && sim.sim_live_mappings() == maps0 &&
-              sim.sim_live_handles() == handles0 && count_fds() == fds0,
+    CHECK(driver.sim.sim_live_reservations() == resv0 && driver.sim.sim_live_mappings() == maps0 &&
+              driver.sim.sim_live_handles() == handles0 && count_fds() == fds0,
           "nothing left held: reservations, mappings, handles, descriptors");
     CHECK_RC(p_cuIpcOpenMemHandle(&q, hs->small, 0), CUDA_ERROR_INVALID_VALUE,
              "flags other than CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS");
@@ -342,7 +294,7 @@ static void check_posix_fd(ip_capture_t *cap)
     CHECK_RC(p_cuMemAlloc(&pad, 1000), CUDA_SUCCESS, "cuMemAlloc(1000)");
     CHECK_RC(p_cuMemAlloc(&small, 4096), CUDA_SUCCESS, "cuMemAlloc(4096) (packed after it)");
     CHECK(owned(big) && owned(small), "both served");
-    size_t allocs_with_big = sim.sim_live_allocations();
+    size_t allocs_with_big = driver.sim.sim_live_allocations();
 
     handles_t hs = {.big_size = 8 * MiB, .small_size = 4096};
     CUipcMemHandle again;
@@ -390,16 +342,16 @@ static void check_posix_fd(ip_capture_t *cap)
              "cuIpcCloseMemHandle of a served pointer we did not open: the driver's answer");
 
     /* The importers. */
-    unsigned long exports0 = sim.sim_calls("cuMemExportToShareableHandle");
+    unsigned long exports0 = driver.sim.sim_calls("cuMemExportToShareableHandle");
     CHECK(in_child(child_speaks_the_protocol, &hs) == 0, "the protocol child passed");
     CHECK(in_child(child_opens_through_the_library, &hs) == 0, "the library child passed");
-    CHECK(sim.sim_calls("cuMemExportToShareableHandle") == exports0 + 3,
+    CHECK(driver.sim.sim_calls("cuMemExportToShareableHandle") == exports0 + 3,
           "the exporter exported a chunk per answered request (%lu)",
-          sim.sim_calls("cuMemExportToShareableHandle") - exports0);
+          driver.sim.sim_calls("cuMemExportToShareableHandle") - exports0);
     if (geteuid() == 0) {
-        exports0 = sim.sim_calls("cuMemExportToShareableHandle");
+        exports0 = driver.sim.sim_calls("cuMemExportToShareableHandle");
         CHECK(in_child(child_of_another_user, &hs) == 0, "the other user's child passed");
-        CHECK(sim.sim_calls("cuMemExportToShareableHandle") == exports0,
+        CHECK(driver.sim.sim_calls("cuMemExportToShareableHandle") == exports0,
               "nothing exported for another user");
         ip_capture_read(cap, text, sizeof text);
         CHECK(strstr(text, "refused a CUDA IPC request") != NULL, "the exporter said it refused");
@@ -410,16 +362,16 @@ static void check_posix_fd(ip_capture_t *cap)
     /* The exporter frees: the heap unmaps after the trim's synchronize, the table lets go, and
      * the handle names nothing any more. */
     CHECK_RC(p_cuMemFree(big), CUDA_SUCCESS, "cuMemFree(big)");
-    vmm_trim_fn();
+    driver.vmm_trim();
     CHECK(in_child(child_after_the_free, &hs) == 0, "the child after the free passed");
     bool gone = false;
     for (int i = 0; i < 40 && !gone; i++) { /* the listener prunes every second, and at requests */
-        gone = sim.sim_live_allocations() == allocs_with_big - 1;
+        gone = driver.sim.sim_live_allocations() == allocs_with_big - 1;
         if (!gone)
             usleep(100 * 1000);
     }
     CHECK(gone, "the freed exported chunk was released (%zu allocations, were %zu with it)",
-          sim.sim_live_allocations(), allocs_with_big);
+          driver.sim.sim_live_allocations(), allocs_with_big);
     /* An importer that holds the small buffer's chunk when the exporter frees it (this process
      * imports it through the driver as another process would: the simulated driver imports
      * only its own memfds). The importer's handle keeps the memory; the library, once its
@@ -467,31 +419,31 @@ static void check_peers(void)
     CHECK_RC(p_cuCtxSetCurrent(ctx1), CUDA_SUCCESS, "cuCtxSetCurrent(device 1)");
     CHECK_RC(p_cuMemAlloc(&on1, 4 * MiB), CUDA_SUCCESS, "cuMemAlloc(4 MiB) on device 1");
     CHECK_RC(p_cuMemAlloc(&small1, 300), CUDA_SUCCESS, "cuMemAlloc(300) on device 1");
-    CHECK_RC(sim.sim_write(on1, "peer", 5), CUDA_SUCCESS, "device 1 writes its buffer");
+    CHECK_RC(driver.sim.sim_write(on1, "peer", 5), CUDA_SUCCESS, "device 1 writes its buffer");
     CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
-    CHECK(sim.sim_access_flags(on1, 0) == 0 && sim.sim_access_flags(small1, 0) == 0,
+    CHECK(driver.sim.sim_access_flags(on1, 0) == 0 && driver.sim.sim_access_flags(small1, 0) == 0,
           "device 0 has no access to device 1's served buffers yet");
     char buf[5] = "";
     CHECK_RC(p_cuCtxEnablePeerAccess(ctx1, 0), CUDA_SUCCESS,
              "cuCtxEnablePeerAccess(device 1's context) from device 0");
-    CHECK(sim.sim_access_flags(on1, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE &&
-              sim.sim_access_flags(small1, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-          "now device 0 reaches both (flags %u, %u)", sim.sim_access_flags(on1, 0),
-          sim.sim_access_flags(small1, 0));
-    CHECK(sim.sim_read(buf, on1, 5) == CUDA_SUCCESS && !strcmp(buf, "peer"),
+    CHECK(driver.sim.sim_access_flags(on1, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE &&
+              driver.sim.sim_access_flags(small1, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+          "now device 0 reaches both (flags %u, %u)", driver.sim.sim_access_flags(on1, 0),
+          driver.sim.sim_access_flags(small1, 0));
+    CHECK(driver.sim.sim_read(buf, on1, 5) == CUDA_SUCCESS && !strcmp(buf, "peer"),
           "device 0 reads what device 1 wrote");
     CUdeviceptr later = 0;
     CHECK_RC(p_cuCtxSetCurrent(ctx1), CUDA_SUCCESS, "cuCtxSetCurrent(device 1)");
     CHECK_RC(p_cuMemAlloc(&later, 6 * MiB), CUDA_SUCCESS, "a later buffer on device 1");
     CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
-    CHECK(sim.sim_access_flags(later, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CHECK(driver.sim.sim_access_flags(later, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
           "device 0 reaches the later buffer too");
     CHECK_RC(p_cuCtxEnablePeerAccess(ctx1, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED,
              "enabling twice: the driver's code");
     CHECK_RC(p_cuCtxDisablePeerAccess(ctx1), CUDA_SUCCESS, "cuCtxDisablePeerAccess");
-    CHECK(sim.sim_access_flags(on1, 0) == 0 && sim.sim_access_flags(later, 0) == 0,
+    CHECK(driver.sim.sim_access_flags(on1, 0) == 0 && driver.sim.sim_access_flags(later, 0) == 0,
           "disabled: device 0's access is revoked");
-    CHECK(sim.sim_access_flags(on1, 1) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CHECK(driver.sim.sim_access_flags(on1, 1) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
           "device 1 keeps its own");
     CHECK_RC(p_cuCtxDisablePeerAccess(ctx1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED,
              "disabling twice: the driver's code");
@@ -518,41 +470,16 @@ int main(int argc, char **argv)
     }
     ip_capture_t cap;
     ip_capture_begin(&cap);
-    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!libcuda) {
-        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
-        return 1;
-    }
-#define SIM_GET(n) sim.n = (__typeof__(sim.n))need_dlsym(libcuda, #n);
-    SIM_FNS(SIM_GET)
-#undef SIM_GET
-    getproc = (PFN_cuGetProcAddress_v12000)need_dlsym(libcuda, "cuGetProcAddress_v2");
-    CHECK(ip_in_hook((void *)getproc), "dlsym(libcuda, \"cuGetProcAddress_v2\") is the library's");
-    vmm_owns_fn = (int (*)(const void *))need_dlsym(RTLD_DEFAULT, "vmm_owns");
-    vmm_trim_fn = (size_t(*)(void))need_dlsym(RTLD_DEFAULT, "vmm_trim");
-    p_cuInit = fetch("cuInit", 12000);
-    p_cuDeviceGet = fetch("cuDeviceGet", 12000);
-    p_cuDevicePrimaryCtxRetain = fetch("cuDevicePrimaryCtxRetain", 12000);
-    p_cuCtxSetCurrent = fetch("cuCtxSetCurrent", 12000);
-    p_cuMemAlloc = fetch("cuMemAlloc", 12000);
-    p_cuMemFree = fetch("cuMemFree", 12000);
-    p_cuMemAllocAsync = fetch("cuMemAllocAsync", 12000);
-    p_cuMemFreeAsync = fetch("cuMemFreeAsync", 12000);
-    p_cuIpcGetMemHandle = fetch("cuIpcGetMemHandle", 12000);
-    p_cuIpcOpenMemHandle = fetch("cuIpcOpenMemHandle", 12000);
-    p_cuIpcCloseMemHandle = fetch("cuIpcCloseMemHandle", 12000);
-    p_cuCtxEnablePeerAccess = fetch("cuCtxEnablePeerAccess", 12000);
-    p_cuCtxDisablePeerAccess = fetch("cuCtxDisablePeerAccess", 12000);
+    driver = ip_open_driver();
+    PFN_cuGetProcAddress_v12000 getproc = driver.getproc;
+    ENTRY_POINTS(IP_ENTRY_FETCH)
     CHECK(ip_in_hook((void *)p_cuIpcOpenMemHandle) && ip_in_hook((void *)p_cuCtxEnablePeerAccess),
           "the IPC and peer entry points are the library's");
 
-    CUdevice d0, d1;
-    CHECK_RC(p_cuInit(0), CUDA_SUCCESS, "cuInit");
-    CHECK_RC(p_cuDeviceGet(&d0, 0), CUDA_SUCCESS, "cuDeviceGet(0)");
-    CHECK_RC(p_cuDeviceGet(&d1, 1), CUDA_SUCCESS, "cuDeviceGet(1) (SIM_DEVICES=2)");
-    CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx0, d0), CUDA_SUCCESS, "primary context 0");
-    CHECK_RC(p_cuDevicePrimaryCtxRetain(&ctx1, d1), CUDA_SUCCESS, "primary context 1");
-    CHECK_RC(p_cuCtxSetCurrent(ctx0), CUDA_SUCCESS, "cuCtxSetCurrent(device 0)");
+    CUcontext ctx[2];
+    ip_two_primary_contexts(driver.getproc, ctx);
+    ctx0 = ctx[0];
+    ctx1 = ctx[1];
 
     if (posix)
         check_posix_fd(&cap);
@@ -561,30 +488,30 @@ int main(int argc, char **argv)
     check_peers();
     ip_capture_end(&cap);
 
-    vmm_trim_fn();
+    driver.vmm_trim();
     if (importer_handle) {
         /* The freed exported chunk lives on for its importer, and only for it: the library
          * holds no handle, mapping or reservation of it (issue 16: before round 10 the freed
          * packed slot stayed the library's for good). The listener thread closes its copy of
          * the descriptor just after the send that gave this process the importer's: allowed
          * a moment (CI once checked before that close). */
-        for (int i = 0; i < 200 && sim.sim_live_handles() > 1; i++)
+        for (int i = 0; i < 200 && driver.sim.sim_live_handles() > 1; i++)
             usleep(10 * 1000);
-        CHECK(sim.sim_live_allocations() == 1 && sim.sim_live_handles() == 1 &&
-                  sim.sim_live_mappings() == 0 && sim.sim_live_reservations() == 0,
+        CHECK(driver.sim.sim_live_allocations() == 1 && driver.sim.sim_live_handles() == 1 &&
+                  driver.sim.sim_live_mappings() == 0 && driver.sim.sim_live_reservations() == 0,
               "after the frees and vmm_trim only the importer's handle is left (%zu allocations, "
               "%zu handles, %zu mappings, %zu reservations)",
-              sim.sim_live_allocations(), sim.sim_live_handles(), sim.sim_live_mappings(),
-              sim.sim_live_reservations());
+              driver.sim.sim_live_allocations(), driver.sim.sim_live_handles(),
+              driver.sim.sim_live_mappings(), driver.sim.sim_live_reservations());
         PFN_cuMemRelease_v10020 release_drv =
             (PFN_cuMemRelease_v10020)driver_fn("cuMemRelease", 10020);
         CHECK_RC(release_drv(importer_handle), CUDA_SUCCESS, "the importer lets go");
         /* Its memory goes with the last descriptor too: the listener's copy (above). */
-        for (int i = 0; i < 200 && !sim.sim_ledger_empty(); i++)
+        for (int i = 0; i < 200 && !driver.sim.sim_ledger_empty(); i++)
             usleep(10 * 1000);
     }
-    CHECK(sim.sim_ledger_empty(), "after the frees and vmm_trim the driver holds nothing");
-    if (!sim.sim_ledger_empty())
-        sim.sim_ledger_dump();
+    CHECK(driver.sim.sim_ledger_empty(), "after the frees and vmm_trim the driver holds nothing");
+    if (!driver.sim.sim_ledger_empty())
+        driver.sim.sim_ledger_dump();
     return ip_finish(posix ? "ip_ipc posix_fd" : "ip_ipc none");
 }

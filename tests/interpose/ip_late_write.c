@@ -25,44 +25,24 @@
 static void *libcuda;
 static PFN_cuGetProcAddress_v12000 getproc;
 
-static void *fetch(const char *name, int version)
-{
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (getproc(name, &fn, version, 0, &st) != CUDA_SUCCESS || fn == NULL) {
-        printf("FAIL cuGetProcAddress(%s)\n", name);
-        exit(1);
-    }
-    return fn;
-}
-
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     ip_require_preloaded();
     bool served = argc > 1 && strcmp(argv[1], "served") == 0;
-    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!libcuda) {
-        printf("FAIL dlopen(libcuda.so.1): %s\n", dlerror());
-        return 1;
-    }
-    __typeof__(&sim_launch_write) launch_write =
-        (__typeof__(&sim_launch_write))dlsym(libcuda, "sim_launch_write");
-    __typeof__(&sim_flush) flush = (__typeof__(&sim_flush))dlsym(libcuda, "sim_flush");
-    getproc = (PFN_cuGetProcAddress_v12000)dlsym(libcuda, "cuGetProcAddress_v2");
-    if (!launch_write || !flush || !getproc) {
-        printf("FAIL the simulated driver's controls\n");
-        return 1;
-    }
-    PFN_cuInit_v2000 init = fetch("cuInit", 12000);
-    PFN_cuDevicePrimaryCtxRetain_v7000 retain = fetch("cuDevicePrimaryCtxRetain", 12000);
-    PFN_cuCtxSetCurrent_v4000 set_current = fetch("cuCtxSetCurrent", 12000);
-    PFN_cuCtxCreate_v12050 create = fetch("cuCtxCreate", 13000);
-    PFN_cuCtxDestroy_v4000 destroy = fetch("cuCtxDestroy", 12000);
-    PFN_cuMemAlloc_v3020 alloc = fetch("cuMemAlloc", 12000);
-    PFN_cuMemFree_v3020 mem_free = fetch("cuMemFree", 12000);
-    PFN_cuMemsetD8_v3020 memset_d8 = fetch("cuMemsetD8", 12000);
-    PFN_cuMemcpyDtoH_v3020 to_host = fetch("cuMemcpyDtoH", 12000);
+    libcuda = ip_open_libcuda();
+    ip_sim_t sim = ip_sim_controls(libcuda);
+    getproc = ip_getproc(libcuda);
+    PFN_cuInit_v2000 init = ip_fetch(getproc, "cuInit", 12000, 0);
+    PFN_cuDevicePrimaryCtxRetain_v7000 retain =
+        ip_fetch(getproc, "cuDevicePrimaryCtxRetain", 12000, 0);
+    PFN_cuCtxSetCurrent_v4000 set_current = ip_fetch(getproc, "cuCtxSetCurrent", 12000, 0);
+    PFN_cuCtxCreate_v12050 create = ip_fetch(getproc, "cuCtxCreate", 13000, 0);
+    PFN_cuCtxDestroy_v4000 destroy = ip_fetch(getproc, "cuCtxDestroy", 12000, 0);
+    PFN_cuMemAlloc_v3020 alloc = ip_fetch(getproc, "cuMemAlloc", 12000, 0);
+    PFN_cuMemFree_v3020 mem_free = ip_fetch(getproc, "cuMemFree", 12000, 0);
+    PFN_cuMemsetD8_v3020 memset_d8 = ip_fetch(getproc, "cuMemsetD8", 12000, 0);
+    PFN_cuMemcpyDtoH_v3020 to_host = ip_fetch(getproc, "cuMemcpyDtoH", 12000, 0);
 
     CUcontext primary = NULL, other = NULL;
     CHECK_RC(init(0), CUDA_SUCCESS, "cuInit");
@@ -78,7 +58,7 @@ int main(int argc, char **argv)
         CUdeviceptr victim = 0;
         failures += set_current(other) != CUDA_SUCCESS;
         failures += alloc(&victim, SIZE) != CUDA_SUCCESS;
-        failures += launch_write(other, NULL, victim, SIZE, 0xee) != CUDA_SUCCESS;
+        failures += sim.sim_launch_write(other, NULL, victim, SIZE, 0xee) != CUDA_SUCCESS;
         failures += mem_free(victim) != CUDA_SUCCESS;
 
         failures += set_current(primary) != CUDA_SUCCESS;
@@ -87,7 +67,7 @@ int main(int argc, char **argv)
             failures += alloc(&fresh[i], SIZE) != CUDA_SUCCESS;
             failures += memset_d8(fresh[i], 0, SIZE) != CUDA_SUCCESS;
         }
-        flush(); /* whatever was still queued lands now */
+        sim.sim_flush(); /* whatever was still queued lands now */
         for (int i = 0; i < PER_ROUND; i++) {
             failures += to_host(host, fresh[i], SIZE) != CUDA_SUCCESS;
             for (size_t k = 0; k < SIZE; k += 4096)

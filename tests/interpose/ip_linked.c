@@ -29,14 +29,7 @@ static bool owned(CUdeviceptr p)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "served") && strcmp(argv[1], "native"))) {
-        fprintf(stderr, "usage: %s served|native\n", argv[0]);
-        return 2;
-    }
-    served = !strcmp(argv[1], "served");
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    printf("ip_linked: expecting %s allocations\n", served ? "served" : "native");
-    ip_require_preloaded();
+    served = ip_served_arg(argc, argv, "ip_linked");
     vmm_owns_fn = (int (*)(const void *))dlsym(RTLD_DEFAULT, "vmm_owns");
     CHECK(vmm_owns_fn != NULL, "vmm_owns found through dlsym(RTLD_DEFAULT)");
     if (!vmm_owns_fn)
@@ -50,12 +43,7 @@ int main(int argc, char **argv)
     CHECK(ip_in_hook((void *)cuMemCreate) && ip_in_hook((void *)cuCtxSetCurrent),
           "cuMemCreate / cuCtxSetCurrent bind to the library (retried on OOM / reported)");
 
-    CUdevice dev;
-    CUcontext ctx;
-    CHECK_RC(cuInit(0), CUDA_SUCCESS, "cuInit");
-    CHECK_RC(cuDeviceGet(&dev, 0), CUDA_SUCCESS, "cuDeviceGet");
-    CHECK_RC(cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain");
-    CHECK_RC(cuCtxSetCurrent(ctx), CUDA_SUCCESS, "cuCtxSetCurrent");
+    ip_linked_primary_context();
 
     /* First interposed calls: pass-throughs of a native block, before the program ever looked
      * anything up. */

@@ -67,12 +67,7 @@ int main(void)
     CHECK(stats_json != NULL, "vmm_stats_json found through dlsym(RTLD_DEFAULT)");
     if (!stats_json)
         return 1;
-    CUdevice dev;
-    CUcontext ctx;
-    CHECK_RC(cuInit(0), CUDA_SUCCESS, "cuInit");
-    CHECK_RC(cuDeviceGet(&dev, 0), CUDA_SUCCESS, "cuDeviceGet");
-    CHECK_RC(cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS, "cuDevicePrimaryCtxRetain");
-    CHECK_RC(cuCtxSetCurrent(ctx), CUDA_SUCCESS, "cuCtxSetCurrent");
+    ip_linked_primary_context();
 
     CHECK(reused_at_once(), "before any stream: a freed buffer serves the next request at once");
     CUstream lib = NULL, own = NULL;

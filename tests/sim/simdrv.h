@@ -10,7 +10,7 @@
  *     suffixes); SIM_VERBOSE=1
  *     logs every rejection to stderr. SIM_PERTURB=<seed> (both forms of the driver, read at
  *     the first call) perturbs the schedule: each call first yields or sleeps a random few
- *     microseconds (simdrv.c, sim_perturb; tools/run-tests --stress sets it). There cuInit makes no
+ *     microseconds (simcall.c, sim_perturb; tools/run-tests --stress sets it). There cuInit makes no
  *     context current (cudart does that itself: cuDevicePrimaryCtxRetain + cuCtxSetCurrent).
  *     It is linked -Bsymbolic: cuGetProcAddress answers and sim_table() stay the fake's own
  *     functions even when a preloaded library defines the same names. fakecuda_smoke.c shows

@@ -1,20 +1,35 @@
 /* simdrv internals shared by the sim's own sources (not for tests).
  *
- * Files: simdrv.c (state, ledger, control, devices, VMM, native allocator, queries, IPC, the
- * table and cuGetProcAddress, fork), simctx.c (contexts, streams, stream capture, graphs),
- * simwork.c (work in flight per context: queued copies and "kernels", the synchronizing calls
- * that land them, copies), simhost.c (pinned host memory, managed memory, pool allocations).
+ * Files, by concern:
+ *   simdrv.c     the state (S, T), helpers, sorted vectors, initialisation and devices, error
+ *                strings, the library's table, cuGetProcAddress and the fake's extra exports;
+ *   simcall.c    what every entry point does first (SIM_ENTER): perturbation, counts, trace,
+ *                injected faults, a forked child's refusal; their control API; fork handlers;
+ *   simledger.c  sim_reset, the configuration and switches, the ledger's queries and dump;
+ *   simmem.c     device memory's contents; the lifetimes of allocations, handles, mappings
+ *                and native blocks;
+ *   simvmm.c     the VMM calls (create, reserve, map, access);
+ *   simnative.c  the native allocator and the pointer queries;
+ *   simipc.c     shareable handles and legacy IPC;
+ *   simctx.c     contexts; simstream.c streams, stream capture and graphs;
+ *   simwork.c    work in flight per context: queued copies and "kernels", the synchronizing
+ *                calls that land them, copies;
+ *   simhost.c    pinned host memory, managed memory, pool allocations.
  * One mutex (S.mu) guards everything; every entry point takes it for its whole run. */
 #ifndef SIMINT_H
 #define SIMINT_H
 
 #include "simdrv.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -197,6 +212,8 @@ SIM_FUNCS(SIM_PROTO)
 #define T sim_thread_
 #define die sim_die_
 #define reject sim_reject_
+#define last_reason sim_last_reason_
+#define is_pow2 sim_is_pow2_
 #define xcalloc sim_xcalloc_
 #define xrealloc sim_xrealloc_
 #define gran sim_gran_
@@ -208,10 +225,18 @@ SIM_FUNCS(SIM_PROTO)
 #define vec_insert sim_vec_insert_
 #define vec_remove sim_vec_remove_
 #define vec_range_free sim_vec_range_free_
+#define vec_gap_from sim_vec_gap_from_
+#define env_size sim_env_size_
+#define reset_locked sim_reset_locked_
 #define check_range sim_check_range_
 #define do_write sim_do_write_
 #define do_read sim_do_read_
 #define do_copy sim_do_copy_
+#define alloc_maybe_free sim_alloc_maybe_free_
+#define allocs_sweep_held sim_allocs_sweep_held_
+#define handle_new sim_handle_new_
+#define handle_find sim_handle_find_
+#define map_destroy sim_map_destroy_
 #define native_new sim_native_new_
 #define native_destroy sim_native_destroy_
 #define round512 sim_round512_
@@ -244,6 +269,13 @@ SIM_FUNCS(SIM_PROTO)
 #define MiB (1024ULL * KiB)
 #define GiB (1024ULL * MiB)
 #define TiB (1024ULL * GiB)
+
+/* The fake address space: reservations from VA_BASE (config.va_size of it, at most VA_MAX_SIZE),
+ * native blocks in [NAT_BASE, NAT_BASE + NAT_SPAN), so that a pointer's range tells its kind. */
+#define VA_BASE 0x100000000000ULL /* 16 TiB: reservations */
+#define VA_MAX_SIZE (64ULL * TiB)
+#define NAT_BASE 0x500000000000ULL /* 80 TiB: native blocks */
+#define NAT_SPAN (4ULL * TiB)
 
 #define CTX_MAGIC 0x51dc7a11u /* a live context */
 #define CTX_DEAD 0x51dc0dedu  /* destroyed: kept (never freed before sim_reset) so that a stale
@@ -411,6 +443,7 @@ extern __thread sim_thread_t T;
 /* ---- helpers (simdrv.c) ---- */
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 CUresult reject(CUresult code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+extern __thread char last_reason[256]; /* reject's, or the fault's sim_enter fired (simcall.c) */
 int sim_lock(void);
 void sim_unlock_cleanup(int *held);
 /* Holds S.mu until the end of the enclosing block. */
@@ -420,9 +453,10 @@ void *xcalloc(size_t n, size_t sz);
 void *xrealloc(void *p, size_t sz);
 size_t gran(void);
 int ndev(void);
+bool is_pow2(size_t x);
 bool overlaps(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn);
 
-/* Schedule perturbation (SIM_PERTURB=seed, see simdrv.h): before the driver's lock, so that
+/* Schedule perturbation (SIM_PERTURB=seed, see simdrv.h; simcall.c): before the driver's lock, so that
  * threads reach the driver, and the library's own locks around it, in other orders. */
 void sim_perturb(void);
 
@@ -453,14 +487,30 @@ void *vec_exact(const sim_vec_t *s, CUdeviceptr p);
 void vec_insert(sim_vec_t *s, void *obj);
 void vec_remove(sim_vec_t *s, void *obj);
 bool vec_range_free(const sim_vec_t *s, CUdeviceptr p, size_t size);
+/* First address >= from, aligned, where size bytes fit below hi; 0 if none. */
+CUdeviceptr vec_gap_from(const sim_vec_t *s, CUdeviceptr from, CUdeviceptr hi, size_t size,
+                         size_t align);
 
-/* contents (simdrv.c) */
+/* the ledger (simledger.c) */
+size_t env_size(const char *name, size_t dflt); /* SIM_* sizes, K/M/G/T suffixes; 0: unset */
+void reset_locked(const sim_config_t *cfg);     /* sim_reset, S.mu held (cuInit's first call) */
+
+/* contents (simmem.c) */
 CUresult check_range(CUdeviceptr p, size_t n, int dev, bool write);
 void do_write(CUdeviceptr p, const unsigned char *src, int fill, size_t n, int dev);
 void do_read(unsigned char *dst, CUdeviceptr p, size_t n, int dev);
 void do_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, int dev);
 
-/* native blocks (simdrv.c) */
+/* lifetimes (simmem.c) */
+void alloc_maybe_free(sim_alloc_t *a); /* frees it once no handle, mapping or open fd is left */
+void allocs_sweep_held(void);          /* frees those whose exported descriptor was closed */
+CUmemGenericAllocationHandle handle_new(sim_alloc_t *a);
+void map_destroy(sim_map_t *m);
+
+/* VMM (simvmm.c) */
+sim_handle_t *handle_find(CUmemGenericAllocationHandle h); /* NULL: not a live handle */
+
+/* native blocks (simnative.c; native_destroy: simmem.c) */
 CUresult native_new(const char *what, CUcontext ctx, size_t size, size_t charged,
                     sim_native_kind_t kind, CUdeviceptr *out);
 void native_destroy(sim_native_t *n);

@@ -1,5 +1,5 @@
 /* The simulated driver's contexts, work in flight per context, stream capture, pinned host and
- * managed memory, fork safety and the range query for paused buffers (test_sim.c has the rest).
+ * managed memory, fork safety and the range query for paused buffers (test_sim_*.c have the rest).
  * Entry points not in the library's table yet are fetched through the simulated
  * cuGetProcAddress, as a CUDA 13 program would. */
 #include <setjmp.h>

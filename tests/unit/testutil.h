@@ -79,7 +79,7 @@ static inline void tu_reset(const sim_config_t *cfg)
     vmh_driver_install(sim_table());
     vmh_options_defaults(&tu_opt);
     /* The suites use sizes of a few MiB for buffers of their own: pack only below 1 MiB here
-     * (the packing tests of test_heap.c say what they pack). */
+     * (the packing tests of test_heap_serve.c say what they pack). */
     tu_opt.pack_below = MiB;
     /* The suites count driver calls: no reclaim thread synchronizes behind their back, and an
      * allocation waits for anything parked first (park limit 0), so that freed memory is

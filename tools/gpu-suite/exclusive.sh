@@ -11,7 +11,10 @@
 #   torch_sleep.py          (issue 15) a second process fills the whole GPU while paused;
 #   overflow_gpu            (issue 23) the device filled, 4 GiB served from host memory
 #                           (VMMHOOK_OVERFLOW=host), moved back by vmm_prefetch; its "T" lines
-#                           join the timing table's INFO row.
+#                           join the timing table's INFO row;
+#   torch_overflow.py       (issue 23) tensors of 1.3x a GPU made smaller by a holder process:
+#                           natively out of memory, under the hook with VMMHOOK_OVERFLOW=host
+#                           the same R lines as a run on the whole GPU.
 # Natively pause_resume and torch_sleep only skip (the API is the hook's): pause_resume's native
 # run checks that (a second); torch_sleep's native run is left out (a PyTorch start for a skip).
 
@@ -67,6 +70,25 @@ exclusive_run() {
             info_row "overflow_gpu timings (targets of issue 23)" static "-" \
                 "$(rcname "$(rc_of overflow_gpu.static.hooked)")" \
                 "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)"
+        fi
+    fi
+
+    if ! skipped torch && [ -f tests/gpu/torch_overflow.py ] && [ -x "$ov" ]; then
+        t=$(tmo 240 60)
+        if [ "$t" = 0 ]; then
+            row "torch_overflow" python "-" "-" SKIP "no time left in the budget"
+        else
+            say "torch_overflow: whole GPU, smaller GPU natively, smaller GPU hooked with overflow ($(elapsed) s)"
+            launch torch_overflow.large native "$t" python3 tests/gpu/torch_overflow.py large
+            wait
+            launch torch_overflow.small native "$t" env OVERFLOW_GPU="$ov" python3 tests/gpu/torch_overflow.py small
+            wait
+            launch torch_overflow.hooked hooked "$t" env OVERFLOW_GPU="$ov" VMMHOOK_OVERFLOW=host python3 tests/gpu/torch_overflow.py small-hook
+            wait
+            judge "torch_overflow (1.3x the GPU, VMMHOOK_OVERFLOW=host, vs the whole GPU)" python \
+                torch_overflow.large torch_overflow.hooked 0 any 1
+            info_row "torch_overflow natively on the smaller GPU" python "$(rcname "$(rc_of torch_overflow.small)")" "-" \
+                "$(grep -E '^(R|I) ' "$LOG/torch_overflow.small.out" 2>/dev/null | tr '\n' ';' | cut -c1-200); hooked: $(grep -E '^I (spilled|prefetch|built)' "$LOG/torch_overflow.hooked.out" 2>/dev/null | tr '\n' ';' | cut -c1-300)"
         fi
     fi
 
