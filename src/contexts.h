@@ -94,8 +94,7 @@ CUresult vmh_ctx_sync_device(int device);
  * A scope makes a context current on the calling thread for the library's own driver calls (a
  * synchronize, a copy, a host registration, asking a context's device) and restores the thread's
  * context when it is left. Scopes nest and are left in reverse order of their enter, on the
- * thread that entered them; no lock may be held by the caller across them that the driver's
- * calls could need (none of the library's is). */
+ * thread that entered them (checked in witness builds). */
 typedef struct vmh_ctx_scope {
     CUcontext ctx;    /* the context entered (NULL: an empty scope; leaving it does nothing) */
     CUcontext outer;  /* the thread's current context as known before the enter (NULL: unknown) */
