@@ -5,6 +5,7 @@
 #include "overflow.h"
 #include "registry.h"
 #include "stats.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <stddef.h>
@@ -92,18 +93,18 @@ static size_t big_release(vmh_parked_t *item, uint64_t passed)
     (void)passed;
     vmh_big_t *b = (vmh_big_t *)((char *)item - offsetof(vmh_big_t, parked_item));
     vmh_bigbufs_t *bb = b->set;
-    pthread_mutex_lock(&bb->lock);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
     assert(b->state == BIG_PARKED);
     list_remove(&bb->parked, b);
     vmh_range_t *r = b->range;
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
     size_t bytes = r->size;
     vmh_cache_put(bb->cache, r);
-    pthread_mutex_lock(&bb->lock);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
     b->range = NULL;
     b->state = BIG_UNUSED;
     list_push(&bb->unused, b);
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
     return bytes;
 }
 
@@ -176,18 +177,18 @@ static void make_live_locked(vmh_bigbufs_t *bb, vmh_big_t *b, vmh_range_t *r, si
 static bool serve_range(vmh_bigbufs_t *bb, vmh_range_t *r, size_t size, bool growable,
                         void *site)
 {
-    pthread_mutex_lock(&bb->lock);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
     /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
     vmh_big_t *b = atomic_load(&bb->frozen) ? NULL : big_get_locked(bb);
     assert(!b || (b->state == BIG_UNUSED && !b->range));
     if (!b || !vmh_registry_set(r->base, r->size, b)) {
         if (b)
             list_push(&bb->unused, b);
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return false;
     }
     make_live_locked(bb, b, r, size, growable, site);
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
     return true;
 }
 
@@ -270,15 +271,18 @@ CUresult vmh_bigbuf_alloc_spilled(vmh_bigbufs_t *bb, size_t size, void *site, CU
 
 /* ---- on a locked buffer ------------------------------------------------------------------ */
 
-CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req)
+CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req, vmh_paused_t **gone)
 {
     vmh_bigbufs_t *bb = b->set;
+    vmh_assert_held(&bb->lock);
+    *gone = NULL;
     if (b->state == BIG_PAUSED && p == b->paused->base) {
-        /* Its memory went at the pause: only the addresses are left to free (once). */
+        /* Its memory went at the pause: only the addresses are left to free (once), by the
+         * caller, unlocked. */
         list_remove(&bb->paused, b);
         vmh_registry_set(b->paused->base, b->paused->size, NULL);
         vmh_dev_usable_give(bb->dev, b->paused->size);
-        vmh_paused_destroy(b->paused);
+        *gone = b->paused;
         b->paused = NULL;
         b->state = BIG_UNUSED;
         list_push(&bb->unused, b);
@@ -434,20 +438,20 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     vmh_dev_t *d = bb->dev;
     size_t rounded;
     if (b->state == BIG_PARKED || b->state == BIG_UNUSED) {
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return CUDA_ERROR_NOT_FOUND; /* freed: nobody's buffer, as for a foreign pointer */
     }
     if (b->state == BIG_PAUSED) {
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
     }
     if (b->state != BIG_LIVE || *p != b->range->base) {
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
     *old_size = b->req;
     if (!vmh_round_up(size, d->gran, &rounded)) {
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     vmh_range_t *r = b->range;
@@ -455,7 +459,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
         bool shrunk = false;
         vmh_range_t *drop = NULL;
         CUresult rc = shrink_locked(bb, b, size, rounded, &shrunk, &drop);
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         vmh_range_destroy(drop);
         if (shrunk && !async)
             vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP); /* the chunks past the size go now */
@@ -463,29 +467,29 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     }
     size_t extra = rounded - r->size; /* usable bytes taken for the growth */
     if (!vmh_dev_usable_take(d, extra)) {
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (atomic_load(&bb->old_ranges)) {
         /* The tail of an earlier shrink may still be mapped in this buffer's headroom. */
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         vmh_reclaim_wait(bb->reclaim, VMH_WAIT_APP);
-        pthread_mutex_lock(&bb->lock);
+        vmh_lock(&bb->lock, VMH_RANK_OWNER);
         if (b->state != BIG_LIVE || b->range != r) {
-            pthread_mutex_unlock(&bb->lock);
+            vmh_unlock(&bb->lock);
             vmh_dev_usable_give(d, extra);
             return CUDA_ERROR_INVALID_VALUE; /* freed or resized by another thread meanwhile */
         }
     }
     /* The driver calls run without the lock; RESIZING keeps frees and other resizes off. */
     b->state = BIG_RESIZING;
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
 
     vmh_range_t *nr = NULL;
     vmh_grow_kind_t kind = VMH_GROW_MOVED;
     CUresult rc = grow_unlocked(bb, r, rounded, &nr, &kind, no_address);
 
-    pthread_mutex_lock(&bb->lock);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
     assert(b->state == BIG_RESIZING && b->range == r);
     bool move = kind == VMH_GROW_MOVED;
     if (rc == CUDA_SUCCESS) {
@@ -500,7 +504,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     }
     if (rc != CUDA_SUCCESS) {
         b->state = BIG_LIVE;
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         vmh_range_destroy(nr);
         vmh_dev_usable_give(d, extra);
         return rc;
@@ -513,7 +517,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     b->req = size;
     b->state = BIG_LIVE;
     CUdeviceptr base = nr->base; /* nr is the buffer's once unlocked (a pause may take it) */
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
     vmh_count(move ? VMH_STAT_moves : VMH_STAT_grows_in_place, 1);
     if (!move)
         vmh_range_destroy(r); /* references only: nr holds every mapping */
@@ -538,14 +542,14 @@ static CUresult prefetch_unlock(vmh_bigbufs_t *bb, vmh_big_t *b, size_t *moved)
 {
     vmh_range_t *r = b->range, *nr = NULL, *unfinished = NULL;
     if (!vmh_range_owned_alone(r)) {
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return CUDA_ERROR_ALREADY_MAPPED; /* exported, or a move's old range still maps it */
     }
     size_t host = vmh_range_host_bytes(r);
     b->state = BIG_RESIZING;
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
     CUresult rc = vmh_range_rehome(r, device_chunk, bb->dev, &nr, &unfinished);
-    pthread_mutex_lock(&bb->lock);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
     assert(b->state == BIG_RESIZING && b->range == r);
     if (nr) /* r is consumed: the new range is the buffer's whatever rc says */
         b->range = nr;
@@ -553,7 +557,7 @@ static CUresult prefetch_unlock(vmh_bigbufs_t *bb, vmh_big_t *b, size_t *moved)
         vmh_log("moving memory back to the device: %zu bytes of scratch memory stay mapped "
                 "(no memory to track them until the GPU is done)", unfinished->size);
     b->state = BIG_LIVE;
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
     if (rc == CUDA_SUCCESS)
         *moved += host;
     return rc;
@@ -563,11 +567,11 @@ CUresult vmh_bigbuf_prefetch_locked(vmh_big_t *b, CUdeviceptr p, size_t *moved)
 {
     vmh_bigbufs_t *bb = b->set;
     if (b->state != BIG_LIVE || p < b->range->base || p >= b->range->base + b->req) {
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return b->state == BIG_PAUSED ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_INVALID_VALUE;
     }
     if (!vmh_range_host_bytes(b->range)) {
-        pthread_mutex_unlock(&bb->lock);
+        vmh_unlock(&bb->lock);
         return CUDA_SUCCESS; /* on the device already */
     }
     return prefetch_unlock(bb, b, moved);
@@ -579,14 +583,14 @@ CUresult vmh_bigbuf_prefetch_all(vmh_bigbufs_t *bb, size_t *moved)
     /* One buffer at a time, the set unlocked between them; a buffer that cannot move (shared,
      * no room) is skipped and the walk starts over past it. */
     for (size_t skip = 0;;) {
-        pthread_mutex_lock(&bb->lock);
+        vmh_lock(&bb->lock, VMH_RANK_OWNER);
         vmh_big_t *b = bb->live.head;
         size_t seen = 0;
         for (; b; b = b->next)
             if (vmh_range_host_bytes(b->range) && seen++ == skip)
                 break;
         if (!b) {
-            pthread_mutex_unlock(&bb->lock);
+            vmh_unlock(&bb->lock);
             return first;
         }
         CUresult rc = prefetch_unlock(bb, b, moved);
@@ -604,12 +608,12 @@ void vmh_bigbuf_for_each_live(vmh_bigbufs_t *bb,
                               void (*cb)(CUdeviceptr base, size_t size, void *site, void *arg),
                               void *arg)
 {
-    pthread_mutex_lock(&bb->lock);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
     for (vmh_big_t *b = bb->live.head; b; b = b->next)
         cb(b->range->base, b->req, b->site, arg);
     for (vmh_big_t *b = bb->paused.head; b; b = b->next)
         cb(b->paused->base, b->req, b->site, arg);
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
 }
 
 vmh_bigbufs_t *vmh_bigbuf_set_of(const vmh_big_t *b)
@@ -619,7 +623,7 @@ vmh_bigbufs_t *vmh_bigbuf_set_of(const vmh_big_t *b)
 
 CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_pause_visit_fn fn, void *arg)
 {
-    pthread_mutex_lock(&bb->lock);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER_VISIT);
     /* Every live and paused buffer off its list, then each back on the list its state says
      * after fn (a list's byte count follows the range a buffer had when it joined). */
     vmh_biglist_t todo = {NULL, NULL, 0, 0};
@@ -643,15 +647,15 @@ CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_pause_visit_fn fn, void *arg)
         b->state = b->range ? BIG_LIVE : BIG_PAUSED;
         list_push(b->range ? &bb->live : &bb->paused, b);
     }
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
     return rc;
 }
 
 size_t vmh_bigbuf_parked_bytes(vmh_bigbufs_t *bb)
 {
-    pthread_mutex_lock(&bb->lock);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
     size_t bytes = bb->parked.bytes;
-    pthread_mutex_unlock(&bb->lock);
+    vmh_unlock(&bb->lock);
     return bytes;
 }
 

@@ -63,8 +63,10 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
 
 /* On a big buffer found and locked with vmh_owner_lock (the caller unlocks): */
 /* Parks the live buffer starting at p; *req gets the size asked for. INVALID_VALUE for an
- * interior pointer, a double free or a buffer being resized. */
-CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req);
+ * interior pointer, a double free or a buffer being resized. A paused buffer is freed at once:
+ * *gone gets what is left of it, for the caller to destroy (vmh_paused_destroy: its addresses
+ * and backup go, driver calls) once it has unlocked; NULL otherwise. */
+CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req, vmh_paused_t **gone);
 bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info);
 /* Copies n bytes of the backup of the paused buffer b from device address p on into dst; false
  * when b is not paused, was paused without a backup, or the bytes are not inside it. */

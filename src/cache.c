@@ -3,6 +3,7 @@
 
 #include "registry.h"
 #include "stats.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <stdint.h>
@@ -33,6 +34,7 @@ void vmh_cache_init(vmh_cache_t *c, vmh_dev_t *dev)
 
 static void unlink_locked(vmh_cache_t *c, vmh_idle_t *e)
 {
+    vmh_assert_held(&c->lock);
     if (e->prev)
         e->prev->next = e->next;
     else
@@ -86,7 +88,7 @@ void vmh_cache_put(vmh_cache_t *c, vmh_range_t *r)
         return;
     }
     e->range = r;
-    pthread_mutex_lock(&c->lock);
+    vmh_lock(&c->lock, VMH_RANK_CACHE);
     vmh_registry_set(r->base, r->size, &vmh_owner_idle);
     e->prev = NULL;
     e->next = c->head;
@@ -99,7 +101,7 @@ void vmh_cache_put(vmh_cache_t *c, vmh_range_t *r)
     c->bytes += r->size;
     vmh_idle_t *over =
         c->bytes > settings.limit ? evict_locked(c, c->bytes - settings.limit) : NULL;
-    pthread_mutex_unlock(&c->lock);
+    vmh_unlock(&c->lock);
     destroy_taken(over);
 }
 
@@ -120,14 +122,14 @@ static vmh_idle_t *find_locked(vmh_cache_t *c, size_t rounded, size_t slack)
 
 vmh_range_t *vmh_cache_take(vmh_cache_t *c, size_t rounded)
 {
-    pthread_mutex_lock(&c->lock);
+    vmh_lock(&c->lock, VMH_RANK_CACHE);
     vmh_idle_t *best = find_locked(c, rounded, rounded / 8);
     if (best && best->range->size > rounded &&
         !vmh_dev_usable_take(c->dev, best->range->size - rounded))
         best = find_locked(c, rounded, 0);
     if (best)
         unlink_locked(c, best);
-    pthread_mutex_unlock(&c->lock);
+    vmh_unlock(&c->lock);
     if (!best)
         return NULL;
     vmh_range_t *r = best->range;
@@ -139,7 +141,7 @@ vmh_range_t *vmh_cache_take(vmh_cache_t *c, size_t rounded)
 
 void vmh_cache_make_room(vmh_cache_t *c, size_t rounded, size_t parked)
 {
-    pthread_mutex_lock(&c->lock);
+    vmh_lock(&c->lock, VMH_RANK_CACHE);
     size_t floor = settings.limit < CACHE_FLOOR ? settings.limit : CACHE_FLOOR;
     size_t live = atomic_load_explicit(&c->dev->live_usable, memory_order_relaxed);
     size_t allowance = live / 32 > floor ? live / 32 : floor;
@@ -158,33 +160,33 @@ void vmh_cache_make_room(vmh_cache_t *c, size_t rounded, size_t parked)
     if (below_peak > keep)
         keep = below_peak;
     vmh_idle_t *taken = c->bytes > keep ? evict_locked(c, c->bytes - keep) : NULL;
-    pthread_mutex_unlock(&c->lock);
+    vmh_unlock(&c->lock);
     destroy_taken(taken);
 }
 
 size_t vmh_cache_trim(vmh_cache_t *c)
 {
-    pthread_mutex_lock(&c->lock);
+    vmh_lock(&c->lock, VMH_RANK_CACHE);
     vmh_idle_t *taken = evict_locked(c, SIZE_MAX);
     /* A trim (memory pressure, vmm_trim): the peak held before no longer earns room. */
     vmh_dev_usable_peak_reset(c->dev);
-    pthread_mutex_unlock(&c->lock);
+    vmh_unlock(&c->lock);
     return destroy_taken(taken);
 }
 
 size_t vmh_cache_trim_upto(vmh_cache_t *c, size_t bytes)
 {
-    pthread_mutex_lock(&c->lock);
+    vmh_lock(&c->lock, VMH_RANK_CACHE);
     vmh_idle_t *taken = evict_locked(c, bytes);
-    pthread_mutex_unlock(&c->lock);
+    vmh_unlock(&c->lock);
     return destroy_taken(taken);
 }
 
 size_t vmh_cache_bytes(vmh_cache_t *c)
 {
-    pthread_mutex_lock(&c->lock);
+    vmh_lock(&c->lock, VMH_RANK_CACHE);
     size_t bytes = c->bytes;
-    pthread_mutex_unlock(&c->lock);
+    vmh_unlock(&c->lock);
     return bytes;
 }
 

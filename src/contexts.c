@@ -18,14 +18,16 @@
  *     beginning, so that no capture begins during a synchronize.
  *
  * Lock order: ctx_lock, cap_lock and gate_lock are never held together, nor across a driver
- * call. All are made anew in a forked child (vmh_contexts_after_fork_child, called by
- * lifetime.c's fork handler, registered at their first use).
+ * call (the last ranks of witness.h). All are made anew in a forked child
+ * (vmh_contexts_after_fork_child, called by lifetime.c's fork handler, registered at their first
+ * use).
  */
 #include "contexts.h"
 
 #include "driver.h"
 #include "log.h"
 #include "stats.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <execinfo.h>
@@ -68,7 +70,7 @@ void vmh_contexts_on_first_use(void (*fn)(void))
     atomic_store(&first_use_hook, fn);
 }
 
-static void lock(pthread_mutex_t *m)
+static void lock(pthread_mutex_t *m, vmh_rank_t rank)
 {
     if (!atomic_load_explicit(&first_use_seen, memory_order_acquire)) {
         void (*fn)(void) = atomic_load(&first_use_hook);
@@ -77,7 +79,7 @@ static void lock(pthread_mutex_t *m)
             atomic_store_explicit(&first_use_seen, true, memory_order_release);
         }
     }
-    pthread_mutex_lock(m);
+    vmh_lock(m, rank);
 }
 
 static ctx_rec_t *ctx_find_locked(CUcontext ctx)
@@ -101,7 +103,7 @@ void vmh_ctx_seen(CUcontext ctx, int device)
 {
     if (ctx == NULL || device < 0)
         return;
-    lock(&ctx_lock);
+    lock(&ctx_lock, VMH_RANK_CONTEXTS);
     ctx_rec_t *r = ctx_find_locked(ctx);
     if (r != NULL) {
         r->device = device; /* the same address, a context made again after a destroy */
@@ -111,7 +113,7 @@ void vmh_ctx_seen(CUcontext ctx, int device)
             size_t cap = ctx_capacity ? 2 * ctx_capacity : 8;
             ctx_rec_t *grown = realloc(ctx_recs, cap * sizeof *grown);
             if (grown == NULL) {
-                pthread_mutex_unlock(&ctx_lock);
+                vmh_unlock(&ctx_lock);
                 vmh_log("out of host memory: context %p of device %d is not waited for on reuse",
                         (void *)ctx, device);
                 return;
@@ -124,7 +126,7 @@ void vmh_ctx_seen(CUcontext ctx, int device)
     bool second = false;
     for (size_t i = 0; i < ctx_count && !second; i++)
         second = ctx_recs[i].ctx != ctx && ctx_recs[i].device == device && !ctx_recs[i].dead;
-    pthread_mutex_unlock(&ctx_lock);
+    vmh_unlock(&ctx_lock);
     if (second)
         vmh_work_queue_split("a second context on a device");
 }
@@ -133,7 +135,7 @@ void vmh_ctx_forget(CUcontext ctx)
 {
     if (ctx == NULL)
         return;
-    lock(&ctx_lock);
+    lock(&ctx_lock, VMH_RANK_CONTEXTS);
     ctx_rec_t *r = ctx_find_locked(ctx);
     if (r != NULL) {
         r->forgetting = true;
@@ -146,7 +148,7 @@ void vmh_ctx_forget(CUcontext ctx)
     } else {
         atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
     }
-    pthread_mutex_unlock(&ctx_lock);
+    vmh_unlock(&ctx_lock);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -196,6 +198,139 @@ CUresult vmh_ctx_current(CUcontext *ctx, int *device)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The library's own scopes (contexts.h).
+ *
+ * While a thread has scopes open, tl_known is its current context as they left it (NULL:
+ * unknown, after a failed pop, until the last scope is left); with none open, the cache above
+ * says it. An enter pushes unless ctx is known to be current already, so the library's uses
+ * inside a program's context (a pause, a staging copy, a backup given back) make no driver call
+ * for it. */
+static __thread CUcontext tl_known __attribute__((tls_model("initial-exec")));
+static __thread unsigned tl_depth __attribute__((tls_model("initial-exec")));
+static __thread bool tl_unsure __attribute__((tls_model("initial-exec")));
+static atomic_flag leave_failure_logged = ATOMIC_FLAG_INIT;
+
+static CUcontext current_known(void)
+{
+    if (tl_depth > 0)
+        return tl_unsure ? NULL : tl_known;
+    unsigned g = atomic_load_explicit(&ctx_generation, memory_order_acquire);
+    return tl_current.generation == g ? tl_current.ctx : NULL;
+}
+
+/* Enters ctx with `current` the thread's current context (NULL: unknown, so push). */
+static CUresult scope_enter(CUcontext ctx, CUcontext current, vmh_ctx_scope_t *scope)
+{
+    *scope = (vmh_ctx_scope_t){.primary = -1};
+    if (ctx != current) {
+        CUresult rc = vmh_drv.cuCtxPushCurrent(ctx);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        scope->pushed = true;
+    }
+    scope->ctx = ctx;
+    scope->outer = current_known();
+    scope->depth = ++tl_depth;
+    tl_known = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_ctx_enter(CUcontext ctx, vmh_ctx_scope_t *scope)
+{
+    return scope_enter(ctx, current_known(), scope);
+}
+
+CUresult vmh_ctx_leave(vmh_ctx_scope_t *scope)
+{
+    if (scope->ctx == NULL)
+        return CUDA_SUCCESS;
+    vmh_assert_internal(scope->depth == tl_depth && "scopes are left in reverse order");
+    CUresult rc = CUDA_SUCCESS;
+    if (scope->pushed) {
+        CUcontext popped = NULL;
+        rc = vmh_drv.cuCtxPopCurrent(&popped);
+        vmh_assert_internal(rc != CUDA_SUCCESS || popped == scope->ctx);
+    }
+    if (rc == CUDA_SUCCESS && scope->primary >= 0)
+        rc = vmh_drv.cuDevicePrimaryCtxRelease(scope->primary);
+    if (rc != CUDA_SUCCESS) {
+        tl_unsure = true;
+        tl_current.generation = 0; /* asked of the driver again */
+        if (!atomic_flag_test_and_set(&leave_failure_logged))
+            vmh_log("restoring a thread's context after the library's use of context %p failed "
+                    "(CUDA error %d): that thread's current context may have changed (logged "
+                    "once)",
+                    (void *)scope->ctx, (int)rc);
+    }
+    tl_known = scope->outer;
+    if (--tl_depth == 0)
+        tl_unsure = false;
+    *scope = (vmh_ctx_scope_t){.primary = -1};
+    return rc;
+}
+
+/* vmh_ctx_of_device; *primary: the device whose primary context was retained for the caller
+ * (-1: the current context was of `device`, nothing retained); *current: the thread's current
+ * context as the driver answered (NULL: none, or not known). */
+static CUresult device_context(int device, CUcontext *ctx, CUdevice *primary, CUcontext *current)
+{
+    CUcontext cur = NULL;
+    CUdevice cur_dev = -1, dev;
+    *primary = -1;
+    if (vmh_drv.cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+        cur = NULL;
+    *current = cur;
+    if (cur != NULL && vmh_drv.cuCtxGetDevice(&cur_dev) == CUDA_SUCCESS && cur_dev == device) {
+        *ctx = cur;
+        return CUDA_SUCCESS;
+    }
+    CUresult rc = vmh_drv.cuDeviceGet(&dev, device);
+    if (rc == CUDA_SUCCESS)
+        rc = vmh_drv.cuDevicePrimaryCtxRetain(ctx, dev);
+    if (rc == CUDA_SUCCESS)
+        *primary = dev;
+    return rc;
+}
+
+CUresult vmh_ctx_of_device(int device, CUcontext *ctx)
+{
+    CUdevice primary;
+    CUcontext current;
+    return device_context(device, ctx, &primary, &current);
+}
+
+CUresult vmh_ctx_enter_device(int device, vmh_ctx_scope_t *scope)
+{
+    CUcontext ctx = NULL, current;
+    CUdevice primary;
+    CUresult rc = device_context(device, &ctx, &primary, &current);
+    if (rc == CUDA_SUCCESS)
+        rc = scope_enter(ctx, current, scope); /* the driver's answer, fresher than the cache */
+    if (rc != CUDA_SUCCESS) {
+        if (primary >= 0)
+            (void)vmh_drv.cuDevicePrimaryCtxRelease(primary); /* undo: what the enter made */
+        *scope = (vmh_ctx_scope_t){.primary = -1};
+        return rc;
+    }
+    scope->primary = primary;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_ctx_device_of(CUcontext ctx, int *device)
+{
+    vmh_ctx_scope_t scope;
+    CUresult rc = vmh_ctx_enter(ctx, &scope);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    CUdevice dev;
+    rc = vmh_drv.cuCtxGetDevice(&dev);
+    CUresult left = vmh_ctx_leave(&scope);
+    if (rc == CUDA_SUCCESS && (rc = left) == CUDA_SUCCESS)
+        *device = (int)dev;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Captures.
  */
 typedef struct capture_rec {
@@ -230,7 +365,7 @@ static bool cap_same_stream(const capture_rec_t *c, CUstream stream, pthread_t s
 static void capture_record(CUstream stream, CUstreamCaptureMode mode)
 {
     pthread_t self = pthread_self();
-    lock(&cap_lock);
+    lock(&cap_lock, VMH_RANK_CAPTURES);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n; i++) {
         if (cap_same_stream(&cap_recs[i], stream, self)) {
@@ -238,7 +373,7 @@ static void capture_record(CUstream stream, CUstreamCaptureMode mode)
              * whose end we did not see (its stream destroyed) is replaced. */
             cap_recs[i].mode = mode;
             cap_recs[i].thread = self;
-            pthread_mutex_unlock(&cap_lock);
+            vmh_unlock(&cap_lock);
             return;
         }
     }
@@ -247,7 +382,7 @@ static void capture_record(CUstream stream, CUstreamCaptureMode mode)
         capture_rec_t *grown = realloc(cap_recs, cap * sizeof *grown);
         if (grown == NULL) {
             atomic_fetch_add_explicit(&cap_unrecorded, 1, memory_order_release);
-            pthread_mutex_unlock(&cap_lock);
+            vmh_unlock(&cap_lock);
             vmh_log("out of host memory: a stream capture is not tracked; the library will not "
                     "synchronize until the process ends");
             return;
@@ -257,7 +392,7 @@ static void capture_record(CUstream stream, CUstreamCaptureMode mode)
     }
     cap_recs[n] = (capture_rec_t){.stream = stream, .mode = mode, .thread = self};
     atomic_store_explicit(&cap_count, n + 1, memory_order_release);
-    pthread_mutex_unlock(&cap_lock);
+    vmh_unlock(&cap_lock);
 }
 
 /* The gate. A synchronize checks for captures and counts itself in gate_syncs in one hold of
@@ -275,20 +410,20 @@ static unsigned gate_begins; /* vmh_capture_begin / vmh_capture_began calls not 
 CUresult vmh_capture_begin(CUstream stream, CUstreamCaptureMode mode, vmh_capture_begin_fn begin,
                            void *call)
 {
-    lock(&gate_lock);
+    lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     gate_begins++;
     while (gate_syncs != 0)
         pthread_cond_wait(&gate_syncs_done, &gate_lock);
-    pthread_mutex_unlock(&gate_lock);
+    vmh_unlock(&gate_lock);
 
     CUresult r = begin != NULL ? begin(call) : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS)
         capture_record(stream, mode);
 
-    lock(&gate_lock);
+    lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     assert(gate_begins > 0);
     gate_begins--;
-    pthread_mutex_unlock(&gate_lock);
+    vmh_unlock(&gate_lock);
     return r;
 }
 
@@ -300,26 +435,26 @@ void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode)
 /* Counts a synchronize in, unless a capture is in progress or beginning. */
 static bool gate_sync_enter(void)
 {
-    lock(&gate_lock);
+    lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     bool may = gate_begins == 0 && !vmh_capture_any();
     gate_syncs += may;
-    pthread_mutex_unlock(&gate_lock);
+    vmh_unlock(&gate_lock);
     return may;
 }
 
 static void gate_sync_leave(void)
 {
-    lock(&gate_lock);
+    lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     assert(gate_syncs > 0);
     if (--gate_syncs == 0)
         pthread_cond_broadcast(&gate_syncs_done);
-    pthread_mutex_unlock(&gate_lock);
+    vmh_unlock(&gate_lock);
 }
 
 void vmh_capture_ended(CUstream stream)
 {
     pthread_t self = pthread_self();
-    lock(&cap_lock);
+    lock(&cap_lock, VMH_RANK_CAPTURES);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n; i++) {
         if (cap_same_stream(&cap_recs[i], stream, self)) {
@@ -328,7 +463,7 @@ void vmh_capture_ended(CUstream stream)
             break;
         }
     }
-    pthread_mutex_unlock(&cap_lock);
+    vmh_unlock(&cap_lock);
 }
 
 void vmh_capture_thread_mode(CUstreamCaptureMode mode)
@@ -358,7 +493,7 @@ bool vmh_capture_forbids_unsafe(void)
         return true;
     pthread_t self = pthread_self();
     bool forbidden = false;
-    lock(&cap_lock);
+    lock(&cap_lock, VMH_RANK_CAPTURES);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n && !forbidden; i++) {
         const capture_rec_t *c = &cap_recs[i];
@@ -368,7 +503,7 @@ bool vmh_capture_forbids_unsafe(void)
             forbidden =
                 mine == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
     }
-    pthread_mutex_unlock(&cap_lock);
+    vmh_unlock(&cap_lock);
     return forbidden;
 }
 
@@ -391,16 +526,13 @@ static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
     /* The gate: no capture began since the check of vmh_ctx_sync_device (the reclaim thread's
      * synchronize during a capture broke PyTorch's graphs). */
     assert(!vmh_capture_any() && "a context synchronize while a stream captures");
-    if (ctx == current)
-        return vmh_drv.cuCtxSynchronize();
-    CUresult rc = vmh_drv.cuCtxPushCurrent(ctx);
+    vmh_ctx_scope_t scope;
+    CUresult rc = scope_enter(ctx, current, &scope);
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = vmh_drv.cuCtxSynchronize();
-    CUcontext popped;
-    CUresult prc = vmh_drv.cuCtxPopCurrent(&popped);
-    assert(prc != CUDA_SUCCESS || popped == ctx);
-    return rc != CUDA_SUCCESS ? rc : prc;
+    CUresult left = vmh_ctx_leave(&scope);
+    return rc != CUDA_SUCCESS ? rc : left;
 }
 
 /* vmh_ctx_sync_device once past the gate. */
@@ -415,23 +547,23 @@ static CUresult sync_device_gated(int device)
     if (rc != CUDA_SUCCESS)
         return rc;
     if (current != NULL) {
-        lock(&ctx_lock);
+        lock(&ctx_lock, VMH_RANK_CONTEXTS);
         bool known = ctx_find_locked(current) != NULL;
-        pthread_mutex_unlock(&ctx_lock);
+        vmh_unlock(&ctx_lock);
         CUdevice dev;
         if (!known && vmh_drv.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
             vmh_ctx_seen(current, (int)dev);
     }
 
     /* Take a wait on each context of the device, so that none is destroyed under us. */
-    lock(&ctx_lock);
+    lock(&ctx_lock, VMH_RANK_CONTEXTS);
     size_t n = 0;
     for (size_t i = 0; i < ctx_count; i++)
         n += ctx_recs[i].device == device && !ctx_recs[i].forgetting;
     CUcontext one;
     CUcontext *list = n <= 1 ? &one : malloc(n * sizeof *list);
     if (list == NULL) {
-        pthread_mutex_unlock(&ctx_lock);
+        vmh_unlock(&ctx_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     size_t k = 0;
@@ -442,7 +574,7 @@ static CUresult sync_device_gated(int device)
         }
     }
     assert(k == n);
-    pthread_mutex_unlock(&ctx_lock);
+    vmh_unlock(&ctx_lock);
 
     CUresult first_error = CUDA_SUCCESS;
     size_t gone = 0; /* the first `gone` entries of list: contexts the driver no longer knows */
@@ -457,7 +589,7 @@ static CUresult sync_device_gated(int device)
         }
     }
 
-    lock(&ctx_lock);
+    lock(&ctx_lock, VMH_RANK_CONTEXTS);
     for (size_t i = 0; i < n; i++) {
         ctx_rec_t *r = ctx_find_locked(list[i]);
         assert(r != NULL && r->waits > 0); /* forget waits for us */
@@ -472,7 +604,7 @@ static CUresult sync_device_gated(int device)
             ctx_remove_locked(r);
     }
     pthread_cond_broadcast(&ctx_waits_done);
-    pthread_mutex_unlock(&ctx_lock);
+    vmh_unlock(&ctx_lock);
     if (list != &one)
         free(list);
     return first_error;
@@ -487,6 +619,9 @@ CUresult vmh_ctx_sync_device(int device)
      * stream belongs to is not known here, so any capture in progress refuses the wait; the
      * library then serves from memory that needs none. The check and the count are one step
      * of the gate, so a capture cannot begin between them and the synchronize. */
+    /* Nothing waits for the GPU under a lock ranked after the reclaim wait lock (witness.h):
+     * the heap's locks would stall every other thread behind the GPU. */
+    vmh_assert_none_above(VMH_RANK_RECLAIM_WAIT);
     if (!gate_sync_enter())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     CUresult rc = sync_device_gated(device);
@@ -548,7 +683,7 @@ void vmh_work_split_wait(void)
         return;
     int devices[64];
     size_t n = 0;
-    lock(&ctx_lock);
+    lock(&ctx_lock, VMH_RANK_CONTEXTS);
     for (size_t i = 0; i < ctx_count && n < sizeof devices / sizeof devices[0]; i++) {
         bool known = false;
         for (size_t k = 0; k < n && !known; k++)
@@ -556,7 +691,7 @@ void vmh_work_split_wait(void)
         if (!known)
             devices[n++] = ctx_recs[i].device;
     }
-    pthread_mutex_unlock(&ctx_lock);
+    vmh_unlock(&ctx_lock);
     const char *why = vmh_work_split_reason();
     for (size_t k = 0; k < n; k++) {
         CUresult rc = vmh_ctx_sync_device(devices[k]);
@@ -613,22 +748,23 @@ void vmh_contexts_after_fork_child(void)
 #ifdef VMH_TESTING
 void vmh_contexts_reset(void)
 {
-    lock(&ctx_lock);
+    lock(&ctx_lock, VMH_RANK_CONTEXTS);
     assert(ctx_count == 0 || ctx_recs != NULL);
     for (size_t i = 0; i < ctx_count; i++)
         assert(ctx_recs[i].waits == 0);
     ctx_count = 0;
     atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
-    pthread_mutex_unlock(&ctx_lock);
-    lock(&gate_lock);
+    vmh_unlock(&ctx_lock);
+    lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     assert(gate_syncs == 0 && gate_begins == 0); /* no test leaves one behind */
-    pthread_mutex_unlock(&gate_lock);
-    lock(&cap_lock);
+    vmh_unlock(&gate_lock);
+    lock(&cap_lock, VMH_RANK_CAPTURES);
     atomic_store_explicit(&cap_count, 0, memory_order_release);
     atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
-    pthread_mutex_unlock(&cap_lock);
+    vmh_unlock(&cap_lock);
     tl_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
     tl_current.generation = 0;
+    atomic_flag_clear(&leave_failure_logged);
     atomic_store(&work_split, false);
     atomic_store(&work_split_unwaited, false);
     atomic_store(&work_reused, false);
@@ -637,9 +773,9 @@ void vmh_contexts_reset(void)
 
 unsigned vmh_capture_begins_pending(void)
 {
-    lock(&gate_lock);
+    lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     unsigned n = gate_begins;
-    pthread_mutex_unlock(&gate_lock);
+    vmh_unlock(&gate_lock);
     return n;
 }
 #endif

@@ -10,9 +10,10 @@
  * CONTRACT: interpose_ctx.c / contexts.c implement it; the heap's reclaim layer
  * consumes it. Change a signature only together with both sides.
  *
- * The library's own driver calls (vmh_drv) are never the interposed ones: a layer that makes a
- * context current or retains one through the table for its own use restores it (push/pop) or
- * reports it itself (vmh_ctx_seen).
+ * The library's own driver calls (vmh_drv) are never the interposed ones, so no report follows
+ * them: a layer that needs a context current for its own calls enters it through a scope of this
+ * file (vmh_ctx_enter, below), which restores the thread's context when it is left, and a
+ * context the library retains for itself comes from here too (vmh_ctx_of_device).
  */
 #ifndef VMH_CONTEXTS_H
 #define VMH_CONTEXTS_H
@@ -87,6 +88,45 @@ bool vmh_capture_any(void);
  * returned (the first one), after the other contexts were waited for. The calling thread's current context is
  * learnt here if no report named it. The caller counts its waits (VMH_STAT_syncs). */
 CUresult vmh_ctx_sync_device(int device);
+
+/* --- the library's own use of a context ---
+ *
+ * A scope makes a context current on the calling thread for the library's own driver calls (a
+ * synchronize, a copy, a host registration, asking a context's device) and restores the thread's
+ * context when it is left. Scopes nest and are left in reverse order of their enter, on the
+ * thread that entered them (checked in witness builds). */
+typedef struct vmh_ctx_scope {
+    CUcontext ctx;    /* the context entered (NULL: an empty scope; leaving it does nothing) */
+    CUcontext outer;  /* the thread's current context as known before the enter (NULL: unknown) */
+    bool pushed;      /* the enter pushed ctx: the leave pops it */
+    CUdevice primary; /* >= 0: the enter retained this device's primary context for the scope */
+    unsigned depth;   /* the thread's open scopes, this one included (they are left in order) */
+} vmh_ctx_scope_t;
+
+/* Makes ctx current on the calling thread until vmh_ctx_leave(scope). No driver call when ctx is
+ * already current as far as the library knows without asking (the thread's cached context,
+ * contexts.h's vmh_ctx_current, or the context of an open scope); otherwise cuCtxPushCurrent.
+ * On failure the driver's code is returned, nothing was pushed and the scope is empty. */
+CUresult vmh_ctx_enter(CUcontext ctx, vmh_ctx_scope_t *scope);
+
+/* Enters the context the library uses for `device` (vmh_ctx_of_device): the calling thread's
+ * current context when it is that device's (no push), else the device's primary context,
+ * retained for the scope and released when it is left. */
+CUresult vmh_ctx_enter_device(int device, vmh_ctx_scope_t *scope);
+
+/* Restores what the enter changed: pops the context it pushed, releases the primary context it
+ * retained. A failure is returned (the first one) and logged, once per process (what a failed
+ * pop leaves current is unknown: the thread's cached context is asked for again, and the
+ * enclosing scopes push again whatever they enter). The scope is empty afterwards. */
+CUresult vmh_ctx_leave(vmh_ctx_scope_t *scope);
+
+/* The context the library serves `device` in: the calling thread's current context when it is
+ * that device's (asked of the driver), else the device's primary context, retained: a reference
+ * the caller keeps for as long as it uses the context (the heap, for the process's life). */
+CUresult vmh_ctx_of_device(int device, CUcontext *ctx);
+
+/* The device of ctx (the driver's answer, asked with ctx entered for the call). */
+CUresult vmh_ctx_device_of(CUcontext ctx, int *device);
 
 /* --- the order of the program's work ---
  *

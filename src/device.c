@@ -9,6 +9,7 @@
 #include "stats.h"
 #include "tags.h"
 #include "testable.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -368,9 +369,9 @@ vmh_owner_t *vmh_owner_lock(CUdeviceptr p)
     vmh_owner_t *o = vmh_registry_get(p);
     if (!o || !o->lock)
         return NULL;
-    pthread_mutex_lock(o->lock);
+    vmh_lock(o->lock, VMH_RANK_OWNER);
     if (vmh_registry_get(p) != o) { /* released meanwhile */
-        pthread_mutex_unlock(o->lock);
+        vmh_unlock(o->lock);
         return NULL;
     }
     return o;
@@ -378,5 +379,5 @@ vmh_owner_t *vmh_owner_lock(CUdeviceptr p)
 
 void vmh_owner_unlock(vmh_owner_t *o)
 {
-    pthread_mutex_unlock(o->lock);
+    vmh_unlock(o->lock);
 }

@@ -5,6 +5,7 @@
 
 #include "log.h"
 #include "stats.h"
+#include "witness.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -27,6 +28,9 @@ typedef CUresult (*getproc_v1_fn)(const char *symbol, void **pfn, int cudaVersio
 
 const vmh_driver_t *vmh_driver_call(void)
 {
+#ifdef VMH_WITNESS
+    vmh_witness_driver_call(); /* none under the heap's locks (witness.h) */
+#endif
     vmh_count(VMH_STAT_driver_calls, 1);
     if (vmh_stats_background_thread)
         vmh_count(VMH_STAT_driver_calls_background, 1);

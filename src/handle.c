@@ -5,6 +5,7 @@
 #include "driver.h"
 #include "log.h"
 #include "stats.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -156,25 +157,25 @@ static int access_for(const vmh_alloc_t *a, CUmemAccessDesc *out)
 
 static void maps_link(vmh_map_t *m)
 {
-    pthread_mutex_lock(&maps_lock);
+    vmh_lock(&maps_lock, VMH_RANK_MAPS);
     m->prev = NULL;
     m->next = maps;
     if (maps)
         maps->prev = m;
     maps = m;
-    pthread_mutex_unlock(&maps_lock);
+    vmh_unlock(&maps_lock);
 }
 
 static void maps_unlink(vmh_map_t *m)
 {
-    pthread_mutex_lock(&maps_lock);
+    vmh_lock(&maps_lock, VMH_RANK_MAPS);
     if (m->prev)
         m->prev->next = m->next;
     else
         maps = m->next;
     if (m->next)
         m->next->prev = m->prev;
-    pthread_mutex_unlock(&maps_lock);
+    vmh_unlock(&maps_lock);
 }
 
 CUresult vmh_access_set_peer(int owner, int peer, bool grant)
@@ -188,27 +189,27 @@ CUresult vmh_access_set_peer(int owner, int peer, bool grant)
     desc.location.id = peer;
     desc.flags = grant ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
     CUresult rc = CUDA_SUCCESS;
-    pthread_rwlock_wrlock(&access_lock);
+    vmh_wrlock(&access_lock, VMH_RANK_ACCESS);
     if (grant)
         granted[owner] |= 1ull << peer;
     else
         granted[owner] &= ~(1ull << peer);
     /* A rare call that must reach every mapping at once: the list stays locked across the
      * driver calls, so no mapping goes meanwhile (none is made: access_lock). */
-    pthread_mutex_lock(&maps_lock);
+    vmh_lock(&maps_lock, VMH_RANK_MAPS);
     for (vmh_map_t *m = maps; m && rc == CUDA_SUCCESS; m = m->next)
         if (m->alloc->device == owner)
             rc = CALL(vmh_drv.cuMemSetAccess(m->ptr, m->size, &desc, 1));
-    pthread_mutex_unlock(&maps_lock);
-    pthread_rwlock_unlock(&access_lock);
+    vmh_unlock(&maps_lock);
+    vmh_rwunlock(&access_lock);
     return rc;
 }
 
 void vmh_access_reset(void)
 {
-    pthread_rwlock_wrlock(&access_lock);
+    vmh_wrlock(&access_lock, VMH_RANK_ACCESS);
     memset(granted, 0, sizeof granted);
-    pthread_rwlock_unlock(&access_lock);
+    vmh_rwunlock(&access_lock);
 }
 
 /* ---- mappings ---------------------------------------------------------------------------- */
@@ -224,10 +225,10 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
     vmh_map_t *m = calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_rwlock_rdlock(&access_lock);
+    vmh_rdlock(&access_lock, VMH_RANK_ACCESS);
     CUresult rc = CALL(vmh_drv.cuMemMap(ptr, alloc->size, 0, alloc->handle, 0));
     if (rc != CUDA_SUCCESS) {
-        pthread_rwlock_unlock(&access_lock);
+        vmh_rwunlock(&access_lock);
         free(m);
         return rc;
     }
@@ -238,7 +239,7 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
     if (nacc) {
         rc = CALL(vmh_drv.cuMemSetAccess(ptr, alloc->size, acc, (size_t)nacc));
         if (rc != CUDA_SUCCESS) {
-            pthread_rwlock_unlock(&access_lock);
+            vmh_rwunlock(&access_lock);
                 CUresult urc = CALL(vmh_drv.cuMemUnmap(ptr, alloc->size));
             if (urc != CUDA_SUCCESS)
                 vmh_handle_report_failure("cuMemUnmap", urc);
@@ -252,7 +253,7 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
     m->alloc = vmh_alloc_ref(alloc);
     m->resv = vmh_resv_ref(resv);
     maps_link(m);
-    pthread_rwlock_unlock(&access_lock);
+    vmh_rwunlock(&access_lock);
     vmh_gauge_add(alloc->host ? VMH_STAT_bytes_spilled : VMH_STAT_bytes_mapped, (int64_t)m->size);
     *out = m;
     return CUDA_SUCCESS;

@@ -11,9 +11,9 @@
  * Owners (big buffers, extents) are recycled per device and never freed while the process runs,
  * which is what lets registry readers go without a lock (registry.h).
  *
- * Lock order: reclaim's wait lock, then a big-buffer set's or a shard's lock (never both, never
- * two shards), then cache's lock or reclaim's queue lock. Nothing waits for the GPU with a
- * lock of the heap held. No driver call is made under these locks.
+ * Lock order: witness.h's ranks (checked in debug and sanitizer builds). Nothing waits for the
+ * GPU with a lock of the heap held; no driver call is made under the owners', cache's or
+ * reclaim's queue locks.
  */
 #include "heap.h"
 
@@ -29,6 +29,7 @@
 #include "registry.h"
 #include "stats.h"
 #include "tags.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -128,11 +129,11 @@ static bool running(void)
 static void dev_tidy(vmh_dev_t *d)
 {
     hdev_t *h = hdev_of(d);
-    if (!running() || pthread_mutex_trylock(&h->tidy_lock) != 0)
+    if (!running() || vmh_trylock(&h->tidy_lock, VMH_RANK_TIDY) != 0)
         return;
     uint64_t now = vmh_now_ns();
     if (now - h->tidy_ns < TIDY_EVERY_NS) {
-        pthread_mutex_unlock(&h->tidy_lock);
+        vmh_unlock(&h->tidy_lock);
         return;
     }
     h->tidy_ns = now;
@@ -157,7 +158,7 @@ static void dev_tidy(vmh_dev_t *d)
         if (given)
             vmh_count(VMH_STAT_tidy_bytes, given);
     }
-    pthread_mutex_unlock(&h->tidy_lock);
+    vmh_unlock(&h->tidy_lock);
 }
 
 #ifdef VMH_TESTING
@@ -172,11 +173,11 @@ void vmh_heap_tidy_now(int device, bool new_window)
 {
     hdev_t *h = atomic_load_explicit(&devs[device], memory_order_acquire);
     assert(h);
-    pthread_mutex_lock(&h->tidy_lock);
+    vmh_lock(&h->tidy_lock, VMH_RANK_TIDY);
     h->tidy_ns -= TIDY_EVERY_NS;
     if (new_window)
         h->window_ns -= TIDY_WINDOW_NS;
-    pthread_mutex_unlock(&h->tidy_lock);
+    vmh_unlock(&h->tidy_lock);
     dev_tidy(&h->dev);
 }
 #endif
@@ -222,14 +223,14 @@ static CUresult dev_by_ordinal(int ordinal, CUcontext ctx, hdev_t **out)
     hdev_t *h = atomic_load_explicit(&devs[ordinal], memory_order_acquire);
     CUresult rc = CUDA_SUCCESS;
     if (!h) {
-        pthread_mutex_lock(&devs_lock);
+        vmh_lock(&devs_lock, VMH_RANK_DEVICES);
         h = atomic_load_explicit(&devs[ordinal], memory_order_acquire);
         if (!h) {
             rc = hdev_new(ordinal, ctx, &h);
             if (rc == CUDA_SUCCESS)
                 atomic_store_explicit(&devs[ordinal], h, memory_order_release);
         }
-        pthread_mutex_unlock(&devs_lock);
+        vmh_unlock(&devs_lock);
     }
     *out = h;
     if (rc == CUDA_SUCCESS && h->dev.unsupported)
@@ -276,7 +277,7 @@ static tagpart_t *part_get(hdev_t *h, unsigned tag)
     tagpart_t *p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
     if (p)
         return p;
-    pthread_mutex_lock(&parts_lock);
+    vmh_lock(&parts_lock, VMH_RANK_PARTS);
     p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
     if (!p && (p = calloc(1, sizeof *p))) {
         p->tag = tag;
@@ -293,7 +294,7 @@ static tagpart_t *part_get(hdev_t *h, unsigned tag)
             atomic_store_explicit(&h->part[tag], p, memory_order_release);
         }
     }
-    pthread_mutex_unlock(&parts_lock);
+    vmh_unlock(&parts_lock);
     return p;
 }
 
@@ -379,15 +380,9 @@ CUresult vmh_heap_alloc_on(int device, size_t size, CUdeviceptr *out)
     hdev_t *h = atomic_load_explicit(&devs[device], memory_order_acquire);
     if (!h) {
         /* The device's state needs a context to wait on later: the current one when it is
-         * this device's, else the device's primary context. */
+         * this device's, else the device's primary context (kept retained). */
         CUcontext ctx = NULL;
-        CUdevice cur = -1, dev;
-        if (vmh_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
-            vmh_drv.cuCtxGetDevice(&cur) != CUDA_SUCCESS || cur != device) {
-            rc = vmh_drv.cuDeviceGet(&dev, device);
-            if (rc == CUDA_SUCCESS)
-                rc = vmh_drv.cuDevicePrimaryCtxRetain(&ctx, dev);
-        }
+        rc = vmh_ctx_of_device(device, &ctx);
         if (rc == CUDA_SUCCESS)
             rc = dev_by_ordinal(device, ctx, &h);
     } else if (h->dev.unsupported) {
@@ -438,10 +433,12 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     /* Freed memory reused at once while the program's work runs in one queue (contexts.h:
      * the note, then the look, in that order, so that the rule's end covers this free). */
     bool at_once = settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
+    vmh_paused_t *gone = NULL;
     CUresult rc = o->kind == VMH_OWN_EXTENT
                       ? vmh_packing_park_locked((vmh_ext_t *)o, p, at_once, &req)
-                      : vmh_bigbuf_park_locked((vmh_big_t *)o, p, &req);
+                      : vmh_bigbuf_park_locked((vmh_big_t *)o, p, &req, &gone);
     vmh_owner_unlock(o);
+    vmh_paused_destroy(gone); /* a paused buffer's addresses: no driver call under the lock */
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_count(VMH_STAT_served_frees, 1);
@@ -852,7 +849,7 @@ bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out)
 
 void vmh_heap_tag_freeze(unsigned tag, bool frozen)
 {
-    pthread_mutex_lock(&parts_lock);
+    vmh_lock(&parts_lock, VMH_RANK_PARTS);
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         hdev_t *h = atomic_load_explicit(&devs[i], memory_order_acquire);
         tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
@@ -861,7 +858,7 @@ void vmh_heap_tag_freeze(unsigned tag, bool frozen)
             atomic_store(&p->pack.frozen, frozen);
         }
     }
-    pthread_mutex_unlock(&parts_lock);
+    vmh_unlock(&parts_lock);
 }
 
 void vmh_heap_forked_child(void)

@@ -6,6 +6,7 @@
 #include "ipc_listener.h"
 #include "ipc_wire.h"
 
+#include "contexts.h"
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
@@ -124,17 +125,11 @@ CUresult vmh_ipc_open(const CUipcMemHandle *hp, unsigned int flags, CUdeviceptr 
 
 CUresult vmh_ipc_peer_changed(CUcontext peer, bool grant)
 {
-    CUdevice cur, owner;
+    CUdevice cur;
+    int owner;
     CUresult rc = CALL(vmh_drv.cuCtxGetDevice(&cur));
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    /* The peer context's device: asked with the context made current for a moment. */
-    rc = CALL(vmh_drv.cuCtxPushCurrent(peer));
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = CALL(vmh_drv.cuCtxGetDevice(&owner));
-    CUcontext popped;
-    CALL(vmh_drv.cuCtxPopCurrent(&popped));
+    if (rc == CUDA_SUCCESS)
+        rc = vmh_ctx_device_of(peer, &owner);
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_debug("peer access %s: device %d %s every served buffer of device %d",

@@ -12,10 +12,12 @@
  */
 #include "ipc_export.h"
 
+#include "contexts.h"
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
 #include "stats.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -42,21 +44,21 @@ static bool table_shut; /* lifetime.c said exit began: no more driver calls from
  * the lock means no driver call of the table is in flight once the flag is set. */
 void vmh_ipc_export_shutdown(void)
 {
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     table_shut = true;
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
 }
 
 /* fork (lifetime.c's handlers): the child must not inherit table_lock held by the listener (it
  * prunes every second and exports under it). */
 void vmh_ipc_export_prefork(void)
 {
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
 }
 
 void vmh_ipc_export_postfork(void)
 {
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
 }
 
 /* The heap's answer: the buffer exported at ex->base has not been freed since (its export
@@ -91,9 +93,9 @@ static size_t prune_locked(void)
 
 size_t vmh_ipc_prune(void)
 {
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     size_t n = prune_locked();
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
     return n;
 }
 
@@ -111,7 +113,7 @@ static bool same_export(const vmh_export_t *a, const vmh_export_t *b)
 
 CUresult vmh_ipc_export_record(vmh_export_t *ex, CUcontext ctx, vmh_ipc_token_t *token)
 {
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     CUresult rc = CUDA_SUCCESS;
     if (table_shut) {
         rc = CUDA_ERROR_DEINITIALIZED;
@@ -143,7 +145,7 @@ CUresult vmh_ipc_export_record(vmh_export_t *ex, CUcontext ctx, vmh_ipc_token_t 
     }
     exports[nexports++] = (export_entry_t){.token = *token, .ex = *ex, .ctx = ctx};
 out:
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
     return rc;
 }
 
@@ -153,7 +155,7 @@ vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t 
     memset(ex, 0, sizeof *ex);
     *ctx = NULL;
     *driver_rc = 0;
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     vmh_ipc_status_t st = VMH_IPC_UNKNOWN_EXPORT;
     export_entry_t *e = NULL;
     for (size_t i = 0; i < nexports; i++) /* every entry compared: no early exit to time */
@@ -178,7 +180,7 @@ vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t 
             st = VMH_IPC_OK;
         }
     }
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
     return st;
 }
 
@@ -188,24 +190,28 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
                             int *fds)
 {
     assert(count <= VMH_IPC_BATCH && first + count <= ex->nchunks);
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     CUresult rc = table_shut ? CUDA_ERROR_DEINITIALIZED : CUDA_SUCCESS;
     size_t done = 0;
     while (rc == CUDA_SUCCESS && done < count) {
         CUmemGenericAllocationHandle h = ex->chunks[first + done]->handle;
         rc = CALL(vmh_drv.cuMemExportToShareableHandle(
             &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-        if (rc == CUDA_ERROR_INVALID_CONTEXT && ctx &&
-            CALL(vmh_drv.cuCtxPushCurrent(ctx)) == CUDA_SUCCESS) {
+        vmh_ctx_scope_t scope;
+        if (rc == CUDA_ERROR_INVALID_CONTEXT && ctx && vmh_ctx_enter(ctx, &scope) == CUDA_SUCCESS) {
             rc = CALL(vmh_drv.cuMemExportToShareableHandle(
                 &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-            CUcontext popped;
-            CALL(vmh_drv.cuCtxPopCurrent(&popped));
+            /* The program's thread keeps the context it had, or the export fails. */
+            CUresult left = vmh_ctx_leave(&scope);
+            if (rc == CUDA_SUCCESS && left != CUDA_SUCCESS) {
+                close(fds[done]);
+                rc = left;
+            }
         }
         if (rc == CUDA_SUCCESS)
             done++;
     }
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
     if (rc != CUDA_SUCCESS)
         for (size_t i = 0; i < done; i++)
             close(fds[i]);
@@ -218,31 +224,31 @@ void vmh_ipc_export_untake(vmh_export_t *ex)
         return;
     vmh_export_t described = *ex;
     described.chunks = NULL;
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     if (!table_shut)
         vmh_heap_export_release(ex);
     else
         free(ex->chunks);
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
     *ex = described;
 }
 
 #ifdef VMH_TESTING
 void vmh_ipc_export_reset(void)
 {
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     for (size_t i = 0; i < nexports; i++)
         vmh_heap_export_release(&exports[i].ex);
     nexports = 0;
     table_shut = false;
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
 }
 
 size_t vmh_ipc_export_count(void)
 {
-    pthread_mutex_lock(&table_lock);
+    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     size_t n = nexports;
-    pthread_mutex_unlock(&table_lock);
+    vmh_unlock(&table_lock);
     return n;
 }
 #endif

@@ -14,6 +14,7 @@
 #include "range.h"
 #include "stats.h"
 #include "testable.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -61,12 +62,12 @@ static atomic_size_t nimports_atomic; /* lock-free "none" for every cuIpcCloseMe
 /* fork (lifetime.c's handlers): the child must not inherit imp_lock held by another thread. */
 void vmh_ipc_import_prefork(void)
 {
-    pthread_mutex_lock(&imp_lock);
+    vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
 }
 
 void vmh_ipc_import_postfork(void)
 {
-    pthread_mutex_unlock(&imp_lock);
+    vmh_unlock(&imp_lock);
 }
 
 /* The same handle opened again in the same context: one more reference, the same pointer (as
@@ -264,9 +265,9 @@ static CUresult fetch_chunks(const vmh_ipc_handle_t *h, int device, vmh_ipc_repl
 
 CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *out)
 {
-    pthread_mutex_lock(&imp_lock);
+    vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
     bool reused = import_reuse_locked(h, ctx, out);
-    pthread_mutex_unlock(&imp_lock);
+    vmh_unlock(&imp_lock);
     if (reused)
         return CUDA_SUCCESS;
 
@@ -302,10 +303,10 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
     }
 
     CUdeviceptr ptr = range->base + rep.offset;
-    pthread_mutex_lock(&imp_lock);
+    vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
     if (import_reuse_locked(h, ctx, out)) {
         /* Another thread opened the same handle meanwhile: keep its mapping. */
-        pthread_mutex_unlock(&imp_lock);
+        vmh_unlock(&imp_lock);
         vmh_range_destroy(range);
         return CUDA_SUCCESS;
     }
@@ -313,7 +314,7 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
         size_t cap = imports_cap ? 2 * imports_cap : 16;
         import_entry_t *grown = realloc(imports, cap * sizeof *grown);
         if (!grown) {
-            pthread_mutex_unlock(&imp_lock);
+            vmh_unlock(&imp_lock);
             vmh_range_destroy(range);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -330,7 +331,7 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
                                            .size = rep.size,
                                            .refs = 1};
     atomic_store(&nimports_atomic, nimports);
-    pthread_mutex_unlock(&imp_lock);
+    vmh_unlock(&imp_lock);
     vmh_debug("CUDA IPC: opened an export of pid %u: %llu bytes in %zu chunk(s) at 0x%llx",
               h->pid, (unsigned long long)rep.size, n, (unsigned long long)ptr);
     *out = ptr;
@@ -369,19 +370,19 @@ CUresult vmh_ipc_close(CUdeviceptr p)
 {
     if (atomic_load_explicit(&nimports_atomic, memory_order_relaxed) == 0)
         return CUDA_ERROR_NOT_FOUND;
-    pthread_mutex_lock(&imp_lock);
+    vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
     import_entry_t *e = import_find_locked(p);
     if (e == NULL) {
-        pthread_mutex_unlock(&imp_lock);
+        vmh_unlock(&imp_lock);
         return CUDA_ERROR_NOT_FOUND;
     }
     if (e->refs > 1) {
         e->refs--;
-        pthread_mutex_unlock(&imp_lock);
+        vmh_unlock(&imp_lock);
         return CUDA_SUCCESS;
     }
     int device = e->device;
-    pthread_mutex_unlock(&imp_lock);
+    vmh_unlock(&imp_lock);
     /* The last reference: wait (without the lock) before anything changes, so that a close
      * refused during a capture leaves the import open, to be closed after the capture. At exit
      * the driver may be gone: the mapping is forgotten (the process ends with it). */
@@ -393,21 +394,21 @@ CUresult vmh_ipc_close(CUdeviceptr p)
     }
     /* Another thread may have opened it again (one more reference: it stays) or closed it
      * (a double close, as natively an error) meanwhile. */
-    pthread_mutex_lock(&imp_lock);
+    vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
     e = import_find_locked(p);
     if (e == NULL) {
-        pthread_mutex_unlock(&imp_lock);
+        vmh_unlock(&imp_lock);
         return CUDA_ERROR_NOT_FOUND;
     }
     if (e->refs > 1) {
         e->refs--;
-        pthread_mutex_unlock(&imp_lock);
+        vmh_unlock(&imp_lock);
         return CUDA_SUCCESS;
     }
     vmh_range_t *range = e->range;
     *e = imports[--nimports];
     atomic_store(&nimports_atomic, nimports);
-    pthread_mutex_unlock(&imp_lock);
+    vmh_unlock(&imp_lock);
     if (ready)
         vmh_range_destroy(range);
     return CUDA_SUCCESS;
@@ -418,13 +419,13 @@ CUresult vmh_ipc_close(CUdeviceptr p)
 #ifdef VMH_TESTING
 void vmh_ipc_import_reset(void)
 {
-    pthread_mutex_lock(&imp_lock);
+    vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
     import_entry_t *all = imports;
     size_t n = nimports;
     imports = NULL;
     nimports = imports_cap = 0;
     atomic_store(&nimports_atomic, 0);
-    pthread_mutex_unlock(&imp_lock);
+    vmh_unlock(&imp_lock);
     for (size_t i = 0; i < n; i++)
         vmh_range_destroy(all[i].range);
     free(all);
@@ -432,9 +433,9 @@ void vmh_ipc_import_reset(void)
 
 size_t vmh_ipc_import_count(void)
 {
-    pthread_mutex_lock(&imp_lock);
+    vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
     size_t n = nimports;
-    pthread_mutex_unlock(&imp_lock);
+    vmh_unlock(&imp_lock);
     return n;
 }
 #endif

@@ -12,6 +12,7 @@
 
 #include "log.h"
 #include "testable.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -63,12 +64,12 @@ void vmh_ipc_listener_shutdown(void)
  * starting the listener. */
 void vmh_ipc_listener_prefork(void)
 {
-    pthread_mutex_lock(&listen_lock);
+    vmh_lock(&listen_lock, VMH_RANK_IPC_LISTENER);
 }
 
 void vmh_ipc_listener_postfork(void)
 {
-    pthread_mutex_unlock(&listen_lock);
+    vmh_unlock(&listen_lock);
 }
 
 /* ---- one connection ------------------------------------------------------------------------ */
@@ -458,20 +459,20 @@ static CUresult start_locked(void)
 
 CUresult vmh_ipc_listener_start(uint32_t *pid, uint64_t *socket_token)
 {
-    pthread_mutex_lock(&listen_lock);
+    vmh_lock(&listen_lock, VMH_RANK_IPC_LISTENER);
     CUresult rc = start_locked();
     *pid = own_pid;
     *socket_token = own_token;
-    pthread_mutex_unlock(&listen_lock);
+    vmh_unlock(&listen_lock);
     return rc;
 }
 
 bool vmh_ipc_listener_is_own(uint32_t pid, uint64_t socket_token)
 {
-    pthread_mutex_lock(&listen_lock);
+    vmh_lock(&listen_lock, VMH_RANK_IPC_LISTENER);
     bool own = listening && pid == (uint32_t)getpid() && own_pid == pid &&
                socket_token == own_token;
-    pthread_mutex_unlock(&listen_lock);
+    vmh_unlock(&listen_lock);
     return own;
 }
 
@@ -480,13 +481,13 @@ bool vmh_ipc_listener_is_own(uint32_t pid, uint64_t socket_token)
 #ifdef VMH_TESTING
 void vmh_ipc_listener_stop(void)
 {
-    pthread_mutex_lock(&listen_lock);
+    vmh_lock(&listen_lock, VMH_RANK_IPC_LISTENER);
     listener_t *l = listening && own_pid == (uint32_t)getpid() ? listener : NULL;
     listener = NULL;
     listening = false;
     own_pid = 0;
     own_token = 0;
-    pthread_mutex_unlock(&listen_lock);
+    vmh_unlock(&listen_lock);
     if (l) {
         atomic_store(&listener_stop, true);
         uint64_t one = 1;
@@ -504,9 +505,9 @@ void vmh_ipc_listener_stop(void)
 
 bool vmh_ipc_listening(void)
 {
-    pthread_mutex_lock(&listen_lock);
+    vmh_lock(&listen_lock, VMH_RANK_IPC_LISTENER);
     bool l = listening && own_pid == (uint32_t)getpid();
-    pthread_mutex_unlock(&listen_lock);
+    vmh_unlock(&listen_lock);
     return l;
 }
 #endif

@@ -5,6 +5,7 @@
 #include "log.h"
 #include "staging.h"
 #include "testable.h"
+#include "witness.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -137,14 +138,14 @@ CUresult vmh_overflow_chunk(const vmh_dev_t *d, size_t size, vmh_alloc_t **out)
     if (s == HOST_UNSUPPORTED)
         return CUDA_ERROR_NOT_SUPPORTED;
     char why[200];
-    pthread_mutex_lock(&spill_lock);
+    vmh_lock(&spill_lock, VMH_RANK_SPILL);
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (budget_allows(size, why, sizeof why))
         rc = create(d, size, s, out);
     else if (!atomic_flag_test_and_set(&said_budget))
         vmh_log("VMMHOOK_OVERFLOW=host: an allocation of %zu bytes on device %d does not spill: "
                 "%s; it fails with out of memory (said once)", size, d->ordinal, why);
-    pthread_mutex_unlock(&spill_lock);
+    vmh_unlock(&spill_lock);
     if (rc == CUDA_SUCCESS && !atomic_flag_test_and_set(&said_first_spill))
         vmh_log("device %d is full: an allocation of %zu bytes is served from host memory "
                 "(VMMHOOK_OVERFLOW=host; slower to reach from kernels, moved back by "

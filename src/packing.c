@@ -3,6 +3,7 @@
 
 #include "registry.h"
 #include "stats.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -69,14 +70,14 @@ static size_t shard_release(vmh_parked_t *item, uint64_t passed)
 {
     vmh_shard_t *s = (vmh_shard_t *)((char *)item - offsetof(vmh_shard_t, parked_item));
     assert(&s->parked_item == item && s->pack);
-    pthread_mutex_lock(&s->lock);
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
     size_t before = parked_bytes_locked(s);
     vmh_arena_unpark_upto(s->arena, passed);
     vmh_ext_t *retired = unlink_empty_locked(s, EMPTY_RETIRED);
     shard_note(s);
     size_t released = before - parked_bytes_locked(s);
     bool left = vmh_arena_parked(s->arena) != 0;
-    pthread_mutex_unlock(&s->lock);
+    vmh_unlock(&s->lock);
     if (retired)
         extents_destroy(s, retired);
     if (left && passed != UINT64_MAX)
@@ -125,21 +126,21 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
      * unused. */
     size_t share = atomic_load_explicit(&d->live_usable, memory_order_relaxed) / EXTENT_SHARE;
     share -= share % d->gran;
-    pthread_mutex_lock(&s->lock);
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
     size_t next = s->extent_next < share ? s->extent_next : share;
     if (want <= next / EXTENT_FIT) {
         want = next;
         if (s->extent_next < EXTENT_MAX && s->extent_next <= share)
             s->extent_next *= 2;
     }
-    pthread_mutex_unlock(&s->lock);
+    vmh_unlock(&s->lock);
 
     vmh_range_t *r;
     CUresult rc = vmh_dev_range_new(d, want, want, &r, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
     const size_t mapped = r->size;
-    pthread_mutex_lock(&s->lock);
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
     vmh_ext_t *e = s->spare;
     if (e) {
         s->spare = e->next;
@@ -175,7 +176,7 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
             e->next = s->spare;
             s->spare = e;
         }
-        pthread_mutex_unlock(&s->lock);
+        vmh_unlock(&s->lock);
         vmh_range_destroy(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -185,7 +186,7 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
         s->exts->prev = e;
     s->exts = e;
     shard_note(s);
-    pthread_mutex_unlock(&s->lock);
+    vmh_unlock(&s->lock);
 #ifdef VMH_TESTING
     if (vmh_packing_test_extent_published)
         vmh_packing_test_extent_published();
@@ -201,10 +202,10 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
 static int shard_alloc(vmh_shard_t *s, size_t size, bool try, CUdeviceptr *out)
 {
     if (try) {
-        if (pthread_mutex_trylock(&s->lock) != 0)
+        if (vmh_trylock(&s->lock, VMH_RANK_OWNER) != 0)
             return EBUSY;
     } else {
-        pthread_mutex_lock(&s->lock);
+        vmh_lock(&s->lock, VMH_RANK_OWNER);
     }
     uintptr_t p;
     int rc = atomic_load(&s->pack->frozen) ? ENOMEM : vmh_arena_alloc(s->arena, size, &p);
@@ -212,7 +213,7 @@ static int shard_alloc(vmh_shard_t *s, size_t size, bool try, CUdeviceptr *out)
         *out = p;
         shard_note(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    vmh_unlock(&s->lock);
     return rc == 0 ? 0 : ENOMEM;
 }
 
@@ -299,6 +300,7 @@ static vmh_packed_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
 CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req)
 {
     vmh_shard_t *s = e->shard;
+    vmh_assert_held(&s->lock);
     vmh_packing_t *pk = s->pack;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
@@ -497,10 +499,10 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
         last = e;
     }
     /* A registry reader may still hold one of these records: keep them (type-stable). */
-    pthread_mutex_lock(&s->lock);
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
     last->next = s->spare;
     s->spare = list;
-    pthread_mutex_unlock(&s->lock);
+    vmh_unlock(&s->lock);
     return bytes;
 }
 
@@ -511,10 +513,10 @@ static size_t trim_kind(vmh_packing_t *pk, empty_kind_t kind, size_t *budget)
     size_t bytes = 0;
     for (int i = 0; i < VMH_SHARDS && (!budget || *budget > 0); i++) {
         vmh_shard_t *s = &pk->shards[i];
-        pthread_mutex_lock(&s->lock);
+        vmh_lock(&s->lock, VMH_RANK_OWNER);
         vmh_ext_t *empty = unlink_empty_upto_locked(s, kind, budget);
         shard_note(s);
-        pthread_mutex_unlock(&s->lock);
+        vmh_unlock(&s->lock);
         if (empty)
             bytes += extents_destroy(s, empty);
     }
@@ -541,7 +543,7 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)
     CUresult rc = CUDA_SUCCESS;
     for (int i = 0; i < VMH_SHARDS && rc == CUDA_SUCCESS; i++) {
         vmh_shard_t *s = &pk->shards[i];
-        pthread_mutex_lock(&s->lock);
+        vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
         for (vmh_ext_t *e = s->exts; e && rc == CUDA_SUCCESS; e = e->next) {
             /* A retired extent holds a freed exported block: another process may map it. */
             bool exported = vmh_extent_retired(e->extent);
@@ -551,7 +553,7 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)
             rc = fn(&e->range, &e->paused, exported, arg);
             assert(!e->range != !e->paused);
         }
-        pthread_mutex_unlock(&s->lock);
+        vmh_unlock(&s->lock);
     }
     return rc;
 }
@@ -567,9 +569,9 @@ size_t vmh_packing_idle_bytes(vmh_packing_t *pk)
 {
     size_t idle = 0;
     for (int i = 0; i < VMH_SHARDS; i++) {
-        pthread_mutex_lock(&pk->shards[i].lock);
+        vmh_lock(&pk->shards[i].lock, VMH_RANK_OWNER);
         idle += vmh_arena_unused_extent_bytes(pk->shards[i].arena, ext_holds_memory);
-        pthread_mutex_unlock(&pk->shards[i].lock);
+        vmh_unlock(&pk->shards[i].lock);
     }
     return idle;
 }
@@ -578,9 +580,9 @@ void vmh_packing_for_each_live(vmh_packing_t *pk, void (*cb)(const vmh_block_inf
                                void *arg)
 {
     for (int k = 0; k < VMH_SHARDS; k++) {
-        pthread_mutex_lock(&pk->shards[k].lock);
+        vmh_lock(&pk->shards[k].lock, VMH_RANK_OWNER);
         vmh_arena_for_each_live(pk->shards[k].arena, cb, arg);
-        pthread_mutex_unlock(&pk->shards[k].lock);
+        vmh_unlock(&pk->shards[k].lock);
     }
 }
 

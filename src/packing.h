@@ -14,8 +14,9 @@
  * whose release unparks the shard's blocks up to the generation passed and gives back the
  * retired extents that this empties.
  *
- * Lock order: the reclaim wait lock, then one shard lock, then the reclaim queue lock. A thread
- * never holds two shard locks at once. No driver call under a shard lock.
+ * Lock order (witness.h, OWNER): the reclaim wait lock, then one shard lock, then the reclaim
+ * queue lock; never two shard locks at once; no driver call under a shard lock but pause.c's
+ * visit (OWNER_VISIT).
  */
 #ifndef VMH_PACKING_H
 #define VMH_PACKING_H

@@ -35,6 +35,7 @@
 #include "reclaim.h"
 #include "staging.h"
 #include "tags.h"
+#include "witness.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -208,7 +209,8 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
         if (!vmh_heap_tag_parts(dev, tag, &parts))
             continue;
         j->dev = parts.dev;
-        CUresult rc = with_context ? vmh_drv.cuCtxPushCurrent(parts.dev->ctx) : CUDA_SUCCESS;
+        vmh_ctx_scope_t scope = {0};
+        CUresult rc = with_context ? vmh_ctx_enter(parts.dev->ctx, &scope) : CUDA_SUCCESS;
         if (rc != CUDA_SUCCESS)
             return rc;
         if (parts.big)
@@ -217,9 +219,9 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
             rc = vmh_packing_visit(parts.pack, fn, j);
         if (j->staging_open) /* its stream belongs to this context */
             vmh_staging_leave_context(&j->staging);
-        CUcontext popped;
-        if (with_context)
-            vmh_drv.cuCtxPopCurrent(&popped);
+        CUresult left = vmh_ctx_leave(&scope);
+        if (rc == CUDA_SUCCESS)
+            rc = left; /* the program's thread must get its context back */
         if (rc != CUDA_SUCCESS)
             return rc;
     }
@@ -394,7 +396,7 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
     unsigned one = VMH_TAG_NONE;
     if (name && (one = vmh_tag_lookup(name)) == VMH_TAG_NONE)
         return VMM_ERR_UNKNOWN_TAG;
-    pthread_mutex_lock(&pause_lock);
+    vmh_lock(&pause_lock, VMH_RANK_PAUSE);
     /* The host's memory is read here, once a call: pressure gives back free kept pinned
      * buffers now, and the budget for new pinning holds for the call (staging.h). */
     vmh_staging_budget_begin();
@@ -409,7 +411,7 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
                 st = VMM_OK;
         }
     }
-    pthread_mutex_unlock(&pause_lock);
+    vmh_unlock(&pause_lock);
     return st;
 }
 

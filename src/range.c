@@ -5,6 +5,7 @@
 
 #include "driver.h"
 #include "log.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <stdint.h>
@@ -62,6 +63,23 @@ static CUresult map_all(vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n, CU
     return CUDA_SUCCESS;
 }
 
+#ifdef VMH_WITNESS
+/* What range.h promises of every range it returns: ascending and contiguous from base, each
+ * mapping inside its reservation, size the sum of the mappings'. */
+static bool range_well_formed(const vmh_range_t *r)
+{
+    CUdeviceptr at = r->base;
+    for (size_t i = 0; i < r->nmaps; i++) {
+        const vmh_map_t *m = r->maps[i];
+        if (m->ptr != at || m->ptr < m->resv->ptr || m->ptr - m->resv->ptr > m->resv->size ||
+            m->size > m->resv->size - (m->ptr - m->resv->ptr))
+            return false;
+        at += m->size;
+    }
+    return r->nmaps > 0 && at - r->base == r->size;
+}
+#endif
+
 /* Maps the allocations of old (if any) then allocs[0..n) from the start of a new reservation
  * of max(reserve, total) bytes; *no_address (may be NULL): the reservation failed. */
 static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const *allocs,
@@ -99,6 +117,7 @@ static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const 
         return rc;
     }
     r->size = total;
+    vmh_assert_internal(range_well_formed(r));
     *out = r;
     return CUDA_SUCCESS;
 }
@@ -150,6 +169,7 @@ static CUresult extend_into(const vmh_range_t *r, vmh_alloc_t *const *allocs, si
         return rc;
     }
     c->size += add;
+    vmh_assert_internal(range_well_formed(c));
     *out = c;
     return CUDA_SUCCESS;
 }
@@ -209,6 +229,7 @@ CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out)
     vmh_range_t *c = copy_prefix(r, k, 0);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    vmh_assert_internal(range_well_formed(c));
     *out = c;
     return CUDA_SUCCESS;
 }

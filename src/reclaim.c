@@ -7,6 +7,7 @@
 #include "driver.h"
 #include "log.h"
 #include "stats.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <signal.h>
@@ -73,14 +74,14 @@ void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
     r->synced_gen = 0;
     r->synced_any = false;
     r->head = r->tail = NULL;
-    pthread_mutex_lock(&bg.lock);
+    vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         if (!bg.queues[i]) {
             bg.queues[i] = r;
             break;
         }
     }
-    pthread_mutex_unlock(&bg.lock);
+    vmh_unlock(&bg.lock);
 }
 
 uint64_t vmh_reclaim_now(const vmh_reclaim_t *r)
@@ -151,9 +152,9 @@ static void bg_kick(void)
     if (!bg_started())
         return;
     if (atomic_load(&bg.sleeping)) {
-        pthread_mutex_lock(&bg.lock);
+        vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
         pthread_cond_signal(&bg.wake);
-        pthread_mutex_unlock(&bg.lock);
+        vmh_unlock(&bg.lock);
     }
 }
 
@@ -161,7 +162,7 @@ void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t
 {
     assert(item->release && "a parked item says how it is released");
     bool queued_now = false;
-    pthread_mutex_lock(&r->lock);
+    vmh_lock(&r->lock, VMH_RANK_RECLAIM_QUEUE);
     parked_add(r, (int64_t)bytes);
     if (atomic_load(&item->queued)) {
         if (gen < item->gen)
@@ -179,7 +180,7 @@ void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t
         atomic_fetch_add(&r->pending, 1);
         queued_now = true;
     }
-    pthread_mutex_unlock(&r->lock);
+    vmh_unlock(&r->lock);
     if (queued_now)
         bg_kick();
 }
@@ -188,7 +189,7 @@ void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t
 static vmh_parked_t *take_upto(vmh_reclaim_t *r, uint64_t g)
 {
     vmh_parked_t *taken = NULL, **tail = &taken;
-    pthread_mutex_lock(&r->lock);
+    vmh_lock(&r->lock, VMH_RANK_RECLAIM_QUEUE);
     for (vmh_parked_t *it = r->head, *next; it; it = next) {
         next = it->next;
         if (it->gen > g)
@@ -209,7 +210,7 @@ static vmh_parked_t *take_upto(vmh_reclaim_t *r, uint64_t g)
         *tail = it;
         tail = &it->taken_next;
     }
-    pthread_mutex_unlock(&r->lock);
+    vmh_unlock(&r->lock);
     return taken;
 }
 
@@ -241,6 +242,7 @@ static CUresult wait_for_gpu(vmh_dev_t *d, vmh_waiter_t who)
 /* Under the wait lock. */
 static CUresult wait_now(vmh_reclaim_t *r, vmh_waiter_t who)
 {
+    vmh_assert_held(&r->wait_lock); /* the releases of one device run one at a time */
     uint64_t g = atomic_fetch_add(&r->gen, 1);
     CUresult rc = wait_for_gpu(r->dev, who);
     if (rc != CUDA_SUCCESS)
@@ -260,11 +262,11 @@ CUresult vmh_reclaim_wait(vmh_reclaim_t *r, vmh_waiter_t who)
     if (who == VMH_WAIT_APP && vmh_capture_forbids_unsafe())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     uint64_t want = atomic_load(&r->gen);
-    pthread_mutex_lock(&r->wait_lock);
+    vmh_lock(&r->wait_lock, VMH_RANK_RECLAIM_WAIT);
     CUresult rc = CUDA_SUCCESS;
     if (!r->synced_any || r->synced_gen < want)
         rc = wait_now(r, who);
-    pthread_mutex_unlock(&r->wait_lock);
+    vmh_unlock(&r->wait_lock);
     return rc;
 }
 
@@ -302,14 +304,14 @@ CUresult vmh_reclaim_pass(vmh_reclaim_t *r, vmh_waiter_t who)
 {
     if (vmh_reclaim_pending(r))
         return vmh_reclaim_wait(r, who);
-    pthread_mutex_lock(&r->wait_lock);
+    vmh_lock(&r->wait_lock, VMH_RANK_RECLAIM_WAIT);
     bool unpassed = freed_at_once_unpassed(r);
-    pthread_mutex_unlock(&r->wait_lock);
+    vmh_unlock(&r->wait_lock);
     if (unpassed)
         return vmh_reclaim_wait(r, who);
     /* Nothing queued: items taken by a wait in progress are released under its lock. */
-    pthread_mutex_lock(&r->wait_lock);
-    pthread_mutex_unlock(&r->wait_lock);
+    vmh_lock(&r->wait_lock, VMH_RANK_RECLAIM_WAIT);
+    vmh_unlock(&r->wait_lock);
     return CUDA_SUCCESS;
 }
 
@@ -359,11 +361,11 @@ bool vmh_reclaim_throttle(vmh_reclaim_t *r)
      * holds the lock until the GPU has passed it) and then, if that did not bring the parked
      * bytes under the limit, its own. Both count as the stall (park_wait_us). */
     uint64_t t0 = vmh_now_ns();
-    pthread_mutex_lock(&r->wait_lock);
+    vmh_lock(&r->wait_lock, VMH_RANK_RECLAIM_WAIT);
     /* The reclaim thread's wait, or another thread's, may have brought it under meanwhile. */
     if (vmh_reclaim_parked_bytes(r) > limit)
         wait_now(r, VMH_WAIT_APP);
-    pthread_mutex_unlock(&r->wait_lock);
+    vmh_unlock(&r->wait_lock);
     vmh_count(VMH_STAT_park_waits, 1);
     vmh_count(VMH_STAT_park_wait_us, (vmh_now_ns() - t0) / 1000);
     return true;
@@ -385,11 +387,11 @@ void vmh_reclaim_destroy(vmh_reclaim_t *r)
     /* The thread picks only a queue with something parked, and uses it outside its lock:
      * the heap stops it before destroying queues that held anything (vmh_heap_reset); a queue
      * that never held anything (a device whose setup failed) may go at any time. */
-    pthread_mutex_lock(&bg.lock);
+    vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     for (int i = 0; i < VMH_MAX_DEVICES; i++)
         if (bg.queues[i] == r)
             bg.queues[i] = NULL;
-    pthread_mutex_unlock(&bg.lock);
+    vmh_unlock(&bg.lock);
     pthread_mutex_destroy(&r->lock);
     pthread_mutex_destroy(&r->wait_lock);
 }
@@ -429,11 +431,11 @@ static void tidy_all_locked(void)
     vmh_reclaim_t *qs[VMH_MAX_DEVICES];
     memcpy(qs, bg.queues, sizeof qs);
     bg.busy = true;
-    pthread_mutex_unlock(&bg.lock);
+    vmh_unlock(&bg.lock);
     for (int i = 0; i < VMH_MAX_DEVICES; i++)
         if (qs[i] && qs[i]->dev && qs[i]->dev->tidy)
             qs[i]->dev->tidy(qs[i]->dev);
-    pthread_mutex_lock(&bg.lock);
+    vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     bg.busy = false;
 }
 
@@ -450,7 +452,7 @@ static void *reclaim_main(void *unused)
     if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
         vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
     int next = 0;
-    pthread_mutex_lock(&bg.lock);
+    vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     while (!bg.stopping) {
         vmh_reclaim_t *r = pick_locked(&next);
         if (!r) {
@@ -479,16 +481,16 @@ static void *reclaim_main(void *unused)
             continue;
         }
         bg.busy = true;
-        pthread_mutex_unlock(&bg.lock);
+        vmh_unlock(&bg.lock);
         CUresult rc = vmh_reclaim_wait(r, VMH_WAIT_BACKGROUND);
         if (rc == CUDA_SUCCESS && r->dev->tidy)
             r->dev->tidy(r->dev);
-        pthread_mutex_lock(&bg.lock);
+        vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
         bg.busy = false;
         if (!bg.stopping)
             nap_locked(rc == CUDA_SUCCESS ? VMH_BG_PACE_NS : BG_RETRY_NS);
     }
-    pthread_mutex_unlock(&bg.lock);
+    vmh_unlock(&bg.lock);
     return NULL;
 }
 
@@ -503,7 +505,7 @@ void vmh_reclaim_on_first_start(void (*fn)(void))
 
 static void bg_start(void)
 {
-    pthread_mutex_lock(&bg.lock);
+    vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     if (!atomic_load(&bg.started) && !bg.running && atomic_load(&bg.enabled) &&
         !atomic_load(&bg.closed) && !atomic_load(&bg.in_child)) {
         /* The program's signals are never delivered to the library's thread. */
@@ -524,15 +526,15 @@ static void bg_start(void)
     }
     /* Tried once: a failed start is not tried again at every park. */
     atomic_store_explicit(&bg.started, true, memory_order_release);
-    pthread_mutex_unlock(&bg.lock);
+    vmh_unlock(&bg.lock);
 }
 
 void vmh_reclaim_stop(bool for_good)
 {
     if (atomic_load(&bg.in_child))
         return; /* the thread is the parent's */
-    pthread_mutex_lock(&bg.stop_lock);
-    pthread_mutex_lock(&bg.lock);
+    vmh_lock(&bg.stop_lock, VMH_RANK_RECLAIM_STOP);
+    vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     atomic_store(&bg.closed, for_good);
     bool running = bg.running;
     pthread_t t = bg.thread;
@@ -540,16 +542,16 @@ void vmh_reclaim_stop(bool for_good)
         bg.stopping = true;
         pthread_cond_broadcast(&bg.wake);
     }
-    pthread_mutex_unlock(&bg.lock);
+    vmh_unlock(&bg.lock);
     if (running)
         pthread_join(t, NULL); /* a wait in progress ends first: no driver call after this */
-    pthread_mutex_lock(&bg.lock);
+    vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     bg.running = false;
     bg.stopping = false;
     atomic_store(&bg.sleeping, false);
     atomic_store(&bg.started, false);
-    pthread_mutex_unlock(&bg.lock);
-    pthread_mutex_unlock(&bg.stop_lock);
+    vmh_unlock(&bg.lock);
+    vmh_unlock(&bg.stop_lock);
 }
 
 void vmh_reclaim_forked_child(void)
@@ -561,9 +563,9 @@ bool vmh_reclaim_thread_running(void)
 {
     if (atomic_load(&bg.in_child))
         return false;
-    pthread_mutex_lock(&bg.lock);
+    vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     bool running = bg.running;
-    pthread_mutex_unlock(&bg.lock);
+    vmh_unlock(&bg.lock);
     return running;
 }
 
@@ -576,11 +578,11 @@ void vmh_reclaim_background(bool on)
 bool vmh_reclaim_settle(unsigned timeout_ms)
 {
     for (unsigned waited = 0;; waited++) {
-        pthread_mutex_lock(&bg.lock);
+        vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
         bool busy = bg.busy;
         for (int i = 0; i < VMH_MAX_DEVICES; i++)
             busy |= bg.queues[i] && atomic_load(&bg.queues[i]->pending) != 0;
-        pthread_mutex_unlock(&bg.lock);
+        vmh_unlock(&bg.lock);
         if (!busy || vmh_capture_any())
             return true;
         if (waited >= timeout_ms)

@@ -25,9 +25,10 @@
  * Threads that need parked memory at the same time share one wait: a thread that waited for
  * another's wait which began after its own request returns at once.
  *
- * Lock order: the wait lock, then whatever the release functions take (they run without the
- * queue lock, under the wait lock); a layer may park (taking the queue lock and, rarely, the
- * reclaim thread's lock) while it holds its own locks, but must never wait while it holds them.
+ * Lock order (witness.h: RECLAIM_WAIT, RECLAIM_QUEUE, RECLAIM_THREAD): the wait lock, then
+ * whatever the release functions take (they run without the queue lock, under the wait lock); a
+ * layer may park (taking the queue lock and, rarely, the reclaim thread's lock) while it holds
+ * its own locks, but must never wait while it holds them.
  */
 #ifndef VMH_RECLAIM_H
 #define VMH_RECLAIM_H

@@ -2,9 +2,11 @@
  * and the staging ring with its pinner (see staging.h). */
 #include "staging.h"
 
+#include "contexts.h"
 #include "log.h"
 #include "tags.h"
 #include "testable.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <fcntl.h>
@@ -217,9 +219,9 @@ static size_t room;    /* bytes the current pause or resume may still claim */
 
 void vmh_staging_configure(size_t cap)
 {
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     pin_cap = cap;
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
 }
 
 static kept_t *kept_find(const void *host)
@@ -280,20 +282,21 @@ static void kept_release(kept_t *list)
     while (list) {
         kept_t *k = list;
         list = k->next;
-        CUcontext popped;
-        CUresult rc = vmh_drv.cuCtxPushCurrent(k->ctx);
+        vmh_ctx_scope_t scope;
+        CUresult rc = vmh_ctx_enter(k->ctx, &scope);
         if (rc == CUDA_SUCCESS) {
             rc = vmh_drv.cuMemHostUnregister(k->host);
-            vmh_drv.cuCtxPopCurrent(&popped);
+            /* Unregistered: given back below whatever the leave says (it logs a failure). */
+            (void)vmh_ctx_leave(&scope);
         }
         if (rc != CUDA_SUCCESS) {
             vmh_log("backup memory: giving back %zu pinned bytes failed (CUDA error %d); kept",
                     k->size, (int)rc);
-            pthread_mutex_lock(&kept_lock);
+            vmh_lock(&kept_lock, VMH_RANK_KEPT);
             k->next = kept_list;
             kept_list = k;
             claimed += k->size;
-            pthread_mutex_unlock(&kept_lock);
+            vmh_unlock(&kept_lock);
             continue;
         }
         munmap(k->host, k->size);
@@ -307,7 +310,7 @@ void vmh_staging_budget_begin(void)
     vmh_host_mem_t m;
     bool known = host_mem(&m) && m.total > 0;
     kept_t *release = NULL;
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     /* Unknown host memory: keep what is kept, pin nothing new. */
     size_t budget =
         known && m.total / HOST_SHARE_DIV < pin_cap ? m.total / HOST_SHARE_DIV : pin_cap;
@@ -329,7 +332,7 @@ void vmh_staging_budget_begin(void)
     room = known && budget > claimed ? budget - claimed : 0;
     if (room > (avail > low ? avail - low : 0))
         room = avail > low ? avail - low : 0;
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     if (release)
         vmh_log("backup memory: host memory is low (%zu MiB available, mark %zu MiB): giving "
                 "back free pinned buffers",
@@ -373,7 +376,7 @@ static void *pageable_get(size_t size)
 
 void *vmh_staging_backup_get(size_t size, bool *pinned)
 {
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     kept_t *best = NULL;
     for (kept_t *k = kept_list; k; k = k->next)
         if (!k->in_use && k->state == KEPT_PINNED && k->size >= size &&
@@ -381,18 +384,18 @@ void *vmh_staging_backup_get(size_t size, bool *pinned)
             best = k;
     if (best)
         best->in_use = true;
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     *pinned = best != NULL;
     return best ? best->host : pageable_get(size);
 }
 
 void vmh_staging_backup_put(void *host, size_t size)
 {
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     kept_t *k = kept_find(host);
     if (k)
         k->in_use = false;
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     if (!k)
         munmap(host, page_round(size));
 }
@@ -400,30 +403,30 @@ void vmh_staging_backup_put(void *host, size_t size)
 size_t vmh_staging_pinned_free(void)
 {
     size_t bytes = 0;
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     for (kept_t *k = kept_list; k; k = k->next)
         if (!k->in_use && k->state == KEPT_PINNED)
             bytes += k->size;
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     return bytes;
 }
 
 bool vmh_staging_pin_now(void *host, size_t size, CUcontext ctx)
 {
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     kept_t *k = kept_find(host);
     bool kept = k != NULL;
     if (!k)
         k = kept_claim(host, page_round(size), KEPT_PINNING);
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     if (kept || !k)
         return kept;
     /* PORTABLE: pinned for every context, as a kept buffer may serve another device later. */
     CUresult rc = vmh_drv.cuMemHostRegister(host, k->size, CU_MEMHOSTREGISTER_PORTABLE);
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     size_t len;
     void *unmap = kept_pinned(k, rc, ctx, &len);
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     if (unmap) /* not reached: the resuming thread holds the backup's record */
         munmap(unmap, len);
     return rc == CUDA_SUCCESS;
@@ -509,11 +512,11 @@ CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n
 static void *pinner_main(void *arg)
 {
     const vmh_staging_t *s = arg;
-    CUcontext popped;
-    CUresult ctx_rc = vmh_drv.cuCtxPushCurrent(s->pinned_in);
+    vmh_ctx_scope_t scope;
+    CUresult ctx_rc = vmh_ctx_enter(s->pinned_in, &scope);
     CUresult first_failure = CUDA_SUCCESS;
     size_t failed = 0;
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     for (;;) {
         while (!queue_head && !pinner_stop)
             pthread_cond_wait(&queue_cv, &kept_lock);
@@ -524,24 +527,23 @@ static void *pinner_main(void *arg)
         if (!queue_head)
             queue_tail = NULL;
         k->state = KEPT_PINNING;
-        pthread_mutex_unlock(&kept_lock);
+        vmh_unlock(&kept_lock);
         CUresult rc = ctx_rc != CUDA_SUCCESS
                           ? ctx_rc
                           : vmh_drv.cuMemHostRegister(k->host, k->size, CU_MEMHOSTREGISTER_PORTABLE);
-        pthread_mutex_lock(&kept_lock);
+        vmh_lock(&kept_lock, VMH_RANK_KEPT);
         size_t len;
         void *unmap = kept_pinned(k, rc, s->pinned_in, &len);
         if (rc != CUDA_SUCCESS && failed++ == 0)
             first_failure = rc;
         if (unmap) {
-            pthread_mutex_unlock(&kept_lock);
+            vmh_unlock(&kept_lock);
             munmap(unmap, len);
-            pthread_mutex_lock(&kept_lock);
+            vmh_lock(&kept_lock, VMH_RANK_KEPT);
         }
     }
-    pthread_mutex_unlock(&kept_lock);
-    if (ctx_rc == CUDA_SUCCESS)
-        vmh_drv.cuCtxPopCurrent(&popped);
+    vmh_unlock(&kept_lock);
+    (void)vmh_ctx_leave(&scope); /* the thread ends: a failure is only logged */
     if (failed) /* slower, not wrong: those backups stay pageable */
         vmh_log("backup memory: pinning %zu backups failed (first: CUDA error %d); they stay "
                 "pageable",
@@ -551,7 +553,7 @@ static void *pinner_main(void *arg)
 
 bool vmh_staging_pin_later(vmh_staging_t *s, void *host, size_t size)
 {
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     kept_t *k = kept_claim(host, page_round(size), KEPT_QUEUED);
     if (k && !s->pinner_running) {
         /* A new thread inherits the creator's signal mask: block everything around the
@@ -577,7 +579,7 @@ bool vmh_staging_pin_later(vmh_staging_t *s, void *host, size_t size)
         queue_tail = k;
         pthread_cond_signal(&queue_cv);
     }
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     return k != NULL;
 }
 
@@ -599,18 +601,18 @@ void vmh_staging_close(vmh_staging_t *s)
     assert(!s->stream && !s->in_flight);
     if (s->pinner_running) {
         /* What is queued is registered first: a pause returns with its backups pinned. */
-        pthread_mutex_lock(&kept_lock);
+        vmh_lock(&kept_lock, VMH_RANK_KEPT);
         pinner_stop = true;
         pthread_cond_broadcast(&queue_cv);
-        pthread_mutex_unlock(&kept_lock);
+        vmh_unlock(&kept_lock);
         pthread_join(s->pinner, NULL);
-        pthread_mutex_lock(&kept_lock);
+        vmh_lock(&kept_lock, VMH_RANK_KEPT);
         pinner_stop = false;
-        pthread_mutex_unlock(&kept_lock);
+        vmh_unlock(&kept_lock);
     }
     vmh_copy_pool_stop(&s->pool);
-    CUcontext popped;
-    if (vmh_drv.cuCtxPushCurrent(s->pinned_in) != CUDA_SUCCESS) {
+    vmh_ctx_scope_t scope;
+    if (vmh_ctx_enter(s->pinned_in, &scope) != CUDA_SUCCESS) {
         vmh_log("backup staging: cannot make the slots' context current: 2 x %zu bytes of "
                 "pinned host memory are not given back",
                 s->slot_size);
@@ -618,7 +620,7 @@ void vmh_staging_close(vmh_staging_t *s)
         for (int i = 0; i < 2; i++)
             if (vmh_drv.cuMemFreeHost(s->slot[i]) != CUDA_SUCCESS)
                 vmh_log("backup staging: cuMemFreeHost of a slot failed");
-        vmh_drv.cuCtxPopCurrent(&popped);
+        (void)vmh_ctx_leave(&scope); /* a failure is logged; the slots are freed */
     }
     memset(s, 0, sizeof *s);
 }
@@ -631,11 +633,16 @@ void vmh_staging_set_host_mem(vmh_host_mem_fn fn)
 
 void vmh_staging_reset(void)
 {
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     assert(!queue_head);
-    while (kept_list) {
-        kept_t *k = kept_list;
-        kept_list = k->next;
+    kept_t *list = kept_list; /* unregistered outside the lock, as in kept_release */
+    kept_list = NULL;
+    claimed = room = 0;
+    host_mem = vmh_host_mem_read;
+    vmh_unlock(&kept_lock);
+    while (list) {
+        kept_t *k = list;
+        list = k->next;
         assert(k->state == KEPT_PINNED);
         vmh_drv.cuMemHostUnregister(k->host);
         if (!k->in_use) /* else a failed test left it paused: its holder unmaps it */
@@ -643,26 +650,23 @@ void vmh_staging_reset(void)
         vmh_tags_pinned_add(-(int64_t)k->size);
         free(k);
     }
-    claimed = room = 0;
-    host_mem = vmh_host_mem_read;
-    pthread_mutex_unlock(&kept_lock);
 }
 
 size_t vmh_staging_kept_count(void)
 {
     size_t n = 0;
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     for (kept_t *k = kept_list; k; k = k->next)
         n++;
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     return n;
 }
 
 size_t vmh_staging_kept_bytes(void)
 {
-    pthread_mutex_lock(&kept_lock);
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
     size_t n = claimed;
-    pthread_mutex_unlock(&kept_lock);
+    vmh_unlock(&kept_lock);
     return n;
 }
 #endif

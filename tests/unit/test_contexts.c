@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "contexts.h"
+#include "log.h"
 
 static int ctx_setup(void **state)
 {
@@ -622,6 +623,192 @@ static void driver_calls_counted_once(void **state)
     assert_int_equal(vmh_counter_get(VMH_STAT_driver_calls) - before, made);
 }
 
+/* --------------------------------------------------------------------------------------------- */
+/* The library's own scopes                                                                      */
+
+/* The last line logged and how many (vmh_log_sink). */
+static char last_log[256];
+static unsigned logged;
+
+static void log_last(const char *line, size_t len)
+{
+    snprintf(last_log, sizeof last_log, "%.*s", (int)len, line);
+    logged++;
+}
+
+/* Device 0's and 1's primary contexts; device 0's current (reported). */
+static void on_device0(CUcontext *ctx0, CUcontext *ctx1)
+{
+    *ctx0 = primary(0);
+    *ctx1 = primary(1);
+    sim_set_current_device(0);
+}
+
+/* Scopes nest: a context already current (the thread's, or an open scope's) is not pushed
+ * again, another one is, and leaving them in reverse order gives the thread its context back. */
+static void scope_pushes_only_what_is_not_current(void **state)
+{
+    (void)state;
+    CUcontext ctx0, ctx1, c;
+    int dev;
+    on_device0(&ctx0, &ctx1);
+    assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS); /* the thread's, cached */
+    sim_reset_counters();
+    vmh_ctx_scope_t a, b, d, e;
+    assert_int_equal(vmh_ctx_enter(ctx0, &a), CUDA_SUCCESS); /* current: no driver call */
+    assert_int_equal(sim_call_count(), 0);
+    assert_int_equal(vmh_ctx_enter(ctx1, &b), CUDA_SUCCESS);
+    assert_ptr_equal(driver_current(), ctx1);
+    assert_int_equal(vmh_ctx_enter(ctx1, &d), CUDA_SUCCESS); /* the open scope's */
+    assert_int_equal(vmh_ctx_enter(ctx0, &e), CUDA_SUCCESS); /* no longer current */
+    assert_ptr_equal(driver_current(), ctx0);
+    assert_int_equal(sim_calls("cuCtxPushCurrent"), 2);
+    assert_int_equal(vmh_ctx_leave(&e), CUDA_SUCCESS);
+    assert_ptr_equal(driver_current(), ctx1);
+    assert_int_equal(vmh_ctx_leave(&d), CUDA_SUCCESS);
+    assert_int_equal(vmh_ctx_leave(&b), CUDA_SUCCESS);
+    assert_int_equal(vmh_ctx_leave(&a), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxPopCurrent"), 2);
+    assert_ptr_equal(driver_current(), ctx0);
+    assert_int_equal(vmh_ctx_leave(&a), CUDA_SUCCESS); /* empty now: nothing */
+    assert_int_equal(sim_calls("cuCtxPopCurrent"), 2);
+
+    /* Nothing known of the thread's context (no report since it changed): pushed. */
+    vmh_ctx_current_changed();
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_enter(ctx0, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_ctx_leave(&a), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxPushCurrent"), 1);
+    assert_int_equal(sim_calls("cuCtxPopCurrent"), 1);
+    assert_ptr_equal(driver_current(), ctx0);
+}
+
+/* A refused push: the driver's code, nothing pushed, an empty scope; the next enter works. */
+static void scope_enter_refused(void **state)
+{
+    (void)state;
+    CUcontext ctx0, ctx1;
+    on_device0(&ctx0, &ctx1);
+    vmh_ctx_scope_t s;
+    sim_fail_function("cuCtxPushCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(vmh_ctx_enter(ctx1, &s), CUDA_ERROR_ILLEGAL_STATE);
+    assert_ptr_equal(driver_current(), ctx0);
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_leave(&s), CUDA_SUCCESS);
+    assert_int_equal(sim_call_count(), 0);
+    assert_int_equal(vmh_ctx_enter(ctx1, &s), CUDA_SUCCESS);
+    assert_ptr_equal(driver_current(), ctx1);
+    assert_int_equal(vmh_ctx_leave(&s), CUDA_SUCCESS);
+    assert_ptr_equal(driver_current(), ctx0);
+}
+
+/* A refused pop: returned every time, logged once; what is current is unknown afterwards, so
+ * the thread's context is asked of the driver again and an enclosing scope pushes whatever it
+ * enters until it is left. */
+static void scope_leave_refused_is_logged_once(void **state)
+{
+    (void)state;
+    CUcontext ctx0, ctx1, c;
+    int dev;
+    const vmh_driver_t *D = sim_table();
+    logged = 0;
+    vmh_log_sink = log_last;
+    on_device0(&ctx0, &ctx1);
+    assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS);
+    vmh_ctx_scope_t outer, s;
+    assert_int_equal(vmh_ctx_enter(ctx0, &outer), CUDA_SUCCESS); /* no push: current */
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(vmh_ctx_enter(ctx1, &s), CUDA_SUCCESS);
+        sim_fail_function("cuCtxPopCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
+        assert_int_equal(vmh_ctx_leave(&s), CUDA_ERROR_ILLEGAL_STATE);
+        assert_ptr_equal(driver_current(), ctx1); /* the refused pop left it */
+        assert_int_equal(logged, 1);
+        assert_non_null(strstr(last_log, "restoring a thread's context"));
+        /* The enclosing scope no longer trusts what it knew: ctx0 is pushed. */
+        sim_reset_counters();
+        assert_int_equal(vmh_ctx_enter(ctx0, &s), CUDA_SUCCESS);
+        assert_int_equal(sim_calls("cuCtxPushCurrent"), 1);
+        assert_int_equal(vmh_ctx_leave(&s), CUDA_SUCCESS);
+        CUcontext popped;
+        assert_int_equal(D->cuCtxPopCurrent(&popped), CUDA_SUCCESS); /* the test's own undo */
+        assert_ptr_equal(popped, ctx1);
+    }
+    assert_int_equal(vmh_ctx_leave(&outer), CUDA_SUCCESS);
+    assert_ptr_equal(driver_current(), ctx0);
+    /* Asked again, once: the cache was dropped. */
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_current(&c, &dev), CUDA_SUCCESS);
+    assert_ptr_equal(c, ctx0);
+    assert_int_equal(sim_calls("cuCtxGetCurrent"), 1);
+    vmh_log_sink = vmh_log_write_stderr;
+}
+
+/* A device's context by ordinal: the thread's own when it is that device's (nothing retained,
+ * nothing pushed), else the primary context, retained for the scope and released with it; a
+ * refused push releases it at once. */
+static void scope_of_a_device(void **state)
+{
+    (void)state;
+    CUcontext ctx0, ctx1;
+    on_device0(&ctx0, &ctx1);
+    sim_reset_counters();
+    vmh_ctx_scope_t s;
+    assert_int_equal(vmh_ctx_enter_device(0, &s), CUDA_SUCCESS);
+    assert_int_equal(vmh_ctx_leave(&s), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuCtxPushCurrent") + sim_calls("cuDevicePrimaryCtxRetain"), 0);
+
+    assert_int_equal(vmh_ctx_enter_device(1, &s), CUDA_SUCCESS);
+    assert_ptr_equal(driver_current(), ctx1);
+    assert_int_equal(vmh_ctx_leave(&s), CUDA_SUCCESS);
+    assert_ptr_equal(driver_current(), ctx0);
+    assert_int_equal(sim_calls("cuDevicePrimaryCtxRetain"), 1);
+    assert_int_equal(sim_calls("cuDevicePrimaryCtxRelease"), 1);
+    assert_int_equal(sim_calls("cuCtxPopCurrent"), 1);
+
+    sim_fail_function("cuCtxPushCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(vmh_ctx_enter_device(1, &s), CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(sim_calls("cuDevicePrimaryCtxRetain"), 2);
+    assert_int_equal(sim_calls("cuDevicePrimaryCtxRelease"), 2);
+    assert_int_equal(vmh_ctx_leave(&s), CUDA_SUCCESS);
+    assert_ptr_equal(driver_current(), ctx0);
+    assert_int_equal(vmh_ctx_enter_device(SIM_MAX_DEVICES, &s), CUDA_ERROR_INVALID_DEVICE);
+
+    /* The context the heap serves a device in: the same choice, the retain kept. */
+    CUcontext c = NULL;
+    sim_reset_counters();
+    assert_int_equal(vmh_ctx_of_device(0, &c), CUDA_SUCCESS);
+    assert_ptr_equal(c, ctx0);
+    assert_int_equal(vmh_ctx_of_device(1, &c), CUDA_SUCCESS);
+    assert_ptr_equal(c, ctx1);
+    assert_int_equal(sim_calls("cuDevicePrimaryCtxRetain"), 1);
+    assert_int_equal(sim_calls("cuDevicePrimaryCtxRelease"), 0);
+    assert_ptr_equal(driver_current(), ctx0);
+}
+
+/* The device of a context, asked inside a scope of it: a refused push or pop is the answer. */
+static void device_of_a_context(void **state)
+{
+    (void)state;
+    CUcontext ctx0, ctx1;
+    on_device0(&ctx0, &ctx1);
+    int dev = -1;
+    assert_int_equal(vmh_ctx_device_of(ctx1, &dev), CUDA_SUCCESS);
+    assert_int_equal(dev, 1);
+    assert_ptr_equal(driver_current(), ctx0);
+    dev = -1;
+    sim_fail_function("cuCtxPushCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(vmh_ctx_device_of(ctx1, &dev), CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(dev, -1);
+    vmh_log_sink = log_last;
+    sim_fail_function("cuCtxPopCurrent", 1, CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(vmh_ctx_device_of(ctx1, &dev), CUDA_ERROR_ILLEGAL_STATE);
+    assert_int_equal(dev, -1);
+    vmh_log_sink = vmh_log_write_stderr;
+    CUcontext popped;
+    assert_int_equal(sim_table()->cuCtxPopCurrent(&popped), CUDA_SUCCESS); /* the test's undo */
+    assert_ptr_equal(driver_current(), ctx0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -644,6 +831,11 @@ int main(void)
         T(child_after_fork_never_blocks),
         T(child_keeps_only_its_own_capture),
         T(driver_calls_counted_once),
+        T(scope_pushes_only_what_is_not_current),
+        T(scope_enter_refused),
+        T(scope_leave_refused_is_logged_once),
+        T(scope_of_a_device),
+        T(device_of_a_context),
 #undef T
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -446,6 +446,37 @@ static void several_devices(void **state)
     sim_set_current_device(0);
 }
 
+/* Memory of another device than the caller's: its context is made current for the copies and
+ * the caller's given back; a refused pop fails the call like any other failure (the tag runs
+ * again, contents intact) and says so once in the log. */
+static void refused_pop_fails_the_call(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    sleep_reset(&cfg);
+    sim_set_current_device(1);
+    CUdeviceptr p1 = tt_alloc_in("kv", 3 * MiB);
+    tu_fill(p1, 3 * MiB, 41);
+    sim_set_current_device(0);
+    sim_fail_function("cuCtxPopCurrent", 1, INJECTED);
+    assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_ERR_DRIVER);
+    assert_int_equal(vmm_last_driver_error(), INJECTED);
+    sim_clear_faults();
+    assert_int_equal(vmh_tag_state(vmh_tag_lookup("kv")), VMH_TAG_RUNNING);
+    /* The refused pop left device 1's context pushed on this thread: the test's own undo. */
+    CUcontext popped;
+    assert_int_equal(sim_table()->cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    assert_ptr_equal(popped, sim_primary_context(1));
+    sim_set_current_device(0);
+    assert_int_equal(vmm_pause("kv", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_current_device(), 0);
+    assert_int_equal(vmm_resume("kv"), VMM_OK);
+    sim_set_current_device(1);
+    assert_true(tu_check(p1, 3 * MiB, 41));
+    assert_int_equal(vmh_heap_free(p1, NULL, false), CUDA_SUCCESS);
+    sim_set_current_device(0);
+}
+
 /* Work queued before the pause lands before the memory goes (and is in the backup); a
  * "kernel" that touches a paused buffer faults; work captured with the buffer's address (a
  * CUDA graph replayed after resume) finds the same address mapped, with the same contents. */
@@ -697,6 +728,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(exported_buffer_stays, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(peer_access_restored, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(several_devices, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(refused_pop_fails_the_call, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(queued_work_and_replay, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(pause_while_others_allocate, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(fault_sweep, setup, tt_teardown),
