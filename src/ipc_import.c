@@ -366,20 +366,34 @@ static import_entry_t *import_find_locked(CUdeviceptr p)
     return NULL;
 }
 
+/* The import at p when a close of it holds its last reference; otherwise NULL with *rc:
+ * CUDA_ERROR_NOT_FOUND (no import there) or CUDA_SUCCESS (one reference dropped, others stay).
+ * imp_lock held. */
+static import_entry_t *last_reference_locked(CUdeviceptr p, CUresult *rc)
+{
+    import_entry_t *e = import_find_locked(p);
+    if (e == NULL) {
+        *rc = CUDA_ERROR_NOT_FOUND;
+        return NULL;
+    }
+    if (e->refs > 1) {
+        e->refs--;
+        *rc = CUDA_SUCCESS;
+        return NULL;
+    }
+    return e;
+}
+
 CUresult vmh_ipc_close(CUdeviceptr p)
 {
     if (atomic_load_explicit(&nimports_atomic, memory_order_relaxed) == 0)
         return CUDA_ERROR_NOT_FOUND;
+    CUresult rc;
     vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
-    import_entry_t *e = import_find_locked(p);
+    import_entry_t *e = last_reference_locked(p, &rc);
     if (e == NULL) {
         vmh_unlock(&imp_lock);
-        return CUDA_ERROR_NOT_FOUND;
-    }
-    if (e->refs > 1) {
-        e->refs--;
-        vmh_unlock(&imp_lock);
-        return CUDA_SUCCESS;
+        return rc;
     }
     int device = e->device;
     vmh_unlock(&imp_lock);
@@ -388,22 +402,17 @@ CUresult vmh_ipc_close(CUdeviceptr p)
      * the driver may be gone: the mapping is forgotten (the process ends with it). */
     bool ready = !atomic_load(&stopped) && vmh_driver_ready();
     if (ready) {
-        CUresult rc = wait_before_unmap(device);
+        rc = wait_before_unmap(device);
         if (rc != CUDA_SUCCESS)
             return rc;
     }
     /* Another thread may have opened it again (one more reference: it stays) or closed it
      * (a double close, as natively an error) meanwhile. */
     vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
-    e = import_find_locked(p);
+    e = last_reference_locked(p, &rc);
     if (e == NULL) {
         vmh_unlock(&imp_lock);
-        return CUDA_ERROR_NOT_FOUND;
-    }
-    if (e->refs > 1) {
-        e->refs--;
-        vmh_unlock(&imp_lock);
-        return CUDA_SUCCESS;
+        return rc;
     }
     vmh_range_t *range = e->range;
     *e = imports[--nimports];
