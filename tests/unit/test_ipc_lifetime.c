@@ -61,8 +61,8 @@ static void lifetime_exit_stops_exports(void **state)
  * e516064 under ASan; VMH_TEST_FORK_RACE=0 leaves both out. */
 typedef struct {
     CUdeviceptr p;
-    atomic_bool stop;
-    unsigned rounds;
+    atomic_bool stop, failed;
+    atomic_uint rounds;
 } exporter_arg_t;
 
 static void *export_loop(void *arg)
@@ -70,9 +70,11 @@ static void *export_loop(void *arg)
     exporter_arg_t *a = arg;
     while (!atomic_load(&a->stop)) {
         CUipcMemHandle h;
-        if (vmh_ipc_get_handle(a->p, &h) != CUDA_SUCCESS)
+        if (vmh_ipc_get_handle(a->p, &h) != CUDA_SUCCESS) {
+            atomic_store(&a->failed, true);
             break;
-        a->rounds++;
+        }
+        atomic_fetch_add(&a->rounds, 1);
     }
     return NULL;
 }
@@ -94,6 +96,9 @@ static void fork_runs_each_step_once(void **state)
     if (race) {
         assert_true(vmh_reclaim_thread_running());
         assert_int_equal(pthread_create(&t, NULL, export_loop, &arg), 0);
+        /* Exporting before the first fork, whatever the machine's load. */
+        while (atomic_load(&arg.rounds) == 0 && !atomic_load(&arg.failed))
+            sched_yield();
     }
     for (int i = 0; i < 20; i++) {
         unsigned runs = vmh_contexts_after_fork_runs();
@@ -123,7 +128,8 @@ static void fork_runs_each_step_once(void **state)
     if (race) {
         atomic_store(&arg.stop, true);
         pthread_join(t, NULL);
-        assert_true(arg.rounds > 0);
+        assert_false(atomic_load(&arg.failed)); /* every export in the parent succeeded */
+        assert_true(atomic_load(&arg.rounds) > 0);
     }
     (void)get_handle(p); /* every lock the prefork took was released */
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
