@@ -46,42 +46,10 @@
 #include "ipc_wire.h"
 #include "lifetime.h"
 #include "log.h"
+#include "log_capture.h"
 #include "reclaim.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
-static char cap_text[1 << 16];
-static size_t cap_len;
-
-static inline void capture_sink(const char *line, size_t len)
-{
-    pthread_mutex_lock(&cap_lock);
-    if (cap_len + len < sizeof cap_text) {
-        memcpy(cap_text + cap_len, line, len);
-        cap_len += len;
-        cap_text[cap_len] = '\0';
-    }
-    pthread_mutex_unlock(&cap_lock);
-}
-
-static inline size_t captured(const char *needle)
-{
-    pthread_mutex_lock(&cap_lock);
-    size_t k = 0;
-    for (const char *p = cap_text; (p = strstr(p, needle)) != NULL; p += strlen(needle))
-        k++;
-    pthread_mutex_unlock(&cap_lock);
-    return k;
-}
-
-static inline void capture_clear(void)
-{
-    pthread_mutex_lock(&cap_lock);
-    cap_len = 0;
-    cap_text[0] = '\0';
-    pthread_mutex_unlock(&cap_lock);
-}
 
 static inline int count_fds(void)
 {

@@ -5,6 +5,7 @@
 #include "testutil.h"
 
 #include "log.h"
+#include "log_capture.h"
 #include "overflow.h"
 #include "pause.h"
 #include "registry.h"
@@ -15,26 +16,6 @@
 #include <pthread.h>
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static char cap_text[1 << 14];
-static size_t cap_len;
-
-static void capture_sink(const char *line, size_t len)
-{
-    if (cap_len + len < sizeof cap_text) {
-        memcpy(cap_text + cap_len, line, len);
-        cap_len += len;
-        cap_text[cap_len] = '\0';
-    }
-}
-
-static size_t captured(const char *needle)
-{
-    size_t k = 0;
-    for (const char *p = cap_text; (p = strstr(p, needle)) != NULL; p += strlen(needle))
-        k++;
-    return k;
-}
 
 /* A device of 32 MiB, host-located memory 64 MiB, overflow on with no cap of its own. */
 static void reset(bool on, size_t host_memory)
@@ -48,8 +29,7 @@ static void reset(bool on, size_t host_memory)
     vmh_overflow_reset();
     vmh_overflow_configure(on, (size_t)64 << 40);
     vmh_staging_set_host_mem(NULL);
-    cap_len = 0;
-    cap_text[0] = '\0';
+    capture_clear();
     vmh_log_sink = capture_sink;
 }
 

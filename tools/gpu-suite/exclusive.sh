@@ -36,41 +36,17 @@ exclusive_run() {
         fi
     fi
 
-    local pr=$W/bin/pause_resume.static
-    if [ -x "$pr" ]; then
-        t=$(tmo 150 60)
-        if [ "$t" = 0 ]; then
-            row "pause_resume" static "-" "-" SKIP "no time left in the budget"
-        else
-            say "pause_resume: hooked (the defaults), alone on the GPU, timeout ${t}s ($(elapsed) s)"
-            launch pause_resume.static.native native 30 "$pr"
-            wait
-            launch pause_resume.static.hooked hooked "$t" "$pr"
-            wait
-            judge "pause_resume [defaults]" static pause_resume.static.native \
-                pause_resume.static.hooked 77 served 0
-            pause_table
-            backup_probe
-        fi
+    if hooked_only pause_resume "pause_resume [defaults]" 150 "the defaults"; then
+        pause_table
+        backup_probe
     fi
 
     local ov=$W/bin/overflow_gpu.static
-    if [ -x "$ov" ]; then
-        t=$(tmo 120 60)
-        if [ "$t" = 0 ]; then
-            row "overflow_gpu" static "-" "-" SKIP "no time left in the budget"
-        else
-            say "overflow_gpu: native (skips), then hooked with VMMHOOK_OVERFLOW=host, alone on the GPU, timeout ${t}s ($(elapsed) s)"
-            launch overflow_gpu.static.native native 30 "$ov"
-            wait
-            launch overflow_gpu.static.hooked hooked "$t" env VMMHOOK_OVERFLOW=host "$ov"
-            wait
-            judge "overflow_gpu [VMMHOOK_OVERFLOW=host]" static overflow_gpu.static.native \
-                overflow_gpu.static.hooked 77 served 0
-            info_row "overflow_gpu timings (targets of issue 23)" static "-" \
-                "$(rcname "$(rc_of overflow_gpu.static.hooked)")" \
-                "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)"
-        fi
+    if hooked_only overflow_gpu "overflow_gpu [VMMHOOK_OVERFLOW=host]" 120 \
+        "VMMHOOK_OVERFLOW=host" VMMHOOK_OVERFLOW=host; then
+        info_row "overflow_gpu timings (targets of issue 23)" static "-" \
+            "$(rcname "$(rc_of overflow_gpu.static.hooked)")" \
+            "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)"
     fi
 
     if ! skipped torch && [ -f tests/gpu/torch_overflow.py ] && [ -x "$ov" ]; then
@@ -112,6 +88,26 @@ exclusive_run() {
                 note "torch_sleep (hooked, end)"
         fi
     fi
+}
+
+# A program that only runs under the hook (natively it skips, which its native run checks in a
+# few seconds), static cudart, alone on the GPU: hooked_only NAME TITLE CAP WHAT [VAR=VALUE...]
+# (the variables set for the hooked run). False when it was not run (not built, no time).
+hooked_only() {
+    local name=$1 title=$2 cap=$3 what=$4 bin=$W/bin/$1.static t
+    shift 4
+    [ -x "$bin" ] || return 1
+    t=$(tmo "$cap" 60)
+    if [ "$t" = 0 ]; then
+        row "$name" static "-" "-" SKIP "no time left in the budget"
+        return 1
+    fi
+    say "$name: hooked ($what), alone on the GPU, timeout ${t}s ($(elapsed) s)"
+    launch "$name.static.native" native 30 "$bin"
+    wait
+    launch "$name.static.hooked" hooked "$t" env "$@" "$bin"
+    wait
+    judge "$title" static "$name.static.native" "$name.static.hooked" 77 served 0
 }
 
 # The "T name value unit target verdict" lines of pause_resume: a table for the summary
