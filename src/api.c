@@ -144,7 +144,7 @@ VMM_API vmm_status vmm_resume(const char *tag)
     return tags_status(st, driver_rc);
 }
 
-/* vmm_prefetch and vmm_prefetch_tag: heap.c moves; here the codes. */
+/* vmm_prefetch and vmm_prefetch_tag: heap_upkeep.c moves; here the codes. */
 static vmm_status prefetch_status(CUresult rc)
 {
     switch (rc) {

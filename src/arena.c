@@ -31,8 +31,9 @@
  * memory (a hash table may try to shrink, and simply stays larger if that fails).
  *
  * The structures, size classes and the live-block index are in arena_internal.h (shared with
- * arena_check.c, the tests' invariant check); this file holds the records' slabs, the free
- * lists and the entry points.
+ * arena_query.c, the queries that change nothing, and arena_check.c, the tests' invariant
+ * check); this file holds the records' slabs, the free lists and the entry points that change
+ * the arena.
  */
 #include "arena.h"
 #include "arena_internal.h"
@@ -78,7 +79,6 @@ static void rec_put(vmh_arena_t *a, blk_t *b)
 }
 
 /* ---- Segregated free lists ------------------------------------------------------------------ */
-
 
 static void free_insert(vmh_arena_t *a, blk_t *b)
 {
@@ -170,7 +170,6 @@ static blk_t *pick(const vmh_arena_t *a, size_t size)
     return NULL;
 }
 
-
 /* ---- Extent bookkeeping --------------------------------------------------------------------- */
 
 static void ext_unlink(vmh_extent_t **list, vmh_extent_t *e)
@@ -215,15 +214,6 @@ static blk_t *live_at(const vmh_arena_t *a, const vmh_extent_t *e, uintptr_t p)
     if (!e || e->arena != a || p < e->base || p - e->base >= e->size || (p & (VMH_ARENA_ALIGN - 1)))
         return NULL;
     return tab_get(e, p);
-}
-
-static void fill_info(const blk_t *b, vmh_block_info_t *info)
-{
-    if (info) {
-        info->base = b->base;
-        info->size = b->u.req;
-        info->usable = blk_size(b);
-    }
 }
 
 /* The live block starting exactly at p in e, described in *info and taken out of the index and
@@ -271,6 +261,23 @@ static void make_free(vmh_arena_t *a, blk_t *b)
     blk_set(b, size, B_FREE);
     if (listed)
         free_insert(a, b);
+}
+
+/* The bytes of b from offset `at` on (`tail` of them) become a free block of their own, linked
+ * after b and listed; b's own size is the caller's to set. Only after rec_reserve(). The block
+ * above b is not free (free blocks never touch), so the tail needs no merging. */
+static void split_tail(vmh_arena_t *a, blk_t *b, size_t at, size_t tail)
+{
+    blk_t *r = rec_take(a);
+    r->ext = b->ext;
+    r->base = b->base + at;
+    blk_set(r, tail, B_FREE);
+    r->phys_prev = b;
+    r->phys_next = b->phys_next;
+    if (r->phys_next)
+        r->phys_next->phys_prev = r;
+    b->phys_next = r;
+    free_insert(a, r);
 }
 
 /* Counts n bytes of e that became free (servable, or not when e is retired). */
@@ -372,20 +379,8 @@ int vmh_arena_alloc(vmh_arena_t *a, size_t size, uintptr_t *out)
         return ENOMEM;
 
     free_remove(a, b);
-    if (have > need) {
-        /* The tail stays free. Its upper neighbour is not free (free blocks never touch), so
-         * it needs no merging. */
-        blk_t *r = rec_take(a);
-        r->ext = e;
-        r->base = b->base + need;
-        blk_set(r, have - need, B_FREE);
-        r->phys_prev = b;
-        r->phys_next = b->phys_next;
-        if (r->phys_next)
-            r->phys_next->phys_prev = r;
-        b->phys_next = r;
-        free_insert(a, r);
-    }
+    if (have > need)
+        split_tail(a, b, need, have - need); /* the tail stays free */
     blk_set(b, need, B_LIVE);
     b->next = NULL;
     b->u.req = size;
@@ -397,20 +392,6 @@ int vmh_arena_alloc(vmh_arena_t *a, size_t size, uintptr_t *out)
     a->live += need;
     *out = b->base;
     return 0;
-}
-
-bool vmh_arena_find(const vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info)
-{
-    if (!e || p < e->base || p - e->base >= e->size || !e->tab_n)
-        return false;
-    size_t g = start_at_or_below(e, granule(e, p));
-    if (g == SIZE_MAX)
-        return false;
-    const blk_t *b = tab_get(e, e->base + ((uintptr_t)g << ALIGN_SHIFT));
-    if (!b || p - b->base >= blk_size(b))
-        return false;
-    fill_info(b, info);
-    return true;
 }
 
 int vmh_arena_park(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, uint64_t gen,
@@ -500,11 +481,6 @@ size_t vmh_arena_unpark_upto(vmh_arena_t *a, uint64_t gen)
     return n;
 }
 
-size_t vmh_arena_parked(const vmh_arena_t *a)
-{
-    return a ? a->nparked : 0;
-}
-
 int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
 {
     blk_t *b = live_at(a, e, p);
@@ -549,16 +525,7 @@ int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
             blk_set(n, blk_size(n) + cut, B_FREE);
             free_insert(a, n);
         } else if (rec_reserve(a)) {
-            blk_t *r = rec_take(a);
-            r->ext = e;
-            r->base = b->base + need;
-            blk_set(r, cut, B_FREE);
-            r->phys_prev = b;
-            r->phys_next = n;
-            if (n)
-                n->phys_prev = r;
-            b->phys_next = r;
-            free_insert(a, r);
+            split_tail(a, b, need, cut);
         } else {
             /* No host memory for a record: the block keeps its tail (still a valid shrink). */
             cut = 0;
@@ -636,71 +603,4 @@ void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e)
         }
     }
     e->retired = true;
-}
-
-bool vmh_extent_retired(const vmh_extent_t *e)
-{
-    return e->retired;
-}
-
-void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
-{
-    if (!s)
-        return;
-    memset(s, 0, sizeof(*s));
-    if (!a)
-        return;
-    s->live = a->live;
-    s->parked = a->parked;
-    s->free = a->free;
-    s->retired = a->retired;
-    s->extents_bytes = a->extents_bytes;
-    s->extents = a->extents;
-}
-
-size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a,
-                                     bool (*holds_memory)(const void *owner))
-{
-    size_t bytes = 0;
-    for (const vmh_extent_t *e = a->idle; e; e = e->next)
-        if (!holds_memory || holds_memory(e->owner))
-            bytes += e->size;
-    for (const vmh_extent_t *e = a->busy; e; e = e->next)
-        if (e->nlive == 0 && (!holds_memory || holds_memory(e->owner)))
-            bytes += e->size;
-    return bytes;
-}
-
-void *vmh_extent_owner(const vmh_extent_t *e)
-{
-    return e->owner;
-}
-
-uintptr_t vmh_extent_base(const vmh_extent_t *e)
-{
-    return e->base;
-}
-
-size_t vmh_extent_size(const vmh_extent_t *e)
-{
-    return e->size;
-}
-
-void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
-                             void *arg)
-{
-    if (!a || !cb)
-        return;
-    /* Idle extents hold no live block. */
-    for (const vmh_extent_t *e = a->busy; e; e = e->next) {
-        if (!e->nlive)
-            continue;
-        for (const blk_t *b = e->first; b; b = b->phys_next) {
-            if (blk_state(b) == B_LIVE) {
-                vmh_block_info_t info;
-                fill_info(b, &info);
-                cb(&info, arg);
-            }
-        }
-    }
 }

@@ -261,4 +261,14 @@ static inline void tab_del(vmh_extent_t *e, const blk_t *b)
         (void)tab_resize(e, e->tab_shift - 1);
 }
 
+/* The block's description as the arena's callers see it (info may be NULL: not wanted). */
+static inline void fill_info(const blk_t *b, vmh_block_info_t *info)
+{
+    if (info) {
+        info->base = b->base;
+        info->size = b->u.req;
+        info->usable = blk_size(b);
+    }
+}
+
 #endif

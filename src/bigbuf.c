@@ -530,7 +530,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
 /* ---- moving spilled memory back ---------------------------------------------------------- */
 
 /* Device memory for a rehome. No relief of idle memory here: its locks may be taken under the
- * set's lock elsewhere; the front trims first (heap.c). */
+ * set's lock elsewhere; the front trims first (heap_upkeep.c). */
 static CUresult device_chunk(void *arg, size_t size, vmh_alloc_t **out)
 {
     return vmh_dev_chunk(arg, size, out);

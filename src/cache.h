@@ -55,7 +55,7 @@ void vmh_cache_make_room(vmh_cache_t *c, size_t rounded, size_t parked);
 /* Gives back every idle range and resets the device's recent peak; returns the bytes. */
 size_t vmh_cache_trim(vmh_cache_t *c);
 /* Gives back idle ranges, least recently freed first, until at least `bytes` (or all there
- * are); the peak is kept (the background tidy, heap.c); returns the bytes. */
+ * are); the peak is kept (the background tidy, heap_upkeep.c); returns the bytes. */
 size_t vmh_cache_trim_upto(vmh_cache_t *c, size_t bytes);
 
 /* Idle bytes held (every one of them can serve an allocation: whole ranges). */

@@ -1,5 +1,6 @@
 /* The process's contexts and stream captures, as the library sees them through the interposed
- * entry points (interpose_ctx.c reports them; contexts.c keeps them).
+ * entry points (interpose_ctx.c reports them; contexts.c and captures.c keep them; ctx_scope.c and
+ * one_queue.c hold the library's scopes and the one-queue rule).
  *
  * Why: memory a program frees may be reused only after work submitted before the free has
  * completed in every context of that device (not only the first context the library saw),
@@ -7,7 +8,7 @@
  * and invalidate the capture). The reclaim layer asks this module which contexts to wait for
  * and whether it may wait at all.
  *
- * CONTRACT: interpose_ctx.c / contexts.c implement it; the heap's reclaim layer
+ * CONTRACT: interpose_ctx.c / the contexts layer implement it; the heap's reclaim layer
  * consumes it. Change a signature only together with both sides.
  *
  * The library's own driver calls (vmh_drv) are never the interposed ones, so no report follows
@@ -180,11 +181,11 @@ const char *vmh_work_split_reason(void);
  * in the child can block. The contexts are kept (CUDA is not usable in the child anyway; the
  * driver answers its calls). lifetime.c's fork handler calls it, once, in every child: reports
  * arrive from the program's first CUDA calls, before the library's start, so that handler is
- * registered at the first use of this file's locks (fn below), after the driver's first
+ * registered at the first use of this layer's locks (fn below), after the driver's first
  * successful call. This file registers no handler of its own. */
 void vmh_contexts_after_fork_child(void);
 
-/* fn is called at the first use of this file's locks (also by several threads at once; it must
+/* fn is called at the first use of this layer's locks (also by several threads at once; it must
  * be idempotent): lifetime.c registers its fork handlers there. */
 void vmh_contexts_on_first_use(void (*fn)(void));
 

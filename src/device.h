@@ -53,7 +53,7 @@ extern vmh_owner_t vmh_owner_idle, vmh_owner_dead;
 typedef bool (*vmh_relieve_fn)(vmh_dev_t *d);
 
 /* Gives back idle memory of the device beyond what the program's recent peak may need (the
- * reclaim thread calls it, heap.c decides: DESIGN.md, "Limits that follow the program"). */
+ * reclaim thread calls it, heap_upkeep.c decides: DESIGN.md, "Limits that follow the program"). */
 typedef void (*vmh_tidy_fn)(vmh_dev_t *d);
 
 struct vmh_dev {

@@ -159,7 +159,7 @@ void vmh_heap_reset(void);
 #ifdef VMH_TESTING
 /* Tests: the packing shard the calling thread allocates in (picked on the first call). */
 unsigned vmh_heap_thread_shard(void);
-/* Tests: runs the device's background tidy now (heap.c: what the reclaim thread runs), as if
+/* Tests: runs the device's background tidy now (heap_upkeep.c: what the reclaim thread runs), as if
  * its pace had allowed it and, when new_window, a window of the recent peak had ended. */
 void vmh_heap_tidy_now(int device, bool new_window);
 /* Tests: called in vmh_heap_trim after its wait and before it gives memory back, the window in

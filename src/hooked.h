@@ -111,7 +111,7 @@ typedef IP_PFN_cuStreamBeginCapture_v10000 IP_PFN_cuStreamBeginCapture_v10000_pt
     X(cuMemAllocManaged, PFN_cuMemAllocManaged_v6000, "cuMemAllocManaged", 6000, INT_MAX,          \
       IP_STREAM_NONE)
 
-/* Contexts, streams made and stream capture, reported to contexts.c (interpose_ctx.c). */
+/* Contexts, streams made and stream capture, reported to the contexts layer (interpose_ctx.c). */
 #define VMH_HOOKED_CTX(X)                                                                          \
     X(cuCtxCreate, PFN_cuCtxCreate_v3020, "cuCtxCreate", 2000, 3020, IP_STREAM_NONE)               \
     X(cuCtxCreate_v2, PFN_cuCtxCreate_v3020, "cuCtxCreate", 3020, 11040, IP_STREAM_NONE)           \

@@ -101,7 +101,7 @@ static inline void *vmh_ip_real(enum ip_variant v)
 
 /* The stream a call names: in the per-thread-default-stream forms (ptsz) stream 0 is the calling
  * thread's default stream, named CU_STREAM_PER_THREAD (which the heap orders a free after, and
- * contexts.c pairs with the thread), not the legacy stream. */
+ * captures.c pairs with the thread), not the legacy stream. */
 static inline CUstream vmh_ip_stream(bool ptsz, CUstream s)
 {
     return ptsz && s == NULL ? CU_STREAM_PER_THREAD : s;

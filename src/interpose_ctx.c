@@ -165,11 +165,11 @@ IP_CTX_GOING_WRAPPER(cuDevicePrimaryCtxReset_v2, CUdevice, ip_primary_going)
 
 /* ---------------------------------------------------------------------------------------------
  * Stream capture. Every entry point has both stream forms (IP_STREAM_FORM_WRAPPERS); a capture
- * is recorded on the stream the call names (vmh_ip_stream), which contexts.c pairs with the
+ * is recorded on the stream the call names (vmh_ip_stream), which captures.c pairs with the
  * calling thread when it is CU_STREAM_PER_THREAD.
  */
 
-/* One begin call of the program, whichever ABI and stream form: contexts.c makes it through
+/* One begin call of the program, whichever ABI and stream form: captures.c makes it through
  * ip_begin_real once no library synchronize is in progress (vmh_capture_begin), and records its
  * capture. */
 typedef enum {

@@ -445,7 +445,7 @@ static void *reclaim_main(void *unused)
     /* Relaxed capture interaction mode: by the driver's rule, another thread's global-mode
      * capture then never makes this thread's potentially unsafe calls (the releases after a
      * wait) refused ones. It does not cover the synchronize itself: a context synchronize
-     * conflicts with a capture in any mode. That one is kept apart by contexts.c: it refuses
+     * conflicts with a capture in any mode. That one is kept apart by captures.c's gate: it refuses
      * while a capture is in progress, and a capture cannot begin while it runs. */
     vmh_stats_background_thread = true;
     CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -461,7 +461,7 @@ static void *reclaim_main(void *unused)
             if (!r) {
                 /* Nothing parked. Memory held idle (free carved space, cached buffers) is
                  * looked at again every BG_TIDY_NS: what the program's recent peak no longer
-                 * needs goes back without any application thread waiting (heap.c's tidy). */
+                 * needs goes back without any application thread waiting (heap_upkeep.c's tidy). */
                 bool idle = vmh_gauge_get(VMH_STAT_bytes_cached) > 0;
                 if (idle)
                     nap_locked(BG_TIDY_NS);

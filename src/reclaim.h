@@ -12,7 +12,7 @@
  *
  * Who waits. In steady state only the reclaim thread (one per process, started at the first
  * park or free released at once, never in a forked child, stopped at exit): it waits while
- * anything is parked (and, for its tidy of idle memory, heap.c, while anything is idle) and no
+ * anything is parked (and, for its tidy of idle memory, heap_upkeep.c, while anything is idle) and no
  * stream of the process captures, so application threads do not stall. An application thread
  * waits only
  *   - before an allocation makes new memory, while the device's parked bytes exceed

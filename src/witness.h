@@ -36,8 +36,8 @@
       "in this order)")                                                                            \
     X(IPC_LISTENER, true, "ipc_listener.c listen_lock: the listener's start and stop")             \
     X(IPC_EXPORT, true, "ipc_export.c table_lock: the export table, across the exporting calls")   \
-    X(DEVICES, true, "heap.c devs_lock: making a device's state")                                  \
-    X(TIDY, true, "heap.c tidy_lock: one device's tidy (its wait and trims)")                      \
+    X(DEVICES, true, "heap_devices.c devs_lock: making a device's state")                          \
+    X(TIDY, true, "heap_upkeep.c tidy_lock: one device's tidy (its wait and trims)")               \
     X(RECLAIM_WAIT, true,                                                                          \
       "reclaim.c wait_lock: one wait for the GPU per device, and the "                             \
       "releases after it")                                                                         \
@@ -54,14 +54,14 @@
     X(RECLAIM_QUEUE, false, "reclaim.c: a device's queue of parked items")                         \
     X(RECLAIM_STOP, true, "reclaim.c stop_lock: one stop of the reclaim thread at a time")         \
     X(RECLAIM_THREAD, false, "reclaim.c: the reclaim thread's state (a park starts or wakes it)")  \
-    X(PARTS, false, "heap.c parts_lock: making and freezing tags' parts")                          \
+    X(PARTS, false, "heap_devices.c parts_lock: making and freezing tags' parts")                  \
     X(ACCESS, true,                                                                                \
       "handle.c access_lock: peer grants against new mappings, across the mapping "                \
       "calls")                                                                                     \
     X(MAPS, true, "handle.c maps_lock: the list of mappings (a peer grant walks it)")              \
-    X(CAPTURE_GATE, false, "contexts.c gate_lock: library synchronizes against capture begins")    \
+    X(CAPTURE_GATE, false, "captures.c gate_lock: library synchronizes against capture begins")    \
     X(CONTEXTS, false, "contexts.c ctx_lock: the known contexts")                                  \
-    X(CAPTURES, false, "contexts.c cap_lock: the captures in progress")
+    X(CAPTURES, false, "captures.c cap_lock: the captures in progress")
 
 typedef enum vmh_rank {
     VMH_RANK_NONE,

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Mechanical checks of the documentation against the code (meson test --suite tools):
 #   1. docs/OPTIONS.md's options table is exactly `vmmhook-config --markdown` (the table in
-#      src/options.c): names, launcher flags, defaults, forms, text;
+#      src/options_table.c): names, launcher flags, defaults, forms, text;
 #   2. every VMMHOOK_* name written anywhere in README.md and docs/*.md is an option of the table
 #      (a renamed or removed option leaves no stale mention);
 #   3. a table row "| `VMMHOOK_X` | `default` |" anywhere else states the table's default;
@@ -62,7 +62,7 @@ for f in "$root/README.md" "$root"/docs/*.md; do
         grep -qxF "$n" "$tmp/names" || echo "$f: $n"
     done
 done >"$tmp/unknown"
-[ ! -s "$tmp/unknown" ] || bad "names that are not options of src/options.c: $(cat "$tmp/unknown")"
+[ ! -s "$tmp/unknown" ] || bad "names that are not options of src/options_table.c: $(cat "$tmp/unknown")"
 
 # 3. Defaults stated in any other table row.
 "$config" --list | while read -r name kind flag; do

@@ -1,0 +1,95 @@
+/* Layer "arena, registry": what an arena holds, read without changing it (arena.h): the block
+ * behind an address, the statistics, the extents' owners and bounds, the bytes of extents that
+ * hold no live block, each live block. The arena's changes (alloc, park, release, resize,
+ * extents added and taken) are arena.c's; both read the structures of arena_internal.h. */
+#include "arena.h"
+#include "arena_internal.h"
+
+#include <stdint.h>
+#include <string.h>
+
+bool vmh_arena_find(const vmh_extent_t *e, uintptr_t p, vmh_block_info_t *info)
+{
+    if (!e || p < e->base || p - e->base >= e->size || !e->tab_n)
+        return false;
+    size_t g = start_at_or_below(e, granule(e, p));
+    if (g == SIZE_MAX)
+        return false;
+    const blk_t *b = tab_get(e, e->base + ((uintptr_t)g << ALIGN_SHIFT));
+    if (!b || p - b->base >= blk_size(b))
+        return false;
+    fill_info(b, info);
+    return true;
+}
+
+size_t vmh_arena_parked(const vmh_arena_t *a)
+{
+    return a ? a->nparked : 0;
+}
+
+bool vmh_extent_retired(const vmh_extent_t *e)
+{
+    return e->retired;
+}
+
+void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
+{
+    if (!s)
+        return;
+    memset(s, 0, sizeof(*s));
+    if (!a)
+        return;
+    s->live = a->live;
+    s->parked = a->parked;
+    s->free = a->free;
+    s->retired = a->retired;
+    s->extents_bytes = a->extents_bytes;
+    s->extents = a->extents;
+}
+
+size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a,
+                                     bool (*holds_memory)(const void *owner))
+{
+    size_t bytes = 0;
+    for (const vmh_extent_t *e = a->idle; e; e = e->next)
+        if (!holds_memory || holds_memory(e->owner))
+            bytes += e->size;
+    for (const vmh_extent_t *e = a->busy; e; e = e->next)
+        if (e->nlive == 0 && (!holds_memory || holds_memory(e->owner)))
+            bytes += e->size;
+    return bytes;
+}
+
+void *vmh_extent_owner(const vmh_extent_t *e)
+{
+    return e->owner;
+}
+
+uintptr_t vmh_extent_base(const vmh_extent_t *e)
+{
+    return e->base;
+}
+
+size_t vmh_extent_size(const vmh_extent_t *e)
+{
+    return e->size;
+}
+
+void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
+                             void *arg)
+{
+    if (!a || !cb)
+        return;
+    /* Idle extents hold no live block. */
+    for (const vmh_extent_t *e = a->busy; e; e = e->next) {
+        if (!e->nlive)
+            continue;
+        for (const blk_t *b = e->first; b; b = b->phys_next) {
+            if (blk_state(b) == B_LIVE) {
+                vmh_block_info_t info;
+                fill_info(b, &info);
+                cb(&info, arg);
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+/* Layer "heap front", its devices table: one heap per device, made at the device's first use,
+ * each with a part per tag made at the tag's first allocation there; the front's mode (running,
+ * exited, forked child) and the steps that change it (shutdown with its leak report, the forked
+ * child, the tests' reset); the tags' parts as pause.c sees them. The entry points that route
+ * allocations and pointers are in heap.c, what gives idle memory back in heap_upkeep.c.
+ *
+ * Devices and parts are never freed while the process runs (only the tests' reset frees them),
+ * so a reader that loaded one may use it without a lock.
+ */
+#include "heap_internal.h"
+
+#include "clock.h"
+#include "contexts.h"
+#include "log.h"
+#include "report.h"
+#include "tags.h"
+#include "witness.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+vmh_heap_settings_t vmh_heap_settings;
+_Atomic(hdev_t *) vmh_heap_devs[VMH_MAX_DEVICES];
+atomic_int vmh_heap_mode = HEAP_RUNNING;
+
+/* Guards making tag parts and freezing them (vmh_heap_tag_freeze). */
+static pthread_mutex_t parts_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void vmh_heap_configure(const vmh_heap_settings_t *s)
+{
+    vmh_heap_settings = *s;
+}
+
+static void hdev_destroy(hdev_t *h)
+{
+    vmh_reclaim_release_all(&h->reclaim);
+    FOR_EACH_PART(h, p) {
+        vmh_bigbuf_destroy(&p->big);
+        vmh_packing_destroy(&p->pack);
+        free(p);
+    }
+    vmh_cache_destroy(&h->cache);
+    vmh_reclaim_destroy(&h->reclaim);
+    free(h);
+}
+
+static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
+{
+    hdev_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    h->dev.relieve = vmh_hdev_relieve;
+    h->dev.tidy = vmh_hdev_tidy;
+    pthread_mutex_init(&h->tidy_lock, NULL);
+    h->window_ns = h->tidy_ns = vmh_now_ns();
+    CUresult rc = vmh_dev_setup(&h->dev, ordinal, ctx);
+    vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
+    vmh_reclaim_init(&h->reclaim, &h->dev);
+    vmh_cache_init(&h->cache, &h->dev);
+    if (rc != CUDA_SUCCESS) {
+        hdev_destroy(h);
+        return rc;
+    }
+    *out = h;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_hdev_get(int ordinal, CUcontext ctx, hdev_t **out)
+{
+    if (ordinal < 0 || ordinal >= VMH_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    hdev_t *h = hdev_at(ordinal);
+    CUresult rc = CUDA_SUCCESS;
+    if (!h) {
+        vmh_lock(&devs_lock, VMH_RANK_DEVICES);
+        h = hdev_at(ordinal);
+        if (!h) {
+            rc = hdev_new(ordinal, ctx, &h);
+            if (rc == CUDA_SUCCESS)
+                atomic_store_explicit(&vmh_heap_devs[ordinal], h, memory_order_release);
+        }
+        vmh_unlock(&devs_lock);
+    }
+    *out = h;
+    if (rc == CUDA_SUCCESS && h->dev.unsupported)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return rc;
+}
+
+CUresult vmh_hdev_current(hdev_t **out)
+{
+    CUcontext ctx = NULL;
+    int dev;
+    CUresult rc = vmh_ctx_current(&ctx, &dev);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    return vmh_hdev_get(dev, ctx, out);
+}
+
+/* A part made while its tag is not running starts frozen: made and frozen under parts_lock, which
+ * vmh_heap_tag_freeze takes too, so that a pause never misses a part. */
+tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag)
+{
+    assert(tag < VMM_TAGS_MAX);
+    tagpart_t *p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
+    if (p)
+        return p;
+    vmh_lock(&parts_lock, VMH_RANK_PARTS);
+    p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
+    if (!p && (p = calloc(1, sizeof *p))) {
+        p->tag = tag;
+        vmh_bigbuf_init(&p->big, &h->dev, &h->reclaim, &h->cache);
+        if (vmh_packing_init(&p->pack, &h->dev, &h->reclaim) != CUDA_SUCCESS) {
+            vmh_packing_destroy(&p->pack);
+            vmh_bigbuf_destroy(&p->big);
+            free(p);
+            p = NULL;
+        } else {
+            bool frozen = !vmh_tag_running(tag);
+            atomic_store(&p->big.frozen, frozen);
+            atomic_store(&p->pack.frozen, frozen);
+            atomic_store_explicit(&h->part[tag], p, memory_order_release);
+        }
+    }
+    vmh_unlock(&parts_lock);
+    return p;
+}
+
+static void report_big_leak(CUdeviceptr base, size_t size, void *site, void *arg)
+{
+    vmh_leak_report_one(base, size, *(int *)arg, site);
+}
+
+static void report_packed_leak(const vmh_block_info_t *b, void *arg)
+{
+    vmh_leak_report_one(b->base, b->size, *(int *)arg, NULL);
+}
+
+void vmh_heap_shutdown(bool report_leaks)
+{
+    int expected = HEAP_RUNNING;
+    if (!atomic_compare_exchange_strong(&vmh_heap_mode, &expected, HEAP_EXITED))
+        return;
+    /* No driver call after this returns: the driver may be torn down next. */
+    vmh_reclaim_stop(true);
+    if (!report_leaks)
+        return;
+    vmh_leak_report_begin();
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = hdev_at(i);
+        if (!h || h->dev.unsupported)
+            continue;
+        FOR_EACH_PART(h, p) {
+            vmh_bigbuf_for_each_live(&p->big, report_big_leak, &i);
+            vmh_packing_for_each_live(&p->pack, report_packed_leak, &i);
+        }
+    }
+    vmh_leak_report_end();
+}
+
+/* ---- tags (pause.c) ------------------------------------------------------------------------- */
+
+bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out)
+{
+    /* Also after exit: the exit report counts the tags' memory (vmm_pause refuses by then). */
+    if (device < 0 || device >= VMH_MAX_DEVICES || tag >= VMM_TAGS_MAX || heap_in_child())
+        return false;
+    hdev_t *h = hdev_at(device);
+    tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
+    if (!p)
+        return false;
+    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim, &p->big, &p->pack};
+    return true;
+}
+
+void vmh_heap_tag_freeze(unsigned tag, bool frozen)
+{
+    vmh_lock(&parts_lock, VMH_RANK_PARTS);
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = hdev_at(i);
+        tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
+        if (p) {
+            atomic_store(&p->big.frozen, frozen);
+            atomic_store(&p->pack.frozen, frozen);
+        }
+    }
+    vmh_unlock(&parts_lock);
+}
+
+void vmh_heap_forked_child(void)
+{
+    atomic_store(&vmh_heap_mode, HEAP_CHILD); /* the reclaim thread's step is lifetime.c's own call */
+}
+
+void vmh_heap_reset(void)
+{
+    vmh_reclaim_stop(false); /* its waits use the queues destroyed here */
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = atomic_exchange(&vmh_heap_devs[i], NULL);
+        if (h)
+            hdev_destroy(h);
+    }
+    vmh_access_reset();
+    atomic_store(&vmh_heap_mode, HEAP_RUNNING);
+}

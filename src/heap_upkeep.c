@@ -1,0 +1,222 @@
+/* Layer "heap front", its upkeep: idle memory given back and spilled memory brought home.
+ *   - relieve: after the driver ran out of memory, the device's parked frees waited for and its
+ *     idle memory trimmed, so that the allocation can try once more (device.h);
+ *   - tidy: from the reclaim thread, idle memory beyond what the program's recent peak may need
+ *     again goes back, so that no application thread waits for it (docs/DESIGN.md, "Limits that
+ *     follow the program");
+ *   - trim: everything idle, when the program or another allocator of the process asks;
+ *   - prefetch: buffers spilled to host memory (VMMHOOK_OVERFLOW=host) moved back to the device.
+ * The devices table is heap_devices.c's; the entry points that serve and free are heap.c's.
+ */
+#include "heap_internal.h"
+
+#include "clock.h"
+#include "contexts.h"
+#include "overflow.h"
+#include "registry.h"
+#include "stats.h"
+#include "witness.h"
+
+#include <assert.h>
+#include <stdatomic.h>
+
+static _Atomic(vmh_pressure_fn) pressure_hook; /* run before trimming on out of memory */
+
+void vmh_heap_on_pressure(vmh_pressure_fn fn)
+{
+    atomic_store(&pressure_hook, fn);
+}
+
+/* Gives back idle memory of the device after the driver ran out of memory (device.h): waits
+ * for parked frees (not while the calling thread may not synchronize: a capture; the caller
+ * then answers out of memory, as the driver would), and trims. */
+bool vmh_hdev_relieve(vmh_dev_t *d)
+{
+    hdev_t *h = hdev_of(d);
+    vmh_pressure_fn hook = atomic_load(&pressure_hook);
+    /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
+    bool dropped = hook && hook();
+    vmh_reclaim_drain(&h->reclaim);
+    size_t bytes = vmh_cache_trim(&h->cache);
+    FOR_EACH_PART(h, p)
+        bytes += vmh_packing_trim(&p->pack);
+    if (bytes)
+        vmh_count(VMH_STAT_trims, 1);
+    return bytes != 0 || dropped || vmh_reclaim_pending(&h->reclaim);
+}
+
+/* Limits that follow the program: idle memory (free carved space in whole extents, cached
+ * buffers) stays while the program's recent peak of live bytes may need it again, plus a
+ * slack of 1/TIDY_SLACK of that peak; the rest goes back, from the reclaim thread, so no
+ * application thread waits. "Recent": the larger of the peaks of the current window and the
+ * one before (TIDY_WINDOW_NS each), so a program whose steps repeat keeps its steps' memory
+ * and one that shrank for good gives it back within two windows. */
+#define TIDY_WINDOW_NS 1000000000ull
+#define TIDY_EVERY_NS 50000000ull
+#define TIDY_SLACK 16
+
+void vmh_hdev_tidy(vmh_dev_t *d)
+{
+    hdev_t *h = hdev_of(d);
+    if (!heap_running() || vmh_trylock(&h->tidy_lock, VMH_RANK_TIDY) != 0)
+        return;
+    uint64_t now = vmh_now_ns();
+    if (now - h->tidy_ns < TIDY_EVERY_NS) {
+        vmh_unlock(&h->tidy_lock);
+        return;
+    }
+    h->tidy_ns = now;
+    size_t peak = vmh_dev_usable_peak(d);
+    if (now - h->window_ns >= TIDY_WINDOW_NS) {
+        h->window_ns = now;
+        h->peak_before = peak;
+        vmh_dev_usable_peak_reset(d);
+    }
+    if (h->peak_before > peak)
+        peak = h->peak_before;
+    size_t live = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
+    size_t keep = (peak > live ? peak - live : 0) + peak / TIDY_SLACK;
+    size_t idle = vmh_heap_idle_bytes(d->ordinal);
+    if (idle > keep + d->gran && vmh_reclaim_pass(&h->reclaim, VMH_WAIT_BACKGROUND) ==
+                                     CUDA_SUCCESS) {
+        /* Memory freed at once may still be touched by queued work: passed first (above). */
+        size_t excess = idle - keep, given = vmh_cache_trim_upto(&h->cache, excess);
+        FOR_EACH_PART(h, p)
+            if (given < excess)
+                given += vmh_packing_trim_upto(&p->pack, excess - given);
+        if (given)
+            vmh_count(VMH_STAT_tidy_bytes, given);
+    }
+    vmh_unlock(&h->tidy_lock);
+}
+
+#ifdef VMH_TESTING
+void (*vmh_heap_test_after_drain)(void);
+
+void vmh_heap_tidy_now(int device, bool new_window)
+{
+    hdev_t *h = hdev_at(device);
+    assert(h);
+    vmh_lock(&h->tidy_lock, VMH_RANK_TIDY);
+    h->tidy_ns -= TIDY_EVERY_NS;
+    if (new_window)
+        h->window_ns -= TIDY_WINDOW_NS;
+    vmh_unlock(&h->tidy_lock);
+    vmh_hdev_tidy(&h->dev);
+}
+#endif
+
+size_t vmh_heap_trim(void)
+{
+    if (heap_in_child())
+        return 0;
+    size_t bytes = 0;
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = hdev_at(i);
+        if (!h || h->dev.unsupported)
+            continue;
+        vmh_reclaim_drain(&h->reclaim); /* not during a capture (reclaim.h) */
+#ifdef VMH_TESTING
+        if (vmh_heap_test_after_drain)
+            vmh_heap_test_after_drain();
+#endif
+        size_t b = vmh_cache_trim(&h->cache);
+        FOR_EACH_PART(h, p)
+            b += vmh_packing_trim(&p->pack);
+        if (b)
+            vmh_count(VMH_STAT_trims, 1);
+        bytes += b;
+    }
+    /* Now that idle memory is unmapped, other layers may let go of chunks only they still
+     * hold (ipc.c: exports of freed buffers). */
+    vmh_pressure_fn hook = atomic_load(&pressure_hook);
+    if (hook)
+        hook();
+    return bytes;
+}
+
+void vmh_heap_trim_paused(void)
+{
+    if (heap_in_child())
+        return;
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = hdev_at(i);
+        if (!h || h->dev.unsupported)
+            continue;
+        FOR_EACH_PART(h, p)
+            vmh_packing_trim_paused(&p->pack);
+    }
+}
+
+size_t vmh_heap_idle_bytes(int device)
+{
+    if (device < 0 || device >= VMH_MAX_DEVICES || heap_in_child())
+        return 0;
+    hdev_t *h = hdev_at(device);
+    if (!h || h->dev.unsupported)
+        return 0;
+    size_t idle = vmh_cache_bytes(&h->cache);
+    FOR_EACH_PART(h, p)
+        idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_packing_idle_bytes(&p->pack);
+    return idle;
+}
+
+/* ---- spilled memory back to the device ---------------------------------------------------- */
+
+/* What a prefetch does first: no work of the program may touch what moves (its contract), and
+ * none submitted before may still be running; then idle memory makes room. */
+static CUresult prefetch_prepare(hdev_t *h)
+{
+    CUresult rc = vmh_ctx_sync_device(h->dev.ordinal);
+    if (rc == CUDA_SUCCESS)
+        (void)vmh_hdev_relieve(&h->dev);
+    return rc;
+}
+
+CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
+{
+    *moved = 0;
+    if (heap_in_child() || !heap_running())
+        return CUDA_ERROR_NOT_FOUND;
+    vmh_buffer_info_t info;
+    const vmh_owner_t *seen = vmh_registry_get(p);
+    if (!seen || !seen->lock || !vmh_heap_find(p, &info))
+        return CUDA_ERROR_NOT_FOUND; /* not a live served buffer */
+    if (seen->kind != VMH_OWN_BIG)
+        return CUDA_SUCCESS; /* packed memory never spills */
+    hdev_t *h;
+    CUresult rc = vmh_hdev_current(&h);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (&h->dev != seen->dev)
+        return CUDA_ERROR_INVALID_DEVICE; /* the copy runs in the current context */
+    if ((rc = prefetch_prepare(h)) != CUDA_SUCCESS)
+        return rc;
+    vmh_owner_t *o = vmh_owner_lock(p);
+    if (!o)
+        return CUDA_ERROR_NOT_FOUND; /* freed meanwhile */
+    if (o->kind != VMH_OWN_BIG) {
+        vmh_owner_unlock(o);
+        return CUDA_SUCCESS;
+    }
+    return vmh_bigbuf_prefetch_locked((vmh_big_t *)o, p, moved); /* unlocks */
+}
+
+CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
+{
+    *moved = 0;
+    if (heap_in_child() || !heap_running())
+        return CUDA_SUCCESS;
+    hdev_t *h;
+    CUresult rc = vmh_hdev_current(&h);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    tagpart_t *p = tag < VMM_TAGS_MAX ? atomic_load_explicit(&h->part[tag], memory_order_acquire)
+                                      : NULL;
+    if (!p || !vmh_overflow_bytes(h->dev.ordinal))
+        return CUDA_SUCCESS;
+    if ((rc = prefetch_prepare(h)) != CUDA_SUCCESS)
+        return rc;
+    return vmh_bigbuf_prefetch_all(&p->big, moved);
+}
+
