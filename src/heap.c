@@ -23,7 +23,6 @@
 
 #include "contexts.h"
 #include "driver.h"
-#include "log.h"
 #include "overflow.h"
 #include "registry.h"
 #include "stats.h"

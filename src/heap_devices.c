@@ -11,7 +11,6 @@
 
 #include "clock.h"
 #include "contexts.h"
-#include "log.h"
 #include "report.h"
 #include "tags.h"
 #include "witness.h"
