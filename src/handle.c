@@ -248,7 +248,7 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
         rc = CALL(vmh_drv.cuMemSetAccess(ptr, alloc->size, acc, (size_t)nacc));
         if (rc != CUDA_SUCCESS) {
             vmh_rwunlock(&access_lock);
-                undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(ptr, alloc->size)));
+            undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(ptr, alloc->size)));
             free(m);
             return rc;
         }

@@ -401,7 +401,6 @@ static void test_long_path(void **state)
     assert_string_equal(o.trace, path);
 }
 
-
 /* ---- formatting round trip --------------------------------------------------------------------
  */
 
@@ -447,7 +446,6 @@ static void test_format_round_trip(void **state)
     assert_int_equal(vmh_options_set(&o, row_of("VMMHOOK_PEERS"), list), 0);
     assert_true(o.peers == UINT64_MAX);
 }
-
 
 /* ---- single rows' bounds --------------------------------------------------------------------- */
 
@@ -518,7 +516,6 @@ static void test_granularity_upper_bound(void **state)
     assert_int_equal(loglines, 0);
 }
 
-
 /* ---- docs/OPTIONS.md documents every row with its default -------------------------------------
  */
 
@@ -559,7 +556,6 @@ static void test_docs_table(void **state)
                      def);
     }
 }
-
 
 int main(void)
 {

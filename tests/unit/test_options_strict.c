@@ -175,7 +175,6 @@ static void test_parse_for_check(void **state)
     assert_int_equal(exit_calls, 0);
 }
 
-
 /* ---- values the machine refuses later (the front's policy, lifetime.c) ---------------------- */
 
 static void test_handle_type_refused(void **state)
@@ -192,8 +191,7 @@ static void test_handle_type_refused(void **state)
                         "fabric; using none\n");
 }
 
-
-/* ---- the real strict stop and the load line --------------------------------------------------- */
+/* ---- the real strict stop and the load line -------------------------------------------------- */
 
 /* The real strict stop: the program's buffered output is flushed, then it aborts (it used to
  * _exit(2), losing that output). Run in a child whose stdout is a pipe. */
@@ -262,7 +260,6 @@ static void test_announce(void **state)
                                    "VMMHOOK_STRICT=on (and bad values, reported at the first CUDA "
                                    "call)\n"));
 }
-
 
 int main(void)
 {
