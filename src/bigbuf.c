@@ -1,6 +1,7 @@
 /* Layer "big buffers": buffers with a range of their own (see bigbuf.h). */
 #include "bigbuf.h"
 
+#include "list.h"
 #include "log.h"
 #include "overflow.h"
 #include "registry.h"
@@ -42,30 +43,17 @@ static void idle_gauge(int64_t delta)
     vmh_gauge_add(VMH_STAT_bytes_cached, delta);
 }
 
+/* A set's lists keep their count and bytes beside the links (list.h links only). */
 static void list_push(vmh_biglist_t *l, vmh_big_t *b)
 {
-    b->prev = NULL;
-    b->next = l->head;
-    if (l->head)
-        l->head->prev = b;
-    else
-        l->tail = b;
-    l->head = b;
+    VMH_LIST_PUSH(l->head, l->tail, b);
     l->count++;
     l->bytes += b->range ? b->range->size : 0;
 }
 
 static void list_remove(vmh_biglist_t *l, vmh_big_t *b)
 {
-    if (b->prev)
-        b->prev->next = b->next;
-    else
-        l->head = b->next;
-    if (b->next)
-        b->next->prev = b->prev;
-    else
-        l->tail = b->prev;
-    b->prev = b->next = NULL;
+    VMH_LIST_REMOVE(l->head, l->tail, b);
     assert(l->count > 0);
     l->count--;
     l->bytes -= b->range ? b->range->size : 0;
@@ -192,16 +180,43 @@ static bool serve_range(vmh_bigbufs_t *bb, vmh_range_t *r, size_t size, bool gro
     return true;
 }
 
+/* The usable bytes of a buffer of size bytes (*rounded: size rounded to the granularity), taken
+ * off the device's limit; false when they cannot be. A paused tag takes no memory: refused
+ * before any memory is made (and again under the lock, in serve_range, for a pause that comes
+ * meanwhile). */
+static bool usable_take(vmh_bigbufs_t *bb, size_t size, size_t *rounded)
+{
+    return !atomic_load(&bb->frozen) && vmh_round_up(size, bb->dev->gran, rounded) &&
+           vmh_dev_usable_take(bb->dev, *rounded);
+}
+
+/* The end of a miss: `made` is the answer of the call that made r for the `rounded` usable
+ * bytes the caller took (usable_take). A range made is served as a live buffer, or destroyed
+ * when it cannot be (nothing else knows of it); the bytes go back on any failure. */
+static CUresult serve_made(vmh_bigbufs_t *bb, CUresult made, vmh_range_t *r, size_t rounded,
+                           size_t size, bool growable, void *site, CUdeviceptr *out)
+{
+    if (made != CUDA_SUCCESS) {
+        vmh_dev_usable_give(bb->dev, rounded);
+        return made;
+    }
+    CUdeviceptr base = r->base; /* once served, a pause may swap r out at once */
+    if (!serve_range(bb, r, size, growable, site)) {
+        vmh_range_destroy(r);
+        vmh_dev_usable_give(bb->dev, rounded);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = base;
+    return CUDA_SUCCESS;
+}
+
 CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *site,
                           CUdeviceptr *out, bool *no_address)
 {
     vmh_dev_t *d = bb->dev;
     size_t rounded;
     *no_address = false;
-    /* A paused tag takes no memory: refused before any memory is made (and again under the
-     * lock, in serve_range, for a pause that comes meanwhile). */
-    if (atomic_load(&bb->frozen) || !vmh_round_up(size, d->gran, &rounded) ||
-        !vmh_dev_usable_take(d, rounded))
+    if (!usable_take(bb, size, &rounded))
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* Parked buffers are not waited for here (reclaim.h: the reclaim thread releases them to
      * the cache, the device waits on out of memory) unless a miss is about to make new memory
@@ -227,46 +242,23 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
 
     /* A miss: recycle idle memory before asking for more (cache.h). */
     vmh_cache_make_room(bb->cache, rounded, vmh_reclaim_parked_bytes(bb->reclaim));
-    vmh_range_t *r;
+    vmh_range_t *r = NULL;
     CUresult rc = vmh_dev_range_new(d, rounded, vmh_dev_reserve_for(rounded, growable), &r,
                                     no_address);
-    if (rc != CUDA_SUCCESS) {
-        vmh_dev_usable_give(d, rounded);
-        return rc;
-    }
-    CUdeviceptr base = r->base;
-    if (!serve_range(bb, r, size, growable, site)) {
-        vmh_range_destroy(r);
-        vmh_dev_usable_give(d, rounded);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *out = base;
-    return CUDA_SUCCESS;
+    return serve_made(bb, rc, r, rounded, size, growable, site, out);
 }
 
 CUresult vmh_bigbuf_alloc_spilled(vmh_bigbufs_t *bb, size_t size, void *site, CUdeviceptr *out)
 {
-    vmh_dev_t *d = bb->dev;
     size_t rounded;
-    if (atomic_load(&bb->frozen) || !vmh_round_up(size, d->gran, &rounded) ||
-        !vmh_dev_usable_take(d, rounded))
+    if (!usable_take(bb, size, &rounded))
         return CUDA_ERROR_OUT_OF_MEMORY;
     size_t reserve = vmh_dev_reserve_for(rounded, false);
-    vmh_range_t *r;
-    CUresult rc = vmh_dev_va_exhausted(reserve) ? CUDA_ERROR_OUT_OF_MEMORY
-                                                : vmh_overflow_range_new(d, rounded, reserve, &r);
-    if (rc != CUDA_SUCCESS) {
-        vmh_dev_usable_give(d, rounded);
-        return rc;
-    }
-    CUdeviceptr base = r->base;
-    if (!serve_range(bb, r, size, false, site)) {
-        vmh_range_destroy(r);
-        vmh_dev_usable_give(d, rounded);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    *out = base;
-    return CUDA_SUCCESS;
+    vmh_range_t *r = NULL;
+    CUresult rc = vmh_dev_va_exhausted(reserve)
+                      ? CUDA_ERROR_OUT_OF_MEMORY
+                      : vmh_overflow_range_new(bb->dev, rounded, reserve, &r);
+    return serve_made(bb, rc, r, rounded, size, false, site, out);
 }
 
 /* ---- on a locked buffer ------------------------------------------------------------------ */

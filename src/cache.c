@@ -1,6 +1,7 @@
 /* Layer "cache": idle ranges kept for reuse (see cache.h). */
 #include "cache.h"
 
+#include "list.h"
 #include "registry.h"
 #include "stats.h"
 #include "witness.h"
@@ -35,14 +36,7 @@ void vmh_cache_init(vmh_cache_t *c, vmh_dev_t *dev)
 static void unlink_locked(vmh_cache_t *c, vmh_idle_t *e)
 {
     vmh_assert_held(&c->lock);
-    if (e->prev)
-        e->prev->next = e->next;
-    else
-        c->head = e->next;
-    if (e->next)
-        e->next->prev = e->prev;
-    else
-        c->tail = e->prev;
+    VMH_LIST_REMOVE(c->head, c->tail, e);
     assert(c->count > 0 && c->bytes >= e->range->size);
     c->count--;
     c->bytes -= e->range->size;
@@ -90,13 +84,7 @@ void vmh_cache_put(vmh_cache_t *c, vmh_range_t *r)
     e->range = r;
     vmh_lock(&c->lock, VMH_RANK_CACHE);
     vmh_registry_set(r->base, r->size, &vmh_owner_idle);
-    e->prev = NULL;
-    e->next = c->head;
-    if (c->head)
-        c->head->prev = e;
-    else
-        c->tail = e;
-    c->head = e;
+    VMH_LIST_PUSH(c->head, c->tail, e);
     c->count++;
     c->bytes += r->size;
     vmh_idle_t *over =

@@ -3,6 +3,7 @@
 #include "handle.h"
 
 #include "driver.h"
+#include "list.h"
 #include "log.h"
 #include "stats.h"
 #include "witness.h"
@@ -21,6 +22,26 @@
 void vmh_handle_report_failure(const char *call, CUresult rc)
 {
     vmh_log("%s failed with CUDA error %d during release", call, (int)rc);
+}
+
+/* The reference protocol of the three handles. A new reference is taken by a holder of one,
+ * so the object cannot go meanwhile: relaxed is enough. The last drop is acq_rel: every
+ * holder's use happens before the undo call that follows it. */
+static void ref_take(atomic_int *refs)
+{
+    atomic_fetch_add_explicit(refs, 1, memory_order_relaxed);
+}
+
+static bool ref_drop_last(atomic_int *refs)
+{
+    return atomic_fetch_sub_explicit(refs, 1, memory_order_acq_rel) == 1;
+}
+
+/* An undo call's answer: a refusal is reported, and the object stays alive (above). */
+static void undo_checked(const char *call, CUresult rc)
+{
+    if (rc != CUDA_SUCCESS)
+        vmh_handle_report_failure(call, rc);
 }
 
 static _Atomic int64_t host_bytes[VMH_ALLOC_DEVICES];
@@ -69,17 +90,15 @@ CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
 
 vmh_alloc_t *vmh_alloc_ref(vmh_alloc_t *a)
 {
-    atomic_fetch_add_explicit(&a->refs, 1, memory_order_relaxed);
+    ref_take(&a->refs);
     return a;
 }
 
 void vmh_alloc_unref(vmh_alloc_t *a)
 {
-    if (!a || atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1)
+    if (!a || !ref_drop_last(&a->refs))
         return;
-    CUresult rc = CALL(vmh_drv.cuMemRelease(a->handle));
-    if (rc != CUDA_SUCCESS)
-        vmh_handle_report_failure("cuMemRelease", rc);
+    undo_checked("cuMemRelease", CALL(vmh_drv.cuMemRelease(a->handle)));
     host_bytes_add(a, -(int64_t)a->size);
     free(a);
 }
@@ -105,18 +124,16 @@ CUresult vmh_resv_create(size_t size, size_t align, CUdeviceptr hint, vmh_resv_t
 
 vmh_resv_t *vmh_resv_ref(vmh_resv_t *r)
 {
-    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+    ref_take(&r->refs);
     return r;
 }
 
 void vmh_resv_unref(vmh_resv_t *r)
 {
-    if (!r || atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) != 1)
+    if (!r || !ref_drop_last(&r->refs))
         return;
     /* The exact pair the driver returned: cuMemAddressFree accepts nothing else. */
-    CUresult rc = CALL(vmh_drv.cuMemAddressFree(r->ptr, r->size));
-    if (rc != CUDA_SUCCESS)
-        vmh_handle_report_failure("cuMemAddressFree", rc);
+    undo_checked("cuMemAddressFree", CALL(vmh_drv.cuMemAddressFree(r->ptr, r->size)));
     vmh_gauge_add(VMH_STAT_bytes_reserved, -(int64_t)r->size);
     free(r);
 }
@@ -158,23 +175,14 @@ static int access_for(const vmh_alloc_t *a, CUmemAccessDesc *out)
 static void maps_link(vmh_map_t *m)
 {
     vmh_lock(&maps_lock, VMH_RANK_MAPS);
-    m->prev = NULL;
-    m->next = maps;
-    if (maps)
-        maps->prev = m;
-    maps = m;
+    VMH_HLIST_PUSH(maps, m);
     vmh_unlock(&maps_lock);
 }
 
 static void maps_unlink(vmh_map_t *m)
 {
     vmh_lock(&maps_lock, VMH_RANK_MAPS);
-    if (m->prev)
-        m->prev->next = m->next;
-    else
-        maps = m->next;
-    if (m->next)
-        m->next->prev = m->prev;
+    VMH_HLIST_REMOVE(maps, m);
     vmh_unlock(&maps_lock);
 }
 
@@ -240,9 +248,7 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
         rc = CALL(vmh_drv.cuMemSetAccess(ptr, alloc->size, acc, (size_t)nacc));
         if (rc != CUDA_SUCCESS) {
             vmh_rwunlock(&access_lock);
-                CUresult urc = CALL(vmh_drv.cuMemUnmap(ptr, alloc->size));
-            if (urc != CUDA_SUCCESS)
-                vmh_handle_report_failure("cuMemUnmap", urc);
+            undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(ptr, alloc->size)));
             free(m);
             return rc;
         }
@@ -261,18 +267,16 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
 
 vmh_map_t *vmh_map_ref(vmh_map_t *m)
 {
-    atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+    ref_take(&m->refs);
     return m;
 }
 
 void vmh_map_unref(vmh_map_t *m)
 {
-    if (!m || atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) != 1)
+    if (!m || !ref_drop_last(&m->refs))
         return;
     maps_unlink(m);
-    CUresult rc = CALL(vmh_drv.cuMemUnmap(m->ptr, m->size));
-    if (rc != CUDA_SUCCESS)
-        vmh_handle_report_failure("cuMemUnmap", rc);
+    undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(m->ptr, m->size)));
     vmh_gauge_add(m->alloc->host ? VMH_STAT_bytes_spilled : VMH_STAT_bytes_mapped,
                   -(int64_t)m->size);
     /* Unmap first, then the references: the allocation is released and the reservation

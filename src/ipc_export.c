@@ -246,9 +246,6 @@ void vmh_ipc_export_reset(void)
 
 size_t vmh_ipc_export_count(void)
 {
-    vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
-    size_t n = nexports;
-    vmh_unlock(&table_lock);
-    return n;
+    return vmh_read_locked(&table_lock, VMH_RANK_IPC_EXPORT, &nexports);
 }
 #endif

@@ -442,9 +442,6 @@ void vmh_ipc_import_reset(void)
 
 size_t vmh_ipc_import_count(void)
 {
-    vmh_lock(&imp_lock, VMH_RANK_IPC_IMPORT);
-    size_t n = nimports;
-    vmh_unlock(&imp_lock);
-    return n;
+    return vmh_read_locked(&imp_lock, VMH_RANK_IPC_IMPORT, &nimports);
 }
 #endif

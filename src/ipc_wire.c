@@ -156,23 +156,35 @@ int vmh_ipc_connect(uint32_t pid, uint64_t token, int64_t deadline_ms)
     return s;
 }
 
+/* Room for the descriptors of one batch, aligned as a control message header must be. */
+typedef union {
+    char buf[CMSG_SPACE(VMH_IPC_BATCH * sizeof(int))];
+    struct cmsghdr align;
+} ctl_buf_t;
+
+/* A message of one part, iov, with the first ctl_len bytes of ctl (zeroed) as its control data
+ * (0: none, and ctl is not touched). */
+static void msg_init(struct msghdr *msg, struct iovec *iov, ctl_buf_t *ctl, size_t ctl_len)
+{
+    memset(msg, 0, sizeof *msg);
+    msg->msg_iov = iov;
+    msg->msg_iovlen = 1;
+    if (ctl_len) {
+        memset(ctl, 0, sizeof *ctl);
+        msg->msg_control = ctl->buf;
+        msg->msg_controllen = ctl_len;
+    }
+}
+
 int vmh_ipc_send(int fd, const void *buf, size_t len, const int *fds, size_t nfds)
 {
     if (nfds > VMH_IPC_BATCH)
         return EINVAL;
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    union {
-        char buf[CMSG_SPACE(VMH_IPC_BATCH * sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
+    ctl_buf_t ctl;
     struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
+    msg_init(&msg, &iov, &ctl, nfds ? CMSG_SPACE(nfds * sizeof(int)) : 0);
     if (nfds) {
-        memset(&ctl, 0, sizeof ctl);
-        msg.msg_control = ctl.buf;
-        msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
@@ -199,17 +211,9 @@ int vmh_ipc_recv(int fd, void *buf, size_t len, int *fds, size_t maxfds, size_t 
             return err;
     }
     struct iovec iov = {.iov_base = buf, .iov_len = len};
-    union {
-        char buf[CMSG_SPACE(VMH_IPC_BATCH * sizeof(int))];
-        struct cmsghdr align;
-    } ctl;
+    ctl_buf_t ctl;
     struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    memset(&ctl, 0, sizeof ctl);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = sizeof ctl.buf;
+    msg_init(&msg, &iov, &ctl, sizeof ctl.buf);
     ssize_t n;
     do
         n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);

@@ -1,6 +1,7 @@
 /* Layer "packing": packing small buffers into shared chunks (see packing.h). */
 #include "packing.h"
 
+#include "list.h"
 #include "registry.h"
 #include "stats.h"
 #include "witness.h"
@@ -180,11 +181,7 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
         vmh_range_destroy(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    e->prev = NULL;
-    e->next = s->exts;
-    if (s->exts)
-        s->exts->prev = e;
-    s->exts = e;
+    VMH_HLIST_PUSH(s->exts, e);
     shard_note(s);
     vmh_unlock(&s->lock);
 #ifdef VMH_TESTING
@@ -461,13 +458,7 @@ static vmh_ext_t *unlink_empty_upto_locked(vmh_shard_t *s, empty_kind_t kind, si
         vmh_registry_set(base, size, NULL);
         if (budget)
             *budget -= size < *budget ? size : *budget;
-        if (e->prev)
-            e->prev->next = e->next;
-        else
-            s->exts = e->next;
-        if (e->next)
-            e->next->prev = e->prev;
-        e->prev = NULL;
+        VMH_HLIST_REMOVE(s->exts, e);
         e->next = empty;
         empty = e;
     }

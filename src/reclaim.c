@@ -5,6 +5,7 @@
 #include "clock.h"
 #include "contexts.h"
 #include "driver.h"
+#include "list.h"
 #include "log.h"
 #include "stats.h"
 #include "witness.h"
@@ -169,13 +170,7 @@ void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t
             item->gen = gen;
     } else {
         item->gen = gen;
-        item->next = NULL;
-        item->prev = r->tail;
-        if (r->tail)
-            r->tail->next = item;
-        else
-            r->head = item;
-        r->tail = item;
+        VMH_LIST_APPEND(r->head, r->tail, item);
         atomic_store(&item->queued, true);
         atomic_fetch_add(&r->pending, 1);
         queued_now = true;
@@ -194,16 +189,7 @@ static vmh_parked_t *take_upto(vmh_reclaim_t *r, uint64_t g)
         next = it->next;
         if (it->gen > g)
             continue;
-        if (it->prev)
-            it->prev->next = it->next;
-        else
-            r->head = it->next;
-        if (it->next)
-            it->next->prev = it->prev;
-        else
-            r->tail = it->prev;
-        it->prev = NULL;
-        it->next = NULL;
+        VMH_LIST_REMOVE(r->head, r->tail, it);
         it->taken_next = NULL;
         atomic_store(&it->queued, false);
         atomic_fetch_sub_explicit(&r->pending, 1, memory_order_relaxed);

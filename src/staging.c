@@ -664,9 +664,6 @@ size_t vmh_staging_kept_count(void)
 
 size_t vmh_staging_kept_bytes(void)
 {
-    vmh_lock(&kept_lock, VMH_RANK_KEPT);
-    size_t n = claimed;
-    vmh_unlock(&kept_lock);
-    return n;
+    return vmh_read_locked(&kept_lock, VMH_RANK_KEPT, &claimed);
 }
 #endif

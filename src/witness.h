@@ -26,6 +26,7 @@
 #include <assert.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 /* X(name, driver, what), outermost first: `driver` is whether driver calls may be made while
  * the lock is held. */
@@ -138,6 +139,19 @@ static inline void vmh_unlock_at(pthread_mutex_t *m, const char *file, int line)
 {
     VMH_WITNESS_RELEASE(m);
     pthread_mutex_unlock(m);
+}
+
+/* A count read under the lock that guards it (the tests' views of a table's size): the lock
+ * orders the read after every update made under it. */
+#define vmh_read_locked(m, rank, v) vmh_read_locked_at((m), (rank), (v), __FILE__, __LINE__)
+
+static inline size_t vmh_read_locked_at(pthread_mutex_t *m, vmh_rank_t rank, const size_t *v,
+                                        const char *file, int line)
+{
+    vmh_lock_at(m, rank, file, line);
+    size_t n = *v;
+    vmh_unlock_at(m, file, line);
+    return n;
 }
 
 static inline void vmh_rdlock_at(pthread_rwlock_t *l, vmh_rank_t rank, const char *file, int line)
