@@ -93,7 +93,7 @@ static void capture_record(CUstream stream, CUstreamCaptureMode mode)
 static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_syncs_done = PTHREAD_COND_INITIALIZER;
 static unsigned gate_syncs;  /* vmh_ctx_sync_device calls past their capture check */
-static unsigned gate_begins; /* vmh_capture_begin / vmh_capture_began calls not yet left */
+static size_t gate_begins;   /* vmh_capture_begin / vmh_capture_began calls not yet left */
 
 CUresult vmh_capture_begin(CUstream stream, CUstreamCaptureMode mode, vmh_capture_begin_fn begin,
                            void *call)
@@ -224,11 +224,8 @@ void vmh_captures_reset(void)
     tl_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 }
 
-unsigned vmh_capture_begins_pending(void)
+size_t vmh_capture_begins_pending(void)
 {
-    vmh_contexts_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
-    unsigned n = gate_begins;
-    vmh_unlock(&gate_lock);
-    return n;
+    return vmh_read_locked(&gate_lock, VMH_RANK_CAPTURE_GATE, &gate_begins);
 }
 #endif

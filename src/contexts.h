@@ -21,6 +21,7 @@
 
 #include <cuda.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 /* --- reported by the interposer (after the real call succeeded) --- */
 
@@ -196,7 +197,7 @@ unsigned vmh_contexts_after_fork_runs(void);
 /* Tests: forget every context and capture; the work is in one queue again. */
 void vmh_contexts_reset(void);
 /* Tests: the captures beginning now (waiting for synchronizes, or in their real call). */
-unsigned vmh_capture_begins_pending(void);
+size_t vmh_capture_begins_pending(void);
 #endif
 
 #endif
