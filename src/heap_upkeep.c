@@ -115,6 +115,10 @@ size_t vmh_heap_trim(void)
         hdev_t *h = hdev_at(i);
         if (!h || h->dev.unsupported)
             continue;
+        /* Not beside the reclaim thread's tidy of the device: a tidy in progress (its wait
+         * begun before the last frees, extents it took and is unmapping) finishes first, so
+         * that what a trim returns is all the device held idle. */
+        vmh_lock(&h->tidy_lock, VMH_RANK_TIDY);
         vmh_reclaim_drain(&h->reclaim); /* not during a capture (reclaim.h) */
 #ifdef VMH_TESTING
         if (vmh_heap_test_after_drain)
@@ -123,6 +127,7 @@ size_t vmh_heap_trim(void)
         size_t b = vmh_cache_trim(&h->cache);
         FOR_EACH_PART(h, p)
             b += vmh_packing_trim(&p->pack);
+        vmh_unlock(&h->tidy_lock);
         if (b)
             vmh_count(VMH_STAT_trims, 1);
         bytes += b;

@@ -41,7 +41,7 @@ static const char *forms(const opt_row_t *r)
     case K_BOOL:
         return "1, 0, true, false, yes, no, on, off";
     case K_ENUM:
-        return "none, posix_fd, fabric"; /* the only enum row */
+        return vmh_option_word_forms(r);
     case K_GRAN:
         return "min, recommended, or a size such as 2M or 64M that is a multiple of the "
                "driver's minimum granularity, at most 256G";

@@ -31,6 +31,9 @@ typedef struct opt_row {
     const char *detail; /* markdown added after help in docs/OPTIONS.md ("" = none) */
 } opt_row_t;
 
+/* A word row's accepted words as the warnings list them ("none, posix_fd, fabric"). */
+const char *vmh_option_word_forms(const opt_row_t *r);
+
 /* THE options table (options_table.c), in the order the tools and docs/OPTIONS.md list it. */
 extern const opt_row_t vmh_option_rows[];
 extern const size_t vmh_option_nrows;

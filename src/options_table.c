@@ -174,3 +174,12 @@ const char *vmh_handle_kind_name(vmh_handle_kind_t k)
 {
     return (unsigned)k < VMH_HANDLE_KIND_COUNT ? handle_words[k] : "?";
 }
+
+const char *vmh_option_word_forms(const opt_row_t *r)
+{
+    if (r->words == handle_words)
+        return "none, posix_fd, fabric";
+    if (r->words == overflow_words)
+        return "off, host";
+    return "?";
+}

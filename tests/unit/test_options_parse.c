@@ -292,6 +292,7 @@ static void test_bad_values(void **state)
         {"VMMHOOK_GRANULARITY", "0", "min, recommended", "granularity of 0", "recommended"},
         {"VMMHOOK_GRANULARITY", "99999999999T", "min, recommended", "too large", "recommended"},
         {"VMMHOOK_HANDLE_TYPE", "win32", "none, posix_fd, fabric", "not one of", "posix_fd"},
+        {"VMMHOOK_OVERFLOW", "device", "off, host", "not one of", "off"},
         {"VMMHOOK_HEADROOM", "1.5G", "K, M, G or T", "not one of", "1G"},
         {"VMMHOOK_HEADROOM", "-1", "K, M, G or T", "not one of", "1G"},
         {"VMMHOOK_VA_LIMIT", "0", "K, M, G or T", "too small", "64T"},
