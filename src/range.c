@@ -414,11 +414,16 @@ static CUresult remap(rehome_slot_t *s, vmh_map_t **slot)
 }
 
 /* The scratch mappings of slots[0..n) in one list (references), for a caller that must keep
- * them until queued copies are done; NULL when out of host memory (then they stay mapped for
- * ever: the copies may run, the memory must not go). */
+ * them until queued copies are done; NULL when there are none (no copy was queued), or when out
+ * of host memory (then they stay mapped for ever: the copies may run, the memory must not go). */
 static vmh_range_t *scratch_list(rehome_slot_t *slots, size_t n)
 {
-    vmh_range_t *l = range_alloc(n);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += slots[i].scratch != NULL;
+    if (!k)
+        return NULL;
+    vmh_range_t *l = range_alloc(k);
     if (!l) {
         for (size_t i = 0; i < n; i++)
             slots[i].scratch = NULL; /* leaked on purpose, see above */
@@ -459,16 +464,12 @@ CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_rang
         if (rc == CUDA_SUCCESS)
             rc = vmh_drv.cuMemcpyDtoD(slots[i].scratch->base, m->ptr, m->size);
     }
-    bool copied = false; /* copies were queued */
-    for (size_t i = 0; i < r->nmaps; i++)
-        copied |= slots[i].scratch != NULL;
     if (rc == CUDA_SUCCESS)
         rc = vmh_drv.cuCtxSynchronize(); /* cuMemcpyDtoD does not wait for its own copy */
     if (rc != CUDA_SUCCESS) {
         /* A failed wait proves nothing: the queued copies may still write the scratch
          * memory, which goes only once the GPU has passed them (the caller's reclaim). */
-        if (copied)
-            *unfinished = scratch_list(slots, r->nmaps);
+        *unfinished = scratch_list(slots, r->nmaps);
         free(nr);
         slots_drop(slots, r->nmaps);
         return rc;

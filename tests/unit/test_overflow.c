@@ -62,7 +62,8 @@ static void free_all(CUdeviceptr *p, int n)
             assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
 }
 
-static bool on_host(CUdeviceptr p)
+/* p is served, and the host holds spilled memory. */
+static bool served_while_spilled(CUdeviceptr p)
 {
     return vmh_registry_get(p) && sim_host_used() > 0;
 }
@@ -104,7 +105,7 @@ static void off_changes_nothing(void **state)
     free_all(p, 16);
 
     /* On, with the host full too: the same calls plus the spill's own. */
-    reset(true, GRAN / 2 * 2);
+    reset(true, GRAN); /* host memory of one chunk: too little for the 4 MiB request */
     fill_device(p);
     sim_reset_counters();
     assert_int_equal(vmh_heap_alloc(4 * MiB, &q), CUDA_ERROR_OUT_OF_MEMORY);
@@ -123,7 +124,7 @@ static void spills_when_the_device_is_full(void **state)
     assert_int_equal(vmh_heap_alloc(100, &b), CUDA_SUCCESS); /* small ones too */
     assert_int_equal(sim_device_used(0), 32 * MiB);
     assert_int_equal(sim_host_used(), 4 * MiB + GRAN);
-    assert_true(on_host(a));
+    assert_true(served_while_spilled(a));
     assert_int_equal(vmh_counter_get(VMH_STAT_spills), 2);
     assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_spilled), (int64_t)(4 * MiB + GRAN));
     assert_int_equal(vmh_overflow_bytes(0), 4 * MiB + GRAN);
