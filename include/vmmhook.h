@@ -101,8 +101,16 @@ vmm_status vmm_tag_push(const char *name);
 vmm_status vmm_tag_pop(void);
 
 /* vmm_pause flag: copy each buffer's contents to host memory first (pinned when
- * VMMHOOK_PIN_LIMIT keeps some; docs/SLEEP.md); vmm_resume writes them back. Without it the contents are lost (resume gives fresh, uninitialised memory). */
+ * VMMHOOK_PIN_LIMIT keeps some; docs/SLEEP.md); vmm_resume writes them back. Without it the
+ * contents are lost (resume gives fresh, uninitialised memory). */
 #define VMM_PAUSE_BACKUP 1u
+/* With VMM_PAUSE_BACKUP, where the backup lives instead of the default (at most one of them):
+ * PAGEABLE: pageable host memory only, never pinned (the kernel may page it out; given back to
+ * the system at the resume); DISK: one file per buffer in the directory of vmm_backup_dir,
+ * mapped shared, its pages out of the process's resident memory once copied (the resume reads
+ * them back; the files are removed when the backups go: at the resume, or the buffer's free). */
+#define VMM_PAUSE_PAGEABLE 2u
+#define VMM_PAUSE_DISK 4u
 
 /* Gives the physical memory of every buffer of `tag` (NULL: of every tag) back to the driver
  * while keeping every address reserved: pointers stay valid as numbers, but a kernel or a copy
@@ -136,6 +144,18 @@ vmm_status vmm_resume(const char *tag);
  * VMM_ERR_FOREIGN: ptr is not in a served buffer; VMM_ERR_INVALID: ptr NULL, dst NULL with len
  * > 0, or the bytes run past the buffer. */
 vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len);
+
+/* The directory of VMM_PAUSE_DISK backups (NULL: none; a disk pause then fails with
+ * VMM_ERR_NO_MEMORY, as when a file cannot be made). Files are named vmmhook-backup-XXXXXX.
+ * VMM_ERR_INVALID: dir is empty or not a directory. */
+vmm_status vmm_backup_dir(const char *dir);
+
+/* Gives back the pinned host memory kept for later backups (docs/SLEEP.md: a resume keeps a
+ * pinned backup for the next pause within VMMHOOK_PIN_LIMIT) that holds no paused tag's backup:
+ * unregistered and unmapped. Returns the bytes given back. For a caller that wants the host
+ * memory back after each resume (torch_memory_saver's meaning) at the price of a slower next
+ * pause. */
+size_t vmm_backup_trim(void);
 
 /* With VMMHOOK_OVERFLOW=host (docs/OVERFLOW.md): moves the host memory of the spilled buffer
  * holding ptr (any address in it) back to device memory at the same address, contents kept.

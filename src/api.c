@@ -8,10 +8,12 @@
 #include "lifetime.h"
 #include "log.h"
 #include "pause.h"
+#include "staging.h"
 #include "stats.h"
 #include "tags.h"
 
 #include <stdint.h>
+#include <sys/stat.h>
 
 #define VMM_API __attribute__((visibility("default")))
 
@@ -190,6 +192,19 @@ VMM_API vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len)
     if (len > info.base + info.size - p)
         return VMM_ERR_INVALID;
     return vmh_heap_backup_read(p, len, dst) ? VMM_OK : VMM_ERR_NOT_PAUSED;
+}
+
+VMM_API vmm_status vmm_backup_dir(const char *dir)
+{
+    struct stat st;
+    if (dir && (!*dir || stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
+        return VMM_ERR_INVALID;
+    return vmh_staging_set_dir(dir) ? VMM_OK : VMM_ERR_NO_MEMORY;
+}
+
+VMM_API size_t vmm_backup_trim(void)
+{
+    return vmh_lifetime_ready() ? vmh_staging_trim() : 0;
 }
 
 VMM_API int vmm_last_driver_error(void)

@@ -79,6 +79,7 @@ static size_t staged_bytes; /* backed up through the ring since the last reset (
 typedef struct job {
     const vmh_dev_t *dev;
     bool backup;
+    vmh_backup_kind_t kind; /* of the backups' host memory (staging.h) */
     bool stage; /* pageable backups go through the ring (false again if it cannot open) */
     bool staging_open;
     vmh_staging_t staging;
@@ -117,7 +118,7 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
     size_t size = (*range)->size;
     void *host = NULL;
     bool pinned = false;
-    if (j->backup && !(host = vmh_staging_backup_get(size, &pinned)))
+    if (j->backup && !(host = vmh_staging_backup_get(size, j->kind, &pinned)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* A kept pinned buffer takes the direct copy, at the pinned rate. */
     vmh_backup_copy_fn copy = host && !pinned ? pageable_copy(j) : NULL;
@@ -132,11 +133,14 @@ static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exp
         return rc == CUDA_ERROR_NOT_PERMITTED && !vmh_range_owned_alone(*range) ? CUDA_SUCCESS
                                                                                 : rc;
     }
+    if (host)
+        vmh_staging_backup_settle(host, size);
     if (copy) {
         staged_bytes += size;
         /* Copied (so touched): the pinner registers it while the ring copies the next ones,
          * when the budget has room; the paused record holds it from here on either way. */
-        vmh_staging_pin_later(&j->staging, host, size);
+        if (j->kind == VMH_BACKUP_ANY)
+            vmh_staging_pin_later(&j->staging, host, size);
     }
     p->host = host;
     p->host_release = host ? vmh_staging_backup_put : NULL;
@@ -248,7 +252,15 @@ static CUresult resume_records(unsigned tag)
 static void tag_memory(unsigned tag, vmh_tag_memory_t *out);
 
 /* *stays_paused: the pause failed and so did resuming what it had paused. */
-static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
+/* The host memory a pause's flags ask for (VMM_PAUSE_PAGEABLE, VMM_PAUSE_DISK). */
+static vmh_backup_kind_t backup_kind(unsigned flags)
+{
+    if (flags & VMM_PAUSE_DISK)
+        return VMH_BACKUP_FILE;
+    return flags & VMM_PAUSE_PAGEABLE ? VMH_BACKUP_PAGEABLE : VMH_BACKUP_ANY;
+}
+
+static CUresult pause_tag(unsigned tag, unsigned flags, bool *stays_paused)
 {
     *stays_paused = false;
     vmh_heap_tag_freeze(tag, true);
@@ -262,15 +274,17 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
     }
     if (rc == CUDA_SUCCESS) {
         vmh_heap_trim(); /* idle memory: cached buffers, empty packing extents */
-        job_t j = {.backup = backup};
-        if (backup) {
+        job_t j = {.backup = flags & VMM_PAUSE_BACKUP, .kind = backup_kind(flags)};
+        if (j.backup) {
             /* What the backups will need beyond the kept pinned memory (an estimate: a
              * record that stays mapped takes nothing). */
             vmh_tag_memory_t m;
             tag_memory(tag, &m);
-            size_t need = m.mapped - m.kept, pinned = vmh_staging_pinned_free();
+            size_t need = m.mapped - m.kept;
+            size_t pinned = j.kind == VMH_BACKUP_ANY ? vmh_staging_pinned_free() : 0;
             j.stage = need > pinned && need - pinned >= staging_min;
-            if (j.stage) /* mapped before the copies: see vmh_staging_region_open */
+            /* mapped before the copies (see vmh_staging_region_open); files map their own */
+            if (j.stage && j.kind != VMH_BACKUP_FILE)
                 vmh_staging_region_open(need - pinned);
         }
         rc = visit_tag(tag, visit_pause, &j, true);
@@ -354,7 +368,7 @@ static vmm_status pause_one(unsigned tag, unsigned flags, CUresult *driver_rc)
         return VMM_ERR_PAUSED;
     uint64_t t0 = vmh_now_ns();
     bool stays_paused;
-    CUresult rc = pause_tag(tag, flags & VMM_PAUSE_BACKUP, &stays_paused);
+    CUresult rc = pause_tag(tag, flags, &stays_paused);
     if (rc == CUDA_SUCCESS || stays_paused) {
         vmh_tag_transition(tag, VMH_TAG_PAUSING, VMH_TAG_PAUSED);
         if (rc == CUDA_SUCCESS)
@@ -417,7 +431,9 @@ static vmm_status for_tags(const char *name, unsigned flags, tag_op_t op, vmm_st
 
 vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc)
 {
-    if (flags & ~VMM_PAUSE_BACKUP)
+    const unsigned kinds = VMM_PAUSE_PAGEABLE | VMM_PAUSE_DISK;
+    if ((flags & ~(VMM_PAUSE_BACKUP | kinds)) || ((flags & kinds) && !(flags & VMM_PAUSE_BACKUP)) ||
+        (flags & kinds) == kinds)
         return VMM_ERR_INVALID;
     return for_tags(tag, flags, pause_one, VMM_ERR_PAUSED, driver_rc);
 }

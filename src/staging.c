@@ -374,8 +374,125 @@ static void *pageable_get(size_t size)
     return host;
 }
 
-void *vmh_staging_backup_get(size_t size, bool *pinned)
+/* ---- backups that are never pinned: pageable-only and file-backed ---------------------------- *
+ * Listed so that _put knows how to give them back and _pin_now leaves them pageable. */
+typedef struct unpinned {
+    void *host;
+    size_t size;   /* page-rounded: what is mapped */
+    int fd;        /* the backup's file (VMH_BACKUP_FILE), else -1 */
+    char *path;    /* its name, unlinked at _put */
+    struct unpinned *next;
+} unpinned_t;
+
+static unpinned_t *unpinned_list; /* under kept_lock */
+static char *backup_dir;          /* vmh_staging_set_dir; under kept_lock */
+
+bool vmh_staging_set_dir(const char *dir)
 {
+    char *copy = dir ? strdup(dir) : NULL;
+    if (dir && !copy)
+        return false;
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
+    char *old = backup_dir;
+    backup_dir = copy;
+    vmh_unlock(&kept_lock);
+    free(old);
+    return true;
+}
+
+/* A file of len bytes in the backup directory, mapped shared: what the copy writes lands in the
+ * file's pages (vmh_staging_backup_settle then drops them from the process). NULL when there is
+ * no directory or the file cannot be made. */
+static void *file_map(size_t len, unpinned_t *u)
+{
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
+    size_t n = backup_dir ? strlen(backup_dir) + sizeof "/vmmhook-backup-XXXXXX" : 0;
+    char *path = n ? malloc(n) : NULL;
+    if (path)
+        snprintf(path, n, "%s/vmmhook-backup-XXXXXX", backup_dir);
+    vmh_unlock(&kept_lock);
+    if (!path)
+        return NULL;
+    int fd = mkostemp(path, O_CLOEXEC);
+    void *host = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)len) == 0)
+        host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (host == MAP_FAILED) {
+        if (fd >= 0) {
+            unlink(path);
+            close(fd);
+        }
+        free(path);
+        return NULL;
+    }
+    u->fd = fd;
+    u->path = path;
+    return host;
+}
+
+/* A never-pinned backup of kind PAGEABLE or FILE, listed. */
+static void *unpinned_get(size_t size, vmh_backup_kind_t kind)
+{
+    unpinned_t *u = calloc(1, sizeof *u);
+    if (!u)
+        return NULL;
+    u->fd = -1;
+    u->size = page_round(size);
+    u->host = kind == VMH_BACKUP_FILE ? file_map(u->size, u) : pageable_get(size);
+    if (!u->host) {
+        free(u);
+        return NULL;
+    }
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
+    u->next = unpinned_list;
+    unpinned_list = u;
+    vmh_unlock(&kept_lock);
+    return u->host;
+}
+
+/* The listed entry of host, unlinked; NULL when host is not a never-pinned backup. */
+static unpinned_t *unpinned_take(const void *host)
+{
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
+    unpinned_t **at = &unpinned_list;
+    while (*at && (*at)->host != host)
+        at = &(*at)->next;
+    unpinned_t *u = *at;
+    if (u)
+        *at = u->next;
+    vmh_unlock(&kept_lock);
+    return u;
+}
+
+static bool is_unpinned(const void *host)
+{
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
+    unpinned_t *u = unpinned_list;
+    while (u && u->host != host)
+        u = u->next;
+    vmh_unlock(&kept_lock);
+    return u != NULL;
+}
+
+void vmh_staging_backup_settle(void *host, size_t size)
+{
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
+    unpinned_t *u = unpinned_list;
+    while (u && u->host != host)
+        u = u->next;
+    bool file = u && u->fd >= 0;
+    vmh_unlock(&kept_lock);
+    /* The copy's pages are the file's (page cache, written back by the kernel): out of the
+     * process's resident memory now; the resume's copy reads them back from the file. */
+    if (file)
+        madvise(host, page_round(size), MADV_DONTNEED);
+}
+
+void *vmh_staging_backup_get(size_t size, vmh_backup_kind_t kind, bool *pinned)
+{
+    *pinned = false;
+    if (kind != VMH_BACKUP_ANY)
+        return unpinned_get(size, kind);
     vmh_lock(&kept_lock, VMH_RANK_KEPT);
     kept_t *best = NULL;
     for (kept_t *k = kept_list; k; k = k->next)
@@ -391,6 +508,17 @@ void *vmh_staging_backup_get(size_t size, bool *pinned)
 
 void vmh_staging_backup_put(void *host, size_t size)
 {
+    unpinned_t *u = unpinned_take(host);
+    if (u) {
+        munmap(u->host, u->size);
+        if (u->fd >= 0) { /* the file goes with its backup */
+            unlink(u->path);
+            close(u->fd);
+        }
+        free(u->path);
+        free(u);
+        return;
+    }
     vmh_lock(&kept_lock, VMH_RANK_KEPT);
     kept_t *k = kept_find(host);
     if (k)
@@ -411,8 +539,32 @@ size_t vmh_staging_pinned_free(void)
     return bytes;
 }
 
+size_t vmh_staging_trim(void)
+{
+    kept_t *release = NULL;
+    size_t bytes = 0;
+    vmh_lock(&kept_lock, VMH_RANK_KEPT);
+    for (kept_t **at = &kept_list; *at;) {
+        kept_t *k = *at;
+        if (k->in_use || k->state != KEPT_PINNED) {
+            at = &k->next;
+            continue;
+        }
+        *at = k->next;
+        claimed -= k->size;
+        bytes += k->size;
+        k->next = release;
+        release = k;
+    }
+    vmh_unlock(&kept_lock);
+    kept_release(release);
+    return bytes;
+}
+
 bool vmh_staging_pin_now(void *host, size_t size, CUcontext ctx)
 {
+    if (is_unpinned(host))
+        return false;
     vmh_lock(&kept_lock, VMH_RANK_KEPT);
     kept_t *k = kept_find(host);
     bool kept = k != NULL;

@@ -50,10 +50,31 @@ void vmh_staging_configure(size_t pin_cap);
  * call (vmh_staging_pin_later, vmh_staging_pin_now). */
 void vmh_staging_budget_begin(void);
 
-/* Host memory for a backup of size bytes: the smallest free kept pinned buffer that fits
+/* What host memory a backup may live in (the pause's flags, include/vmmhook.h):
+ *   ANY       a kept pinned buffer, or pageable memory that may be pinned later (the default);
+ *   PAGEABLE  fresh pageable memory, never pinned (VMM_PAUSE_PAGEABLE: reclaimable by the
+ *             kernel, given back to the system when the backup goes);
+ *   FILE      a file of its own in the directory of vmh_staging_set_dir, mapped shared and never
+ *             pinned (VMM_PAUSE_DISK); the file is removed when the backup goes. */
+typedef enum { VMH_BACKUP_ANY, VMH_BACKUP_PAGEABLE, VMH_BACKUP_FILE } vmh_backup_kind_t;
+
+/* Host memory for a backup of size bytes. ANY: the smallest free kept pinned buffer that fits
  * (*pinned true; direct copies into it run at the pinned rate), else fresh pageable memory,
- * starting on a huge-page boundary with huge pages advised. NULL when the system has none. */
-void *vmh_staging_backup_get(size_t size, bool *pinned);
+ * starting on a huge-page boundary with huge pages advised. PAGEABLE: the latter; FILE: a
+ * file's shared mapping. NULL when the system has none (for FILE also: no directory set, or
+ * the file cannot be made). */
+void *vmh_staging_backup_get(size_t size, vmh_backup_kind_t kind, bool *pinned);
+
+/* After the copy into a backup: a FILE backup's pages leave the process's resident memory (they
+ * stay in the file; the resume's copy reads them back). Nothing for the other kinds. */
+void vmh_staging_backup_settle(void *host, size_t size);
+
+/* The directory of FILE backups (copied; NULL: none). False when out of memory. */
+bool vmh_staging_set_dir(const char *dir);
+
+/* Gives back every kept pinned buffer that holds no paused backup (unregistered, unmapped):
+ * vmm_backup_trim. Returns the bytes given back. Any thread, no context needed. */
+size_t vmh_staging_trim(void);
 
 /* The fresh pageable backups a pause expects (bytes): mapped now as one region (huge-page
  * aligned, huge pages advised), which _get then hands out in order, so that no mmap runs during

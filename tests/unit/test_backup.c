@@ -24,7 +24,10 @@
 #include "tags.h"
 #include "vmmhook.h"
 
+#include <dirent.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define KiB ((size_t)1 << 10)
 #define INJECTED CUDA_ERROR_UNKNOWN
@@ -113,10 +116,10 @@ static void region_hands_out_in_order(void **state)
     (void)state;
     vmh_staging_region_open(7 * MiB);
     bool pinned = true;
-    char *a = vmh_staging_backup_get(2 * MiB, &pinned);
+    char *a = vmh_staging_backup_get(2 * MiB, VMH_BACKUP_ANY, &pinned);
     assert_false(pinned);
-    char *b = vmh_staging_backup_get(4 * MiB, &pinned);
-    char *c = vmh_staging_backup_get(2 * MiB, &pinned); /* 1 MiB left: its own */
+    char *b = vmh_staging_backup_get(4 * MiB, VMH_BACKUP_ANY, &pinned);
+    char *c = vmh_staging_backup_get(2 * MiB, VMH_BACKUP_ANY, &pinned); /* 1 MiB left: its own */
     assert_true(((uintptr_t)a & (2 * MiB - 1)) == 0); /* huge-page aligned */
     assert_ptr_equal(b, a + 2 * MiB);
     assert_true(c != b + 4 * MiB);
@@ -595,6 +598,128 @@ static void kept_between_pauses_given_back_under_pressure(void **state)
     assert_int_equal(sim_hazards(), 0);
 }
 
+/* vmm_backup_trim: the kept pinned buffers free after a resume are given back (unregistered,
+ * unmapped) and counted; those holding a paused tag's backup stay. */
+static void backup_trim_gives_back_free_kept(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    set_pin_limit(256 * MiB);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmm_backup_trim(), 0); /* every kept buffer holds a backup */
+    assert_int_equal(sim_host_pinned_bytes(), W_BYTES);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_int_equal(vmh_staging_kept_count(), 4);
+    sim_reset_counters();
+    assert_int_equal(vmm_backup_trim(), W_BYTES);
+    assert_int_equal(sim_calls("cuMemHostUnregister"), 4);
+    assert_int_equal(vmh_staging_kept_count(), 0);
+    assert_int_equal(sim_host_pinned_bytes(), 0);
+    assert_int_equal(stats_pinned(), 0);
+    assert_int_equal(vmm_backup_trim(), 0);
+    /* The next pause starts over: staged and pinned again. */
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_host_pinned_bytes(), W_BYTES);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_true(wfix_intact(&f));
+    wfix_free(&f);
+    assert_int_equal(sim_hazards(), 0);
+}
+
+/* VMM_PAUSE_PAGEABLE: contents kept through the ring, nothing registered at the pause or the
+ * resume, no kept pinned buffer taken (one is free from an earlier pause), nothing host-side
+ * left after the resume beyond that free buffer. */
+static void pageable_backups_never_pinned(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    set_pin_limit(256 * MiB);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK); /* kept buffers exist now */
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    sim_reset_counters();
+    size_t staged = vmh_pause_staged_bytes();
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP | VMM_PAUSE_PAGEABLE), VMM_OK);
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_true(wfix_intact(&f));
+    }
+    assert_int_equal(sim_calls("cuMemHostRegister"), 0);
+    assert_int_equal(vmh_pause_staged_bytes(), staged + 2 * W_BYTES); /* never a kept one */
+    assert_int_equal(vmh_staging_kept_count(), 4);
+    /* PAGEABLE or DISK alone, both at once, unknown bits: refused, nothing done. */
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_PAGEABLE), VMM_ERR_INVALID);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_DISK), VMM_ERR_INVALID);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP | VMM_PAUSE_PAGEABLE | VMM_PAUSE_DISK),
+                     VMM_ERR_INVALID);
+    assert_int_equal(vmm_pause("w", 8u | VMM_PAUSE_BACKUP), VMM_ERR_INVALID);
+    assert_true(wfix_intact(&f));
+    wfix_free(&f);
+    assert_int_equal(sim_hazards(), 0);
+}
+
+static size_t files_in(const char *dir, size_t *bytes)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    size_t n = 0;
+    *bytes = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[512];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        assert_int_equal(stat(path, &st), 0);
+        *bytes += (size_t)st.st_size;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* VMM_PAUSE_DISK: one file per paused record in the directory while paused (their sizes cover
+ * the records), contents back at the resume, the files gone after it, and after a free of a
+ * paused buffer (a packed one's extent: at the resume); no directory (or a bad one): refused. */
+static void disk_backups_in_files(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    assert_int_equal(vmm_backup_dir("/nonexistent/vmmhook"), VMM_ERR_INVALID);
+    assert_int_equal(vmm_backup_dir(""), VMM_ERR_INVALID);
+    assert_int_equal(vmm_backup_dir(NULL), VMM_OK);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP | VMM_PAUSE_DISK), VMM_ERR_NO_MEMORY);
+    assert_true(wfix_intact(&f)); /* running again, contents kept */
+    char dir[] = "/tmp/vmmhook-disk-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(vmm_backup_dir(dir), VMM_OK);
+    size_t bytes;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP | VMM_PAUSE_DISK), VMM_OK);
+        assert_int_equal(files_in(dir, &bytes), 4); /* the packed buffer's extent is one */
+        assert_true(bytes >= 26 * MiB + 3000);
+        unsigned char head[16];
+        assert_int_equal(vmm_backup_read((void *)(uintptr_t)f.p[2], head, sizeof head), VMM_OK);
+        assert_true(pattern_in_host(head, sizeof head, 72));
+        assert_int_equal(vmm_resume("w"), VMM_OK);
+        assert_int_equal(files_in(dir, &bytes), 0);
+        assert_true(wfix_intact(&f));
+    }
+    assert_int_equal(sim_calls("cuMemHostRegister"), 0);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP | VMM_PAUSE_DISK), VMM_OK);
+    wfix_free(&f); /* frees of paused buffers: their files go (the packed extent's at the
+                    * resume, which gives back packed memory freed while paused) */
+    assert_int_equal(files_in(dir, &bytes), 1);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    assert_int_equal(files_in(dir, &bytes), 0);
+    assert_int_equal(vmm_backup_dir(NULL), VMM_OK);
+    assert_int_equal(rmdir(dir), 0);
+    assert_int_equal(sim_hazards(), 0);
+}
+
 /* Giving a kept buffer back under pressure can fail (making its context current, or the
  * unregistration): that buffer stays kept, still pinned and counted, the call goes on, and the
  * next call under pressure gives it back. */
@@ -959,6 +1084,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(kept_between_pauses_given_back_under_pressure, setup,
                                         tt_teardown),
         cmocka_unit_test_setup_teardown(pressure_release_refused, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(backup_trim_gives_back_free_kept, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(pageable_backups_never_pinned, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(disk_backups_in_files, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(freed_while_paused_keeps_buffer, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(pinner_refused_stays_pageable, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(small_totals_copy_directly, setup, tt_teardown),
