@@ -480,12 +480,18 @@ void vmh_staging_backup_settle(void *host, size_t size)
     unpinned_t *u = unpinned_list;
     while (u && u->host != host)
         u = u->next;
-    bool file = u && u->fd >= 0;
+    bool file = u && u->fd >= 0; /* u stays listed: only this backup's holder puts it */
     vmh_unlock(&kept_lock);
     /* The copy's pages are the file's (page cache, written back by the kernel): out of the
      * process's resident memory now; the resume's copy reads them back from the file. */
-    if (file)
-        madvise(host, page_round(size), MADV_DONTNEED);
+    if (!file)
+        return;
+    size_t len = page_round(size);
+    madvise(host, len, MADV_DONTNEED);
+    /* And out of the page cache, so that the backup takes no host memory (TMS's meaning of a
+     * disk backup): written to the disk first, then dropped (no effect on tmpfs). */
+    fdatasync(u->fd);
+    posix_fadvise(u->fd, 0, (off_t)len, POSIX_FADV_DONTNEED);
 }
 
 void *vmh_staging_backup_get(size_t size, vmh_backup_kind_t kind, bool *pinned)

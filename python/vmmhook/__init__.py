@@ -28,6 +28,8 @@ __all__ = [
     "tag",
     "pause",
     "resume",
+    "backup_dir",
+    "backup_trim",
     "prefetch",
     "prefetch_tag",
     "stats",
@@ -39,9 +41,12 @@ __all__ = [
 ]
 
 PAUSE_BACKUP = 1  # VMM_PAUSE_BACKUP
+PAUSE_PAGEABLE = 2  # VMM_PAUSE_PAGEABLE: with PAUSE_BACKUP, never pinned
+PAUSE_DISK = 4  # VMM_PAUSE_DISK: with PAUSE_BACKUP, in files of backup_dir()
 
 # vmm_status codes (include/vmmhook.h); the text comes from vmm_status_string.
 OK = 0
+ERR_NO_MEMORY = 4
 ERR_PAUSED = 9
 ERR_NOT_PAUSED = 10
 ERR_LIMIT = 11
@@ -178,6 +183,11 @@ def _load():
         lib.vmm_prefetch.argtypes = [ctypes.c_void_p]
         lib.vmm_prefetch_tag.restype = ctypes.c_int
         lib.vmm_prefetch_tag.argtypes = [ctypes.c_char_p]
+    if hasattr(lib, "vmm_backup_trim"):  # newer libraries: TMS's disk backup and retain
+        lib.vmm_backup_trim.restype = ctypes.c_size_t
+        lib.vmm_backup_trim.argtypes = []
+        lib.vmm_backup_dir.restype = ctypes.c_int
+        lib.vmm_backup_dir.argtypes = [ctypes.c_char_p]
     if hasattr(lib, "vmm_backup_read"):  # newer libraries: TMS's get_cpu_backup
         lib.vmm_backup_read.restype = ctypes.c_int
         lib.vmm_backup_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
@@ -224,12 +234,31 @@ def tag(name):
         _check(lib, "vmm_tag_pop", lib.vmm_tag_pop())
 
 
+_BACKUP_FLAGS = {False: 0, None: 0, True: PAUSE_BACKUP, "pageable": PAUSE_BACKUP | PAUSE_PAGEABLE,
+                 "disk": PAUSE_BACKUP | PAUSE_DISK}
+
+
 def pause(tag=None, backup=False):
     """Gives the memory of `tag` (None: of every tag) back to the driver, keeping addresses.
-    backup=True copies the contents to host memory first; resume() restores them. Raises
-    VmmError (e.g. status ERR_PAUSED when the tag is paused already)."""
+    backup=True copies the contents to host memory first (pinned within VMMHOOK_PIN_LIMIT);
+    "pageable": to host memory never pinned; "disk": to files in backup_dir(). resume()
+    restores them. Raises VmmError (e.g. status ERR_PAUSED when the tag is paused already)."""
+    if backup not in _BACKUP_FLAGS:
+        raise ValueError(f"backup={backup!r}: False, True, 'pageable' or 'disk'")
     lib = _need()
-    _check(lib, "vmm_pause", lib.vmm_pause(_name(tag), PAUSE_BACKUP if backup else 0))
+    _check(lib, "vmm_pause", lib.vmm_pause(_name(tag), _BACKUP_FLAGS[backup]))
+
+
+def backup_dir(path):
+    """The directory of pause(backup="disk")'s files (None: none)."""
+    lib = _need()
+    _check(lib, "vmm_backup_dir", lib.vmm_backup_dir(_name(path)))
+
+
+def backup_trim():
+    """Gives back the pinned host memory kept for later backups that holds no paused backup;
+    returns the bytes."""
+    return _need().vmm_backup_trim()
 
 
 def resume(tag=None):

@@ -8,11 +8,16 @@ differs):
     torch_memory_saver.resume("kv")
 
 How TMS's meanings map onto the library:
-- A TMS tag is two library tags: "tms:<tag>" for regions without CPU backup and
-  "tms+cpu:<tag>" for regions with it (TMS decides backup per allocation, the library per
-  pause); pause(tag) pauses both, the second with VMM_PAUSE_BACKUP. Memory allocated outside
-  every region stays in the library's other tags ("default"), which this object never pauses,
-  as TMS never pauses memory it did not allocate in a region.
+- A TMS tag is up to four library tags, one per kind of backup (TMS decides backup per
+  allocation, the library per pause): "tms:<tag>" without backup, "tms+cpu:<tag>" with the
+  "pinned" CPU backup (VMM_PAUSE_BACKUP: pinned within the budget), "tms+mmap:<tag>" with the
+  "mmap" one (VMM_PAUSE_PAGEABLE: never pinned) and "tms+disk:<tag>" with disk backup
+  (VMM_PAUSE_DISK: files in the directory of set_disk_backup_dir). pause(tag) pauses each with
+  its flags. Memory allocated outside every region stays in the library's other tags
+  ("default"), which this object pauses only when TMS_INIT_ENABLE says that memory allocated
+  outside regions is a region's (preload mode), as TMS does.
+- Backups are given back after each resume (vmm_backup_trim: the library otherwise keeps pinned
+  ones for the next pause) unless retain_cpu_backup is set, as TMS frees them.
 - Like TMS, each region allocates through a PyTorch MemPool of its own per (tag, backup,
   device), so that PyTorch's caching allocator never hands a region's cached block to a tensor
   outside it, nor the reverse. hook_mode "preload": the pool's memory comes from cudaMalloc,
@@ -30,18 +35,43 @@ import os
 import vmmhook as _vm
 
 _TAG_DEFAULT = "default"
-_PREFIX = "tms:"  # the library tag of a TMS tag without CPU backup
-_PREFIX_BACKUP = "tms+cpu:"  # ... with it
-_TAG_MAX = 31 - len(_PREFIX_BACKUP)  # VMM_TAG_NAME_MAX less the longer prefix: 23 bytes
+_TAG_OFF = "tms-off"  # disable() under TMS_INIT_ENABLE: "default" is a region's then
+# The kinds of backup: the library tag's prefix and vmmhook.pause's backup argument of each.
+_KINDS = {None: ("tms:", False), "pinned": ("tms+cpu:", True),
+          "mmap": ("tms+mmap:", "pageable"), "disk": ("tms+disk:", "disk")}
+_BACKUP_OF_PREFIX = {prefix: backup for prefix, backup in _KINDS.values()}
+_TAG_MAX = 31 - max(len(p) for p, _ in _KINDS.values())  # VMM_TAG_NAME_MAX less: 22 bytes
+_BACKENDS = ("pinned", "mmap")
 
 
-def library_tag(tag, enable_cpu_backup):
-    """The library's tag name for a TMS tag (what vmmhook.stats() and memory_stats() show)."""
+def library_tag(tag, kind=None):
+    """The library's tag name for a TMS tag and kind of backup (None, "pinned", "mmap",
+    "disk"): what vmmhook.stats() and memory_stats() show."""
     name = os.fsencode(tag)
     if not name or len(name) > _TAG_MAX:
         raise ValueError(f"torch_memory_saver tag {tag!r}: 1 to {_TAG_MAX} bytes under libvmmhook "
-                         f"(its tag names hold 31 bytes, {_PREFIX_BACKUP!r} included)")
-    return (_PREFIX_BACKUP if enable_cpu_backup else _PREFIX) + tag
+                         f"(its tag names hold 31 bytes, a prefix such as 'tms+mmap:' included)")
+    return _KINDS[kind][0] + tag
+
+
+def _env_bool(name):
+    """A TMS switch read as TMS reads it: unset false; 1/true/TRUE/yes/YES and
+    0/false/FALSE/no/NO; anything else refused (TMS exits)."""
+    value = os.environ.get(name)
+    if value is None:
+        return False
+    if value in ("1", "true", "TRUE", "yes", "YES"):
+        return True
+    if value in ("0", "false", "FALSE", "no", "NO"):
+        return False
+    raise ValueError(f"{name}={value!r}: 1, true, TRUE, yes, YES, 0, false, FALSE, no or NO")
+
+
+def _env_backend():
+    value = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND") or "pinned"
+    if value not in _BACKENDS:
+        raise ValueError(f"TMS_INIT_CPU_BACKUP_BACKEND={value!r}: 'mmap' or 'pinned'")
+    return value
 
 
 class _Torch:
@@ -68,6 +98,10 @@ class _Torch:
 
     def current_device(self):
         return self.torch.cuda.current_device()
+
+    def mem_get_info(self):
+        """(free, total) bytes of the current device."""
+        return self.torch.cuda.mem_get_info()
 
     def mem_pool(self, allocator):
         return self.torch.cuda.MemPool(allocator=allocator)
@@ -101,6 +135,13 @@ class TorchMemorySaver:
         self._allocator = None  # hook_mode "torch": the library as PyTorch's allocator
         self._pools = {}
         self._names = {}  # TMS tag -> the library tags it has used, in order
+        # TMS's environment switches, read at construction as TMS reads them when it loads.
+        self._retain = _env_bool("TMS_RETAIN_CPU_BACKUP")
+        self._init_enable = _env_bool("TMS_INIT_ENABLE")
+        self._init_backup = _env_bool("TMS_INIT_ENABLE_CPU_BACKUP")
+        self._default_backend = _env_backend()
+        self._margin = 0
+        self._disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR") or "/tmp"
 
     # ---- configuration, as TMS ----
     @property
@@ -122,14 +163,14 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self):
-        return False
+        """False (the default, or TMS_RETAIN_CPU_BACKUP): a resume gives the host memory of
+        the backups back. True: pinned backups stay for the next pause (faster, at the cost of
+        host memory held while running)."""
+        return self._retain
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value):
-        if value:
-            raise NotImplementedError(
-                "retain_cpu_backup: libvmmhook keeps backups pinned between pauses within "
-                "VMMHOOK_PIN_LIMIT instead (docs/SLEEP.md)")
+        self._retain = bool(value)
 
     @property
     def memory_margin_bytes(self):
@@ -137,11 +178,20 @@ class TorchMemorySaver:
 
     @memory_margin_bytes.setter
     def memory_margin_bytes(self, value):
-        raise NotImplementedError("memory_margin_bytes: not offered by libvmmhook "
-                                  "(VMMHOOK_MEM_LIMIT caps the memory served per device)")
+        """A resume refuses (VmmError ERR_NO_MEMORY, nothing done) when it would leave less
+        than this many bytes of the device free."""
+        value = int(value)
+        if value < 0:
+            raise ValueError(f"memory_margin_bytes={value}: 0 or more")
+        self._margin = value
 
     def set_disk_backup_dir(self, path):
-        raise NotImplementedError("disk backup: not offered by libvmmhook (CPU backup only)")
+        """The directory of disk backups (created if needed; TMS_DISK_BACKUP_DIR, else /tmp, by
+        default): one file per paused buffer, removed at the resume."""
+        os.makedirs(path, exist_ok=True)
+        self._disk_dir = os.fspath(path)
+        if self._ready:
+            _vm.backup_dir(self._disk_dir)
 
     # ---- set-up ----
     def _torch(self):
@@ -165,6 +215,9 @@ class TorchMemorySaver:
         else:
             self._allocator = t.pluggable_allocator(_vm.library_path())
         self._lib = lib
+        if hasattr(lib, "vmm_backup_dir"):
+            os.makedirs(self._disk_dir, exist_ok=True)
+            _vm.backup_dir(self._disk_dir)
         self._ready = True
 
     def _pool(self, key):
@@ -192,10 +245,10 @@ class TorchMemorySaver:
         """Tensors allocated inside belong to `tag`: pause(tag) gives their memory back. With
         enable_cpu_backup their contents are copied to host memory at the pause and back at
         the resume. Regions nest: the innermost one decides."""
-        _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
-        name = library_tag(tag, enable_cpu_backup)
+        kind = self._kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        name = library_tag(tag, kind)
         self._ensure_initialized()
-        pool = self._pool((tag, bool(enable_cpu_backup), self._torch().current_device()))
+        pool = self._pool((tag, kind, self._torch().current_device()))
         with self._torch().use_mem_pool(pool):
             with self._in_tag(name, tag):
                 yield
@@ -205,8 +258,7 @@ class TorchMemorySaver:
                    tag=_TAG_DEFAULT, enable_cpu_backup=False, cpu_backup_backend=None):
         """torch.cuda.graph(...), with the memory the capture allocates in `tag` (so the
         graph's intermediate tensors are paused with it)."""
-        _check_backup_args(enable_cpu_backup, False, cpu_backup_backend)
-        name = library_tag(tag, enable_cpu_backup)
+        name = library_tag(tag, self._kind(enable_cpu_backup, False, cpu_backup_backend))
         self._ensure_initialized()
         if self._mode != "preload":
             raise RuntimeError("torch_memory_saver.cuda_graph: hook_mode 'preload' only, as in "
@@ -223,15 +275,43 @@ class TorchMemorySaver:
         self._ensure_initialized()
         pool = self._torch().mem_pool(None)  # PyTorch's own allocator ("default" if preloaded)
         with self._torch().use_mem_pool(pool):
-            with self._in_tag(_TAG_DEFAULT):
+            with self._in_tag(self._off_tag()):
                 yield
         del pool
 
+    def _kind(self, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
+        """The kind of backup of a region (library_tag's), checked as TMS checks it."""
+        if cpu_backup_backend is not None:
+            if not enable_cpu_backup:
+                raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+            if cpu_backup_backend not in _BACKENDS:
+                raise ValueError(f"cpu_backup_backend {cpu_backup_backend!r}: 'mmap' or 'pinned'")
+        if enable_cpu_backup and enable_disk_backup:
+            raise AssertionError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
+        if enable_disk_backup:
+            return "disk"
+        return (cpu_backup_backend or self._default_backend) if enable_cpu_backup else None
+
+    def _init_region(self):
+        """TMS_INIT_ENABLE in preload mode: memory allocated outside regions (the library's
+        "default" tag) is TMS tag "default"'s, backed up per TMS_INIT_ENABLE_CPU_BACKUP (and
+        TMS_INIT_CPU_BACKUP_BACKEND). In "torch" mode that memory is PyTorch's own."""
+        return self._init_enable and self._mode == "preload"
+
+    def _off_tag(self):
+        return _TAG_OFF if self._init_region() else _TAG_DEFAULT
+
+    def _backup_of(self, name):
+        if name == _TAG_DEFAULT:
+            return _KINDS[self._default_backend if self._init_backup else None][1]
+        return _BACKUP_OF_PREFIX[name[:name.index(":") + 1]]
+
     # ---- pause and resume ----
     def _targets(self, tag):
+        init = [_TAG_DEFAULT] if self._init_region() and tag in (None, _TAG_DEFAULT) else []
         if tag is None:
-            return [n for names in self._names.values() for n in names]
-        return list(self._names.get(tag, ()))
+            return init + [n for names in self._names.values() for n in names]
+        return init + list(self._names.get(tag, ()))
 
     def _state(self, name):
         return _vm.stats()["tags"].get(name, {}).get("state")
@@ -254,19 +334,20 @@ class TorchMemorySaver:
     def _switch(self, tag, pausing):
         names = self._targets(tag)
         stop = "running" if not pausing else "paused"
+        call = "pause" if pausing else "resume"
         if tag is not None and any(self._state(n) == stop for n in names):
             # Nothing done when any part is already there (TMS would exit the process).
             code = _vm.ERR_PAUSED if pausing else _vm.ERR_NOT_PAUSED
-            call = "pause" if pausing else "resume"
             raise _vm.VmmError(f"torch_memory_saver.{call}({tag!r})", code,
                                f"tag {tag!r} is {stop} already")
+        todo = [n for n in names if self._state(n) != stop]  # (None): the others are skipped
+        if not pausing:
+            self._check_margin(tag, todo)
         done = []
         try:
-            for n in names:
-                if self._state(n) == stop:
-                    continue  # pause(None) / resume(None): skipped, as vmm_pause(NULL) does
+            for n in todo:
                 if pausing:
-                    _vm.pause(n, backup=n.startswith(_PREFIX_BACKUP))
+                    _vm.pause(n, backup=self._backup_of(n))
                 else:
                     _vm.resume(n)
                 done.append(n)
@@ -274,10 +355,27 @@ class TorchMemorySaver:
             # All or nothing over the library tags of this call: undo the ones done.
             for n in reversed(done):
                 try:
-                    _vm.resume(n) if pausing else _vm.pause(n, backup=n.startswith(_PREFIX_BACKUP))
+                    _vm.resume(n) if pausing else _vm.pause(n, backup=self._backup_of(n))
                 except _vm.VmmError:
                     pass
             raise
+        if not pausing and not self._retain and hasattr(self._lib, "vmm_backup_trim"):
+            # TMS frees a backup at the resume unless retained: the pinned host memory the
+            # library keeps for the next pause goes back too (pageable backups and files went
+            # with the resume).
+            _vm.backup_trim()
+
+    def _check_margin(self, tag, names):
+        """memory_margin_bytes: refuse a resume that would leave less than that free."""
+        if not self._margin or not names:
+            return
+        tags = _vm.stats()["tags"]
+        need = sum(tags.get(n, {}).get("paused", 0) for n in names)
+        free, _ = self._torch().mem_get_info()
+        if free < need + self._margin:
+            raise _vm.VmmError(f"torch_memory_saver.resume({tag!r})", _vm.ERR_NO_MEMORY,
+                               f"{need} bytes to map with {free} free would leave less than "
+                               f"memory_margin_bytes={self._margin} free (nothing resumed)")
 
     # ---- backups ----
     def get_cpu_backup(self, x, zero_copy=False):
@@ -295,18 +393,6 @@ def read_backup(address, host, nbytes):
     if not hasattr(lib, "vmm_backup_read"):
         raise NotImplementedError("get_cpu_backup needs a libvmmhook with vmm_backup_read")
     return lib.vmm_backup_read(ctypes.c_void_p(address), ctypes.c_void_p(host), nbytes) == _vm.OK
-
-
-def _check_backup_args(enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
-    if enable_disk_backup:
-        raise NotImplementedError("enable_disk_backup: not offered by libvmmhook (CPU backup only)")
-    if cpu_backup_backend is not None:
-        if not enable_cpu_backup:
-            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
-        if cpu_backup_backend not in ("mmap", "pinned"):
-            raise ValueError(f"cpu_backup_backend {cpu_backup_backend!r}: 'mmap' or 'pinned'")
-        # Accepted and not used: the library chooses (pageable first, pinned within
-        # VMMHOOK_PIN_LIMIT; docs/SLEEP.md).
 
 
 @contextlib.contextmanager

@@ -43,6 +43,9 @@ class FakeTorch:
     def current_device(self):
         return 0
 
+    def mem_get_info(self):
+        return device_free(FakeDriver()), 0
+
     def mem_pool(self, allocator):
         self.pools.append(allocator)
         return len(self.pools) - 1
@@ -67,6 +70,22 @@ def tag_of(name):
     return vmmhook.stats()["tags"].get(name)
 
 
+def pinned():
+    """Pinned host memory kept for backups (process-wide)."""
+    return vmmhook.memory_stats()["pinned_host_bytes.current"]
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def device_free(drv):
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    assert drv.cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+    return free.value
+
+
 class Preloaded(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -84,20 +103,27 @@ class Preloaded(unittest.TestCase):
         self.assertEqual(torch_memory_saver.hook_mode, "preload")  # TMS's default
         for name in ("region", "pause", "resume", "cuda_graph", "disable", "get_cpu_backup"):
             self.assertTrue(callable(getattr(torch_memory_saver, name)), name)
-        self.assertFalse(torch_memory_saver.retain_cpu_backup)
+        self.assertFalse(torch_memory_saver.retain_cpu_backup)  # TMS_RETAIN_CPU_BACKUP unset
+        self.tms.retain_cpu_backup = True
+        self.assertTrue(self.tms.retain_cpu_backup)
         with self.assertRaises(NotImplementedError):
-            torch_memory_saver.retain_cpu_backup = True
-        with self.assertRaises(NotImplementedError):
-            with self.tms.region(enable_disk_backup=True):
-                pass
+            self.tms.memory_margin_bytes  # noqa: B018 (TMS: "Only setter is supported")
+        with self.assertRaises(ValueError):
+            self.tms.hook_mode = "other"
         with self.assertRaises(ValueError):
             with self.tms.region(cpu_backup_backend="mmap"):  # needs enable_cpu_backup, as TMS
                 pass
         with self.assertRaises(ValueError):
-            with self.tms.region(tag="x" * 24):  # 23 bytes at most under the library
+            with self.tms.region(enable_cpu_backup=True, cpu_backup_backend="other"):
+                pass
+        with self.assertRaises(AssertionError):  # as TMS: one kind of backup a region
+            with self.tms.region(enable_cpu_backup=True, enable_disk_backup=True):
                 pass
         with self.assertRaises(ValueError):
-            self.tms.hook_mode = "other"
+            with self.tms.region(tag="x" * 23):  # 22 bytes at most under the library
+                pass
+        with self.tms.region(tag="x" * 22, enable_cpu_backup=True, cpu_backup_backend="mmap"):
+            pass
 
     def test_addresses_kept_memory_given_back(self):
         drv = self.drv
@@ -218,6 +244,167 @@ class Preloaded(unittest.TestCase):
         self.tms.resume("graph")
         self.assertTrue(drv.mapped(inter))
         drv.free(inter)
+
+    # ---- TMS's settings: retain_cpu_backup, backends, disk backup, margin ----
+
+    def backed_up_region(self, tag, size=64 * MiB, **kwargs):
+        with self.tms.region(tag=tag, **kwargs):
+            buf = self.drv.alloc(size)
+        seed = bytes((i * 7 + len(tag)) & 255 for i in range(251))  # 251: no 2^k period
+        pattern = (seed * (size // 251 + 1))[:size]
+        self.drv.write(buf, pattern)
+        return buf, pattern
+
+    def test_retain_cpu_backup(self):
+        # Not retained (TMS's default): after the resume no pinned host memory is left and the
+        # process's resident memory is back within 64 MiB of before the pause (the backup,
+        # 128 MiB, went; the simulated device's memory is the process's too, and is back).
+        # Retained: the pinned backup stays, resident, and the next cycle reuses it.
+        buf, pattern = self.backed_up_region("r", size=128 * MiB, enable_cpu_backup=True)
+        for _ in range(2):
+            before = rss()
+            self.tms.pause("r")
+            self.assertEqual(tag_of("tms+cpu:r")["backed_up"], 128 * MiB)
+            self.tms.resume("r")
+            self.assertEqual(self.drv.read(buf, len(pattern)), pattern)
+            self.assertEqual(pinned(), 0)
+            self.assertLess(abs(rss() - before), 64 * MiB)
+        self.tms.retain_cpu_backup = True
+        before = rss()
+        self.tms.pause("r")
+        self.tms.resume("r")
+        self.assertEqual(self.drv.read(buf, len(pattern)), pattern)
+        self.assertGreaterEqual(pinned(), 128 * MiB)  # kept for the next pause
+        self.assertGreater(rss(), before + 100 * MiB)
+        self.tms.pause("r")
+        self.tms.resume("r")
+        self.assertGreaterEqual(pinned(), 128 * MiB)
+        self.tms.retain_cpu_backup = False
+        self.tms.pause("r")
+        self.tms.resume("r")  # not retained now: given back
+        self.assertEqual(pinned(), 0)
+        self.drv.free(buf)
+
+    def test_backends(self):
+        # "pinned" (TMS's default): the backup is pinned during the pause; "mmap": never
+        # pinned (reclaimable), and resident only while paused. Both restore the contents.
+        pin, pin_pattern = self.backed_up_region("bp", enable_cpu_backup=True,
+                                                 cpu_backup_backend="pinned")
+        mm, mm_pattern = self.backed_up_region("bm", enable_cpu_backup=True,
+                                               cpu_backup_backend="mmap")
+        self.assertIsNotNone(tag_of("tms+cpu:bp"))
+        self.assertIsNotNone(tag_of("tms+mmap:bm"))
+        self.tms.pause("bm")
+        self.assertEqual(pinned(), 0)
+        self.assertEqual(tag_of("tms+mmap:bm")["backed_up"], 64 * MiB)
+        self.assertEqual(self.tms.get_cpu_backup((mm + 100, 1000)), mm_pattern[100:1100])
+        self.tms.pause("bp")
+        self.assertGreaterEqual(pinned(), 64 * MiB)
+        self.tms.resume()
+        self.assertEqual(self.drv.read(pin, len(pin_pattern)), pin_pattern)
+        self.assertEqual(self.drv.read(mm, len(mm_pattern)), mm_pattern)
+        self.assertEqual(pinned(), 0)
+        self.drv.free(pin)
+        self.drv.free(mm)
+
+    def test_disk_backup(self):
+        import os
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            self.tms.set_disk_backup_dir(os.path.join(d, "made"))  # created, as TMS
+            big, big_pattern = self.backed_up_region("dk", size=24 * MiB,
+                                                     enable_disk_backup=True)
+            small, small_pattern = self.backed_up_region("dk", size=7, enable_disk_backup=True)
+            sizes = set()
+            for _ in range(3):
+                rss0 = rss()
+                self.tms.pause("dk")
+                files = os.listdir(os.path.join(d, "made"))
+                total = sum(os.path.getsize(os.path.join(d, "made", f)) for f in files)
+                self.assertGreaterEqual(len(files), 2)  # a file per paused buffer
+                self.assertGreaterEqual(total, 24 * MiB)
+                sizes.add(total)
+                self.assertLess(rss(), rss0 + 8 * MiB)  # the backup is not resident
+                self.tms.resume("dk")
+                self.assertEqual(os.listdir(os.path.join(d, "made")), [])  # removed after
+                self.assertEqual(self.drv.read(big, len(big_pattern)), big_pattern)
+                self.assertEqual(self.drv.read(small, 7), small_pattern)
+            self.assertEqual(len(sizes), 1)  # as TMS's disk_backup.py: constant on disk
+            self.drv.free(big)
+            self.drv.free(small)
+            self.tms.set_disk_backup_dir(d)  # a directory that stays for the later tests
+
+    def test_memory_margin(self):
+        buf, pattern = self.backed_up_region("m", size=64 * MiB, enable_cpu_backup=True)
+        self.tms.pause("m")
+        free = device_free(self.drv)
+        self.tms.memory_margin_bytes = free - 32 * MiB  # 64 MiB more would leave less
+        with self.assertRaises(vmmhook.VmmError) as e:
+            self.tms.resume("m")
+        self.assertEqual(e.exception.status, vmmhook.ERR_NO_MEMORY)
+        self.assertEqual(tag_of("tms+cpu:m")["state"], "paused")  # nothing done
+        self.tms.memory_margin_bytes = free - 96 * MiB
+        self.tms.resume("m")
+        self.assertEqual(self.drv.read(buf, len(pattern)), pattern)
+        self.tms.memory_margin_bytes = 0
+        self.drv.free(buf)
+
+    def saver_with_env(self, **env):
+        """A TorchMemorySaver made under TMS's environment switches (read at construction)."""
+        import os
+
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return TorchMemorySaver(torch_adapter=self.torch)
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+    def test_environment_switches(self):
+        tms = self.saver_with_env(TMS_RETAIN_CPU_BACKUP="1", TMS_INIT_CPU_BACKUP_BACKEND="mmap")
+        self.assertTrue(tms.retain_cpu_backup)
+        with tms.region(tag="e", enable_cpu_backup=True):  # the backend from the environment
+            buf = self.drv.alloc(4 * MiB)
+        self.assertEqual(tag_of("tms+mmap:e")["requested"], 4 * MiB)
+        self.drv.free(buf)
+        self.assertFalse(self.saver_with_env(TMS_RETAIN_CPU_BACKUP="NO").retain_cpu_backup)
+        for bad in ({"TMS_RETAIN_CPU_BACKUP": "maybe"}, {"TMS_INIT_ENABLE": "2"},
+                    {"TMS_INIT_CPU_BACKUP_BACKEND": "disk"}):
+            with self.assertRaises(ValueError):  # TMS exits the process
+                self.saver_with_env(**bad)
+
+    def test_init_enable(self):
+        # TMS_INIT_ENABLE=1 TMS_INIT_ENABLE_CPU_BACKUP=1 (TMS's training_engine.py): memory
+        # allocated from the start, outside any region, is TMS tag "default"'s, with backup;
+        # disable() still allocates memory that is never paused.
+        tms = self.saver_with_env(TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
+        outside = self.drv.alloc(32 * MiB)
+        pattern = bytes(range(256)) * 64
+        self.drv.write(outside + 16 * MiB, pattern)
+        with tms.region(tag="kv"):
+            kv = self.drv.alloc(8 * MiB)
+        used = self.drv.cu.sim_device_used(0)
+        tms.pause()
+        self.assertFalse(self.drv.mapped(outside))
+        self.assertFalse(self.drv.mapped(kv))
+        self.assertGreaterEqual(tag_of("default")["backed_up"], 32 * MiB)
+        self.assertLess(self.drv.cu.sim_device_used(0), used - 36 * MiB)
+        with tms.disable():
+            plain = self.drv.alloc(4 * MiB)  # allowed while "default" is paused
+        self.assertTrue(self.drv.mapped(plain))
+        tms.resume()
+        self.assertEqual(self.drv.read(outside + 16 * MiB, len(pattern)), pattern)
+        tms.pause("default")  # the TMS tag of the memory from the start
+        self.assertFalse(self.drv.mapped(outside))
+        self.assertTrue(self.drv.mapped(kv))
+        tms.resume("default")
+        self.assertEqual(self.drv.read(outside + 16 * MiB, len(pattern)), pattern)
+        for b in (outside, kv, plain):
+            self.drv.free(b)
+        # Without the switch "default" is never paused (the test above, nested regions).
+        self.assertEqual(tag_of("default")["state"], "running")
 
     def test_configure_subprocess(self):
         import os
