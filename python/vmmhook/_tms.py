@@ -135,11 +135,18 @@ class TorchMemorySaver:
         self._allocator = None  # hook_mode "torch": the library as PyTorch's allocator
         self._pools = {}
         self._names = {}  # TMS tag -> the library tags it has used, in order
-        # TMS's environment switches, read at construction as TMS reads them when it loads.
-        self._retain = _env_bool("TMS_RETAIN_CPU_BACKUP")
-        self._init_enable = _env_bool("TMS_INIT_ENABLE")
-        self._init_backup = _env_bool("TMS_INIT_ENABLE_CPU_BACKUP")
-        self._default_backend = _env_backend()
+        # TMS's environment switches, read at construction as TMS reads them when it loads. A
+        # bad value is refused at the first use (TMS exits then), not at `import vmmhook`.
+        self._env_error = None
+        try:
+            self._retain = _env_bool("TMS_RETAIN_CPU_BACKUP")
+            self._init_enable = _env_bool("TMS_INIT_ENABLE")
+            self._init_backup = _env_bool("TMS_INIT_ENABLE_CPU_BACKUP")
+            self._default_backend = _env_backend()
+        except ValueError as e:
+            self._env_error = e
+            self._retain = self._init_enable = self._init_backup = False
+            self._default_backend = "pinned"
         self._margin = 0
         self._disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR") or "/tmp"
 
@@ -202,6 +209,8 @@ class TorchMemorySaver:
     def _ensure_initialized(self):
         if self._ready:
             return
+        if self._env_error is not None:
+            raise self._env_error
         lib = _vm._need()  # the library missing or unloadable: the reason, now
         t = self._torch()
         t.check_environment()
@@ -278,6 +287,9 @@ class TorchMemorySaver:
             with self._in_tag(self._off_tag()):
                 yield
         del pool
+        # The pool's memory, freed now, goes back to the driver (TMS frees it with cudaFree;
+        # the library would keep it for reuse).
+        self._lib.vmm_trim()
 
     def _kind(self, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
         """The kind of backup of a region (library_tag's), checked as TMS checks it."""
