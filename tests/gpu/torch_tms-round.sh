@@ -3,8 +3,10 @@
 # (when TMS_SRC, default .tms-src, holds it) into the PyTorch environment, the library built,
 # then tests/gpu/torch_tms-compare.sh: tests/gpu/torch_tms.py with the drop-in and with TMS, in
 # "preload" and "torch" modes, outcomes compared; then tests/gpu/torch_tms_settings.py (each
-# public setting, PASS/FAIL per setting) with each, both modes. About 8-12 minutes on an H200
-# (unmeasured; 8 GiB backed-up cycles; TMS_BENCH_GIB=2 for less).
+# public setting, PASS/FAIL per setting) with each, both modes; then tests/gpu/tms_examples.py:
+# TMS's own examples from $TMS_SRC against the drop-in (pass/fail per example, not in the exit
+# code). Unmeasured on an H200: more than one call's 10 minutes in all (8 GiB backed-up cycles;
+# TMS_BENCH_GIB=2 for less; run the programs in separate calls if need be).
 #   OUT=/some/dir [PYTHON=/opt/torch/.venv/bin/python3] [TMS_SRC=.tms-src] bash tests/gpu/torch_tms-round.sh
 # Writes $OUT/tms-build.log, $OUT/build-lib.log and the runs' outputs under $OUT/tms/.
 # Exit: torch_tms-compare.sh's (0 pass, 1 fail, 77 nothing ran), 1 also when a drop-in settings
@@ -46,4 +48,10 @@ for mode in preload torch; do
         [ "$impl" = tms ] || [ "$src" = 0 ] || rc=1
     done
 done
+# TMS's own examples (its test suite) against the drop-in, from the checkout in $src.
+env -u LD_PRELOAD LIBVMMHOOK="$PWD/$B/src/libvmmhook.so" PYTHONUNBUFFERED=1 timeout 1500 \
+    "$P" tests/gpu/tms_examples.py "$src" >"$OUT/tms/examples.out" 2>&1
+erc=$?
+echo "tms_examples: exit $erc"
+grep -E '^(PASS|FAIL|SKIP|I public)' "$OUT/tms/examples.out" | sed 's/^/    /'
 exit $rc
