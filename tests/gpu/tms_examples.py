@@ -44,7 +44,8 @@ CASES = [
 ]
 
 SHIM_INIT = '''"""torch_memory_saver's name over libvmmhook's drop-in (tests/gpu/tms_examples.py)."""
-from vmmhook import TorchMemorySaver, configure_subprocess, torch_memory_saver  # noqa: F401
+from vmmhook import (TorchMemorySaver, configure_subprocess,  # noqa: F401
+                     torch_memory_saver)
 '''
 
 

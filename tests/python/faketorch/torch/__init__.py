@@ -208,6 +208,28 @@ class Tensor:
     def __add__(self, other):
         return _op("add", [self, other], self.shape)
 
+    def float(self):
+        return _Mean(self)
+
+
+class _Mean:
+    """t.float().mean().item() of a uint8 tensor: the mean of its bytes."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def mean(self):
+        data = self.t.bytes()
+        return _Scalar(sum(data) / max(len(data), 1))
+
+
+class _Scalar:
+    def __init__(self, v):
+        self.v = v
+
+    def item(self):
+        return self.v
+
 
 def _op(name, inputs, shape):
     out = Tensor(shape, float32)
