@@ -40,7 +40,7 @@ GiB = 1 << 30
 
 def skip(msg):
     print(f"SKIP: {msg}")
-    print("SKIP: torch_tms (exit 77)")
+    print(f"SKIP: {os.path.basename(sys.argv[0])} (exit 77)")
     sys.stdout.flush()
     sys.exit(77)
 
@@ -234,10 +234,15 @@ def run(hook_mode, impl):
     return 0
 
 
-def main():
+def launch(program, run_fn):
+    """The command line of a program of this kind (torch_tms.py, torch_tms_settings.py):
+    PROGRAM HOOK_MODE IMPL; skips (77) without torch, a GPU or IMPL; in "preload" mode re-runs
+    `program` in a child under IMPL's configure_subprocess(), as TMS's tests do; then
+    run_fn(hook_mode, impl) is the exit code."""
+    name = os.path.basename(program)
     if len(sys.argv) != 3 or sys.argv[1] not in ("preload", "torch") or \
             sys.argv[2] not in ("vmmhook", "tms"):
-        print("usage: torch_tms.py preload|torch vmmhook|tms", file=sys.stderr)
+        print(f"usage: {name} preload|torch vmmhook|tms", file=sys.stderr)
         return 2
     hook_mode, impl = sys.argv[1:]
     try:
@@ -256,9 +261,13 @@ def main():
             env = dict(os.environ, TORCH_TMS_CHILD="1")
             print(f"I running under LD_PRELOAD={env.get('LD_PRELOAD')}")
             sys.stdout.flush()
-            return subprocess.run([sys.executable, os.path.abspath(__file__), hook_mode, impl],
+            return subprocess.run([sys.executable, os.path.abspath(program), hook_mode, impl],
                                   env=env).returncode
-    return run(hook_mode, impl)
+    return run_fn(hook_mode, impl)
+
+
+def main():
+    return launch(__file__, run)
 
 
 if __name__ == "__main__":

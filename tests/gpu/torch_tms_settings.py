@@ -33,7 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_tms import GiB, MiB, import_impl, skip, used  # noqa: E402
+from torch_tms import GiB, MiB, import_impl, launch, used  # noqa: E402
 
 TOLERANCE = 64 * MiB  # the target for resident memory after a resume
 # TMS_SCALE divides the sizes (a run on the simulated driver with tests/python/faketorch, where
@@ -297,27 +297,7 @@ class Run:
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("preload", "torch") or \
-            sys.argv[2] not in ("vmmhook", "tms"):
-        print("usage: torch_tms_settings.py preload|torch vmmhook|tms", file=sys.stderr)
-        return 2
-    hook_mode, impl = sys.argv[1:]
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        skip(f"no PyTorch: import torch -> {type(e).__name__}: {e}")
-    if not torch.cuda.is_available():
-        skip("no CUDA device: torch.cuda.is_available() is False")
-    try:
-        _, configure_subprocess = import_impl(impl)
-    except ImportError as e:
-        skip(f"{impl} is not importable: {e}")
-    if hook_mode == "preload" and os.environ.get("TORCH_TMS_CHILD") != "1":
-        with configure_subprocess():
-            env = dict(os.environ, TORCH_TMS_CHILD="1")
-            return subprocess.run([sys.executable, os.path.abspath(__file__), hook_mode, impl],
-                                  env=env).returncode
-    return Run(hook_mode, impl).main()
+    return launch(__file__, lambda hook_mode, impl: Run(hook_mode, impl).main())
 
 
 if __name__ == "__main__":
