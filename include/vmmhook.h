@@ -120,8 +120,9 @@ vmm_status vmm_tag_pop(void);
  * memory: allocations in it are refused (out of memory); frees of its buffers work. Buffers
  * exported to another process stay mapped (docs/SLEEP.md).
  * VMM_ERR_PAUSED: the named tag is paused already (nothing done; with NULL, paused tags are
- * skipped); VMM_ERR_UNKNOWN_TAG; VMM_ERR_INVALID: unknown flags; VMM_ERR_NO_MEMORY: no host
- * memory for a backup; VMM_ERR_DRIVER: a copy or the wait failed (vmm_last_driver_error() tells
+ * skipped); VMM_ERR_UNKNOWN_TAG; VMM_ERR_INVALID: unknown flags, VMM_PAUSE_PAGEABLE or
+ * VMM_PAUSE_DISK without VMM_PAUSE_BACKUP, or both; VMM_ERR_NO_MEMORY: no host memory (or file)
+ * for a backup; VMM_ERR_DRIVER: a copy or the wait failed (vmm_last_driver_error() tells
  * the driver's code); VMM_ERR_CAPTURING: a stream
  * capture is in progress (nothing done). After a failure the tag is
  * running again with its contents (if even that fails, it stays paused: resume it). */
