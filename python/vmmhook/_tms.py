@@ -149,6 +149,7 @@ class TorchMemorySaver:
             self._default_backend = "pinned"
         self._margin = 0
         self._disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR") or "/tmp"
+        self._disk_dir_given = False
 
     # ---- configuration, as TMS ----
     @property
@@ -197,8 +198,19 @@ class TorchMemorySaver:
         default): one file per paused buffer, removed at the resume."""
         os.makedirs(path, exist_ok=True)
         self._disk_dir = os.fspath(path)
+        self._disk_dir_given = False
         if self._ready:
+            self._give_disk_dir()
+
+    def _give_disk_dir(self):
+        """The directory to the library, at the first disk region (or when it changes after):
+        a program that never backs up to disk never needs it to exist."""
+        if not self._disk_dir_given:
+            if not hasattr(self._lib, "vmm_backup_dir"):
+                raise NotImplementedError("disk backup needs a libvmmhook with vmm_backup_dir")
+            os.makedirs(self._disk_dir, exist_ok=True)
             _vm.backup_dir(self._disk_dir)
+            self._disk_dir_given = True
 
     # ---- set-up ----
     def _torch(self):
@@ -224,9 +236,6 @@ class TorchMemorySaver:
         else:
             self._allocator = t.pluggable_allocator(_vm.library_path())
         self._lib = lib
-        if hasattr(lib, "vmm_backup_dir"):
-            os.makedirs(self._disk_dir, exist_ok=True)
-            _vm.backup_dir(self._disk_dir)
         self._ready = True
 
     def _pool(self, key):
@@ -257,6 +266,8 @@ class TorchMemorySaver:
         kind = self._kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         name = library_tag(tag, kind)
         self._ensure_initialized()
+        if kind == "disk":
+            self._give_disk_dir()
         pool = self._pool((tag, kind, self._torch().current_device()))
         with self._torch().use_mem_pool(pool):
             with self._in_tag(name, tag):
