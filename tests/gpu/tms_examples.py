@@ -43,7 +43,7 @@ CASES = [
     ("nested_region", "run", ("preload",), INIT_BACKUP, False),
 ]
 
-SHIM_INIT = '''"""torch_memory_saver's name over libvmmhook's drop-in (tests/gpu/tms_examples.py)."""
+SHIM_INIT = '''"""torch_memory_saver's name over libvmmhook's drop-in (tms_examples.py)."""
 from vmmhook import (TorchMemorySaver, configure_subprocess,  # noqa: F401
                      torch_memory_saver)
 '''
