@@ -141,6 +141,7 @@ static void peak_raise(_Atomic int64_t *peak, int64_t now)
 void vmh_tag_requested_add(unsigned tag, int64_t delta)
 {
     assert(tag < VMM_TAGS_MAX);
+    vmh_gauge_add(VMH_STAT_bytes_requested, delta);
     int64_t now =
         atomic_fetch_add_explicit(&stats[tag].requested, delta, memory_order_relaxed) + delta;
     peak_raise(&stats[tag].requested_peak, now);

@@ -8,11 +8,13 @@
 #include "testutil.h"
 
 #include "packing.h"
+#include "tags.h"
 
 #include <cudaTypedefs.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -326,6 +328,77 @@ static void realloc_is_traced(void **state)
     unlink(path);
 }
 
+/* ---- the bytes requested: overall and per tag ---- */
+
+/* Every figure of the live JSON is non-negative and the tags' requested bytes sum to the
+ * overall gauge (issue 30: grows, shrinks and in-place resizes moved only the overall figure,
+ * so a tag's went negative at the free). */
+static void assert_requested_consistent(void)
+{
+    static char json[32768];
+    int n = vmm_stats_json(json, sizeof json);
+    assert_true(n > 0 && (size_t)n < sizeof json);
+    if (strstr(json, ": -"))
+        fail_msg("a negative figure in the stats JSON:\n%s", json);
+    int64_t sum = 0;
+    for (unsigned t = 0; t < vmh_tag_count(); t++) {
+        assert_true(vmh_tag_requested(t) >= 0);
+        assert_true(vmh_tag_requested_peak(t) >= vmh_tag_requested(t));
+        sum += vmh_tag_requested(t);
+    }
+    assert_int_equal(sum, vmh_gauge_get(VMH_STAT_bytes_requested));
+}
+
+static void resizes_keep_every_tag_figure_consistent(void **state)
+{
+    (void)state;
+    vmh_tags_reset();
+    tu_opt.headroom = 64 * MiB;
+    tu_configure();
+    CUdeviceptr packed = 0, big = 0, moved = 0;
+    assert_int_equal(vmm_tag_push("resized"), VMM_OK);
+    assert_int_equal(vmh_heap_realloc(&packed, 1000, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_realloc(&big, 4 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    assert_int_equal(vmh_heap_realloc(&moved, 3 * MiB, NULL, false), CUDA_SUCCESS); /* default */
+    assert_requested_consistent();
+    CUdeviceptr at = packed;
+    assert_int_equal(vmh_heap_realloc(&packed, 3000, NULL, false), CUDA_SUCCESS); /* in place */
+    assert_int_equal(packed, at);
+    assert_requested_consistent();
+    assert_int_equal(vmh_heap_realloc(&packed, 500, NULL, false), CUDA_SUCCESS); /* shrinks */
+    assert_requested_consistent();
+    assert_int_equal(vmh_heap_realloc(&packed, 2 * MiB, NULL, false), CUDA_SUCCESS); /* copied */
+    assert_requested_consistent();
+    at = big;
+    assert_int_equal(vmh_heap_realloc(&big, 7 * MiB + 7, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(big, at); /* grown in place into the headroom */
+    assert_requested_consistent();
+    assert_int_equal(vmh_heap_realloc(&big, 5 * MiB, NULL, false), CUDA_SUCCESS); /* shrunk */
+    assert_requested_consistent();
+    assert_int_equal(vmh_heap_realloc(&big, 5 * MiB - 99, NULL, false), CUDA_SUCCESS);
+    assert_requested_consistent(); /* within the usable size */
+    tu_opt.headroom = 0;
+    tu_configure();
+    sim_refuse_hints(true); /* the grow moves */
+    at = moved;
+    assert_int_equal(vmh_heap_realloc(&moved, 11 * MiB, NULL, false), CUDA_SUCCESS);
+    sim_refuse_hints(false);
+    assert_int_not_equal(moved, at);
+    assert_requested_consistent();
+    unsigned tag = vmh_tag_lookup("resized");
+    assert_int_equal(vmh_tag_requested(tag), 2 * MiB + 5 * MiB - 99);
+    assert_int_equal(vmh_tag_requested(VMH_TAG_DEFAULT), 11 * MiB);
+    assert_int_equal(vmh_heap_free(packed, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_realloc(&moved, 0, NULL, false), CUDA_SUCCESS);
+    assert_requested_consistent();
+    assert_int_equal(vmh_tag_requested(tag), 0);
+    assert_int_equal(vmh_tag_requested(VMH_TAG_DEFAULT), 0);
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_requested), 0);
+    vmh_tags_reset();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -342,6 +415,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(refused_reservation_is_no_address, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_is_traced, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(resizes_keep_every_tag_figure_consistent, tu_setup,
+                                        tu_teardown),
     };
     return cmocka_run_group_tests_name("heap_realloc", tests, NULL, NULL);
 }
