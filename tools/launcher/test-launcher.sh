@@ -58,6 +58,29 @@ done
 [ "$n" -ge 19 ] || fail "vmmhook-config --list gave $n options"
 printf '%s\n' "$help" | grep -q 'VMMHOOK_TRACE' || fail "--help lacks VMMHOOK_TRACE"
 
+# Each option's words in --help are the words the parser accepts (issue 30: --overflow's help
+# listed the handle types). Each word of the help passes --check; a bad value's warning lists
+# the accepted words, and those equal the help's (in any order).
+words_rows=0
+for row in $("$config" --list | awk '$2 == "value" { print $1 "," $3 }'); do
+    var=${row%,*} flag=${row#*,}
+    mv=$(printf '%s\n' "$help" | sed -n "s/^  $flag=\(.*\)$/\1/p")
+    words=$(printf '%s\n' "$mv" | tr '|' '\n' | grep -v '^[A-Z]*$' | sort | tr '\n' ' ')
+    [ -n "$words" ] || continue
+    words_rows=$((words_rows + 1))
+    for w in $words; do
+        [ "$(status_of env "$var=$w" "$config" --check)" = 0 ] ||
+            fail "$flag=$w is in --help but the parser refuses it"
+    done
+    warn=$(env "$var=not-a-word" "$config" --check 2>&1 >/dev/null | grep -m1 "$var=" || true)
+    # "accepted: a, b, or a size ...": the words before the first "or ..." item.
+    accepted=$(printf '%s\n' "${warn#*accepted: }" | tr ',' '\n' | sed 's/^ *//' |
+        awk '/^or / { exit } { print }' | sort | tr '\n' ' ')
+    [ "$accepted" = "$words" ] ||
+        fail "$flag: --help lists '$words', the parser accepts '$accepted' ($warn)"
+done
+[ "$words_rows" -ge 4 ] || fail "only $words_rows options with words in --help"
+
 # A boolean flag never takes the next argument: it is the program.
 out=$(env -u LD_PRELOAD sh "$launcher" -n --stats /bin/echo hi)
 expect_line "$out" "VMMHOOK_STATS=1"
