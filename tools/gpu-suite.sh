@@ -490,7 +490,12 @@ mark "3 probe"
 launch() {
     local id=$1 mode=$2 t=$3
     shift 3
-    local envs=(PYTHONUNBUFFERED=1)
+    # Every program, Python checks included, sees the package of the source tree (python/) and
+    # this build's library, as meson's gpu tests give them (PYTHONPATH; $LIBVMMHOOK is where
+    # python/vmmhook finds the library when it is not preloaded): issue 30, torch_overflow's
+    # `No module named 'vmmhook'`.
+    local envs=(PYTHONUNBUFFERED=1 PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+        LIBVMMHOOK="$LIB")
     case $mode in
     hooked) envs+=(LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" GPUTEST_EXPECT_HOOK=1 VMMHOOK_STATS=1
         VMMHOOK_LEAKS=1 VMMHOOK_STATS_JSON="$LOG/$id.json" VMMHOOK_LIB="$LIB") ;;
