@@ -5,7 +5,8 @@
  *   vmmhook-config --check       parse the VMMHOOK_* variables of the environment as the library
  *                                will, check that the output files can be written and that
  *                                every VMMHOOK_* name is known, print the resolved
- *                                configuration; exit 1 on any problem
+ *                                configuration; exit 2 on a bad value (as the launcher's
+ *                                usage errors), 1 on any other problem
  *   vmmhook-config --help-text   the options section of `vmmhook --help`
  *   vmmhook-config --markdown    the options table of docs/OPTIONS.md
  *   vmmhook-config --list        one line per option for the launcher: NAME KIND FLAG
@@ -30,6 +31,11 @@
 #include "vmmhook.h"
 
 extern char **environ;
+
+/* This program as it was run (argv[0]): messages name it by the path it has, since it is on
+ * PATH only after `meson install` (issue 30: they named `vmmhook-config`, which a build tree or
+ * a pip install does not put there). */
+static const char *self = "vmmhook-config";
 
 /* "--cache-limit" for VMMHOOK_CACHE_LIMIT. */
 static void flag_of(const char *name, char *buf, size_t len)
@@ -293,13 +299,13 @@ static unsigned check_outputs(const vmh_options_t *o)
         char path[VMH_PATH_MAX], why[VMH_PATH_MAX + 100], q[VMH_PATH_MAX + 40];
         vmh_fmt_quoted(q, sizeof(q), tmpl, sizeof(tmpl));
         if (!vmh_expand_path(tmpl, (long)getpid(), path, sizeof(path))) {
-            fprintf(stderr, "vmmhook-config: %s=%s: longer than %zu bytes once %%p is replaced\n",
+            fprintf(stderr, "%s: %s=%s: longer than %zu bytes once %%p is replaced\n", self,
                     r.name, q, sizeof(path) - 1);
             bad++;
             continue;
         }
         if (!output_writable(path, why, sizeof(why))) {
-            fprintf(stderr, "vmmhook-config: %s=%s: the library could not write it: %s\n", r.name,
+            fprintf(stderr, "%s: %s=%s: the library could not write it: %s\n", self, r.name,
                     q, why);
             bad++;
             continue;
@@ -314,9 +320,9 @@ static unsigned check_outputs(const vmh_options_t *o)
             if (regular && !output_writable(gauges, why, sizeof(why))) {
                 vmh_fmt_quoted(q, sizeof(q), gauges, sizeof(gauges));
                 fprintf(stderr,
-                        "vmmhook-config: VMMHOOK_TRACE's gauges file %s: the library could not "
+                        "%s: VMMHOOK_TRACE's gauges file %s: the library could not "
                         "write it: %s\n",
-                        q, why);
+                        self, q, why);
                 bad++;
             }
         }
@@ -335,12 +341,14 @@ static void count_text(char *buf, size_t len, unsigned n, const char *one, const
 
 /* Parses the environment with the library's parser, checks the output paths and the names:
  * what is wrong goes to stderr, one line each, then one line saying the check failed; the
- * resolved values to stdout. Exit 1 when anything is wrong, 0 otherwise. */
+ * resolved values to stdout, where a bad value is shown as such (not as the default the
+ * library would fall back to). Exit 2 on a bad value, 1 on any other problem, 0 otherwise. */
 static int check(void)
 {
-    vmh_options_t o, d;
+    vmh_options_t o, d, scratch;
     vmh_options_defaults(&o);
     vmh_options_defaults(&d);
+    vmh_options_defaults(&scratch);
     unsigned bad = vmh_options_parse_for_check(&o, vmh_options_env_get, NULL);
     unsigned unknown = (unsigned)vmh_options_check_unknown(environ, true);
     unsigned outputs = check_outputs(&o);
@@ -348,9 +356,14 @@ static int check(void)
            VMM_VERSION_PATCH);
     for (size_t i = 0; i < vmh_options_count(); i++) {
         char v[300], dv[300];
+        const char *name = vmh_options_name(i), *env = vmh_options_env_get(name, NULL);
+        if (env && env[0] && vmh_options_set(&scratch, i, env) != 0) {
+            printf("  %-20s = not resolved: a bad value (above)\n", name);
+            continue;
+        }
         vmh_options_format(&o, i, v, sizeof(v));
         vmh_options_format(&d, i, dv, sizeof(dv));
-        printf("  %-20s = %s%s\n", vmh_options_name(i), v[0] ? v : "(none)",
+        printf("  %-20s = %s%s\n", name, v[0] ? v : "(none)",
                strcmp(v, dv) == 0 ? " (default)" : "");
     }
     if (!bad && !unknown && !outputs)
@@ -362,31 +375,35 @@ static int check(void)
     count_text(what, sizeof(what), outputs, "output file that cannot be written",
                "output files that cannot be written");
     fflush(stdout);
-    fprintf(stderr, "vmmhook-config: the check fails: %s (above)\n", what);
-    return 1;
+    fprintf(stderr, "%s: the check fails: %s (above)\n", self, what);
+    return bad ? 2 : 1;
 }
 
 static const char usage_text[] =
     "Usage: vmmhook-config --check | --help-text | --markdown | --list | --version\n"
     "  --check      parse the VMMHOOK_* variables of the environment as libvmmhook does,\n"
     "               check the output files and the names, print the resolved options;\n"
-    "               exit 1 on a bad value, an unknown VMMHOOK_* variable or an output file\n"
-    "               the library could not write\n"
+    "               exit 2 on a bad value, 1 on an unknown VMMHOOK_* variable or an output\n"
+    "               file the library could not write, 0 when all is well\n"
     "  --help-text  the options section of vmmhook --help\n"
     "  --markdown   the options table of docs/OPTIONS.md\n"
-    "  --list       NAME KIND FLAG per option (for the launcher)\n";
+    "  --list       NAME KIND FLAG per option (for the launcher)\n"
+    "Exit status: 0 done; 1 --check found a problem other than a bad value, or output failed;\n"
+    "2 a usage error or a bad value.\n";
 
 /* A usage error: what is wrong first, then where the usage is; status 2. */
 static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(stderr, "vmmhook-config: ");
+    fprintf(stderr, "%s: ", self);
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'vmmhook-config --help'.\n");
+    fprintf(stderr, "\nTry '%s --help'.\n", self);
     return 2;
 }
 
 int main(int argc, char **argv)
 {
+    if (argc > 0 && argv[0] && argv[0][0])
+        self = argv[0];
     if (argc < 2)
         return usage_error("%s", "a mode is needed (--check, --help-text, --markdown, --list, "
                                  "--version)");
