@@ -9,6 +9,7 @@
  *                                usage errors), 1 on any other problem
  *   vmmhook-config --help-text   the options section of `vmmhook --help`
  *   vmmhook-config --markdown    the options table of docs/OPTIONS.md
+ *   vmmhook-config --stats-fields  the counters and gauges of the stats JSON, for OPTIONS.md
  *   vmmhook-config --list        one line per option for the launcher: NAME KIND FLAG
  *   vmmhook-config --version
  *
@@ -27,6 +28,7 @@
 #include "options.h"
 #include "optparse.h"
 #include "outfile.h" /* VMH_PATH_MAX only: outfile.c is not linked */
+#include "stats.h"   /* the counter and gauge tables only: stats.c is not linked */
 #include "trace.h"   /* VMH_TRACE_GAUGES_SUFFIX only: trace.c is not linked */
 #include "vmmhook.h"
 
@@ -219,6 +221,21 @@ static void markdown(void)
     }
 }
 
+/* The counters and gauges of the stats JSON (both the exit report and vmm_stats_json), from
+ * stats.h's tables, the ones report.c writes the JSON and the exit table from. */
+static void stats_fields(void)
+{
+/* The help's leading blanks indent "of them" lines in the exit table: not here. */
+#define VMH_FIELD_ROW(name, help)                                                                  \
+    printf("| `%s` | %s | %s |\n", #name, kind, help + strspn(help, " "));
+    printf("| Field | Kind | Meaning (the exit table's line) |\n|---|---|---|\n");
+    const char *kind = "counter";
+    VMH_COUNTERS(VMH_FIELD_ROW)
+    kind = "gauge: `current`, `peak`";
+    VMH_GAUGES(VMH_FIELD_ROW)
+#undef VMH_FIELD_ROW
+}
+
 static void list(void)
 {
     for (size_t i = 0; i < vmh_options_count(); i++) {
@@ -387,6 +404,7 @@ static const char usage_text[] =
     "               file the library could not write, 0 when all is well\n"
     "  --help-text  the options section of vmmhook --help\n"
     "  --markdown   the options table of docs/OPTIONS.md\n"
+    "  --stats-fields  the counters and gauges of the stats JSON (docs/OPTIONS.md)\n"
     "  --list       NAME KIND FLAG per option (for the launcher)\n"
     "Exit status: 0 done; 1 --check found a problem other than a bad value, or output failed;\n"
     "2 a usage error or a bad value.\n";
@@ -418,6 +436,8 @@ int main(int argc, char **argv)
         markdown();
     else if (!strcmp(m, "--list"))
         list();
+    else if (!strcmp(m, "--stats-fields"))
+        stats_fields();
     else if (!strcmp(m, "--version"))
         printf("vmmhook-config %d.%d.%d\n", VMM_VERSION_MAJOR, VMM_VERSION_MINOR,
                VMM_VERSION_PATCH);
