@@ -8,13 +8,11 @@
 #include "testutil.h"
 
 #include "packing.h"
-#include "tags.h"
 
 #include <cudaTypedefs.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -328,26 +326,7 @@ static void realloc_is_traced(void **state)
     unlink(path);
 }
 
-/* ---- the bytes requested: overall and per tag ---- */
-
-/* Every figure of the live JSON is non-negative and the tags' requested bytes sum to the
- * overall gauge (issue 30: grows, shrinks and in-place resizes moved only the overall figure,
- * so a tag's went negative at the free). */
-static void assert_requested_consistent(void)
-{
-    static char json[32768];
-    int n = vmm_stats_json(json, sizeof json);
-    assert_true(n > 0 && (size_t)n < sizeof json);
-    if (strstr(json, ": -"))
-        fail_msg("a negative figure in the stats JSON:\n%s", json);
-    int64_t sum = 0;
-    for (unsigned t = 0; t < vmh_tag_count(); t++) {
-        assert_true(vmh_tag_requested(t) >= 0);
-        assert_true(vmh_tag_requested_peak(t) >= vmh_tag_requested(t));
-        sum += vmh_tag_requested(t);
-    }
-    assert_int_equal(sum, vmh_gauge_get(VMH_STAT_bytes_requested));
-}
+/* ---- the bytes requested: overall and per tag (testutil.h's tu_assert_stats_consistent) ---- */
 
 static void resizes_keep_every_tag_figure_consistent(void **state)
 {
@@ -361,23 +340,23 @@ static void resizes_keep_every_tag_figure_consistent(void **state)
     assert_int_equal(vmh_heap_realloc(&big, 4 * MiB, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmm_tag_pop(), VMM_OK);
     assert_int_equal(vmh_heap_realloc(&moved, 3 * MiB, NULL, false), CUDA_SUCCESS); /* default */
-    assert_requested_consistent();
+    tu_assert_stats_consistent();
     CUdeviceptr at = packed;
     assert_int_equal(vmh_heap_realloc(&packed, 3000, NULL, false), CUDA_SUCCESS); /* in place */
     assert_int_equal(packed, at);
-    assert_requested_consistent();
+    tu_assert_stats_consistent();
     assert_int_equal(vmh_heap_realloc(&packed, 500, NULL, false), CUDA_SUCCESS); /* shrinks */
-    assert_requested_consistent();
+    tu_assert_stats_consistent();
     assert_int_equal(vmh_heap_realloc(&packed, 2 * MiB, NULL, false), CUDA_SUCCESS); /* copied */
-    assert_requested_consistent();
+    tu_assert_stats_consistent();
     at = big;
     assert_int_equal(vmh_heap_realloc(&big, 7 * MiB + 7, NULL, false), CUDA_SUCCESS);
     assert_int_equal(big, at); /* grown in place into the headroom */
-    assert_requested_consistent();
+    tu_assert_stats_consistent();
     assert_int_equal(vmh_heap_realloc(&big, 5 * MiB, NULL, false), CUDA_SUCCESS); /* shrunk */
-    assert_requested_consistent();
+    tu_assert_stats_consistent();
     assert_int_equal(vmh_heap_realloc(&big, 5 * MiB - 99, NULL, false), CUDA_SUCCESS);
-    assert_requested_consistent(); /* within the usable size */
+    tu_assert_stats_consistent(); /* within the usable size */
     tu_opt.headroom = 0;
     tu_configure();
     sim_refuse_hints(true); /* the grow moves */
@@ -385,14 +364,14 @@ static void resizes_keep_every_tag_figure_consistent(void **state)
     assert_int_equal(vmh_heap_realloc(&moved, 11 * MiB, NULL, false), CUDA_SUCCESS);
     sim_refuse_hints(false);
     assert_int_not_equal(moved, at);
-    assert_requested_consistent();
+    tu_assert_stats_consistent();
     unsigned tag = vmh_tag_lookup("resized");
     assert_int_equal(vmh_tag_requested(tag), 2 * MiB + 5 * MiB - 99);
     assert_int_equal(vmh_tag_requested(VMH_TAG_DEFAULT), 11 * MiB);
     assert_int_equal(vmh_heap_free(packed, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_realloc(&moved, 0, NULL, false), CUDA_SUCCESS);
-    assert_requested_consistent();
+    tu_assert_stats_consistent();
     assert_int_equal(vmh_tag_requested(tag), 0);
     assert_int_equal(vmh_tag_requested(VMH_TAG_DEFAULT), 0);
     assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_requested), 0);
