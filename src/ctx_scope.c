@@ -12,6 +12,7 @@
 #include "contexts_internal.h"
 
 #include "driver.h"
+#include "first_use.h"
 #include "log.h"
 #include "witness.h"
 
