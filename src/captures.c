@@ -16,6 +16,7 @@
 #include "first_use.h"
 #include "log.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -37,10 +38,9 @@ static size_t cap_capacity;
 static atomic_size_t cap_count;
 static atomic_size_t cap_unrecorded;
 
-/* The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode); zero is
- * CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's default. */
-static __thread CUstreamCaptureMode tl_mode __attribute__((tls_model("initial-exec")));
-
+/* The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode) is its
+ * state's capture_mode (thread_state.h); zero is CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's
+ * default. */
 _Static_assert(CU_STREAM_CAPTURE_MODE_GLOBAL == 0, "a thread's mode starts as global");
 
 /* The per-thread default stream is one handle for every thread: it names the calling thread's
@@ -157,7 +157,7 @@ void vmh_capture_ended(CUstream stream)
 
 void vmh_capture_thread_mode(CUstreamCaptureMode mode)
 {
-    tl_mode = mode;
+    vmh_thread.capture_mode = mode;
 }
 
 bool vmh_capture_any(void)
@@ -174,7 +174,7 @@ bool vmh_capture_forbids_unsafe(void)
 {
     if (!vmh_capture_any())
         return false;
-    CUstreamCaptureMode mine = tl_mode;
+    CUstreamCaptureMode mine = vmh_thread.capture_mode;
     if (mine == CU_STREAM_CAPTURE_MODE_RELAXED)
         return false;
     if (mine == CU_STREAM_CAPTURE_MODE_GLOBAL &&
@@ -222,7 +222,7 @@ void vmh_captures_reset(void)
     atomic_store_explicit(&cap_count, 0, memory_order_release);
     atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
     vmh_unlock(&cap_lock);
-    tl_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    vmh_thread.capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 }
 
 size_t vmh_capture_begins_pending(void)

@@ -27,6 +27,7 @@
 #include "first_use.h"
 #include "log.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -129,25 +130,19 @@ void vmh_ctx_forget(CUcontext ctx)
 /* ---------------------------------------------------------------------------------------------
  * The calling thread's current context.
  */
-typedef struct current_cache {
-    CUcontext ctx;
-    int device;
-    unsigned generation; /* 0: nothing cached */
-} current_cache_t;
-
-static __thread current_cache_t tl_current __attribute__((tls_model("initial-exec")));
+/* Cached in the thread's state (thread_state.h: current). */
 
 void vmh_ctx_current_changed(void)
 {
-    tl_current.generation = 0;
+    vmh_thread.current.generation = 0;
 }
 
 CUresult vmh_ctx_current(CUcontext *ctx, int *device)
 {
     unsigned g = atomic_load_explicit(&ctx_generation, memory_order_acquire);
-    if (__builtin_expect(tl_current.generation == g, 1)) {
-        *ctx = tl_current.ctx;
-        *device = tl_current.device;
+    if (__builtin_expect(vmh_thread.current.generation == g, 1)) {
+        *ctx = vmh_thread.current.ctx;
+        *device = vmh_thread.current.device;
         return CUDA_SUCCESS;
     }
     CUcontext c = NULL;
@@ -166,7 +161,9 @@ CUresult vmh_ctx_current(CUcontext *ctx, int *device)
     vmh_ctx_seen(c, (int)dev);
     /* g was read before the driver was asked: a destroy meanwhile makes the next call ask
      * again. */
-    tl_current = (current_cache_t){.ctx = c, .device = (int)dev, .generation = g};
+    vmh_thread.current.ctx = c;
+    vmh_thread.current.device = (int)dev;
+    vmh_thread.current.generation = g;
     *ctx = c;
     *device = (int)dev;
     return CUDA_SUCCESS;
@@ -175,7 +172,7 @@ CUresult vmh_ctx_current(CUcontext *ctx, int *device)
 CUcontext vmh_ctx_cached(void)
 {
     unsigned g = atomic_load_explicit(&ctx_generation, memory_order_acquire);
-    return tl_current.generation == g ? tl_current.ctx : NULL;
+    return vmh_thread.current.generation == g ? vmh_thread.current.ctx : NULL;
 }
 
 size_t vmh_ctx_devices(int *devices, size_t max)
@@ -288,6 +285,6 @@ void vmh_contexts_known_reset(void)
     ctx_count = 0;
     atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
     vmh_unlock(&ctx_lock);
-    tl_current.generation = 0;
+    vmh_thread.current.generation = 0;
 }
 #endif

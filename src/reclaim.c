@@ -9,6 +9,7 @@
 #include "log.h"
 #include "stats.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <signal.h>
@@ -433,7 +434,7 @@ static void *reclaim_main(void *unused)
      * wait) refused ones. It does not cover the synchronize itself: a context synchronize
      * conflicts with a capture in any mode. That one is kept apart by captures.c's gate: it refuses
      * while a capture is in progress, and a capture cannot begin while it runs. */
-    vmh_stats_background_thread = true;
+    vmh_thread.background = true;
     CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
     if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
         vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
