@@ -1,4 +1,5 @@
-/* The calling thread's state: every layer's per-thread fields in one thread-local (layer 0).
+/* The library's threads (layer 0): each thread's state, every layer's per-thread fields in one
+ * thread-local, and the start of the library's own threads.
  *
  * One struct, as jemalloc's tsd: what a thread carries is visible in one place, and it is one
  * initial-exec thread-local, so that no access goes through __tls_get_addr (which may allocate,
@@ -13,6 +14,7 @@
 #include "witness.h"
 
 #include <cuda.h>
+#include <pthread.h>
 #include <stdbool.h>
 
 /* The most locks one thread holds at once (witness.c); far more than the lock order allows. */
@@ -67,5 +69,12 @@ typedef struct vmh_thread_state {
 
 extern __attribute__((visibility("hidden"))) __thread vmh_thread_state_t vmh_thread
     __attribute__((tls_model("initial-exec")));
+
+/* Starts one of the library's own threads (the reclaim thread, the IPC listener, the copy pool's
+ * workers, the pinner): fn(arg) runs with every signal blocked (the program's signals are never
+ * delivered to the library's threads; a new thread inherits its creator's mask, so the mask is
+ * blocked around the creation) and with its state's `background` set. The only pthread_create
+ * of the library. Answers pthread_create's error (0: started). */
+int vmh_thread_start(pthread_t *thread, void *(*fn)(void *), void *arg);
 
 #endif
