@@ -141,6 +141,7 @@ VMH_TESTABLE void vmh_lifetime_configure(const vmh_options_t *o)
     vmh_cache_configure(&(vmh_cache_settings_t){.limit = o->cache_limit});
     vmh_reclaim_configure(&(vmh_reclaim_settings_t){.park_limit = o->park_limit});
     vmh_overflow_configure(o->overflow == VMH_OVERFLOW_HOST, o->overflow_limit);
+    vmh_overflow_set_reserve(o->overflow_reserve);
     vmh_heap_configure(&(vmh_heap_settings_t){.pack_below = o->pack_below,
                                               .stream_ordered = o->stream_ordered,
                                               .free_sync = o->free_sync});

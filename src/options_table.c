@@ -167,6 +167,15 @@ const opt_row_t vmh_option_rows[] = {
      "What is used is also at most half of the host's physical memory (or of its memory "
      "cgroup's limit), and no spill leaves less than an eighth of it available. Past it the "
      "allocation fails with out-of-memory, as natively."},
+    {"VMMHOOK_OVERFLOW_RESERVE", K_SIZE, FIELD(overflow_reserve), "4G", 0, 0, NO_WORDS,
+     "With `VMMHOOK_OVERFLOW=host`: device memory kept for small allocations; a big one that "
+     "would leave less free spills to the host first.",
+     "At most a sixteenth of the device's memory. Big: at least a quarter of the reserve (1G on "
+     "a GPU of 64 GiB or more); smaller allocations (a program's temporaries) may use the "
+     "reserve and spill only when the device is full. On the simulated driver's probe (1 GiB "
+     "device filled with 64 MiB buffers, then 200 temporaries of 2 MiB) 0 of 200 temporaries "
+     "spill with the default and 200 of 200 with `0`, which keeps no reserve (docs/OVERFLOW.md). "
+     "Without `VMMHOOK_OVERFLOW` it does nothing."},
 };
 const size_t vmh_option_nrows = sizeof(vmh_option_rows) / sizeof(vmh_option_rows[0]);
 

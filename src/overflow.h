@@ -29,6 +29,15 @@
 void vmh_overflow_configure(bool on, size_t cap);
 bool vmh_overflow_enabled(void);
 
+/* The placement policy of a full device (docs/OVERFLOW.md, "Which allocations spill"): the
+ * last `reserve` bytes of device memory are kept for small allocations, the program's
+ * temporaries, which a program touches most often; a big allocation that would leave less free
+ * spills first. The setting is VMMHOOK_OVERFLOW_RESERVE (0: no reserve); the reserve of a device
+ * is at most a sixteenth of its memory, and big means at least a quarter of the reserve. */
+void vmh_overflow_set_reserve(size_t bytes);
+size_t vmh_overflow_reserve(const vmh_dev_t *d);
+bool vmh_overflow_is_small(const vmh_dev_t *d, size_t size);
+
 /* One host-located chunk of `size` bytes (a multiple of d->gran) that d's device accesses as its
  * own memory. CUDA_ERROR_OUT_OF_MEMORY when the budget or the driver refuses; NOT_SUPPORTED
  * when the device cannot map host memory this way (said once). The first success in the process

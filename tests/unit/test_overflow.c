@@ -28,6 +28,7 @@ static void reset(bool on, size_t host_memory)
     vmh_pause_reset();
     vmh_overflow_reset();
     vmh_overflow_configure(on, (size_t)64 << 40);
+    vmh_overflow_set_reserve(0); /* a full device means full here; the placement tests set one */
     vmh_staging_set_host_mem(NULL);
     capture_clear();
     vmh_log_sink = capture_sink;
@@ -217,6 +218,101 @@ static void spilled_buffer_grows(void **state)
     assert_int_equal(sim_host_used(), 3 * GRAN);
     free_all(&a, 1);
     free_all(p, 16);
+}
+
+/* ---- which allocations spill ---------------------------------------------------------------- */
+
+/* Issue 29's probe: a 1 GiB device filled past its size with 64 MiB buffers, then 200
+ * short-lived 2 MiB temporaries (allocated, written, read back, freed). Returns how many of the
+ * temporaries were served from host memory; every one must read back right. */
+static unsigned probe_temporaries(size_t reserve, size_t pack_below, unsigned *big_spilled)
+{
+    sim_config_t cfg = {.memory = GiB, .host_memory = 2 * GiB};
+    tu_reset(&cfg);
+    tu_opt.pack_below = pack_below;
+    tu_opt.overflow = VMH_OVERFLOW_HOST;
+    tu_opt.overflow_reserve = reserve;
+    tu_configure();
+    vmh_overflow_reset();
+    enum { BIG = 20, TEMPS = 200 };
+    CUdeviceptr big[BIG];
+    for (int i = 0; i < BIG; i++) {
+        assert_int_equal(vmh_heap_alloc(64 * MiB, &big[i]), CUDA_SUCCESS);
+        tu_fill(big[i], 4096, (unsigned char)i);
+    }
+    assert_true(sim_host_used() > 0); /* past the device's size */
+    *big_spilled = (unsigned)vmh_counter_get(VMH_STAT_spills);
+    for (int t = 0; t < TEMPS; t++) {
+        CUdeviceptr tmp = 0;
+        assert_int_equal(vmh_heap_alloc(2 * MiB, &tmp), CUDA_SUCCESS);
+        tu_fill(tmp, 2 * MiB, (unsigned char)(t + 1));
+        assert_true(tu_check(tmp, 2 * MiB, (unsigned char)(t + 1)));
+        assert_int_equal(vmh_heap_free(tmp, NULL, false), CUDA_SUCCESS);
+    }
+    unsigned temps = (unsigned)vmh_counter_get(VMH_STAT_spills) - *big_spilled;
+    assert_int_equal(vmh_counter_get(VMH_STAT_spills_small), temps);
+    for (int i = 0; i < BIG; i++)
+        assert_true(tu_check(big[i], 4096, (unsigned char)i));
+    free_all(big, BIG);
+    assert_int_equal(sim_hazards(), 0);
+    vmh_heap_trim();
+    tu_opt.overflow = VMH_OVERFLOW_OFF;
+    tu_opt.overflow_reserve = 0;
+    return temps;
+}
+
+/* With the default reserve (VMMHOOK_OVERFLOW_RESERVE: a sixteenth of this device, 64 MiB) the
+ * big buffers spill first and no temporary does, packed (the library's default) or not; with
+ * no reserve every temporary spills, as before the policy (docs/OVERFLOW.md's measurement). */
+static void temporaries_stay_on_the_device(void **state)
+{
+    (void)state;
+    const size_t every = (size_t)1 << 40; /* VMMHOOK_PACK_BELOW's default: everything packed */
+    unsigned big_spilled = 0;
+    for (int packed = 0; packed < 2; packed++) {
+        size_t pack_below = packed ? every : MiB;
+        assert_int_equal(probe_temporaries((size_t)4 << 30, pack_below, &big_spilled), 0);
+        assert_int_equal(big_spilled, 5); /* 15 fit and 64 MiB stay free */
+        unsigned without = probe_temporaries(0, pack_below, &big_spilled);
+        printf("probe, %s: 0 of 200 temporaries spilled with the reserve, %u without\n",
+               packed ? "packed" : "own chunks", without);
+        assert_int_equal(without, 200);
+        assert_int_equal(big_spilled, 4);
+    }
+}
+
+/* Small requests may take the reserve; only when the device is full do they spill, counted as
+ * small; with overflow off the reserve does nothing (the device fills as natively). */
+static void small_ones_use_the_reserve(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = GiB, .host_memory = 2 * GiB};
+    tu_reset(&cfg);
+    tu_opt.overflow_reserve = (size_t)4 << 30;
+    tu_configure();
+    CUdeviceptr p[17] = {0};
+    for (int i = 0; i < 16; i++) /* overflow off: the last 64 MiB too */
+        assert_int_equal(vmh_heap_alloc(64 * MiB, &p[i]), CUDA_SUCCESS);
+    assert_int_equal(sim_device_used(0), GiB);
+    assert_int_equal(vmh_heap_alloc(2 * MiB, &p[16]), CUDA_ERROR_OUT_OF_MEMORY);
+    free_all(p, 16);
+    vmh_heap_trim();
+
+    tu_opt.overflow = VMH_OVERFLOW_HOST;
+    tu_configure();
+    for (int i = 0; i < 15; i++)
+        assert_int_equal(vmh_heap_alloc(64 * MiB, &p[i]), CUDA_SUCCESS);
+    CUdeviceptr small[33] = {0};
+    for (int i = 0; i < 33; i++)
+        assert_int_equal(vmh_heap_alloc(2 * MiB, &small[i]), CUDA_SUCCESS);
+    assert_int_equal(sim_device_used(0), GiB); /* 32 of them in the reserve, */
+    assert_int_equal(vmh_counter_get(VMH_STAT_spills), 1); /* the 33rd on the host */
+    assert_int_equal(vmh_counter_get(VMH_STAT_spills_small), 1);
+    free_all(small, 33);
+    free_all(p, 15);
+    vmh_heap_trim();
+    tu_opt.overflow = VMH_OVERFLOW_OFF;
+    tu_opt.overflow_reserve = 0;
 }
 
 /* ---- back to the device -------------------------------------------------------------------- */
@@ -434,6 +530,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(host_share_bounds_the_host_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(paused_tag_does_not_spill, setup, teardown),
         cmocka_unit_test_setup_teardown(spilled_buffer_grows, setup, teardown),
+        cmocka_unit_test_setup_teardown(temporaries_stay_on_the_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(small_ones_use_the_reserve, setup, teardown),
         cmocka_unit_test_setup_teardown(prefetch_moves_back_at_the_same_address, setup, teardown),
         cmocka_unit_test_setup_teardown(prefetch_api_codes, setup, teardown),
         cmocka_unit_test_setup_teardown(prefetch_tag_moves_the_tags_buffers, setup, teardown),
