@@ -41,7 +41,7 @@ static void test_defaults(void **state)
 static void test_defaults_parse(void **state)
 {
     (void)state;
-    assert_int_equal(vmh_options_count(), 22);
+    assert_int_equal(vmh_options_count(), 23);
     for (size_t i = 0; i < vmh_options_count(); i++) {
         vmh_options_t o;
         vmh_options_defaults(&o);
