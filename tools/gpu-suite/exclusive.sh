@@ -14,7 +14,9 @@
 #                           join the timing table's INFO row;
 #   torch_overflow.py       (issue 23) tensors of 1.3x a GPU made smaller by a holder process:
 #                           natively out of memory, under the hook with VMMHOOK_OVERFLOW=host
-#                           the same R lines as a run on the whole GPU.
+#                           the same R lines as a run on the whole GPU;
+#   torch_overflow_sum.py   (issue 29) the whole GPU filled to about 1.3x with tensors, each
+#                           summed on the GPU, caching on and off: exact sums, the rate.
 # Natively pause_resume and torch_sleep only skip (the API is the hook's): pause_resume's native
 # run checks that (a second); torch_sleep's native run is left out (a PyTorch start for a skip).
 
@@ -68,6 +70,10 @@ exclusive_run() {
         fi
     fi
 
+    if ! skipped torch && [ -f tests/gpu/torch_overflow_sum.py ]; then
+        overflow_sum_run
+    fi
+
     if ! skipped torch && [ -f tests/gpu/torch_sleep.py ]; then
         t=$(tmo 150 60)
         if [ "$t" = 0 ]; then
@@ -88,6 +94,31 @@ exclusive_run() {
                 note "torch_sleep (hooked, end)"
         fi
     fi
+}
+
+# torch_overflow_sum.py, caching on and off, each alone on the whole GPU under the hook with
+# VMMHOOK_OVERFLOW=host: a row each (its PASS/FAIL line: exact sums, something spilled) with its
+# T line (the rate over all tensors against issue 29's 100 GiB/s) and its I lines.
+overflow_sum_run() {
+    local v t hrc res id
+    for v in cache nocache; do
+        id=torch_overflow_sum.$v
+        t=$(tmo 90 60)
+        if [ "$t" = 0 ]; then
+            row "torch_overflow_sum $v" python "-" "-" SKIP "no time left in the budget"
+            continue
+        fi
+        say "torch_overflow_sum $v: hooked (VMMHOOK_OVERFLOW=host), alone on the GPU, timeout ${t}s ($(elapsed) s)"
+        launch "$id" hooked "$t" env VMMHOOK_OVERFLOW=host python3 tests/gpu/torch_overflow_sum.py "$v"
+        wait
+        hrc=$(rc_of "$id")
+        res=FAIL
+        [ "$hrc" = 0 ] && grep -q '^PASS' "$LOG/$id.out" && res=PASS
+        [ "$hrc" = 77 ] && res=SKIP
+        row "torch_overflow_sum $v (1.3x the GPU summed, VMMHOOK_OVERFLOW=host)" python "-" \
+            "$(rcname "$hrc")" "$res" \
+            "$(grep -E '^(T|I|FAIL|SKIP:) ' "$LOG/$id.out" 2>/dev/null | tr '\n' ';' | cut -c1-400)$([ "$res" = FAIL ] && echo " $(first_fail "$id")")"
+    done
 }
 
 # A program that only runs under the hook (natively it skips, which its native run checks in a
