@@ -154,14 +154,14 @@ const opt_row_t vmh_option_rows[] = {
      "stay in pageable memory and resumes copy back at the pageable rate."},
     {"VMMHOOK_OVERFLOW", K_ENUM, FIELD(overflow), "off", 0, 0, WORDS(overflow_words),
      "`host`: an allocation the device cannot serve is served from host memory mapped at "
-     "device addresses, and moved back to the device when room returns.",
-     "Only after the usual wait for freed memory, release and trim have failed. The program "
-     "gets an ordinary device pointer (kernels read and write it over the bus, copies and range "
-     "queries accept it); the first spill says so once on stderr with the bytes, and the "
-     "statistics count spilled bytes per device and tag. Spilled buffers move back at the same "
-     "address once the GPU has passed the work submitted before the move and no capture runs, "
-     "or when the program asks (`vmm_prefetch`, `vmm_prefetch_tag`). A resume that finds no room "
-     "maps the rest on the host. docs/OVERFLOW.md."},
+     "device addresses; `vmm_prefetch` moves it back to the device.",
+     "After the usual wait for freed memory, release and trim have failed, or at once for a big "
+     "allocation that would eat into `VMMHOOK_OVERFLOW_RESERVE`. The program gets an ordinary "
+     "device pointer (kernels read and write it over the bus, copies and range queries accept "
+     "it); the first spill says so once on stderr with the bytes, and the statistics count "
+     "spilled bytes and spills (per tag too). Spilled buffers move back at the same address "
+     "when the program asks (`vmm_prefetch`, `vmm_prefetch_tag`) or at a resume of their tag; "
+     "a resume that finds no room maps the rest on the host. docs/OVERFLOW.md."},
     {"VMMHOOK_OVERFLOW_LIMIT", K_SIZE, FIELD(overflow_limit), "64T", 0, 0, NO_WORDS,
      "Cap on the host memory serving overflow, over all devices.",
      "What is used is also at most half of the host's physical memory (or of its memory "
