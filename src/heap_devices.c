@@ -11,6 +11,7 @@
 
 #include "clock.h"
 #include "contexts.h"
+#include "overflow.h"
 #include "report.h"
 #include "tags.h"
 #include "witness.h"
@@ -158,6 +159,23 @@ void vmh_heap_shutdown(bool report_leaks)
         }
     }
     vmh_leak_report_end();
+}
+
+/* ---- statistics ---------------------------------------------------------------------------- */
+
+void vmh_heap_stats_devices(vmh_jbuf_t *b)
+{
+    bool first = true;
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = hdev_at(i);
+        if (!h || h->dev.unsupported)
+            continue;
+        vmh_jb_printf(b, "%s\"%d\": {\"bytes_spilled\": %zu, \"spills\": %llu, "
+                      "\"spills_small\": %llu}", first ? "" : ", ", i, vmh_overflow_bytes(i),
+                      (unsigned long long)atomic_load(&h->spills),
+                      (unsigned long long)atomic_load(&h->spills_small));
+        first = false;
+    }
 }
 
 /* ---- tags (pause.c) ------------------------------------------------------------------------- */

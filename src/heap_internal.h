@@ -38,6 +38,9 @@ typedef struct hdev {
     pthread_mutex_t tidy_lock;
     size_t peak_before;
     uint64_t window_ns, tidy_ns;
+    /* Allocations of the device served from host memory, and of them small ones (overflow.h):
+     * the statistics' per-device counts (vmh_heap_stats_devices). */
+    _Atomic uint64_t spills, spills_small;
 } hdev_t;
 
 #define FOR_EACH_PART(h, p)                                                                        \

@@ -154,6 +154,7 @@ static void start(void)
     vmh_log_set_verbose(o->verbose);
     vmh_lifetime_configure_stats(o); /* the trace clock starts here, the trace file exists */
     vmh_stats_set_tag_report(vmh_tags_report_table, vmh_tags_json);
+    vmh_stats_set_device_report(vmh_heap_stats_devices);
     vmh_lifetime_configure(o);
     vmh_pause_configure(o->pin_limit);
     atomic_store(&start_done, true);

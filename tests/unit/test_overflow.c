@@ -308,6 +308,13 @@ static void small_ones_use_the_reserve(void **state)
     assert_int_equal(sim_device_used(0), GiB); /* 32 of them in the reserve, */
     assert_int_equal(vmh_counter_get(VMH_STAT_spills), 1); /* the 33rd on the host */
     assert_int_equal(vmh_counter_get(VMH_STAT_spills_small), 1);
+    /* Per device in the JSON too. */
+    vmh_stats_set_device_report(vmh_heap_stats_devices);
+    static char js[1 << 16];
+    assert_true(vmm_stats_json(js, sizeof js) > 0);
+    assert_non_null(strstr(js, "\"devices\": {\"0\": {\"bytes_spilled\": 2097152, "
+                               "\"spills\": 1, \"spills_small\": 1}}"));
+    vmh_stats_set_device_report(NULL);
     free_all(small, 33);
     free_all(p, 15);
     vmh_heap_trim();
