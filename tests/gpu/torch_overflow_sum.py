@@ -22,6 +22,8 @@ import os
 import sys
 import time
 
+from torch_overflow import cuda_torch  # beside this file: on sys.path when run as a script
+
 GiB = 1 << 30
 TENSOR = 4 * GiB
 PERIOD = 251  # element k of tensor i holds k % PERIOD + i
@@ -50,13 +52,8 @@ def main():
         return 2
     if mode == "nocache":
         os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"  # read at PyTorch's first allocation
-    try:
-        import torch
-    except ImportError as e:
-        print(f"SKIP: no PyTorch: {e}")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP: no CUDA device")
+    torch = cuda_torch()
+    if torch is None:
         return 77
     if os.environ.get("VMMHOOK_OVERFLOW") != "host" or stats() is None:
         print("SKIP: needs the hook with VMMHOOK_OVERFLOW=host (natively out of memory)")
