@@ -1,6 +1,7 @@
 /* Layer "big buffers": buffers with a range of their own (see bigbuf.h). */
 #include "bigbuf.h"
 
+#include "clock.h"
 #include "driver.h"
 #include "list.h"
 #include "log.h"
@@ -570,6 +571,7 @@ static CUresult home_unlock(vmh_bigbufs_t *bb, homing_t *h, size_t n, CUstream s
         nold += vmh_range_rehome_chunks(h[i].b->range);
     }
     vmh_unlock(&bb->lock);
+    uint64_t t0 = vmh_now_ns();
     old_chunks_t *old = calloc(1, sizeof *old + nold * sizeof old->chunk[0]);
     CUresult first = old ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY, rc;
     bool queued = false;
@@ -580,7 +582,9 @@ static CUresult home_unlock(vmh_bigbufs_t *bb, homing_t *h, size_t n, CUstream s
         if (rc != CUDA_SUCCESS && first == CUDA_SUCCESS)
             first = rc;
     }
+    uint64_t t1 = vmh_now_ns();
     CUresult waited = queued ? vmh_drv.cuStreamSynchronize(stream) : CUDA_SUCCESS;
+    uint64_t t2 = vmh_now_ns();
     for (size_t i = 0; i < n; i++) {
         if (!h[i].job)
             continue;
@@ -593,6 +597,11 @@ static CUresult home_unlock(vmh_bigbufs_t *bb, homing_t *h, size_t n, CUstream s
         else if (first == CUDA_SUCCESS)
             first = rc;
     }
+    /* Where a move's time goes (VMMHOOK_VERBOSE): what a GPU run needs to tell copy from remap. */
+    vmh_debug("moved %zu bytes of %zu buffers back to the device: chunks made and copies queued "
+              "%.1f ms, copies waited for %.1f ms, mappings swapped %.1f ms", *moved, n,
+              (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+              (double)(vmh_now_ns() - t2) / 1e6);
     vmh_lock(&bb->lock, VMH_RANK_OWNER);
     for (size_t i = 0; i < n; i++) {
         assert(h[i].b->state == BIG_RESIZING);
