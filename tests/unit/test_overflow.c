@@ -406,6 +406,34 @@ static void prefetch_tag_moves_the_tags_buffers(void **state)
     free_all(p, 16);
 }
 
+/* A tag's buffers move in one pass: when the device has room for only some, those move, the
+ * first failure is answered, and the rest stay usable where they are. */
+static void prefetch_tag_moves_what_fits(void **state)
+{
+    (void)state;
+    CUdeviceptr p[16], kv[2] = {0, 0};
+    fill_device(p);
+    assert_int_equal(vmm_tag_push("kv"), VMM_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(vmh_heap_alloc(GRAN, &kv[i]), CUDA_SUCCESS);
+        tu_fill(kv[i], GRAN, 30 + i);
+    }
+    free_all(p, 1); /* room for one */
+    p[0] = 0;
+    size_t moved = 0;
+    assert_int_equal(vmh_heap_prefetch_tag(vmh_tag_current(), &moved), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    assert_int_equal(moved, GRAN);
+    vmh_heap_trim();
+    assert_int_equal(sim_host_used(), GRAN);
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_spilled), (int64_t)GRAN);
+    for (int i = 0; i < 2; i++)
+        assert_true(tu_check(kv[i], GRAN, 30 + i));
+    assert_int_equal(sim_hazards(), 0);
+    free_all(kv, 2);
+    free_all(p, 16);
+}
+
 /* A shared (exported) spilled buffer cannot move: its chunks have another holder. */
 static void prefetch_refuses_a_shared_buffer(void **state)
 {
@@ -550,6 +578,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(prefetch_moves_back_at_the_same_address, setup, teardown),
         cmocka_unit_test_setup_teardown(prefetch_api_codes, setup, teardown),
         cmocka_unit_test_setup_teardown(prefetch_tag_moves_the_tags_buffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(prefetch_tag_moves_what_fits, setup, teardown),
         cmocka_unit_test_setup_teardown(prefetch_refuses_a_shared_buffer, setup, teardown),
         cmocka_unit_test_setup_teardown(resume_spills_what_does_not_fit, setup, teardown),
         cmocka_unit_test_setup_teardown(failure_sweep, setup, teardown),
