@@ -44,11 +44,12 @@ exclusive_run() {
     fi
 
     local ov=$W/bin/overflow_gpu.static
+    # VMMHOOK_VERBOSE: each move back logs where its time went (copies, wait, swaps).
     if hooked_only overflow_gpu "overflow_gpu [VMMHOOK_OVERFLOW=host]" 120 \
-        "VMMHOOK_OVERFLOW=host" VMMHOOK_OVERFLOW=host; then
-        info_row "overflow_gpu timings (targets of issue 23)" static "-" \
+        "VMMHOOK_OVERFLOW=host" VMMHOOK_OVERFLOW=host VMMHOOK_VERBOSE=1; then
+        info_row "overflow_gpu timings (targets of issues 23, 29)" static "-" \
             "$(rcname "$(rc_of overflow_gpu.static.hooked)")" \
-            "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)"
+            "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)$(grep -o 'moved [0-9]* bytes of .*' "$LOG/overflow_gpu.static.hooked.err" 2>/dev/null | tr '\n' ';')"
     fi
 
     if ! skipped torch && [ -f tests/gpu/torch_overflow.py ] && [ -x "$ov" ]; then
