@@ -18,7 +18,7 @@
 #define HOST_SHARE_DIV 2
 #define HOST_LOW_DIV 8
 
-static _Atomic bool enabled;
+_Atomic bool vmh_overflow_on;
 static size_t cap;
 
 /* The reserve (VMMHOOK_OVERFLOW_RESERVE) is at most 1/RESERVE_SHARE_DIV of a device's memory,
@@ -42,12 +42,7 @@ static atomic_flag said_budget = ATOMIC_FLAG_INIT;
 void vmh_overflow_configure(bool on, size_t limit)
 {
     cap = limit;
-    atomic_store(&enabled, on);
-}
-
-bool vmh_overflow_enabled(void)
-{
-    return atomic_load_explicit(&enabled, memory_order_relaxed);
+    atomic_store(&vmh_overflow_on, on);
 }
 
 void vmh_overflow_set_reserve(size_t bytes)

@@ -21,13 +21,20 @@
 #include "handle.h"
 #include "range.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 /* On or off, and the cap in bytes (VMMHOOK_OVERFLOW, VMMHOOK_OVERFLOW_LIMIT). Off: nothing in
  * this file is reached and no driver call is made. */
 void vmh_overflow_configure(bool on, size_t cap);
-bool vmh_overflow_enabled(void);
+/* Inline: every allocation reads it (the reserve is decided before the device is asked), so
+ * with overflow off that is one load of a flag, no call. */
+extern _Atomic bool vmh_overflow_on;
+static inline bool vmh_overflow_enabled(void)
+{
+    return atomic_load_explicit(&vmh_overflow_on, memory_order_relaxed);
+}
 
 /* The placement policy of a full device (docs/OVERFLOW.md, "Which allocations spill"): the
  * last `reserve` bytes of device memory are kept for small allocations, the program's
