@@ -109,8 +109,10 @@ overflow_sum_run() {
             row "torch_overflow_sum $v" python "-" "-" SKIP "no time left in the budget"
             continue
         fi
-        say "torch_overflow_sum $v: hooked (VMMHOOK_OVERFLOW=host), alone on the GPU, timeout ${t}s ($(elapsed) s)"
-        launch "$id" hooked "$t" env VMMHOOK_OVERFLOW=host python3 tests/gpu/torch_overflow_sum.py "$v"
+        say "torch_overflow_sum $v: hooked (VMMHOOK_OVERFLOW=host), alone on the GPU," \
+            "timeout ${t}s ($(elapsed) s)"
+        launch "$id" hooked "$t" env VMMHOOK_OVERFLOW=host \
+            python3 tests/gpu/torch_overflow_sum.py "$v"
         wait
         hrc=$(rc_of "$id")
         res=FAIL
