@@ -95,7 +95,7 @@ tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag);
 bool vmh_hdev_relieve(vmh_dev_t *d);
 void vmh_hdev_tidy(vmh_dev_t *d);
 
-/* With overflow on (heap_upkeep.c): whether a request of `size` bytes is big and would leave
+/* With overflow on (heap_devices.c): whether a request of `size` bytes is big and would leave
  * the device less free memory than its reserve (overflow.h), so that it spills first. */
 bool vmh_hdev_spill_first(hdev_t *h, size_t size);
 

@@ -154,39 +154,6 @@ void vmh_heap_trim_paused(void)
     }
 }
 
-size_t vmh_heap_idle_bytes(int device)
-{
-    if (device < 0 || device >= VMH_MAX_DEVICES || heap_in_child())
-        return 0;
-    hdev_t *h = hdev_at(device);
-    if (!h || h->dev.unsupported)
-        return 0;
-    size_t idle = vmh_cache_bytes(&h->cache);
-    FOR_EACH_PART(h, p)
-        idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_packing_idle_bytes(&p->pack);
-    return idle;
-}
-
-/* ---- which allocations spill ------------------------------------------------------------- */
-
-bool vmh_hdev_spill_first(hdev_t *h, size_t size)
-{
-    size_t reserve = vmh_overflow_reserve(&h->dev);
-    if (!reserve || vmh_overflow_is_small(&h->dev, size))
-        return false;
-    /* The driver's free memory of the device (memory of other allocators and processes is
-     * gone from it too), plus what this library holds idle there, which serves it first. */
-    vmh_ctx_scope_t scope;
-    size_t free_bytes = 0, total = 0;
-    if (vmh_ctx_enter_device(h->dev.ordinal, &scope) != CUDA_SUCCESS)
-        return false;
-    CUresult rc = vmh_drv.cuMemGetInfo(&free_bytes, &total);
-    (void)vmh_ctx_leave(&scope);
-    if (rc != CUDA_SUCCESS || free_bytes >= reserve + size)
-        return false;
-    return free_bytes + vmh_heap_idle_bytes(h->dev.ordinal) < reserve + size;
-}
-
 /* ---- spilled memory back to the device ---------------------------------------------------- */
 
 /* What a prefetch does first: no work of the program may touch what moves (its contract), and
