@@ -180,7 +180,9 @@ size_t vmh_heap_idle_bytes(int device)
 bool vmh_hdev_spill_first(hdev_t *h, size_t size)
 {
     size_t reserve = vmh_overflow_reserve(&h->dev);
-    if (!reserve || vmh_overflow_is_small(&h->dev, size))
+    /* Not during a stream capture: the library asks the driver nothing it need not then
+     * (captures.c); the device then spills only what it refuses. */
+    if (!reserve || vmh_overflow_is_small(&h->dev, size) || vmh_capture_any())
         return false;
     /* The driver's free memory of the device (memory of other allocators and processes is
      * gone from it too), plus what this library holds idle there, which serves it first. */
