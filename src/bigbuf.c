@@ -1,6 +1,8 @@
 /* Layer "big buffers": buffers with a range of their own (see bigbuf.h). */
 #include "bigbuf.h"
 
+#include "clock.h"
+#include "driver.h"
 #include "list.h"
 #include "log.h"
 #include "overflow.h"
@@ -526,70 +528,139 @@ static CUresult device_chunk(void *arg, size_t size, vmh_alloc_t **out)
     return vmh_dev_chunk(arg, size, out);
 }
 
-/* Moves b's host memory to the device (b locked, LIVE, with host memory; unlocked on return,
- * b RESIZING meanwhile so that frees and resizes keep off). */
-static CUresult prefetch_unlock(vmh_bigbufs_t *bb, vmh_big_t *b, size_t *moved)
+/* Host chunks a move back replaced, released by the reclaim thread: the driver unpins the pages
+ * of a host chunk as it releases it, which takes longer than the copy (docs/OVERFLOW.md), and the
+ * program waiting in vmm_prefetch need not wait for that too. */
+typedef struct old_chunks {
+    vmh_parked_t parked_item;
+    size_t n;
+    vmh_alloc_t *chunk[];
+} old_chunks_t;
+
+static size_t old_chunks_release(vmh_parked_t *item, uint64_t passed)
 {
-    vmh_range_t *r = b->range, *nr = NULL, *unfinished = NULL;
-    if (!vmh_range_owned_alone(r)) {
-        vmh_unlock(&bb->lock);
-        return CUDA_ERROR_ALREADY_MAPPED; /* exported, or a move's old range still maps it */
-    }
-    size_t host = vmh_range_host_bytes(r);
-    b->state = BIG_RESIZING;
-    vmh_unlock(&bb->lock);
-    CUresult rc = vmh_range_rehome(r, device_chunk, bb->dev, &nr, &unfinished);
-    vmh_lock(&bb->lock, VMH_RANK_OWNER);
-    assert(b->state == BIG_RESIZING && b->range == r);
-    if (nr) /* r is consumed: the new range is the buffer's whatever rc says */
-        b->range = nr;
-    if (unfinished && park_range_locked(bb, unfinished, 0, 0) != CUDA_SUCCESS)
-        vmh_log("moving memory back to the device: %zu bytes of scratch memory stay mapped "
-                "(no memory to track them until the GPU is done)", unfinished->size);
-    b->state = BIG_LIVE;
-    vmh_unlock(&bb->lock);
-    if (rc == CUDA_SUCCESS)
-        *moved += host;
-    return rc;
+    (void)passed;
+    old_chunks_t *o = (old_chunks_t *)((char *)item - offsetof(old_chunks_t, parked_item));
+    for (size_t i = 0; i < o->n; i++)
+        vmh_alloc_unref(o->chunk[i]);
+    free(o);
+    return 0;
 }
 
-CUresult vmh_bigbuf_prefetch_locked(vmh_big_t *b, CUdeviceptr p, size_t *moved)
+/* One buffer of a move back: its copies queued (job), what it moves, its new range, and the
+ * scratch mappings to destroy once the GPU is past them when its copies went wrong. */
+typedef struct homing {
+    vmh_big_t *b;
+    vmh_rehome_t *job;
+    size_t host;
+    vmh_range_t *nr, *unfinished;
+} homing_t;
+
+/* Moves the host memory of the n buffers in h[] to the device (the set locked, each LIVE, with
+ * host memory, owned alone; unlocked on return, each RESIZING meanwhile so that frees and
+ * resizes keep off): every copy queued on `stream` first, one wait, then the swaps. The first
+ * failure is returned; a buffer that failed stays where it was, usable. */
+static CUresult home_unlock(vmh_bigbufs_t *bb, homing_t *h, size_t n, CUstream stream,
+                            size_t *moved)
+{
+    size_t nold = 0;
+    for (size_t i = 0; i < n; i++) {
+        h[i].b->state = BIG_RESIZING;
+        nold += vmh_range_rehome_chunks(h[i].b->range);
+    }
+    vmh_unlock(&bb->lock);
+    uint64_t t0 = vmh_now_ns();
+    old_chunks_t *old = calloc(1, sizeof *old + nold * sizeof old->chunk[0]);
+    CUresult first = old ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY, rc;
+    bool queued = false;
+    for (size_t i = 0; i < n && old; i++) {
+        rc = vmh_range_rehome_begin(h[i].b->range, device_chunk, bb->dev, stream, &h[i].job,
+                                    &h[i].unfinished);
+        queued |= rc == CUDA_SUCCESS;
+        if (rc != CUDA_SUCCESS && first == CUDA_SUCCESS)
+            first = rc;
+    }
+    uint64_t t1 = vmh_now_ns();
+    CUresult waited = queued ? vmh_drv.cuStreamSynchronize(stream) : CUDA_SUCCESS;
+    uint64_t t2 = vmh_now_ns();
+    for (size_t i = 0; i < n; i++) {
+        if (!h[i].job)
+            continue;
+        rc = vmh_range_rehome_finish(h[i].job, waited, &h[i].nr, &h[i].unfinished,
+                                     old->chunk + old->n);
+        while (old->n < nold && old->chunk[old->n])
+            old->n++;
+        if (rc == CUDA_SUCCESS)
+            *moved += h[i].host;
+        else if (first == CUDA_SUCCESS)
+            first = rc;
+    }
+    /* Where a move's time goes (VMMHOOK_VERBOSE): what a GPU run needs to tell copy from remap. */
+    vmh_debug("moved %zu bytes of %zu buffers back to the device: chunks made and copies queued "
+              "%.1f ms, copies waited for %.1f ms, mappings swapped %.1f ms", *moved, n,
+              (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+              (double)(vmh_now_ns() - t2) / 1e6);
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
+    for (size_t i = 0; i < n; i++) {
+        assert(h[i].b->state == BIG_RESIZING);
+        if (h[i].nr) /* the old range is consumed: the new one is the buffer's whatever rc says */
+            h[i].b->range = h[i].nr;
+        h[i].b->state = BIG_LIVE;
+        if (h[i].unfinished && park_range_locked(bb, h[i].unfinished, 0, 0) != CUDA_SUCCESS)
+            vmh_log("moving memory back to the device: %zu bytes of scratch memory stay mapped "
+                    "(no memory to track them until the GPU is done)", h[i].unfinished->size);
+    }
+    vmh_unlock(&bb->lock);
+    if (old && old->n) {
+        old->parked_item.release = old_chunks_release;
+        vmh_reclaim_park(bb->reclaim, &old->parked_item, vmh_reclaim_now(bb->reclaim), 0);
+    } else {
+        free(old);
+    }
+    return first;
+}
+
+CUresult vmh_bigbuf_prefetch_locked(vmh_big_t *b, CUdeviceptr p, CUstream stream, size_t *moved)
 {
     vmh_bigbufs_t *bb = b->set;
-    if (b->state != BIG_LIVE || p < b->range->base || p >= b->range->base + b->req) {
+    CUresult rc = CUDA_SUCCESS;
+    if (b->state != BIG_LIVE || p < b->range->base || p >= b->range->base + b->req)
+        rc = b->state == BIG_PAUSED ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_INVALID_VALUE;
+    else if (vmh_range_host_bytes(b->range) && !vmh_range_owned_alone(b->range))
+        rc = CUDA_ERROR_ALREADY_MAPPED; /* exported, or a move's old range still maps it */
+    if (rc != CUDA_SUCCESS || !vmh_range_host_bytes(b->range)) {
         vmh_unlock(&bb->lock);
-        return b->state == BIG_PAUSED ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_INVALID_VALUE;
+        return rc; /* on the device already: success */
     }
-    if (!vmh_range_host_bytes(b->range)) {
-        vmh_unlock(&bb->lock);
-        return CUDA_SUCCESS; /* on the device already */
-    }
-    return prefetch_unlock(bb, b, moved);
+    homing_t h = {b, NULL, vmh_range_host_bytes(b->range), NULL, NULL};
+    return home_unlock(bb, &h, 1, stream, moved);
 }
 
-CUresult vmh_bigbuf_prefetch_all(vmh_bigbufs_t *bb, size_t *moved)
+CUresult vmh_bigbuf_prefetch_all(vmh_bigbufs_t *bb, CUstream stream, size_t *moved)
 {
+    /* Every spilled buffer in one pass (one wait for all the copies); a buffer that cannot move
+     * (shared) is left where it is and said by the result. */
     CUresult first = CUDA_SUCCESS;
-    /* One buffer at a time, the set unlocked between them; a buffer that cannot move (shared,
-     * no room) is skipped and the walk starts over past it. */
-    for (size_t skip = 0;;) {
-        vmh_lock(&bb->lock, VMH_RANK_OWNER);
-        vmh_big_t *b = bb->live.head;
-        size_t seen = 0;
-        for (; b; b = b->next)
-            if (vmh_range_host_bytes(b->range) && seen++ == skip)
-                break;
-        if (!b) {
-            vmh_unlock(&bb->lock);
-            return first;
-        }
-        CUresult rc = prefetch_unlock(bb, b, moved);
-        if (rc != CUDA_SUCCESS) {
-            if (first == CUDA_SUCCESS)
-                first = rc;
-            skip++;
-        }
+    vmh_lock(&bb->lock, VMH_RANK_OWNER);
+    size_t n = 0;
+    for (vmh_big_t *b = bb->live.head; b; b = b->next)
+        n += vmh_range_host_bytes(b->range) != 0;
+    homing_t *h = n ? calloc(n, sizeof *h) : NULL;
+    if (!h) {
+        vmh_unlock(&bb->lock);
+        return n ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
     }
+    size_t k = 0;
+    for (vmh_big_t *b = bb->live.head; b && k < n; b = b->next) {
+        size_t host = vmh_range_host_bytes(b->range);
+        if (host && vmh_range_owned_alone(b->range))
+            h[k++] = (homing_t){b, NULL, host, NULL, NULL};
+        else if (host)
+            first = CUDA_ERROR_ALREADY_MAPPED;
+    }
+    CUresult rc = home_unlock(bb, h, k, stream, moved);
+    free(h);
+    return first != CUDA_SUCCESS ? first : rc;
 }
 
 /* ---- walking and tearing down ------------------------------------------------------------ */

@@ -47,13 +47,16 @@ CUresult vmh_bigbuf_alloc_spilled(vmh_bigbufs_t *bb, size_t size, void *site, CU
 
 /* Moves a spilled buffer's host memory to the device at the same address (vmm_prefetch; p any
  * address in it): b locked, unlocked on return. *moved grows by the bytes moved. NOT_PERMITTED
- * for a paused buffer, ALREADY_MAPPED for a shared one (CUDA IPC, a move's old range); OUT_OF_MEMORY when the device has no room (nothing changed).
+ * for a paused buffer, ALREADY_MAPPED for a shared one (CUDA IPC, a move's old range);
+ * OUT_OF_MEMORY when the device has no room (nothing changed). The copy runs on `stream`.
  * The caller has waited for the device's work, and the calling thread's context is on the
  * buffer's device. */
-CUresult vmh_bigbuf_prefetch_locked(vmh_big_t *b, CUdeviceptr p, size_t *moved);
-/* The same for every spilled buffer of the set; the first failure is returned, the others are
- * still tried. */
-CUresult vmh_bigbuf_prefetch_all(vmh_bigbufs_t *bb, size_t *moved);
+CUresult vmh_bigbuf_prefetch_locked(vmh_big_t *b, CUdeviceptr p, CUstream stream, size_t *moved);
+/* The same for every spilled buffer of the set in one pass: all the copies queued, one wait,
+ * then the swaps; the first failure is returned, the others are still moved. The copies run on
+ * `stream` (the library's, on the buffers' device, current in the calling thread). The host
+ * memory they leave goes back from the reclaim thread. */
+CUresult vmh_bigbuf_prefetch_all(vmh_bigbufs_t *bb, CUstream stream, size_t *moved);
 
 /* A buffer of `size` bytes (rounded to chunks): from the cache, after a wait for parked frees
  * when that may help, or new. growable: address space headroom for later grows. site: where

@@ -48,6 +48,21 @@ static size_t pack_below(const hdev_t *h, bool growable)
     return below;
 }
 
+/* Serves `size` bytes from host memory (overflow.h), counted. */
+static CUresult spill_on(hdev_t *h, tagpart_t *p, size_t size, void *site, CUdeviceptr *out)
+{
+    CUresult rc = vmh_bigbuf_alloc_spilled(&p->big, size, site, out);
+    if (rc == CUDA_SUCCESS) {
+        vmh_count(VMH_STAT_spills, 1);
+        atomic_fetch_add_explicit(&h->spills, 1, memory_order_relaxed);
+        if (vmh_overflow_is_small(&h->dev, size)) {
+            vmh_count(VMH_STAT_spills_small, 1);
+            atomic_fetch_add_explicit(&h->spills_small, 1, memory_order_relaxed);
+        }
+    }
+    return rc;
+}
+
 static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, void *site,
                          CUdeviceptr *out, bool *no_address)
 {
@@ -57,16 +72,18 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
     tagpart_t *p = vmh_hdev_part(h, tag);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = size < pack_below(h, growable)
-                      ? vmh_packing_alloc(&p->pack, size, out, no_address)
-                      : vmh_bigbuf_alloc(&p->big, size, growable, site, out, no_address);
-    /* The device refused after its wait, release and trim: host memory, when allowed. Not for a
-     * paused tag (it takes no memory) nor an exhausted address budget (host memory needs
-     * addresses too). */
-    if (rc == CUDA_ERROR_OUT_OF_MEMORY && !*no_address && vmh_overflow_enabled() &&
-        vmh_tag_running(tag) && (rc = vmh_bigbuf_alloc_spilled(&p->big, size, site, out)) ==
-                                    CUDA_SUCCESS)
-        vmh_count(VMH_STAT_spills, 1);
+    /* Host memory, when allowed, not for a paused tag (it takes no memory): first for a big
+     * request that would eat into the device's reserve for small ones (overflow.h), else once
+     * the device refused after its wait, release and trim, and addresses remain. */
+    bool spill = __builtin_expect(vmh_overflow_enabled(), 0) && vmh_tag_running(tag);
+    bool big_first = spill && vmh_hdev_spill_first(h, size);
+    CUresult rc = big_first ? spill_on(h, p, size, site, out) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc != CUDA_SUCCESS)
+        rc = size < pack_below(h, growable)
+                 ? vmh_packing_alloc(&p->pack, size, out, no_address)
+                 : vmh_bigbuf_alloc(&p->big, size, growable, site, out, no_address);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && !*no_address && spill && !big_first)
+        rc = spill_on(h, p, size, site, out);
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_served_allocs, 1);
         vmh_tag_requested_add(tag, (int64_t)size);

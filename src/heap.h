@@ -15,6 +15,7 @@
 
 #include "device.h"
 #include "handle.h"
+#include "report.h"
 
 #include <cuda.h>
 #include <stdbool.h>
@@ -141,6 +142,10 @@ void vmh_heap_trim_paused(void);
  * (whole ranges) and packing extents with no live block (a trim gives them back). Free space
  * beside live blocks in a packing extent is not counted. */
 size_t vmh_heap_idle_bytes(int device);
+
+/* The statistics' per-device part (report.h, vmh_stats_set_device_report): per device with a
+ * heap, the host bytes serving it and its spills, small ones apart (VMMHOOK_OVERFLOW=host). */
+void vmh_heap_stats_devices(vmh_jbuf_t *b);
 
 /* Exit (lifetime.c): reports leaks when report_leaks, then serves nothing more and forgets
  * without calling the driver (the driver may already be gone). Entry points stay safe

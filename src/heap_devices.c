@@ -11,6 +11,8 @@
 
 #include "clock.h"
 #include "contexts.h"
+#include "driver.h"
+#include "overflow.h"
 #include "report.h"
 #include "tags.h"
 #include "witness.h"
@@ -158,6 +160,58 @@ void vmh_heap_shutdown(bool report_leaks)
         }
     }
     vmh_leak_report_end();
+}
+
+/* ---- idle memory, and which allocations spill ------------------------------------------- */
+
+size_t vmh_heap_idle_bytes(int device)
+{
+    if (device < 0 || device >= VMH_MAX_DEVICES || heap_in_child())
+        return 0;
+    hdev_t *h = hdev_at(device);
+    if (!h || h->dev.unsupported)
+        return 0;
+    size_t idle = vmh_cache_bytes(&h->cache);
+    FOR_EACH_PART(h, p)
+        idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_packing_idle_bytes(&p->pack);
+    return idle;
+}
+
+bool vmh_hdev_spill_first(hdev_t *h, size_t size)
+{
+    size_t reserve = vmh_overflow_reserve(&h->dev);
+    /* Not during a stream capture: the library asks the driver nothing it need not then
+     * (captures.c); the device then spills only what it refuses. */
+    if (!reserve || vmh_overflow_is_small(&h->dev, size) || vmh_capture_any())
+        return false;
+    /* The driver's free memory of the device (memory of other allocators and processes is
+     * gone from it too), plus what this library holds idle there, which serves it first. */
+    vmh_ctx_scope_t scope;
+    size_t free_bytes = 0, total = 0;
+    if (vmh_ctx_enter_device(h->dev.ordinal, &scope) != CUDA_SUCCESS)
+        return false;
+    CUresult rc = vmh_drv.cuMemGetInfo(&free_bytes, &total);
+    (void)vmh_ctx_leave(&scope);
+    if (rc != CUDA_SUCCESS || free_bytes >= reserve + size)
+        return false;
+    return free_bytes + vmh_heap_idle_bytes(h->dev.ordinal) < reserve + size;
+}
+
+/* ---- statistics ---------------------------------------------------------------------------- */
+
+void vmh_heap_stats_devices(vmh_jbuf_t *b)
+{
+    bool first = true;
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = hdev_at(i);
+        if (!h || h->dev.unsupported)
+            continue;
+        vmh_jb_printf(b, "%s\"%d\": {\"bytes_spilled\": %zu, \"spills\": %llu, "
+                      "\"spills_small\": %llu}", first ? "" : ", ", i, vmh_overflow_bytes(i),
+                      (unsigned long long)atomic_load(&h->spills),
+                      (unsigned long long)atomic_load(&h->spills_small));
+        first = false;
+    }
 }
 
 /* ---- tags (pause.c) ------------------------------------------------------------------------- */

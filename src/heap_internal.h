@@ -38,6 +38,9 @@ typedef struct hdev {
     pthread_mutex_t tidy_lock;
     size_t peak_before;
     uint64_t window_ns, tidy_ns;
+    /* Allocations of the device served from host memory, and of them small ones (overflow.h):
+     * the statistics' per-device counts (vmh_heap_stats_devices). */
+    _Atomic uint64_t spills, spills_small;
 } hdev_t;
 
 #define FOR_EACH_PART(h, p)                                                                        \
@@ -91,5 +94,9 @@ tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag);
  * device's relieve, device.h), and by the reclaim thread (its tidy). */
 bool vmh_hdev_relieve(vmh_dev_t *d);
 void vmh_hdev_tidy(vmh_dev_t *d);
+
+/* With overflow on (heap_devices.c): whether a request of `size` bytes is big and would leave
+ * the device less free memory than its reserve (overflow.h), so that it spills first. */
+bool vmh_hdev_spill_first(hdev_t *h, size_t size);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include "clock.h"
 #include "contexts.h"
+#include "driver.h"
 #include "overflow.h"
 #include "registry.h"
 #include "stats.h"
@@ -153,29 +154,18 @@ void vmh_heap_trim_paused(void)
     }
 }
 
-size_t vmh_heap_idle_bytes(int device)
-{
-    if (device < 0 || device >= VMH_MAX_DEVICES || heap_in_child())
-        return 0;
-    hdev_t *h = hdev_at(device);
-    if (!h || h->dev.unsupported)
-        return 0;
-    size_t idle = vmh_cache_bytes(&h->cache);
-    FOR_EACH_PART(h, p)
-        idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_packing_idle_bytes(&p->pack);
-    return idle;
-}
-
 /* ---- spilled memory back to the device ---------------------------------------------------- */
 
 /* What a prefetch does first: no work of the program may touch what moves (its contract), and
- * none submitted before may still be running; then idle memory makes room. */
-static CUresult prefetch_prepare(hdev_t *h)
+ * none submitted before may still be running; then idle memory makes room, and the library's
+ * stream for the copies is made (in the current context: the device's). */
+static CUresult prefetch_prepare(hdev_t *h, CUstream *stream)
 {
     CUresult rc = vmh_ctx_sync_device(h->dev.ordinal);
-    if (rc == CUDA_SUCCESS)
-        (void)vmh_hdev_relieve(&h->dev);
-    return rc;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    (void)vmh_hdev_relieve(&h->dev);
+    return vmh_drv.cuStreamCreate(stream, CU_STREAM_NON_BLOCKING);
 }
 
 CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
@@ -195,16 +185,18 @@ CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
         return rc;
     if (&h->dev != seen->dev)
         return CUDA_ERROR_INVALID_DEVICE; /* the copy runs in the current context */
-    if ((rc = prefetch_prepare(h)) != CUDA_SUCCESS)
+    CUstream stream;
+    if ((rc = prefetch_prepare(h, &stream)) != CUDA_SUCCESS)
         return rc;
     vmh_owner_t *o = vmh_owner_lock(p);
     if (!o)
-        return CUDA_ERROR_NOT_FOUND; /* freed meanwhile */
-    if (o->kind != VMH_OWN_BIG) {
+        rc = CUDA_ERROR_NOT_FOUND; /* freed meanwhile */
+    else if (o->kind != VMH_OWN_BIG)
         vmh_owner_unlock(o);
-        return CUDA_SUCCESS;
-    }
-    return vmh_bigbuf_prefetch_locked((vmh_big_t *)o, p, moved); /* unlocks */
+    else
+        rc = vmh_bigbuf_prefetch_locked((vmh_big_t *)o, p, stream, moved); /* unlocks */
+    (void)vmh_drv.cuStreamDestroy(stream);
+    return rc;
 }
 
 CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
@@ -220,8 +212,10 @@ CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
                                       : NULL;
     if (!p || !vmh_overflow_bytes(h->dev.ordinal))
         return CUDA_SUCCESS;
-    if ((rc = prefetch_prepare(h)) != CUDA_SUCCESS)
+    CUstream stream;
+    if ((rc = prefetch_prepare(h, &stream)) != CUDA_SUCCESS)
         return rc;
-    return vmh_bigbuf_prefetch_all(&p->big, moved);
+    rc = vmh_bigbuf_prefetch_all(&p->big, stream, moved);
+    (void)vmh_drv.cuStreamDestroy(stream);
+    return rc;
 }
-

@@ -142,6 +142,7 @@ VMH_TESTABLE void vmh_lifetime_configure(const vmh_options_t *o)
     vmh_cache_configure(&(vmh_cache_settings_t){.limit = o->cache_limit});
     vmh_reclaim_configure(&(vmh_reclaim_settings_t){.park_limit = o->park_limit});
     vmh_overflow_configure(o->overflow == VMH_OVERFLOW_HOST, o->overflow_limit);
+    vmh_overflow_set_reserve(o->overflow_reserve);
     vmh_heap_configure(&(vmh_heap_settings_t){.pack_below = o->pack_below,
                                               .stream_ordered = o->stream_ordered,
                                               .free_sync = o->free_sync});
@@ -154,6 +155,7 @@ static void start(void)
     vmh_log_set_verbose(o->verbose);
     vmh_lifetime_configure_stats(o); /* the trace clock starts here, the trace file exists */
     vmh_stats_set_tag_report(vmh_tags_report_table, vmh_tags_json);
+    vmh_stats_set_device_report(vmh_heap_stats_devices);
     vmh_lifetime_configure(o);
     vmh_pause_configure(o->pin_limit);
     atomic_store(&start_done, true);

@@ -68,6 +68,8 @@ typedef struct vmh_options {
                                   program's work runs in one queue per device (contexts.h) */
     vmh_overflow_kind_t overflow; /* VMMHOOK_OVERFLOW */
     size_t overflow_limit;        /* VMMHOOK_OVERFLOW_LIMIT: cap on host bytes serving overflow */
+    size_t overflow_reserve;      /* VMMHOOK_OVERFLOW_RESERVE: device memory kept for small
+                                     allocations once big ones spill (overflow.h) */
 } vmh_options_t;
 
 /* Where the parser reads a variable: secure_getenv in the library (vmh_options_env_get), a

@@ -154,19 +154,28 @@ const opt_row_t vmh_option_rows[] = {
      "stay in pageable memory and resumes copy back at the pageable rate."},
     {"VMMHOOK_OVERFLOW", K_ENUM, FIELD(overflow), "off", 0, 0, WORDS(overflow_words),
      "`host`: an allocation the device cannot serve is served from host memory mapped at "
-     "device addresses, and moved back to the device when room returns.",
-     "Only after the usual wait for freed memory, release and trim have failed. The program "
-     "gets an ordinary device pointer (kernels read and write it over the bus, copies and range "
-     "queries accept it); the first spill says so once on stderr with the bytes, and the "
-     "statistics count spilled bytes per device and tag. Spilled buffers move back at the same "
-     "address once the GPU has passed the work submitted before the move and no capture runs, "
-     "or when the program asks (`vmm_prefetch`, `vmm_prefetch_tag`). A resume that finds no room "
-     "maps the rest on the host. docs/OVERFLOW.md."},
+     "device addresses; `vmm_prefetch` moves it back to the device.",
+     "After the usual wait for freed memory, release and trim have failed, or at once for a big "
+     "allocation that would eat into `VMMHOOK_OVERFLOW_RESERVE`. The program gets an ordinary "
+     "device pointer (kernels read and write it over the bus, copies and range queries accept "
+     "it); the first spill says so once on stderr with the bytes, and the statistics count "
+     "spilled bytes and spills (per tag too). Spilled buffers move back at the same address "
+     "when the program asks (`vmm_prefetch`, `vmm_prefetch_tag`) or at a resume of their tag; "
+     "a resume that finds no room maps the rest on the host. docs/OVERFLOW.md."},
     {"VMMHOOK_OVERFLOW_LIMIT", K_SIZE, FIELD(overflow_limit), "64T", 0, 0, NO_WORDS,
      "Cap on the host memory serving overflow, over all devices.",
      "What is used is also at most half of the host's physical memory (or of its memory "
      "cgroup's limit), and no spill leaves less than an eighth of it available. Past it the "
      "allocation fails with out-of-memory, as natively."},
+    {"VMMHOOK_OVERFLOW_RESERVE", K_SIZE, FIELD(overflow_reserve), "4G", 0, 0, NO_WORDS,
+     "With `VMMHOOK_OVERFLOW=host`: device memory kept for small allocations; a big one that "
+     "would leave less free spills to the host first.",
+     "At most a sixteenth of the device's memory. Big: at least a quarter of the reserve (1G on "
+     "a GPU of 64 GiB or more); smaller allocations (a program's temporaries) may use the "
+     "reserve and spill only when the device is full. On the simulated driver's probe (1 GiB "
+     "device filled with 64 MiB buffers, then 200 temporaries of 2 MiB) 0 of 200 temporaries "
+     "spill with the default and 200 of 200 with `0`, which keeps no reserve (docs/OVERFLOW.md). "
+     "Without `VMMHOOK_OVERFLOW` it does nothing."},
 };
 const size_t vmh_option_nrows = sizeof(vmh_option_rows) / sizeof(vmh_option_rows[0]);
 

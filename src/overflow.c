@@ -18,8 +18,15 @@
 #define HOST_SHARE_DIV 2
 #define HOST_LOW_DIV 8
 
-static _Atomic bool enabled;
+_Atomic bool vmh_overflow_on;
 static size_t cap;
+
+/* The reserve (VMMHOOK_OVERFLOW_RESERVE) is at most 1/RESERVE_SHARE_DIV of a device's memory,
+ * and an allocation is big, spilled first, from 1/BIG_OF_RESERVE of the reserve on. */
+#define RESERVE_SHARE_DIV 16
+#define BIG_OF_RESERVE 4
+static _Atomic size_t reserve_setting;
+static _Atomic size_t device_total[VMH_MAX_DEVICES]; /* learnt once (0: not yet) */
 
 /* What was learnt about a device's host-located chunks, once: whether they can be made, and
  * with which handle types (the device's, so that a spilled buffer can be exported, or none
@@ -35,12 +42,38 @@ static atomic_flag said_budget = ATOMIC_FLAG_INIT;
 void vmh_overflow_configure(bool on, size_t limit)
 {
     cap = limit;
-    atomic_store(&enabled, on);
+    atomic_store(&vmh_overflow_on, on);
 }
 
-bool vmh_overflow_enabled(void)
+void vmh_overflow_set_reserve(size_t bytes)
 {
-    return atomic_load_explicit(&enabled, memory_order_relaxed);
+    atomic_store(&reserve_setting, bytes);
+}
+
+/* The device's memory, learnt once (0: unknown; asked again next time). */
+static size_t total_of(const vmh_dev_t *d)
+{
+    if (d->ordinal < 0 || d->ordinal >= VMH_MAX_DEVICES)
+        return 0;
+    size_t total = atomic_load_explicit(&device_total[d->ordinal], memory_order_relaxed);
+    if (!total && vmh_drv.cuDeviceTotalMem(&total, d->ordinal) == CUDA_SUCCESS)
+        atomic_store_explicit(&device_total[d->ordinal], total, memory_order_relaxed);
+    return total;
+}
+
+size_t vmh_overflow_reserve(const vmh_dev_t *d)
+{
+    size_t r = atomic_load_explicit(&reserve_setting, memory_order_relaxed);
+    size_t most = total_of(d) / RESERVE_SHARE_DIV;
+    return r < most ? r : most;
+}
+
+bool vmh_overflow_is_small(const vmh_dev_t *d, size_t size)
+{
+    /* Without a reserve, small is what the largest reserve would keep on the device (so that
+     * the statistics count the same requests either way). */
+    size_t r = vmh_overflow_reserve(d);
+    return size < (r ? r : total_of(d) / RESERVE_SHARE_DIV) / BIG_OF_RESERVE;
 }
 
 size_t vmh_overflow_bytes(int device)
@@ -168,8 +201,10 @@ CUresult vmh_overflow_range_new(const vmh_dev_t *d, size_t size, size_t reserve,
 #ifdef VMH_TESTING
 void vmh_overflow_reset(void)
 {
-    for (int d = 0; d < VMH_MAX_DEVICES; d++)
+    for (int d = 0; d < VMH_MAX_DEVICES; d++) {
         atomic_store(&host_state[d], (int)HOST_UNKNOWN);
+        atomic_store(&device_total[d], 0);
+    }
     atomic_flag_clear(&said_first_spill);
     atomic_flag_clear(&said_budget);
 }

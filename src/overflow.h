@@ -21,13 +21,29 @@
 #include "handle.h"
 #include "range.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 /* On or off, and the cap in bytes (VMMHOOK_OVERFLOW, VMMHOOK_OVERFLOW_LIMIT). Off: nothing in
  * this file is reached and no driver call is made. */
 void vmh_overflow_configure(bool on, size_t cap);
-bool vmh_overflow_enabled(void);
+/* Inline: every allocation reads it (the reserve is decided before the device is asked), so
+ * with overflow off that is one load of a flag, no call. */
+extern _Atomic bool vmh_overflow_on;
+static inline bool vmh_overflow_enabled(void)
+{
+    return atomic_load_explicit(&vmh_overflow_on, memory_order_relaxed);
+}
+
+/* The placement policy of a full device (docs/OVERFLOW.md, "Which allocations spill"): the
+ * last `reserve` bytes of device memory are kept for small allocations, the program's
+ * temporaries, which a program touches most often; a big allocation that would leave less free
+ * spills first. The setting is VMMHOOK_OVERFLOW_RESERVE (0: no reserve); the reserve of a device
+ * is at most a sixteenth of its memory, and big means at least a quarter of the reserve. */
+void vmh_overflow_set_reserve(size_t bytes);
+size_t vmh_overflow_reserve(const vmh_dev_t *d);
+bool vmh_overflow_is_small(const vmh_dev_t *d, size_t size);
 
 /* One host-located chunk of `size` bytes (a multiple of d->gran) that d's device accesses as its
  * own memory. CUDA_ERROR_OUT_OF_MEMORY when the budget or the driver refuses; NOT_SUPPORTED

@@ -437,22 +437,37 @@ static vmh_range_t *scratch_list(rehome_slot_t *slots, size_t n)
     return l;
 }
 
-CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_range_t **out,
-                          vmh_range_t **unfinished)
+struct vmh_rehome {
+    vmh_range_t *r;
+    rehome_slot_t *slots; /* one per mapping of r */
+};
+
+static void rehome_free(vmh_rehome_t *job)
 {
-    if (!r || !make || !out || !unfinished || !vmh_range_host_bytes(r))
+    slots_drop(job->slots, job->r->nmaps);
+    free(job);
+}
+
+CUresult vmh_range_rehome_begin(vmh_range_t *r, vmh_chunk_fn make, void *arg, CUstream stream,
+                                vmh_rehome_t **job, vmh_range_t **unfinished)
+{
+    if (!r || !make || !job || !unfinished || !vmh_range_host_bytes(r))
         return CUDA_ERROR_INVALID_VALUE;
-    *out = *unfinished = NULL;
+    *job = NULL;
+    *unfinished = NULL;
     if (!vmh_range_owned_alone(r))
         return CUDA_ERROR_NOT_PERMITTED;
+    vmh_rehome_t *j = calloc(1, sizeof *j);
     rehome_slot_t *slots = calloc(r->nmaps, sizeof *slots);
-    vmh_range_t *nr = range_alloc(r->nmaps);
-    if (!slots || !nr) {
+    if (!j || !slots) {
+        free(j);
         free(slots);
-        free(nr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    /* Copy first, while r stays mapped: a failure here changes nothing. */
+    *j = (vmh_rehome_t){r, slots};
+    /* Copy first, while r stays mapped: a failure here changes nothing. Each host chunk is one
+     * copy (a spill is one chunk of the buffer's size: one run at the link's speed), queued on
+     * the caller's stream, so that the next buffer's chunks are made and mapped meanwhile. */
     CUresult rc = CUDA_SUCCESS;
     for (size_t i = 0; i < r->nmaps && rc == CUDA_SUCCESS; i++) {
         const vmh_map_t *m = r->maps[i];
@@ -462,21 +477,35 @@ CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_rang
         if (rc == CUDA_SUCCESS)
             rc = vmh_range_create(&slots[i].fresh, 1, m->size, 0, 0, &slots[i].scratch, NULL);
         if (rc == CUDA_SUCCESS)
-            rc = vmh_drv.cuMemcpyDtoD(slots[i].scratch->base, m->ptr, m->size);
+            rc = vmh_drv.cuMemcpyDtoDAsync(slots[i].scratch->base, m->ptr, m->size, stream);
     }
-    if (rc == CUDA_SUCCESS)
-        rc = vmh_drv.cuCtxSynchronize(); /* cuMemcpyDtoD does not wait for its own copy */
     if (rc != CUDA_SUCCESS) {
-        /* A failed wait proves nothing: the queued copies may still write the scratch
-         * memory, which goes only once the GPU has passed them (the caller's reclaim). */
+        /* Copies queued before may still write the scratch memory, which goes only once the
+         * GPU has passed them (the caller's reclaim). */
         *unfinished = scratch_list(slots, r->nmaps);
-        free(nr);
-        slots_drop(slots, r->nmaps);
+        rehome_free(j);
         return rc;
+    }
+    *job = j;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_range_rehome_finish(vmh_rehome_t *j, CUresult waited, vmh_range_t **out,
+                                 vmh_range_t **unfinished, vmh_alloc_t **old_host)
+{
+    vmh_range_t *r = j->r;
+    rehome_slot_t *slots = j->slots;
+    size_t n = r->nmaps;
+    *out = *unfinished = NULL;
+    vmh_range_t *nr = waited == CUDA_SUCCESS ? range_alloc(n) : NULL;
+    if (!nr) {
+        /* A failed wait proves nothing: the copies may still run (as above). */
+        *unfinished = scratch_list(slots, n);
+        rehome_free(j);
+        return waited != CUDA_SUCCESS ? waited : CUDA_ERROR_OUT_OF_MEMORY;
     }
     /* Then the swap: hold what stays and where the host chunks were, unmap them (destroying
      * r, which alone holds them), map the new chunks there. */
-    size_t n = r->nmaps;
     nr->base = r->base;
     for (size_t i = 0; i < n; i++) {
         vmh_map_t *m = r->maps[i];
@@ -489,17 +518,31 @@ CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_rang
         slots[i].ptr = m->ptr;
     }
     vmh_range_destroy(r);
-    CUresult swap_rc = CUDA_SUCCESS;
+    j->r = nr; /* what slots_drop reads the count from */
+    CUresult swap_rc = CUDA_SUCCESS, rc;
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (slots[i].fresh && (rc = remap(&slots[i], &nr->maps[i])) != CUDA_SUCCESS)
             swap_rc = rc;
         nr->size += nr->maps[i] ? nr->maps[i]->size : 0;
+        if (slots[i].old) { /* the caller's reference now: released when it chooses */
+            old_host[k++] = slots[i].old;
+            slots[i].old = NULL;
+        }
     }
     nr->nmaps = n;
-    slots_drop(slots, n); /* the scratch mappings go; the new ones hold the chunks */
+    rehome_free(j); /* the scratch mappings go; the new ones hold the chunks */
     *out = nr;
     /* A mapping the driver refused even for the old chunk is a hole in the buffer: said by
      * the caller; the range holds what could be mapped, the old chunk where the new one failed,
      * so the bytes and the address stay right whenever the driver allowed either. */
     return swap_rc;
+}
+
+size_t vmh_range_rehome_chunks(const vmh_range_t *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; r && i < r->nmaps; i++)
+        n += r->maps[i] && r->maps[i]->alloc->host;
+    return n;
 }

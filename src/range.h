@@ -69,20 +69,30 @@ size_t vmh_range_host_bytes(const vmh_range_t *r);
 typedef CUresult (*vmh_chunk_fn)(void *arg, size_t size, vmh_alloc_t **out);
 
 /* Moves r's host-located chunks to chunks made by make(arg, size) (device memory), at the same
- * addresses, contents kept: each new chunk is mapped at a scratch address, the old bytes are
- * copied into it (cuMemcpyDtoD, then cuCtxSynchronize in the calling thread's context, which
- * must be on r's device), and only then are r's host mappings replaced. No work may touch r
- * while this runs (the caller's contract). r must be owned alone (vmh_range_owned_alone) and
- * have a host chunk. On success r is consumed and *out is the new range (same base and size).
- * A failure before the swap (no memory, a copy) leaves r untouched and *out NULL; when it was
- * the wait for the copies, they may still run, and *unfinished gets a list (not a contiguous
- * range: only for vmh_range_destroy) of the scratch mappings, for the caller to destroy once
- * the GPU has passed them (else NULL). A failure of
- * the swap itself (the driver refusing to map a new chunk where the old one was) consumes r
- * too and returns the driver's code with *out the range as mapped: the old chunk back where a
- * new one failed, NULL in maps[] only where the driver refused that as well (logged). */
-CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_range_t **out,
-                          vmh_range_t **unfinished);
+ * addresses, contents kept, in two steps so that a caller moves many ranges with one wait:
+ *   begin: each new chunk is mapped at a scratch address and the old bytes are copied into it
+ *          by a copy queued on `stream` (r's device's, current in the calling thread); r stays
+ *          as it was. A failure leaves r untouched and *job NULL; copies queued before it may
+ *          still run: *unfinished gets a list (not a contiguous range: only for
+ *          vmh_range_destroy) of their scratch mappings, for the caller to destroy once the GPU
+ *          has passed them (else NULL).
+ *   finish: after the caller waited for the stream (`waited`: how that went), r's host mappings
+ *          are replaced. A failed wait leaves r untouched (*unfinished as above). Else r is
+ *          consumed, *out is the new range (same base and size), and old_host[] (room for
+ *          vmh_range_rehome_chunks(r) entries) gets the caller's references to the host chunks,
+ *          so that their release (the driver unpins the pages: slow) happens where the caller
+ *          chooses. A failure of the swap itself (the driver refusing to map a new chunk where
+ *          the old one was) returns the driver's code with *out the range as mapped: the old
+ *          chunk back where a new one failed, NULL in maps[] only where the driver refused
+ *          that as well (logged).
+ * No work may touch r from begin until finish returns (the caller's contract). r must be owned
+ * alone (vmh_range_owned_alone) and have a host chunk. */
+typedef struct vmh_rehome vmh_rehome_t;
+CUresult vmh_range_rehome_begin(vmh_range_t *r, vmh_chunk_fn make, void *arg, CUstream stream,
+                                vmh_rehome_t **job, vmh_range_t **unfinished);
+CUresult vmh_range_rehome_finish(vmh_rehome_t *job, CUresult waited, vmh_range_t **out,
+                                 vmh_range_t **unfinished, vmh_alloc_t **old_host);
+size_t vmh_range_rehome_chunks(const vmh_range_t *r);
 
 /* ---- Pause and resume: physical memory given back, addresses kept ----
  *

@@ -41,6 +41,22 @@ static const char *const gauge_help[] = {VMH_GAUGES(VMH_HELP_ITEM)};
 static _Atomic(vmh_stats_table_fn) tag_table;
 static _Atomic(vmh_stats_json_fn) tag_json;
 
+static _Atomic(vmh_stats_devices_fn) device_json;
+
+void vmh_stats_set_device_report(vmh_stats_devices_fn fn)
+{
+    atomic_store(&device_json, fn);
+}
+
+void vmh_stats_json_devices(vmh_jbuf_t *b)
+{
+    vmh_stats_devices_fn fn = atomic_load(&device_json);
+    vmh_jb_printf(b, ",\n  \"devices\": {");
+    if (fn)
+        fn(b);
+    vmh_jb_printf(b, "}");
+}
+
 void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json)
 {
     atomic_store(&tag_table, table);
@@ -212,6 +228,7 @@ static void report_json(void)
     vmh_jb_printf(&b, ",\n  \"app_driver_calls_per_1000_allocs\": %llu,\n",
                   (unsigned long long)(allocs ? app_calls * 1000 / allocs : 0));
     vmh_stats_json_gauges(&b);
+    vmh_stats_json_devices(&b);
     vmh_jb_printf(&b, ",\n  \"tags\": ");
     vmh_stats_json_fn json = atomic_load(&tag_json);
     if (json) {

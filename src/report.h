@@ -58,6 +58,14 @@ void vmh_jb_printf(vmh_jbuf_t *b, const char *fmt, ...) __attribute__((format(pr
 void vmh_stats_json_head(vmh_jbuf_t *b);
 void vmh_stats_json_gauges(vmh_jbuf_t *b);
 
+/* The per-device part, written by the heap front (heap_devices.c) through a function it sets at
+ * start (as the tags' part, above): each device's value of the member "devices", e.g.
+ * "0": {"bytes_spilled": 0, "spills": 0, "spills_small": 0}, separated by commas. The JSON
+ * reports write ",\n  \"devices\": {...}" after the gauges ({} without the function). */
+typedef void (*vmh_stats_devices_fn)(vmh_jbuf_t *b);
+void vmh_stats_set_device_report(vmh_stats_devices_fn fn);
+void vmh_stats_json_devices(vmh_jbuf_t *b);
+
 /* Leak report at exit: the heap walks its live buffers and calls begin, one per live buffer,
  * then end. With leaks configured (VMMHOOK_LEAKS) each leak is listed (pointer, size, device, call
  * site resolved with dladdr; the first 256), then a total; without it nothing is printed, but the

@@ -34,6 +34,7 @@
     X(library_streams, "math libraries' own streams")                                             \
     X(oom_retries, "allocations retried after a trim")                                             \
     X(spills, "allocations served from host memory")                                               \
+    X(spills_small, "  of them small (below the reserve's big)")                                   \
     X(ooms, "allocations refused: out of memory")
 
 #define VMH_GAUGES(X)                                                                              \

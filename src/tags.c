@@ -276,6 +276,7 @@ VMM_API int vmm_stats_json(char *buf, size_t len)
     vmh_stats_json_head(&b);
     jb_printf(&b, ",\n");
     vmh_stats_json_gauges(&b);
+    vmh_stats_json_devices(&b);
     jb_printf(&b, ",\n  \"pinned_host_bytes\": {\"current\": %lld, \"peak\": %lld},\n",
               (long long)atomic_load(&pinned_now), (long long)atomic_load(&pinned_peak));
     jb_printf(&b, "  \"tags\": ");

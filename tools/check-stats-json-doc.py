@@ -4,7 +4,8 @@
 Both JSON texts are checked, as the library writes them on the simulated driver: the exit
 report (VMMHOOK_STATS_JSON, with the leak report on) of hook_demo, and the live one
 (vmm_stats_json, through vmmhook.stats()). Every key at every level must appear in the section
-as `key`; the names of tags (keys of "tags") are data, not fields. Issue 30: the page listed
+as `key`; the names of tags (keys of "tags") and the ordinals of devices (keys of "devices")
+are data, not fields. Issue 30: the page listed
 half the counters and neither "tags" nor "app_driver_calls_per_1000_allocs".
 
     check-stats-json-doc.py OPTIONS.md HOOK_DEMO LIBVMMHOOK FAKE_LIBCUDA_DIR PYTHON_SRC_DIR
@@ -27,11 +28,14 @@ def section(doc):
 
 
 def keys(obj, path=""):
-    """(key, where) for every key; the level under "tags" is tag names, not fields."""
+    """(key, where) for every key; the level under "tags" is tag names, under "devices" device
+    ordinals, not fields."""
     if isinstance(obj, dict):
         for k, v in obj.items():
             if path.endswith("/tags"):
                 yield from keys(v, f"{path}/<tag>")
+            elif path.endswith("/devices"):
+                yield from keys(v, f"{path}/<device>")
             else:
                 yield k, path
                 yield from keys(v, f"{path}/{k}")

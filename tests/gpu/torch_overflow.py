@@ -18,19 +18,28 @@ import sys
 import time
 
 
+def cuda_torch():
+    """PyTorch with a CUDA device, or None once the SKIP line is printed (torch_overflow_sum
+    uses it too)."""
+    try:
+        import torch
+    except ImportError as e:
+        print(f"SKIP: no PyTorch: {e}")
+        return None
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        return None
+    return torch
+
+
 def main():
     args = sys.argv[1:]
     mode = args[0] if args else "large"
     free_gib = float(args[args.index("--free") + 1]) if "--free" in args else 8.0
     holder = args[args.index("--holder") + 1] if "--holder" in args else os.environ.get(
         "OVERFLOW_GPU", "")
-    try:
-        import torch
-    except ImportError as e:
-        print(f"SKIP: no PyTorch: {e}")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP: no CUDA device")
+    torch = cuda_torch()
+    if torch is None:
         return 77
     GiB = 1 << 30
     hold = None

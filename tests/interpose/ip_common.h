@@ -235,7 +235,7 @@ static inline void *ip_fetch(PFN_cuGetProcAddress_v12000 getproc, const char *na
     X(sim_live_mappings) X(sim_live_contexts) X(sim_is_mapped) X(sim_access_flags)                 \
     X(sim_ledger_empty) X(sim_ledger_dump) X(sim_calls) X(sim_write) X(sim_read)                   \
     X(sim_device_capacity) X(sim_device_used) X(sim_get_proc_address) X(sim_capture_refusals)    \
-    X(sim_launch_write) X(sim_flush)
+    X(sim_launch_write) X(sim_flush) X(sim_host_used)
 #define IP_SIM_FIELD(n) __typeof__(&n) n;
 typedef struct ip_sim {
     IP_SIM_FNS(IP_SIM_FIELD)

@@ -14,7 +14,9 @@
 #                           join the timing table's INFO row;
 #   torch_overflow.py       (issue 23) tensors of 1.3x a GPU made smaller by a holder process:
 #                           natively out of memory, under the hook with VMMHOOK_OVERFLOW=host
-#                           the same R lines as a run on the whole GPU.
+#                           the same R lines as a run on the whole GPU;
+#   torch_overflow_sum.py   (issue 29) the whole GPU filled to about 1.3x with tensors, each
+#                           summed on the GPU, caching on and off: exact sums, the rate.
 # Natively pause_resume and torch_sleep only skip (the API is the hook's): pause_resume's native
 # run checks that (a second); torch_sleep's native run is left out (a PyTorch start for a skip).
 
@@ -42,11 +44,12 @@ exclusive_run() {
     fi
 
     local ov=$W/bin/overflow_gpu.static
+    # VMMHOOK_VERBOSE: each move back logs where its time went (copies, wait, swaps).
     if hooked_only overflow_gpu "overflow_gpu [VMMHOOK_OVERFLOW=host]" 120 \
-        "VMMHOOK_OVERFLOW=host" VMMHOOK_OVERFLOW=host; then
-        info_row "overflow_gpu timings (targets of issue 23)" static "-" \
+        "VMMHOOK_OVERFLOW=host" VMMHOOK_OVERFLOW=host VMMHOOK_VERBOSE=1; then
+        info_row "overflow_gpu timings (targets of issues 23, 29)" static "-" \
             "$(rcname "$(rc_of overflow_gpu.static.hooked)")" \
-            "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)"
+            "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)$(grep -o 'moved [0-9]* bytes of .*' "$LOG/overflow_gpu.static.hooked.err" 2>/dev/null | tr '\n' ';')"
     fi
 
     if ! skipped torch && [ -f tests/gpu/torch_overflow.py ] && [ -x "$ov" ]; then
@@ -66,6 +69,10 @@ exclusive_run() {
             info_row "torch_overflow natively on the smaller GPU" python "$(rcname "$(rc_of torch_overflow.small)")" "-" \
                 "$(grep -E '^(R|I) ' "$LOG/torch_overflow.small.out" 2>/dev/null | tr '\n' ';' | cut -c1-200); hooked: $(grep -E '^I (spilled|prefetch|built)' "$LOG/torch_overflow.hooked.out" 2>/dev/null | tr '\n' ';' | cut -c1-300)"
         fi
+    fi
+
+    if ! skipped torch && [ -f tests/gpu/torch_overflow_sum.py ]; then
+        overflow_sum_run
     fi
 
     if ! skipped torch && [ -f tests/gpu/torch_sleep.py ]; then
@@ -88,6 +95,33 @@ exclusive_run() {
                 note "torch_sleep (hooked, end)"
         fi
     fi
+}
+
+# torch_overflow_sum.py, caching on and off, each alone on the whole GPU under the hook with
+# VMMHOOK_OVERFLOW=host: a row each (its PASS/FAIL line: exact sums, something spilled) with its
+# T line (the rate over all tensors against issue 29's 100 GiB/s) and its I lines.
+overflow_sum_run() {
+    local v t hrc res id
+    for v in cache nocache; do
+        id=torch_overflow_sum.$v
+        t=$(tmo 90 60)
+        if [ "$t" = 0 ]; then
+            row "torch_overflow_sum $v" python "-" "-" SKIP "no time left in the budget"
+            continue
+        fi
+        say "torch_overflow_sum $v: hooked (VMMHOOK_OVERFLOW=host), alone on the GPU," \
+            "timeout ${t}s ($(elapsed) s)"
+        launch "$id" hooked "$t" env VMMHOOK_OVERFLOW=host \
+            python3 tests/gpu/torch_overflow_sum.py "$v"
+        wait
+        hrc=$(rc_of "$id")
+        res=FAIL
+        [ "$hrc" = 0 ] && grep -q '^PASS' "$LOG/$id.out" && res=PASS
+        [ "$hrc" = 77 ] && res=SKIP
+        row "torch_overflow_sum $v (1.3x the GPU summed, VMMHOOK_OVERFLOW=host)" python "-" \
+            "$(rcname "$hrc")" "$res" \
+            "$(grep -E '^(T|I|FAIL|SKIP:) ' "$LOG/$id.out" 2>/dev/null | tr '\n' ';' | cut -c1-400)$([ "$res" = FAIL ] && echo " $(first_fail "$id")")"
+    done
 }
 
 # A program that only runs under the hook (natively it skips, which its native run checks in a

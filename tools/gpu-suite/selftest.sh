@@ -135,6 +135,9 @@ torch_step)
         echo "MEM peak_requested 900000000 peak_device 1000000000 source torch(timed-steps)" ;;
     *) echo "STEP median_ms 60.000 p10_ms 59.000 p90_ms 61.000 steps 60" ;;
     esac ;;
+torch_overflow_sum) [ "\$hooked" = 1 ] || { echo "SKIP: needs the hook"; exit 77; }
+    echo "I spilled 42.00 GiB; spills 11, of them small 0"
+    echo "T sum_rate_\$variant 150.0 GiB/s 100 MET" ;;
 torch_sleep) [ "\$hooked" = 1 ] || { echo "SKIP: needs the hook"; exit 77; }
     echo "R graph replay bit-identical: True" ;;
 *) echo "R step 0 loss 1.0" ;;
@@ -179,6 +182,7 @@ want "pause_resume timings row" '^\| pause_resume timings .* INFO \| 1 met; miss
 want "overflow_gpu passes (native skips)" '^\| overflow_gpu \[VMMHOOK_OVERFLOW=host\] \| static \| 77 \| 0 \| \*\*PASS\*\*'
 want "overflow_gpu timings row" '^\| overflow_gpu timings .* INFO \| spilled_kernel_read=47.00GiB/s \(40 MET\); prefetch_back=30.00GiB/s \(40 MISS\)'
 want "the sleep table" '^\| backup.first_pause_rate \| 5.000 GiB/s \| >=8.000 \| MISS \|'
+want "torch_overflow_sum rows" '^\| torch_overflow_sum nocache .* \| python \| - \| 0 \| \*\*PASS\*\* \| I spilled 42.00 GiB.*T sum_rate_nocache 150.0 GiB/s 100 MET'
 want "torch_sleep passes" '^\| torch_sleep .* \*\*PASS\*\*'
 want "torch_graph passes" '^\| torch_graph .* \| python \| 0 \| 0 \| \*\*PASS\*\*'
 want "torch_step row" '^\| torch_step \(big model, step time, 3 runs\) .* \*\*PASS\*\* \| median ms: hook\(off\) 35.10, native on 18.20, native off 60.00; hook/on 1.93x \(<=1.00 MISS\)'
