@@ -283,7 +283,7 @@ static void queued_work(void)
         if (st_ != VMM_OK) { /* the old buffer must be intact; then on to the next case */
             check_data(p, c.from, 400 + i, "buffer after a failed realloc", s);
             CK(cudaStreamSynchronize(s));
-            vr(&p, 0);
+            CHECK(vr(&p, 0) == VMM_OK, "%s: free after the failed realloc", c.name);
             note_freed(old);
             CK(cudaFree(blocker));
             note_freed(blocker);
