@@ -171,8 +171,20 @@ bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out)
     tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
     if (!p)
         return false;
-    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim, &p->big, &p->pack};
+    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim};
     return true;
+}
+
+CUresult vmh_heap_visit_tag(int device, unsigned tag, vmh_visit_run_fn fn, void *arg)
+{
+    if (device < 0 || device >= VMH_MAX_DEVICES || tag >= VMM_TAGS_MAX || heap_in_child())
+        return CUDA_SUCCESS;
+    hdev_t *h = hdev_at(device);
+    tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
+    if (!p)
+        return CUDA_SUCCESS;
+    CUresult rc = vmh_bigbuf_visit(&p->big, fn, arg);
+    return rc == CUDA_SUCCESS ? vmh_packing_visit(&p->pack, fn, arg) : rc;
 }
 
 void vmh_heap_tag_freeze(unsigned tag, bool frozen)

@@ -529,21 +529,34 @@ void vmh_packing_trim_paused(vmh_packing_t *pk)
     trim_kind(pk, EMPTY_PAUSED, NULL);
 }
 
-CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)
+CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
 {
     CUresult rc = CUDA_SUCCESS;
     for (int i = 0; i < VMH_SHARDS && rc == CUDA_SUCCESS; i++) {
         vmh_shard_t *s = &pk->shards[i];
         vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
-        for (vmh_ext_t *e = s->exts; e && rc == CUDA_SUCCESS; e = e->next) {
+        size_t n = 0;
+        for (vmh_ext_t *e = s->exts; e; e = e->next)
+            n++;
+        /* The shard's extents as records, for runs of adjacent ones (one reservation can hold
+         * many of a shard's extents: packing.h). */
+        vmh_visit_rec_t *recs = n ? malloc(n * sizeof *recs) : NULL;
+        if (n && !recs)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        size_t k = 0;
+        for (vmh_ext_t *e = s->exts; e && recs; e = e->next) {
             /* A retired extent holds a freed exported block: another process may map it. */
             bool exported = vmh_extent_retired(e->extent);
             for (size_t x = 0; x < s->nexported && !exported; x++)
                 exported = s->exported[x].base - vmh_extent_base(e->extent) <
                            vmh_extent_size(e->extent);
-            rc = fn(&e->range, &e->paused, exported, arg);
-            assert(!e->range != !e->paused);
+            recs[k++] = (vmh_visit_rec_t){&e->range, &e->paused, exported};
         }
+        if (recs)
+            rc = vmh_visit_runs(recs, n, fn, arg);
+        for (vmh_ext_t *e = s->exts; e; e = e->next)
+            assert(!e->range != !e->paused);
+        free(recs);
         vmh_unlock(&s->lock);
     }
     return rc;

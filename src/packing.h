@@ -107,11 +107,11 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
 /* Whether the block at base is still the live one exported with serial. */
 bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
 
-/* Pause layer (pause.c, range.h): fn on every extent, under its shard's lock (held across fn's
- * driver calls: a rare, explicit call). A paused extent keeps its blocks (frees of them work as
+/* The heap's visit (heap.h): fn on every run of adjacent extents of each shard, under the
+ * shard's lock (held across fn's driver calls: a rare, explicit call). A paused extent keeps its blocks (frees of them work as
  * ever: host bookkeeping only) but has no range; resizing or exporting one of its blocks is
  * refused with CUDA_ERROR_NOT_PERMITTED. */
-CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg);
+CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg);
 
 /* Whether any shard holds parked blocks (a hint). */
 bool vmh_packing_has_parked(vmh_packing_t *pk);

@@ -24,14 +24,12 @@
  */
 #include "pause.h"
 
-#include "bigbuf.h"
 #include "clock.h"
 #include "contexts.h"
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
 #include "overflow.h"
-#include "packing.h"
 #include "reclaim.h"
 #include "staging.h"
 #include "tags.h"
@@ -107,42 +105,99 @@ static vmh_backup_copy_fn pageable_copy(job_t *j)
     return j->staging_open ? staged_copy : NULL;
 }
 
-static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+/* Whether the pause takes a record's memory. Shared with another process: its memory would not
+ * go, and the importer would lose what it shares; memory with another holder (a range left by a
+ * move that the GPU has not passed yet, an export being made) likewise. Both stay mapped
+ * (docs/SLEEP.md). */
+static bool pausable(const vmh_visit_rec_t *r)
 {
-    job_t *j = arg;
-    /* Shared with another process: its memory would not go, and the importer would lose what
-     * it shares. It stays mapped (docs/SLEEP.md). */
-    if (!*range || exported)
-        return CUDA_SUCCESS;
-    size_t size = (*range)->size;
-    void *host = NULL;
+    return *r->range && !r->exported && vmh_range_owned_alone(*r->range);
+}
+
+/* Copies range r into a backup for the pause: *host gets it (the caller puts it back if the
+ * pause fails after). */
+static CUresult back_up(job_t *j, const vmh_range_t *r, void **host)
+{
     bool pinned = false;
-    if (j->backup && !(host = vmh_staging_backup_get(size, &pinned)))
+    if (!(*host = vmh_staging_backup_get(r->size, &pinned)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     /* A kept pinned buffer takes the direct copy, at the pinned rate. */
-    vmh_backup_copy_fn copy = host && !pinned ? pageable_copy(j) : NULL;
-    vmh_paused_t *p;
-    CUresult rc = vmh_range_pause(*range, host, copy, &j->staging, &p);
+    vmh_backup_copy_fn copy = !pinned ? pageable_copy(j) : NULL;
+    CUresult rc = copy ? copy(*host, r->base, r->size, &j->staging)
+                       : vmh_drv.cuMemcpyDtoH(*host, r->base, r->size);
     if (rc != CUDA_SUCCESS) {
-        if (host)
-            vmh_staging_backup_put(host, size);
-        /* Memory with another holder (a range left by a move that the GPU has not passed
-         * yet, an export being made) stays mapped, like an exported buffer. The same code
-         * from the copy is a failure: the range tells the two apart. */
-        return rc == CUDA_ERROR_NOT_PERMITTED && !vmh_range_owned_alone(*range) ? CUDA_SUCCESS
-                                                                                : rc;
+        vmh_staging_backup_put(*host, r->size);
+        *host = NULL;
+        return rc;
     }
     if (copy) {
-        staged_bytes += size;
+        staged_bytes += r->size;
         /* Copied (so touched): the pinner registers it while the ring copies the next ones,
-         * when the budget has room; the paused record holds it from here on either way. */
-        vmh_staging_pin_later(&j->staging, host, size);
+         * when the budget has room; the paused record holds it from here on. */
+        vmh_staging_pin_later(&j->staging, *host, r->size);
     }
-    p->host = host;
-    p->host_release = host ? vmh_staging_backup_put : NULL;
-    *range = NULL;
-    *paused = p;
     return CUDA_SUCCESS;
+}
+
+/* Scratch arrays of one run's visit: its records' ranges, descriptions and backups. */
+typedef struct run_work {
+    vmh_range_t **ranges;
+    vmh_paused_t **paused;
+    void **host;
+    size_t *rec; /* index into the run */
+} run_work_t;
+
+static bool run_work_get(run_work_t *w, size_t n)
+{
+    w->ranges = calloc(n, sizeof *w->ranges);
+    w->paused = calloc(n, sizeof *w->paused);
+    w->host = calloc(n, sizeof *w->host);
+    w->rec = calloc(n, sizeof *w->rec);
+    return w->ranges && w->paused && w->host && w->rec;
+}
+
+static void run_work_put(run_work_t *w)
+{
+    free(w->ranges);
+    free(w->paused);
+    free(w->host);
+    free(w->rec);
+}
+
+/* Pauses every record of a run it may (pausable): the backups first (one copy per record), then
+ * the records together, so that their mappings go with one cuMemUnmap per stretch in one
+ * reservation (range.h's vmh_range_pause_run). */
+static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
+{
+    job_t *j = arg;
+    run_work_t w;
+    CUresult rc = run_work_get(&w, n) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    size_t k = 0;
+    for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+        if (!pausable(&recs[i]))
+            continue;
+        w.ranges[k] = *recs[i].range;
+        w.rec[k] = i;
+        if (j->backup)
+            rc = back_up(j, w.ranges[k], &w.host[k]);
+        k += rc == CUDA_SUCCESS;
+    }
+    if (rc == CUDA_SUCCESS && k)
+        rc = vmh_range_pause_run(w.ranges, k, w.paused);
+    for (size_t i = 0; i < k; i++) {
+        if (rc != CUDA_SUCCESS) {
+            if (w.host[i])
+                vmh_staging_backup_put(w.host[i], w.ranges[i]->size);
+            continue;
+        }
+        vmh_paused_t *p = w.paused[i];
+        p->host = w.host[i];
+        p->host_release = p->host ? vmh_staging_backup_put : NULL;
+        *recs[w.rec[i]].range = NULL;
+        *recs[w.rec[i]].paused = p;
+    }
+    run_work_put(&w);
+    return rc;
 }
 
 /* Host memory for a segment the device has no room for at a resume (overflow.h). */
@@ -152,57 +207,74 @@ static CUresult spill_chunk(void *arg, size_t size, vmh_alloc_t **out)
     return vmh_overflow_chunk(d, size, out);
 }
 
-static CUresult visit_prepare(vmh_range_t **range, vmh_paused_t **paused, bool exported,
-                              void *arg)
+/* Maps new memory for every paused record of a run, all or nothing, with one cuMemSetAccess per
+ * stretch of adjacent segments (range.h's vmh_range_resume_run); the records keep the new
+ * ranges in p->resumed until the commit. */
+static CUresult visit_prepare(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
-    (void)range;
-    (void)exported;
     job_t *j = arg;
-    vmh_paused_t *p = *paused;
-    if (!p || p->resumed)
-        return CUDA_SUCCESS;
-    if (p->host)
-        vmh_staging_pin_now(p->host, p->size, j->dev->ctx);
+    run_work_t w;
+    if (!run_work_get(&w, n)) {
+        run_work_put(&w);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        vmh_paused_t *p = *recs[i].paused;
+        if (!p || p->resumed)
+            continue;
+        if (p->host)
+            vmh_staging_pin_now(p->host, p->size, j->dev->ctx);
+        w.paused[k] = p;
+        w.host[k++] = p->host;
+    }
     /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants.
      * With VMMHOOK_OVERFLOW=host what the device has no room for comes back in host memory:
      * a resume does not fail for lack of device memory. */
-    return vmh_range_resume_spilling(p, &j->dev->prop, NULL, 0, p->host,
-                                     vmh_overflow_enabled() ? spill_chunk : NULL,
-                                     (void *)j->dev, &p->resumed);
+    CUresult rc = k ? vmh_range_resume_run((const vmh_paused_t *const *)w.paused, k,
+                                           &j->dev->prop, NULL, 0, (const void *const *)w.host,
+                                           vmh_overflow_enabled() ? spill_chunk : NULL,
+                                           (void *)j->dev, w.ranges)
+                    : CUDA_SUCCESS;
+    for (size_t i = 0; i < k && rc == CUDA_SUCCESS; i++)
+        w.paused[i]->resumed = w.ranges[i];
+    run_work_put(&w);
+    return rc;
 }
 
-static CUresult visit_abort(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+static CUresult visit_abort(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
-    (void)range;
-    (void)exported;
     (void)arg;
-    if (*paused) {
-        vmh_range_destroy((*paused)->resumed);
-        (*paused)->resumed = NULL;
+    for (size_t i = 0; i < n; i++) {
+        vmh_paused_t *p = *recs[i].paused;
+        if (p) {
+            vmh_range_destroy(p->resumed);
+            p->resumed = NULL;
+        }
     }
     return CUDA_SUCCESS;
 }
 
-static CUresult visit_commit(vmh_range_t **range, vmh_paused_t **paused, bool exported,
-                             void *arg)
+static CUresult visit_commit(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
-    (void)exported;
     (void)arg;
-    vmh_paused_t *p = *paused;
-    if (!p || !p->resumed)
-        return CUDA_SUCCESS;
-    *range = p->resumed;
-    p->resumed = NULL;
-    *paused = NULL;
-    vmh_paused_destroy(p); /* a pinned backup stays for the next pause, others go */
+    for (size_t i = 0; i < n; i++) {
+        vmh_paused_t *p = *recs[i].paused;
+        if (!p || !p->resumed)
+            continue;
+        *recs[i].range = p->resumed;
+        p->resumed = NULL;
+        *recs[i].paused = NULL;
+        vmh_paused_destroy(p); /* a pinned backup stays for the next pause, others go */
+    }
     return CUDA_SUCCESS;
 }
 
-/* Runs fn over every record of tag on every device that has memory of it; with_context: with
- * the device's context current (the copies need one; unmapping, releasing and freeing
- * addresses do not, so the steps that cannot fail never depend on it). Stops at the first
- * failure. */
-static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool with_context)
+/* Runs fn over every run of records of tag on every device that has memory of it (the heap's
+ * visit); with_context: with the device's context current (the copies need one; unmapping,
+ * releasing and freeing addresses do not, so the steps that cannot fail never depend on it).
+ * Stops at the first failure. */
+static CUresult visit_tag(unsigned tag, vmh_visit_run_fn fn, job_t *j, bool with_context)
 {
     for (int dev = 0; dev < VMH_MAX_DEVICES; dev++) {
         vmh_tag_parts_t parts;
@@ -213,10 +285,7 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
         CUresult rc = with_context ? vmh_ctx_enter(parts.dev->ctx, &scope) : CUDA_SUCCESS;
         if (rc != CUDA_SUCCESS)
             return rc;
-        if (parts.big)
-            rc = vmh_bigbuf_visit(parts.big, fn, j);
-        if (rc == CUDA_SUCCESS && parts.pack)
-            rc = vmh_packing_visit(parts.pack, fn, j);
+        rc = vmh_heap_visit_tag(dev, tag, fn, j);
         if (j->staging_open) /* its stream belongs to this context */
             vmh_staging_leave_context(&j->staging);
         CUresult left = vmh_ctx_leave(&scope);
@@ -290,20 +359,24 @@ static CUresult pause_tag(unsigned tag, bool backup, bool *stays_paused)
 
 /* ---- statistics ------------------------------------------------------------------------------ */
 
-static CUresult visit_count(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+static CUresult visit_count(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
     vmh_tag_memory_t *m = arg;
-    if (*range) {
-        size_t host = vmh_range_host_bytes(*range);
-        m->mapped += (*range)->size - host;
-        m->spilled += host;
-        if (exported)
-            m->kept += (*range)->size;
-    }
-    if (*paused) {
-        m->paused += (*paused)->size;
-        if ((*paused)->host)
-            m->backed_up += (*paused)->size;
+    for (size_t i = 0; i < n; i++) {
+        const vmh_range_t *r = *recs[i].range;
+        const vmh_paused_t *p = *recs[i].paused;
+        if (r) {
+            size_t host = vmh_range_host_bytes(r);
+            m->mapped += r->size - host;
+            m->spilled += host;
+            if (recs[i].exported)
+                m->kept += r->size;
+        }
+        if (p) {
+            m->paused += p->size;
+            if (p->host)
+                m->backed_up += p->size;
+        }
     }
     return CUDA_SUCCESS;
 }
@@ -311,15 +384,8 @@ static CUresult visit_count(vmh_range_t **range, vmh_paused_t **paused, bool exp
 static void tag_memory(unsigned tag, vmh_tag_memory_t *out)
 {
     memset(out, 0, sizeof *out);
-    for (int dev = 0; dev < VMH_MAX_DEVICES; dev++) {
-        vmh_tag_parts_t parts;
-        if (!vmh_heap_tag_parts(dev, tag, &parts))
-            continue;
-        if (parts.big)
-            vmh_bigbuf_visit(parts.big, visit_count, out);
-        if (parts.pack)
-            vmh_packing_visit(parts.pack, visit_count, out);
-    }
+    for (int dev = 0; dev < VMH_MAX_DEVICES; dev++)
+        vmh_heap_visit_tag(dev, tag, visit_count, out);
 }
 
 void vmh_pause_configure(size_t pin_limit)
