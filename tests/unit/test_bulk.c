@@ -1,0 +1,197 @@
+/* Bulk operations per run of adjacent memory (issue 27), on the simulated driver: the driver
+ * calls of a tag's pause, resume and trim follow its extents, not its buffers (N x 2 MiB for
+ * N = 1280 ... 20480, the issue's targets at 20480), and adjacent records go with one
+ * cuMemUnmap and come back with one cuMemSetAccess, their contents restored from backups. */
+#ifndef VMH_TESTING
+#define VMH_TESTING 1
+#endif
+#include "testutil.h"
+#include "phase_calls.h"
+#include "testtags.h"
+
+#include "range.h"
+
+/* Issue 27's targets for 20480 x 2 MiB in one tag (docs/SLEEP.md, "Runs"). */
+#define TARGET_N 20480
+#define TARGET_PAUSE 256
+#define TARGET_RESUME 256
+
+static int teardown(void **state)
+{
+    return tt_teardown(state);
+}
+
+/* Pause and resume cost per run and per chunk, so 16 times the buffers cost less than twice
+ * the calls (per buffer they would cost 16 times); allocation, per extent, grows with the
+ * number of extents, which grows with the log of the bytes once extents grow geometrically:
+ * less than 4 times for 16 times the buffers. Trim gives everything back. */
+static void calls_follow_extents_not_buffers(void **state)
+{
+    (void)state;
+    static const size_t ns[] = {1280, 2560, 5120, 10240, TARGET_N};
+    enum { NN = sizeof ns / sizeof ns[0] };
+    pc_counts_t c[NN];
+    for (int i = 0; i < NN; i++) {
+        assert_true(pc_measure(ns[i], 2 * MiB, 0, &c[i]));
+        /* The trim after the frees gives every extent back: nothing is left in the driver. */
+        tu_assert_ledger_empty();
+        print_message("%6zu x 2 MiB: allocate %lu, pause %lu, resume %lu, free %lu, trim %lu\n",
+                      ns[i], c[i].calls[PC_ALLOC][PC_ALL], c[i].calls[PC_PAUSE][PC_ALL],
+                      c[i].calls[PC_RESUME][PC_ALL], c[i].calls[PC_FREE][PC_ALL],
+                      c[i].calls[PC_TRIM][PC_ALL]);
+        /* Nothing is paused without a cuMemUnmap, nothing resumed without a cuMemSetAccess. */
+        assert_true(pc_get(&c[i], PC_PAUSE, "cuMemUnmap") > 0);
+        assert_true(pc_get(&c[i], PC_RESUME, "cuMemSetAccess") > 0);
+        /* Unmaps and access calls go per run: never more than the chunks they cover. */
+        assert_true(pc_get(&c[i], PC_PAUSE, "cuMemUnmap") <=
+                    pc_get(&c[i], PC_PAUSE, "cuMemRelease"));
+        assert_true(pc_get(&c[i], PC_RESUME, "cuMemSetAccess") <=
+                    pc_get(&c[i], PC_RESUME, "cuMemMap"));
+    }
+    const pc_counts_t *lo = &c[0], *hi = &c[NN - 1];
+    assert_true(hi->calls[PC_PAUSE][PC_ALL] < 2 * lo->calls[PC_PAUSE][PC_ALL]);
+    assert_true(hi->calls[PC_RESUME][PC_ALL] < 2 * lo->calls[PC_RESUME][PC_ALL]);
+    assert_true(hi->calls[PC_ALLOC][PC_ALL] < 4 * lo->calls[PC_ALLOC][PC_ALL]);
+    assert_true(hi->calls[PC_TRIM][PC_ALL] < 4 * lo->calls[PC_TRIM][PC_ALL]);
+    assert_true(hi->calls[PC_PAUSE][PC_ALL] <= TARGET_PAUSE);
+    assert_true(hi->calls[PC_RESUME][PC_ALL] <= TARGET_RESUME);
+}
+
+/* Two ranges side by side in one reservation, two chunks each (as two extents of a shard's
+ * reservation are): one cuMemSetAccess maps all four, one cuMemUnmap pauses both, one
+ * cuMemSetAccess resumes both (one chunk per range), and the backups come back in place. */
+static vmh_range_t *range_over(vmh_map_t **maps, size_t n)
+{
+    vmh_range_t *r = calloc(1, sizeof *r + n * sizeof r->maps[0]);
+    assert_non_null(r);
+    r->base = maps[0]->ptr;
+    for (size_t i = 0; i < n; i++) {
+        r->maps[r->nmaps++] = maps[i];
+        r->size += maps[i]->size;
+    }
+    return r;
+}
+
+static void adjacent_ranges_pause_and_resume_as_one_run(void **state)
+{
+    (void)state;
+    vmh_resv_t *resv;
+    assert_int_equal(vmh_resv_create(6 * GRAN, 0, 0, &resv), CUDA_SUCCESS);
+    vmh_alloc_t *chunks[4];
+    for (int i = 0; i < 4; i++)
+        chunks[i] = tu_chunk(GRAN);
+    vmh_map_t *maps[4];
+    sim_reset_counters();
+    assert_int_equal(vmh_maps_create_run(resv->ptr + GRAN, chunks, 4, resv, maps), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuMemMap"), 4);
+    assert_int_equal(sim_calls("cuMemSetAccess"), 1);
+    for (int i = 0; i < 4; i++)
+        vmh_alloc_unref(chunks[i]); /* the mappings hold them */
+    vmh_range_t *rs[2] = {range_over(maps, 2), range_over(maps + 2, 2)};
+    vmh_resv_unref(resv); /* the mappings hold it */
+    CUdeviceptr base[2] = {rs[0]->base, rs[1]->base};
+    assert_int_equal(base[1], base[0] + 2 * GRAN);
+    void *host[2];
+    for (int i = 0; i < 2; i++) {
+        tu_fill(base[i], 2 * GRAN, 40u + (unsigned)i);
+        host[i] = malloc(2 * GRAN);
+        assert_non_null(host[i]);
+        assert_int_equal(vmh_drv.cuMemcpyDtoH(host[i], base[i], 2 * GRAN), CUDA_SUCCESS);
+    }
+
+    vmh_paused_t *ps[2];
+    sim_reset_counters();
+    assert_int_equal(vmh_range_pause_run(rs, 2, ps), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuMemUnmap"), 1);
+    assert_int_equal(sim_calls("cuMemRelease"), 4);
+    assert_int_equal(sim_live_mappings(), 0);
+    assert_int_equal(sim_live_reservations(), 1);
+
+    CUmemAllocationProp prop = tu_prop(0);
+    vmh_range_t *back[2];
+    const void *backups[2] = {host[0], host[1]};
+    sim_reset_counters();
+    assert_int_equal(vmh_range_resume_run((const vmh_paused_t *const *)ps, 2, &prop, NULL, 0,
+                                          backups, NULL, NULL, back),
+                     CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuMemCreate"), 2);
+    assert_int_equal(sim_calls("cuMemMap"), 2);
+    assert_int_equal(sim_calls("cuMemSetAccess"), 1);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(back[i]->base, base[i]);
+        assert_int_equal(back[i]->size, 2 * GRAN);
+        assert_true(tu_check(base[i], 2 * GRAN, 40u + (unsigned)i));
+        vmh_paused_destroy(ps[i]);
+        free(host[i]);
+    }
+    sim_reset_counters();
+    vmh_ranges_destroy(back, 2);
+    assert_int_equal(sim_calls("cuMemUnmap"), 1);
+    assert_int_equal(sim_calls("cuMemAddressFree"), 1);
+    tu_assert_ledger_empty();
+}
+
+/* A stretch the driver refuses to unmap whole is unmapped mapping by mapping: nothing stays. */
+static void refused_run_unmap_falls_back_to_one_call_each(void **state)
+{
+    (void)state;
+    vmh_resv_t *resv;
+    assert_int_equal(vmh_resv_create(3 * GRAN, 0, 0, &resv), CUDA_SUCCESS);
+    vmh_alloc_t *chunks[3];
+    for (int i = 0; i < 3; i++)
+        chunks[i] = tu_chunk(GRAN);
+    vmh_map_t *maps[3];
+    assert_int_equal(vmh_maps_create_run(resv->ptr, chunks, 3, resv, maps), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++)
+        vmh_alloc_unref(chunks[i]);
+    vmh_resv_unref(resv);
+    sim_reset_counters();
+    sim_fail_function("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+    vmh_maps_unref_run(maps, 3);
+    assert_int_equal(sim_calls("cuMemUnmap"), 4);
+    tu_assert_ledger_empty();
+}
+
+/* A tag's adjacent extents paused with backups: fewer cuMemUnmap than extents (one per run of
+ * a shard's reservation), every buffer's contents back after the resume. */
+static void tag_pause_joins_extents_and_restores_contents(void **state)
+{
+    (void)state;
+    pc_heap_reset();
+    enum { N = 64 };
+    CUdeviceptr p[N];
+    assert_int_equal(vmm_tag_push(PC_TAG), VMM_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(vmh_heap_alloc(2 * MiB, &p[i]), CUDA_SUCCESS);
+        tu_fill(p[i], 2 * MiB, 7u + (unsigned)i);
+    }
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    sim_reset_counters();
+    assert_int_equal(vmm_pause(PC_TAG, VMM_PAUSE_BACKUP), VMM_OK);
+    unsigned long unmaps = sim_calls("cuMemUnmap"), chunks = sim_calls("cuMemRelease");
+    print_message("%d x 2 MiB paused with backups: %lu cuMemUnmap for %lu chunks\n", N, unmaps,
+                  chunks);
+    assert_true(chunks > 1);
+    assert_true(unmaps < chunks);
+    sim_reset_counters();
+    assert_int_equal(vmm_resume(PC_TAG), VMM_OK);
+    assert_true(sim_calls("cuMemSetAccess") < sim_calls("cuMemMap"));
+    for (int i = 0; i < N; i++) {
+        assert_true(tu_check(p[i], 2 * MiB, 7u + (unsigned)i));
+        assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(calls_follow_extents_not_buffers, tu_setup, teardown),
+        cmocka_unit_test_setup_teardown(adjacent_ranges_pause_and_resume_as_one_run, tu_setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(refused_run_unmap_falls_back_to_one_call_each, tu_setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(tag_pause_joins_extents_and_restores_contents, tu_setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests_name("bulk", tests, NULL, NULL);
+}
