@@ -474,14 +474,22 @@ static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind)
  * their records as spares; returns the bytes. */
 static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
 {
-    size_t bytes = 0;
+    size_t bytes = 0, n = 0, k = 0;
     vmh_ext_t *last = NULL;
+    for (vmh_ext_t *e = list; e; e = e->next)
+        n++;
+    /* The ranges go together: adjacent extents of one reservation are unmapped with one call
+     * (range.h's vmh_ranges_destroy); without memory for the list, one by one. */
+    vmh_range_t **ranges = calloc(n, sizeof *ranges);
     for (vmh_ext_t *e = list; e; e = e->next) {
         if (e->range) {
             bytes += e->range->size;
             idle_gauge(-(int64_t)e->range->size);
         }
-        vmh_range_destroy(e->range);
+        if (ranges)
+            ranges[k++] = e->range;
+        else
+            vmh_range_destroy(e->range);
         vmh_paused_destroy(e->paused); /* emptied while paused: its addresses go */
         e->paused = NULL;
         e->range = NULL;
@@ -489,6 +497,8 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
         e->freed_mark = 0; /* the record serves a new extent next */
         last = e;
     }
+    vmh_ranges_destroy(ranges, k);
+    free(ranges);
     /* A registry reader may still hold one of these records: keep them (type-stable). */
     vmh_lock(&s->lock, VMH_RANK_OWNER);
     last->next = s->spare;

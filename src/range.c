@@ -27,6 +27,12 @@ void vmh_range_destroy(vmh_range_t *r)
     free(r);
 }
 
+static int map_order(const void *a, const void *b)
+{
+    CUdeviceptr x = (*(vmh_map_t *const *)a)->ptr, y = (*(vmh_map_t *const *)b)->ptr;
+    return (x > y) - (x < y);
+}
+
 void vmh_ranges_destroy(vmh_range_t *const *rs, size_t n)
 {
     size_t total = 0;
@@ -41,7 +47,9 @@ void vmh_ranges_destroy(vmh_range_t *const *rs, size_t n)
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         for (size_t j = 0; rs[i] && j < rs[i]->nmaps; j++)
-            all[k++] = rs[i]->maps[j];
+            if (rs[i]->maps[j])
+                all[k++] = rs[i]->maps[j];
+    qsort(all, k, sizeof *all, map_order); /* the ranges may come in any order */
     vmh_maps_unref_run(all, k);
     free(all);
     for (size_t i = 0; i < n; i++)

@@ -58,8 +58,8 @@ CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out);
  * reservation, handle.h). NULL is allowed. */
 void vmh_range_destroy(vmh_range_t *r);
 
-/* Destroys rs[0..n) (ascending addresses; NULL entries allowed) as one run: mappings adjacent
- * across ranges in one reservation are unmapped with one call. */
+/* Destroys rs[0..n) (any order; NULL entries allowed) together: mappings adjacent across
+ * ranges in one reservation are unmapped with one call. */
 void vmh_ranges_destroy(vmh_range_t *const *rs, size_t n);
 
 /* Bytes of address space reserved past the range's end in its last reservation. */
