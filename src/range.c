@@ -106,6 +106,20 @@ static bool range_well_formed(const vmh_range_t *r)
 }
 #endif
 
+/* The end of a build: r (mapped, rc CUDA_SUCCESS) gets its size and becomes *out; on failure
+ * r is destroyed, dropping what it mapped. */
+static CUresult build_finish(vmh_range_t *r, CUresult rc, size_t total, vmh_range_t **out)
+{
+    if (rc != CUDA_SUCCESS) {
+        vmh_range_destroy(r);
+        return rc;
+    }
+    r->size = total;
+    vmh_assert_internal(range_well_formed(r));
+    *out = r;
+    return CUDA_SUCCESS;
+}
+
 /* Maps the allocations of old (if any) then allocs[0..n) from the start of a new reservation
  * of max(reserve, total) bytes; *no_address (may be NULL): the reservation failed. */
 static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const *allocs,
@@ -138,14 +152,7 @@ static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const 
         rc = map_all(r, allocs, n, at, resv);
     /* From here the mappings hold the reservation; drop the creation reference. */
     vmh_resv_unref(resv);
-    if (rc != CUDA_SUCCESS) {
-        vmh_range_destroy(r);
-        return rc;
-    }
-    r->size = total;
-    vmh_assert_internal(range_well_formed(r));
-    *out = r;
-    return CUDA_SUCCESS;
+    return build_finish(r, rc, total, out);
 }
 
 CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, size_t align,
@@ -157,6 +164,20 @@ CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, 
     if (!out || !allocs || n == 0 || sum_sizes(allocs, n, &total) != CUDA_SUCCESS)
         return CUDA_ERROR_INVALID_VALUE;
     return build_at_new_address(NULL, allocs, n, total, reserve, align, hint, out, no_address);
+}
+
+CUresult vmh_range_create_in(vmh_alloc_t *const *allocs, size_t n, vmh_resv_t *resv,
+                             CUdeviceptr at, vmh_range_t **out)
+{
+    size_t total;
+    if (!out || !allocs || n == 0 || !resv || sum_sizes(allocs, n, &total) != CUDA_SUCCESS ||
+        at < resv->ptr || at - resv->ptr > resv->size || total > resv->size - (at - resv->ptr))
+        return CUDA_ERROR_INVALID_VALUE;
+    vmh_range_t *r = range_alloc(n);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r->base = at;
+    return build_finish(r, map_all(r, allocs, n, at, resv), total, out);
 }
 
 CUresult vmh_range_move(const vmh_range_t *r, size_t reserve, size_t align, CUdeviceptr hint,

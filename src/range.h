@@ -37,6 +37,11 @@ typedef enum vmh_grow_kind {
 CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, size_t align,
                           CUdeviceptr hint, vmh_range_t **out, bool *no_address);
 
+/* Maps allocs[0..n) in order from `at` inside resv, a reservation the caller holds (a span of
+ * many ranges, span.h): the mappings take their own references on it. */
+CUresult vmh_range_create_in(vmh_alloc_t *const *allocs, size_t n, vmh_resv_t *resv,
+                             CUdeviceptr at, vmh_range_t **out);
+
 /* New range = r's mappings followed by allocs[0..n). Headroom, then adjacent, then move; a
  * move reserves max(reserve, new total). allow_move false makes it fail with
  * CUDA_ERROR_OUT_OF_MEMORY instead of moving. *kind says which path was taken. *no_address
