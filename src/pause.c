@@ -82,14 +82,9 @@ typedef struct job {
     vmh_staging_t staging;
 } job_t;
 
-static CUresult staged_copy(void *dst, CUdeviceptr src, size_t n, void *arg)
-{
-    return vmh_staging_copy(arg, dst, src, n);
-}
-
-/* How to copy a backup into fresh pageable memory: through the ring (opened now if it is the
- * first), else directly (NULL: one cuMemcpyDtoH, which the driver stages itself). */
-static vmh_backup_copy_fn pageable_copy(job_t *j)
+/* Whether pageable backups go through the ring (opened now if this is the first): false when
+ * it is not wanted or cannot open (then one cuMemcpyDtoH each, which the driver stages itself). */
+static bool ring_ready(job_t *j)
 {
     if (j->stage && !j->staging_open) {
         CUresult rc = vmh_staging_open(&j->staging, j->dev->ctx, staging_slot, STAGING_WORKERS);
@@ -102,7 +97,7 @@ static vmh_backup_copy_fn pageable_copy(job_t *j)
             j->stage = false;
         }
     }
-    return j->staging_open ? staged_copy : NULL;
+    return j->staging_open;
 }
 
 /* Whether the pause takes a record's memory. Shared with another process: its memory would not
@@ -114,37 +109,14 @@ static bool pausable(const vmh_visit_rec_t *r)
     return *r->range && !r->exported && vmh_range_owned_alone(*r->range);
 }
 
-/* Copies range r into a backup for the pause: *host gets it (the caller puts it back if the
- * pause fails after). */
-static CUresult back_up(job_t *j, const vmh_range_t *r, void **host)
-{
-    bool pinned = false;
-    if (!(*host = vmh_staging_backup_get(r->size, &pinned)))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    /* A kept pinned buffer takes the direct copy, at the pinned rate. */
-    vmh_backup_copy_fn copy = !pinned ? pageable_copy(j) : NULL;
-    CUresult rc = copy ? copy(*host, r->base, r->size, &j->staging)
-                       : vmh_drv.cuMemcpyDtoH(*host, r->base, r->size);
-    if (rc != CUDA_SUCCESS) {
-        vmh_staging_backup_put(*host, r->size);
-        *host = NULL;
-        return rc;
-    }
-    if (copy) {
-        staged_bytes += r->size;
-        /* Copied (so touched): the pinner registers it while the ring copies the next ones,
-         * when the budget has room; the paused record holds it from here on. */
-        vmh_staging_pin_later(&j->staging, *host, r->size);
-    }
-    return CUDA_SUCCESS;
-}
-
 /* Scratch arrays of one run's visit: its records' ranges, descriptions and backups. */
 typedef struct run_work {
     vmh_range_t **ranges;
     vmh_paused_t **paused;
     void **host;
-    size_t *rec; /* index into the run */
+    size_t *len;  /* bytes of each backup */
+    bool *pinned; /* the backup is a kept pinned buffer */
+    size_t *rec;  /* index into the run */
 } run_work_t;
 
 static bool run_work_get(run_work_t *w, size_t n)
@@ -152,8 +124,10 @@ static bool run_work_get(run_work_t *w, size_t n)
     w->ranges = calloc(n, sizeof *w->ranges);
     w->paused = calloc(n, sizeof *w->paused);
     w->host = calloc(n, sizeof *w->host);
+    w->len = calloc(n, sizeof *w->len);
+    w->pinned = calloc(n, sizeof *w->pinned);
     w->rec = calloc(n, sizeof *w->rec);
-    return w->ranges && w->paused && w->host && w->rec;
+    return w->ranges && w->paused && w->host && w->len && w->pinned && w->rec;
 }
 
 static void run_work_put(run_work_t *w)
@@ -161,12 +135,42 @@ static void run_work_put(run_work_t *w)
     free(w->ranges);
     free(w->paused);
     free(w->host);
+    free(w->len);
+    free(w->pinned);
     free(w->rec);
 }
 
-/* Pauses every record of a run it may (pausable): the backups first (one copy per record), then
- * the records together, so that their mappings go with one cuMemUnmap per stretch in one
- * reservation (range.h's vmh_range_pause_run). */
+/* Copies the k pausable records of a run into their backups (got already): a kept pinned buffer
+ * takes a direct copy (at the pinned rate); records next to each other in address space with
+ * pageable backups go through the staging ring together, one stream of pieces for the stretch
+ * (vmh_staging_copy_run), and the pinner registers each one copied (touched) while the ring
+ * goes on, when the budget has room. */
+static CUresult copy_backups(job_t *j, run_work_t *w, size_t k)
+{
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t x = 0, y; x < k && rc == CUDA_SUCCESS; x = y) {
+        const vmh_range_t *r = w->ranges[x];
+        y = x + 1;
+        if (w->pinned[x] || !ring_ready(j)) {
+            rc = vmh_drv.cuMemcpyDtoH(w->host[x], r->base, r->size);
+            continue;
+        }
+        while (y < k && !w->pinned[y] &&
+               w->ranges[y - 1]->base + w->ranges[y - 1]->size == w->ranges[y]->base)
+            y++;
+        rc = vmh_staging_copy_run(&j->staging, &w->host[x], &w->len[x], y - x, r->base);
+        for (size_t i = x; i < y && rc == CUDA_SUCCESS; i++) {
+            staged_bytes += w->len[i];
+            vmh_staging_pin_later(&j->staging, w->host[i], w->len[i]);
+        }
+    }
+    return rc;
+}
+
+/* Pauses every record of a run it may (pausable): the backups first, a stretch at a time
+ * (copy_backups), then the records together, so that their mappings go with one cuMemUnmap per
+ * stretch in one reservation (range.h's vmh_range_pause_run). On failure every record stays
+ * as it was. */
 static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
     job_t *j = arg;
@@ -178,16 +182,19 @@ static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
             continue;
         w.ranges[k] = *recs[i].range;
         w.rec[k] = i;
-        if (j->backup)
-            rc = back_up(j, w.ranges[k], &w.host[k]);
+        w.len[k] = w.ranges[k]->size;
+        if (j->backup && !(w.host[k] = vmh_staging_backup_get(w.len[k], &w.pinned[k])))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
         k += rc == CUDA_SUCCESS;
     }
+    if (rc == CUDA_SUCCESS && j->backup)
+        rc = copy_backups(j, &w, k);
     if (rc == CUDA_SUCCESS && k)
         rc = vmh_range_pause_run(w.ranges, k, w.paused);
     for (size_t i = 0; i < k; i++) {
         if (rc != CUDA_SUCCESS) {
             if (w.host[i])
-                vmh_staging_backup_put(w.host[i], w.ranges[i]->size);
+                vmh_staging_backup_put(w.host[i], w.len[i]);
             continue;
         }
         vmh_paused_t *p = w.paused[i];

@@ -170,13 +170,22 @@ static void tag_pause_joins_extents_and_restores_contents(void **state)
         tu_fill(p[i], 2 * MiB, 7u + (unsigned)i);
     }
     assert_int_equal(vmm_tag_pop(), VMM_OK);
+    /* Backups through the staging ring, in slots of 3 MiB: per run, the pieces are the run's
+     * bytes over the slot's, rounded up once per run (per record it would be once per record). */
+    vmh_pause_set_staging(3 * MiB, 1);
+    size_t used = sim_device_used(0);
     sim_reset_counters();
     assert_int_equal(vmm_pause(PC_TAG, VMM_PAUSE_BACKUP), VMM_OK);
+    size_t paused = used - sim_device_used(0);
     unsigned long unmaps = sim_calls("cuMemUnmap"), chunks = sim_calls("cuMemRelease");
-    print_message("%d x 2 MiB paused with backups: %lu cuMemUnmap for %lu chunks\n", N, unmaps,
-                  chunks);
+    unsigned long pieces = sim_calls("cuMemcpyDtoHAsync");
+    print_message("%d x 2 MiB paused with backups: %lu cuMemUnmap for %lu chunks, %zu MiB in %lu "
+                  "pieces of 3 MiB\n",
+                  N, unmaps, chunks, paused / MiB, pieces);
     assert_true(chunks > 1);
     assert_true(unmaps < chunks);
+    assert_true(pieces >= paused / (3 * MiB));
+    assert_true(pieces <= paused / (3 * MiB) + unmaps);
     sim_reset_counters();
     assert_int_equal(vmm_resume(PC_TAG), VMM_OK);
     assert_true(sim_calls("cuMemSetAccess") < sim_calls("cuMemMap"));
