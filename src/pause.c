@@ -1,9 +1,11 @@
 /* Pause and resume of tags (vmm_pause, vmm_resume; docs/SLEEP.md), over the heap layer.
  *
  * The heap keeps each tag's memory apart (its own big-buffer set and packing shards per device)
- * and lets this file visit every record of one tag's sets under the record's lock
- * (vmh_bigbuf_visit, vmh_packing_visit): a visit may swap a record's range for a paused
- * description (range.h) and back. While paused, the record has no range; the heap answers
+ * and lets this file reach it only through one visit (vmh_heap_visit_tag), under the records'
+ * locks, a run of records adjacent in address space at a time: a visit may swap a record's
+ * range for a paused description (range.h) and back, and does so for a whole run at once, so
+ * that the driver calls follow runs (one unmap, one access call per stretch in a reservation)
+ * and the backups are copied a run at a time. While paused, the record has no range; the heap answers
  * frees (the paused description goes: its reservations are freed, its memory was released
  * already), lookups and refusals (realloc, export) from that. Allocation in a tag that is not
  * running is refused by the heap (the sets are frozen, under the same locks the visits take, so
