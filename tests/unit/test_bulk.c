@@ -76,23 +76,32 @@ static vmh_range_t *range_over(vmh_map_t **maps, size_t n)
     return r;
 }
 
+/* n chunks of GRAN mapped as one run from GRAN into a reservation of (n + 2) GRAN: one
+ * cuMemMap each, one cuMemSetAccess for all. The mappings hold the chunks and the
+ * reservation. */
+static void map_run(vmh_map_t **maps, size_t n)
+{
+    vmh_resv_t *resv;
+    assert_int_equal(vmh_resv_create((n + 2) * GRAN, 0, 0, &resv), CUDA_SUCCESS);
+    vmh_alloc_t *chunks[8];
+    assert_true(n <= 8);
+    for (size_t i = 0; i < n; i++)
+        chunks[i] = tu_chunk(GRAN);
+    sim_reset_counters();
+    assert_int_equal(vmh_maps_create_run(resv->ptr + GRAN, chunks, n, resv, maps), CUDA_SUCCESS);
+    assert_int_equal(sim_calls("cuMemMap"), n);
+    assert_int_equal(sim_calls("cuMemSetAccess"), 1);
+    for (size_t i = 0; i < n; i++)
+        vmh_alloc_unref(chunks[i]);
+    vmh_resv_unref(resv);
+}
+
 static void adjacent_ranges_pause_and_resume_as_one_run(void **state)
 {
     (void)state;
-    vmh_resv_t *resv;
-    assert_int_equal(vmh_resv_create(6 * GRAN, 0, 0, &resv), CUDA_SUCCESS);
-    vmh_alloc_t *chunks[4];
-    for (int i = 0; i < 4; i++)
-        chunks[i] = tu_chunk(GRAN);
     vmh_map_t *maps[4];
-    sim_reset_counters();
-    assert_int_equal(vmh_maps_create_run(resv->ptr + GRAN, chunks, 4, resv, maps), CUDA_SUCCESS);
-    assert_int_equal(sim_calls("cuMemMap"), 4);
-    assert_int_equal(sim_calls("cuMemSetAccess"), 1);
-    for (int i = 0; i < 4; i++)
-        vmh_alloc_unref(chunks[i]); /* the mappings hold them */
+    map_run(maps, 4);
     vmh_range_t *rs[2] = {range_over(maps, 2), range_over(maps + 2, 2)};
-    vmh_resv_unref(resv); /* the mappings hold it */
     CUdeviceptr base[2] = {rs[0]->base, rs[1]->base};
     assert_int_equal(base[1], base[0] + 2 * GRAN);
     void *host[2];
@@ -139,16 +148,8 @@ static void adjacent_ranges_pause_and_resume_as_one_run(void **state)
 static void refused_run_unmap_falls_back_to_one_call_each(void **state)
 {
     (void)state;
-    vmh_resv_t *resv;
-    assert_int_equal(vmh_resv_create(3 * GRAN, 0, 0, &resv), CUDA_SUCCESS);
-    vmh_alloc_t *chunks[3];
-    for (int i = 0; i < 3; i++)
-        chunks[i] = tu_chunk(GRAN);
     vmh_map_t *maps[3];
-    assert_int_equal(vmh_maps_create_run(resv->ptr, chunks, 3, resv, maps), CUDA_SUCCESS);
-    for (int i = 0; i < 3; i++)
-        vmh_alloc_unref(chunks[i]);
-    vmh_resv_unref(resv);
+    map_run(maps, 3);
     sim_reset_counters();
     sim_fail_function("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
     vmh_maps_unref_run(maps, 3);

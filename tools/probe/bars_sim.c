@@ -11,6 +11,18 @@
 
 #include "phase_calls.h"
 
+/* A markdown table's header: the leading columns, then one per name. */
+static void header(const char *lead, const char *rule, const char *const *names, size_t n)
+{
+    printf("%s", lead);
+    for (size_t k = 0; k < n; k++)
+        printf(" %s |", names[k]);
+    printf("\n%s", rule);
+    for (size_t k = 0; k < n; k++)
+        printf("---|");
+    printf("\n");
+}
+
 int main(int argc, char **argv)
 {
     size_t size = 2 * MiB;
@@ -45,26 +57,15 @@ int main(int argc, char **argv)
             ok = false;
         }
     }
-    printf("| N |");
-    for (int ph = 0; ph < PC_PHASES; ph++)
-        printf(" %s |", pc_phase_names[ph]);
-    printf("\n|---|");
-    for (int ph = 0; ph < PC_PHASES; ph++)
-        printf("---|");
-    printf("\n");
+    header("| N |", "|---|", pc_phase_names, PC_PHASES);
     for (size_t i = 0; ok && i < nn; i++) {
         printf("| %zu |", ns[i]);
         for (int ph = 0; ph < PC_PHASES; ph++)
             printf(" %lu |", c[i].calls[ph][PC_ALL]);
         printf("\n");
     }
-    printf("\nThe VMM calls among them (phases that made any)\n\n| N | phase |");
-    for (size_t k = 0; k < PC_NAMED; k++)
-        printf(" %s |", pc_call_names[k]);
-    printf("\n|---|---|");
-    for (size_t k = 0; k < PC_NAMED; k++)
-        printf("---|");
-    printf("\n");
+    printf("\nThe VMM calls among them (phases that made any)\n\n");
+    header("| N | phase |", "|---|---|", pc_call_names, PC_NAMED);
     for (size_t i = 0; ok && i < nn; i++)
         for (int ph = 0; ph < PC_PHASES; ph++) {
             unsigned long any = 0;
