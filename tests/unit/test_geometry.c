@@ -117,6 +117,22 @@ static void a_trimmed_extents_addresses_are_reused(void **state)
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
 }
 
+/* Under a small VMMHOOK_VA_LIMIT a span takes at most a quarter of the budget: here extents get
+ * reservations of their own size (big buffers keep the rest of the budget). */
+static void a_small_address_budget_gets_spans_of_extent_size(void **state)
+{
+    (void)state;
+    tu_opt.va_limit = (size_t)8 << 30; /* a first span of 4 GiB would take half */
+    tu_configure();
+    CUdeviceptr p[48];
+    for (int i = 0; i < 48; i++) /* 96 MiB: some shared extents, none larger than 256 MiB */
+        assert_int_equal(vmh_heap_alloc(2 * MiB, &p[i]), CUDA_SUCCESS);
+    assert_true(sim_calls("cuMemAddressReserve") >= 2);
+    assert_true((size_t)vmh_gauge_get(VMH_STAT_bytes_reserved) < (size_t)1 << 30);
+    for (int i = 0; i < 48; i++)
+        assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +140,8 @@ int main(void)
                                         tt_teardown),
         cmocka_unit_test_setup_teardown(a_shards_extents_are_adjacent, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(a_trimmed_extents_addresses_are_reused, setup,
+                                        tt_teardown),
+        cmocka_unit_test_setup_teardown(a_small_address_budget_gets_spans_of_extent_size, setup,
                                         tt_teardown),
     };
     return cmocka_run_group_tests_name("geometry", tests, NULL, NULL);
