@@ -79,6 +79,17 @@ static void many_2mib_buffers_cost_calls_per_extent(void **state)
     }
 }
 
+/* 1024 x 40 MiB in one tag (pause_resume's other size on the H200): once the live bytes make
+ * the shared extent 8 times larger, 40 MiB buffers share extents too. */
+static void many_40mib_buffers_share_extents(void **state)
+{
+    (void)state;
+    phase_calls_t c = buffers_in_one_tag(1024, 40 * MiB);
+    printf("  1024 x 40 MiB: alloc %lu, pause %lu, resume %lu, free+trim %lu, reserves %lu, "
+           "maps %lu\n", c.alloc, c.pause, c.resume, c.free, c.reserves, c.maps);
+    assert_true(c.maps < 512); /* one extent per buffer before */
+}
+
 /* A shard's extents are neighbours: the second extent starts where the first ends. */
 static void a_shards_extents_are_adjacent(void **state)
 {
@@ -138,6 +149,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(many_2mib_buffers_cost_calls_per_extent, setup,
                                         tt_teardown),
+        cmocka_unit_test_setup_teardown(many_40mib_buffers_share_extents, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(a_shards_extents_are_adjacent, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(a_trimmed_extents_addresses_are_reused, setup,
                                         tt_teardown),
