@@ -125,9 +125,11 @@ static CUresult span_take(vmh_shard_t *s, size_t size, vmh_resv_t **resv, CUdevi
     if (got)
         return CUDA_SUCCESS;
     size_t span = held < SPAN_MIN ? SPAN_MIN : held > SPAN_MAX ? SPAN_MAX : held;
-    if (span < size || vmh_dev_va_exhausted(span) ||
+    /* A span takes at most a quarter of what is left of the VMMHOOK_VA_LIMIT budget (big
+     * buffers reserve from it too); else the extent gets a span of its own size. */
+    if (span < size || vmh_dev_va_exhausted(4 * span) ||
         !vmh_round_up(span, s->pack->dev->gran, &span))
-        span = size; /* within the budget, a span of its own size */
+        span = size;
     vmh_resv_t *nr;
     CUresult rc = vmh_dev_va_exhausted(span) ? CUDA_ERROR_OUT_OF_MEMORY
                                              : vmh_resv_create(span, 0, 0, &nr);

@@ -6,7 +6,7 @@
  *
  * Geometry (issue 27). A shard's extents are carved from its spans (span.h): large
  * reservations (the first 4 GiB of address space, each next one as large as the shard holds,
- * up to 64 GiB, within VMMHOOK_VA_LIMIT), first fit, so that a shard's extents are neighbours
+ * up to 64 GiB, at most a quarter of what is left of VMMHOOK_VA_LIMIT), first fit, so that a shard's extents are neighbours
  * in address space, in the order they were made, and an extent given back leaves its addresses
  * to the next one. A span's reservation is referenced by the span and by every mapping in it
  * (handle.h): it is freed once its last extent is given back and the span dropped. The size of

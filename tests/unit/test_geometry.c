@@ -79,6 +79,17 @@ static void many_2mib_buffers_cost_calls_per_extent(void **state)
     }
 }
 
+/* 1024 x 40 MiB in one tag (pause_resume's other size on the H200): once the live bytes make
+ * the shared extent 8 times larger, 40 MiB buffers share extents too. */
+static void many_40mib_buffers_share_extents(void **state)
+{
+    (void)state;
+    phase_calls_t c = buffers_in_one_tag(1024, 40 * MiB);
+    printf("  1024 x 40 MiB: alloc %lu, pause %lu, resume %lu, free+trim %lu, reserves %lu, "
+           "maps %lu\n", c.alloc, c.pause, c.resume, c.free, c.reserves, c.maps);
+    assert_true(c.maps < 512); /* one extent per buffer before */
+}
+
 /* A shard's extents are neighbours: the second extent starts where the first ends. */
 static void a_shards_extents_are_adjacent(void **state)
 {
@@ -117,13 +128,32 @@ static void a_trimmed_extents_addresses_are_reused(void **state)
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
 }
 
+/* Under a small VMMHOOK_VA_LIMIT a span takes at most a quarter of the budget: here extents get
+ * reservations of their own size (big buffers keep the rest of the budget). */
+static void a_small_address_budget_gets_spans_of_extent_size(void **state)
+{
+    (void)state;
+    tu_opt.va_limit = (size_t)8 << 30; /* a first span of 4 GiB would take half */
+    tu_configure();
+    CUdeviceptr p[48];
+    for (int i = 0; i < 48; i++) /* 96 MiB: some shared extents, none larger than 256 MiB */
+        assert_int_equal(vmh_heap_alloc(2 * MiB, &p[i]), CUDA_SUCCESS);
+    assert_true(sim_calls("cuMemAddressReserve") >= 2);
+    assert_true((size_t)vmh_gauge_get(VMH_STAT_bytes_reserved) < (size_t)1 << 30);
+    for (int i = 0; i < 48; i++)
+        assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(many_2mib_buffers_cost_calls_per_extent, setup,
                                         tt_teardown),
+        cmocka_unit_test_setup_teardown(many_40mib_buffers_share_extents, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(a_shards_extents_are_adjacent, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(a_trimmed_extents_addresses_are_reused, setup,
+                                        tt_teardown),
+        cmocka_unit_test_setup_teardown(a_small_address_budget_gets_spans_of_extent_size, setup,
                                         tt_teardown),
     };
     return cmocka_run_group_tests_name("geometry", tests, NULL, NULL);
