@@ -242,9 +242,9 @@ CUresult vmh_maps_create_run(CUdeviceptr ptr, vmh_alloc_t *const *allocs, size_t
         return CUDA_ERROR_INVALID_VALUE;
     /* Every mapping must lie inside the reservation: the reservation is freed only after every
      * mapping in it is gone, which the references below guarantee only if this holds. */
-    size_t room = resv->size - (size_t)(ptr - resv->ptr), total = 0;
     if (ptr - resv->ptr > resv->size)
         return CUDA_ERROR_INVALID_VALUE;
+    size_t room = resv->size - (size_t)(ptr - resv->ptr), total = 0;
     for (size_t i = 0; i < n; i++) {
         if (!allocs[i] || allocs[i]->size > room - total)
             return CUDA_ERROR_INVALID_VALUE;

@@ -454,10 +454,11 @@ CUresult vmh_range_resume_run(const vmh_paused_t *const *ps, size_t n,
     }
     /* One chunk per segment (never one across segments or records: the driver maps chunks
      * only whole, and each record's range starts at its own mapping). */
-    size_t made = 0;
-    for (; rc == CUDA_SUCCESS && made < total; made++)
-        rc = segment_chunk(segs[made].seg, prop, access, naccess, spill, spill_arg,
-                           &chunks[made]);
+    size_t made = 0; /* chunks[0..made) were made */
+    while (rc == CUDA_SUCCESS && made < total)
+        if ((rc = segment_chunk(segs[made].seg, prop, access, naccess, spill, spill_arg,
+                                &chunks[made])) == CUDA_SUCCESS)
+            made++;
     /* Mapped a stretch at a time: segments adjacent in one reservation, across records, get
      * their access set with one call where their descriptors agree. */
     size_t mapped = 0;
