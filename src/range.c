@@ -548,10 +548,9 @@ size_t vmh_range_host_bytes(const vmh_range_t *r)
     return n;
 }
 
-/* One host mapping of a range being rehomed: its new chunk and where that is copied to. */
+/* One host mapping of a range being rehomed: its new chunk and where it was. */
 typedef struct rehome_slot {
     vmh_alloc_t *fresh;    /* the new chunk (NULL: the mapping stays) */
-    vmh_range_t *scratch;  /* fresh mapped at a scratch address for the copy */
     vmh_alloc_t *old;      /* the host chunk, kept until its replacement is mapped */
     vmh_resv_t *resv;      /* the reservation the mapping is in */
     CUdeviceptr ptr;
@@ -560,7 +559,6 @@ typedef struct rehome_slot {
 static void slots_drop(rehome_slot_t *slots, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        vmh_range_destroy(slots[i].scratch);
         vmh_alloc_unref(slots[i].fresh);
         vmh_alloc_unref(slots[i].old);
         if (slots[i].resv)
@@ -569,44 +567,39 @@ static void slots_drop(rehome_slot_t *slots, size_t n)
     free(slots);
 }
 
-/* Maps a at ptr in resv into *slot; tried again once with the old chunk (the bytes it held are
- * unchanged: nothing touched them) when the new one cannot be mapped there. */
-static CUresult remap(rehome_slot_t *s, vmh_map_t **slot)
+/* Maps the old chunk of slot s where it was, into *slot (the bytes it held are unchanged:
+ * nothing touched them), after its new chunk could not be mapped there. */
+static void map_old_again(const rehome_slot_t *s, vmh_map_t **slot, CUresult why)
 {
-    CUresult rc = vmh_map_create(s->ptr, s->fresh, s->resv, slot);
-    if (rc == CUDA_SUCCESS)
-        return rc;
     if (vmh_map_create(s->ptr, s->old, s->resv, slot) != CUDA_SUCCESS) {
         *slot = NULL;
         vmh_log("moving memory back to the device: the driver refused to map [0x%llx, +%zu) "
                 "again (CUDA error %d): that part of the buffer is lost",
-                (unsigned long long)s->ptr, s->old->size, (int)rc);
+                (unsigned long long)s->ptr, s->old->size, (int)why);
     }
-    return rc;
 }
 
-/* The scratch mappings of slots[0..n) in one list (references), for a caller that must keep
- * them until queued copies are done; NULL when there are none (no copy was queued), or when out
- * of host memory (then they stay mapped for ever: the copies may run, the memory must not go). */
-static vmh_range_t *scratch_list(rehome_slot_t *slots, size_t n)
+/* Copies each stretch of r's host mappings (adjacent: r is contiguous) into the scratch range,
+ * whose chunks are the stretches' new chunks in order: one cuMemcpyDtoD per stretch. *queued:
+ * whether any copy was queued. */
+static CUresult copy_stretches(const vmh_range_t *r, const rehome_slot_t *slots,
+                               const vmh_range_t *scratch, bool *queued)
 {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        k += slots[i].scratch != NULL;
-    if (!k)
-        return NULL;
-    vmh_range_t *l = range_alloc(k);
-    if (!l) {
-        for (size_t i = 0; i < n; i++)
-            slots[i].scratch = NULL; /* leaked on purpose, see above */
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (slots[i].scratch) {
-            l->maps[l->nmaps++] = vmh_map_ref(slots[i].scratch->maps[0]);
-            l->size += slots[i].scratch->size;
+    CUresult rc = CUDA_SUCCESS;
+    size_t off = 0;
+    for (size_t i = 0, j; i < r->nmaps && rc == CUDA_SUCCESS; i = j) {
+        size_t bytes = 0;
+        for (j = i; j < r->nmaps && slots[j].fresh; j++)
+            bytes += r->maps[j]->size;
+        if (!bytes) {
+            j++;
+            continue;
         }
-    return l;
+        rc = vmh_drv.cuMemcpyDtoD(scratch->base + off, r->maps[i]->ptr, bytes);
+        *queued |= rc == CUDA_SUCCESS;
+        off += bytes;
+    }
+    return rc;
 }
 
 CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_range_t **out,
@@ -617,38 +610,48 @@ CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_rang
     *out = *unfinished = NULL;
     if (!vmh_range_owned_alone(r))
         return CUDA_ERROR_NOT_PERMITTED;
-    rehome_slot_t *slots = calloc(r->nmaps, sizeof *slots);
-    vmh_range_t *nr = range_alloc(r->nmaps);
-    if (!slots || !nr) {
+    size_t n = r->nmaps, k = 0;
+    rehome_slot_t *slots = calloc(n, sizeof *slots);
+    vmh_alloc_t **fresh = calloc(n, sizeof *fresh); /* the new chunks, in order */
+    vmh_range_t *nr = range_alloc(n);
+    if (!slots || !fresh || !nr) {
         free(slots);
+        free(fresh);
         free(nr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    /* Copy first, while r stays mapped: a failure here changes nothing. */
+    /* Copy first, while r stays mapped: a failure here changes nothing. The new chunks are
+     * mapped together at a scratch address (one reservation, one access call per stretch), and
+     * each stretch of host mappings is copied with one call. */
     CUresult rc = CUDA_SUCCESS;
-    for (size_t i = 0; i < r->nmaps && rc == CUDA_SUCCESS; i++) {
-        const vmh_map_t *m = r->maps[i];
-        if (!m->alloc->host)
-            continue;
-        rc = make(arg, m->size, &slots[i].fresh);
-        if (rc == CUDA_SUCCESS)
-            rc = vmh_range_create(&slots[i].fresh, 1, m->size, 0, 0, &slots[i].scratch, NULL);
-        if (rc == CUDA_SUCCESS)
-            rc = vmh_drv.cuMemcpyDtoD(slots[i].scratch->base, m->ptr, m->size);
-    }
+    for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++)
+        if (r->maps[i]->alloc->host &&
+            (rc = make(arg, r->maps[i]->size, &slots[i].fresh)) == CUDA_SUCCESS)
+            fresh[k++] = slots[i].fresh;
+    vmh_range_t *scratch = NULL;
+    if (rc == CUDA_SUCCESS)
+        rc = vmh_range_create(fresh, k, 0, 0, 0, &scratch, NULL);
+    bool queued = false;
+    if (rc == CUDA_SUCCESS)
+        rc = copy_stretches(r, slots, scratch, &queued);
     if (rc == CUDA_SUCCESS)
         rc = vmh_drv.cuCtxSynchronize(); /* cuMemcpyDtoD does not wait for its own copy */
     if (rc != CUDA_SUCCESS) {
         /* A failed wait proves nothing: the queued copies may still write the scratch
          * memory, which goes only once the GPU has passed them (the caller's reclaim). */
-        *unfinished = scratch_list(slots, r->nmaps);
+        if (queued)
+            *unfinished = scratch;
+        else
+            vmh_range_destroy(scratch);
         free(nr);
-        slots_drop(slots, r->nmaps);
+        free(fresh);
+        slots_drop(slots, n);
         return rc;
     }
+    vmh_range_destroy(scratch); /* copied: the slots hold the new chunks */
     /* Then the swap: hold what stays and where the host chunks were, unmap them (destroying
-     * r, which alone holds them), map the new chunks there. */
-    size_t n = r->nmaps;
+     * r, which alone holds them: one cuMemUnmap per stretch), map the new chunks there, a
+     * stretch at a time (one cuMemSetAccess each). */
     nr->base = r->base;
     for (size_t i = 0; i < n; i++) {
         vmh_map_t *m = r->maps[i];
@@ -662,13 +665,27 @@ CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_rang
     }
     vmh_range_destroy(r);
     CUresult swap_rc = CUDA_SUCCESS;
-    for (size_t i = 0; i < n; i++) {
-        if (slots[i].fresh && (rc = remap(&slots[i], &nr->maps[i])) != CUDA_SUCCESS)
-            swap_rc = rc;
-        nr->size += nr->maps[i] ? nr->maps[i]->size : 0;
+    for (size_t i = 0, j, q = 0; i < n; i = j) {
+        if (!slots[i].fresh) {
+            j = i + 1;
+            continue;
+        }
+        for (j = i + 1; j < n && slots[j].fresh && slots[j].resv == slots[i].resv; j++)
+            ;
+        rc = vmh_maps_create_run(slots[i].ptr, &fresh[q], j - i, slots[i].resv, &nr->maps[i]);
+        q += j - i;
+        if (rc == CUDA_SUCCESS)
+            continue;
+        /* The stretch stays where it was: its old chunks mapped again (nothing was mapped). */
+        swap_rc = rc;
+        for (size_t x = i; x < j; x++)
+            map_old_again(&slots[x], &nr->maps[x], rc);
     }
+    for (size_t i = 0; i < n; i++)
+        nr->size += nr->maps[i] ? nr->maps[i]->size : 0;
     nr->nmaps = n;
-    slots_drop(slots, n); /* the scratch mappings go; the new ones hold the chunks */
+    free(fresh);
+    slots_drop(slots, n); /* the new mappings hold the chunks */
     *out = nr;
     /* A mapping the driver refused even for the old chunk is a hole in the buffer: said by
      * the caller; the range holds what could be mapped, the old chunk where the new one failed,

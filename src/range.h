@@ -79,18 +79,19 @@ size_t vmh_range_host_bytes(const vmh_range_t *r);
 typedef CUresult (*vmh_chunk_fn)(void *arg, size_t size, vmh_alloc_t **out);
 
 /* Moves r's host-located chunks to chunks made by make(arg, size) (device memory), at the same
- * addresses, contents kept: each new chunk is mapped at a scratch address, the old bytes are
- * copied into it (cuMemcpyDtoD, then cuCtxSynchronize in the calling thread's context, which
- * must be on r's device), and only then are r's host mappings replaced. No work may touch r
- * while this runs (the caller's contract). r must be owned alone (vmh_range_owned_alone) and
- * have a host chunk. On success r is consumed and *out is the new range (same base and size).
- * A failure before the swap (no memory, a copy) leaves r untouched and *out NULL; when it was
- * the wait for the copies, they may still run, and *unfinished gets a list (not a contiguous
- * range: only for vmh_range_destroy) of the scratch mappings, for the caller to destroy once
- * the GPU has passed them (else NULL). A failure of
- * the swap itself (the driver refusing to map a new chunk where the old one was) consumes r
- * too and returns the driver's code with *out the range as mapped: the old chunk back where a
- * new one failed, NULL in maps[] only where the driver refused that as well (logged). */
+ * addresses, contents kept, a stretch of adjacent host mappings at a time: the new chunks are
+ * mapped together at a scratch address (one reservation), each stretch's old bytes are copied
+ * into them with one cuMemcpyDtoD, then cuCtxSynchronize in the calling thread's context (which
+ * must be on r's device), and only then are r's host mappings replaced (one cuMemUnmap and one
+ * cuMemSetAccess per stretch). No work may touch r while this runs (the caller's contract). r
+ * must be owned alone (vmh_range_owned_alone) and have a host chunk. On success r is consumed
+ * and *out is the new range (same base and size). A failure before the swap (no memory, a copy)
+ * leaves r untouched and *out NULL; when a copy had been queued, they may still run, and
+ * *unfinished gets the scratch range, for the caller to destroy once the GPU has passed it (else
+ * NULL). A failure of the swap itself (the driver refusing to map a stretch's new chunks where
+ * the old ones were) consumes r too and returns the driver's code with *out the range as
+ * mapped: the old chunks back where the new ones failed, NULL in maps[] only where the driver
+ * refused that as well (logged). */
 CUresult vmh_range_rehome(vmh_range_t *r, vmh_chunk_fn make, void *arg, vmh_range_t **out,
                           vmh_range_t **unfinished);
 

@@ -157,6 +157,55 @@ static void refused_run_unmap_falls_back_to_one_call_each(void **state)
     tu_assert_ledger_empty();
 }
 
+/* A chunk of GRAN bytes in host memory that device 0 reaches (overflow.h's kind). */
+static vmh_alloc_t *host_chunk(void)
+{
+    CUmemAllocationProp p = tu_prop(0);
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    p.location.id = 0;
+    CUmemAccessDesc acc = tu_rw(0);
+    vmh_alloc_t *a = NULL;
+    assert_int_equal(vmh_alloc_create(GRAN, &p, &acc, 1, &a), CUDA_SUCCESS);
+    return a;
+}
+
+static CUresult device_chunk(void *arg, size_t size, vmh_alloc_t **out)
+{
+    (void)arg;
+    *out = tu_chunk(size);
+    return CUDA_SUCCESS;
+}
+
+/* Spilled memory moved back a stretch at a time: host, host, device, host chunks make two
+ * stretches: one scratch reservation for the three new chunks, one copy per stretch, one unmap
+ * and one access call per stretch at the swap; the contents stay. */
+static void rehome_moves_stretches(void **state)
+{
+    (void)state;
+    vmh_alloc_t *chunks[4] = {host_chunk(), host_chunk(), tu_chunk(GRAN), host_chunk()};
+    vmh_range_t *r = NULL;
+    assert_int_equal(vmh_range_create(chunks, 4, 0, 0, 0, &r, NULL), CUDA_SUCCESS);
+    for (int i = 0; i < 4; i++)
+        vmh_alloc_unref(chunks[i]);
+    tu_fill(r->base, r->size, 5);
+    CUdeviceptr base = r->base;
+    vmh_range_t *nr = NULL, *unfinished = NULL;
+    sim_reset_counters();
+    assert_int_equal(vmh_range_rehome(r, device_chunk, NULL, &nr, &unfinished), CUDA_SUCCESS);
+    assert_null(unfinished);
+    assert_int_equal(sim_calls("cuMemAddressReserve"), 1);
+    assert_int_equal(sim_calls("cuMemcpyDtoD"), 2);
+    assert_int_equal(sim_calls("cuMemCreate"), 3);
+    /* the scratch's one stretch, then the two stretches of host mappings */
+    assert_int_equal(sim_calls("cuMemUnmap"), 3);
+    assert_int_equal(sim_calls("cuMemSetAccess"), 3);
+    assert_int_equal(nr->base, base);
+    assert_int_equal(vmh_range_host_bytes(nr), 0);
+    assert_true(tu_check(base, 4 * GRAN, 5));
+    vmh_range_destroy(nr);
+    tu_assert_ledger_empty();
+}
+
 /* A tag's adjacent extents paused with backups: fewer cuMemUnmap than extents (one per run of
  * a shard's reservation), every buffer's contents back after the resume. */
 static void tag_pause_joins_extents_and_restores_contents(void **state)
@@ -206,6 +255,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(tag_pause_joins_extents_and_restores_contents, tu_setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(rehome_moves_stretches, tu_setup, teardown),
     };
     return cmocka_run_group_tests_name("bulk", tests, NULL, NULL);
 }
