@@ -44,6 +44,14 @@ typedef enum vmm_status {
     VMM_STATUS_COUNT
 } vmm_status;
 
+/* Calls whose status says whether anything happened (a failed realloc leaves *ptr as it was, a
+ * refused pause leaves the memory mapped): the compiler warns when a caller drops it. */
+#if defined(__GNUC__) || defined(__clang__)
+#define VMM_NODISCARD __attribute__((warn_unused_result))
+#else
+#define VMM_NODISCARD
+#endif
+
 /* Resizes the device buffer *ptr to size bytes, like realloc:
  *  - *ptr NULL allocates on the current context's device; size 0 frees *ptr and sets it NULL;
  *  - growth keeps the contents; it keeps the pointer when the reserved headroom or the
@@ -55,11 +63,11 @@ typedef enum vmm_status {
  * After a move the old pointer is invalid, as with realloc. Before the old address is unmapped
  * (and before anything freed by a shrink is reused), the call waits for all work queued on the
  * device so far (one context synchronize), as cudaFree would; the new pointer is usable at once. */
-vmm_status vmm_realloc(void **ptr, size_t size);
+VMM_NODISCARD vmm_status vmm_realloc(void **ptr, size_t size);
 
 /* Stream-ordered variant: the copy of a packed buffer that moves is enqueued on stream, and the
  * old address stays mapped until work queued before this call has completed. */
-vmm_status vmm_realloc_async(void **ptr, size_t size, void *stream);
+VMM_NODISCARD vmm_status vmm_realloc_async(void **ptr, size_t size, void *stream);
 
 /* Bytes usable at ptr without moving (>= the size asked for); 0 for a pointer not served. */
 size_t vmm_usable_size(const void *ptr);
@@ -95,7 +103,7 @@ int vmm_last_driver_error(void);
  * registered the first time it is pushed. VMM_ERR_INVALID: name NULL, empty or longer than
  * VMM_TAG_NAME_MAX; VMM_ERR_LIMIT: VMM_TAGS_MAX names exist already or the thread's stack is
  * VMM_TAG_DEPTH_MAX deep. */
-vmm_status vmm_tag_push(const char *name);
+VMM_NODISCARD vmm_status vmm_tag_push(const char *name);
 
 /* Returns to the tag below. VMM_ERR_INVALID when the thread's stack is empty. */
 vmm_status vmm_tag_pop(void);
@@ -117,7 +125,7 @@ vmm_status vmm_tag_pop(void);
  * the driver's code); VMM_ERR_CAPTURING: a stream
  * capture is in progress (nothing done). After a failure the tag is
  * running again with its contents (if even that fails, it stays paused: resume it). */
-vmm_status vmm_pause(const char *tag, unsigned flags);
+VMM_NODISCARD vmm_status vmm_pause(const char *tag, unsigned flags);
 
 /* Maps new physical memory at exactly the addresses of the tag's paused buffers (NULL: every
  * paused tag), restores access for every device that had it (and for peers granted since),
@@ -127,7 +135,7 @@ vmm_status vmm_pause(const char *tag, unsigned flags);
  * VMM_ERR_CAPTURING as for vmm_pause.
  * VMM_ERR_NOT_PAUSED: the named tag is not paused
  * (nothing done; with NULL, running tags are skipped); VMM_ERR_UNKNOWN_TAG. */
-vmm_status vmm_resume(const char *tag);
+VMM_NODISCARD vmm_status vmm_resume(const char *tag);
 
 /* Copies len bytes of the host backup of a paused buffer, from ptr on (the start of a served
  * buffer or inside one, with the len bytes), into host memory at dst: what the device memory held
@@ -135,7 +143,7 @@ vmm_status vmm_resume(const char *tag);
  * VMM_ERR_NOT_PAUSED: the buffer is running, or was paused without a backup (nothing kept);
  * VMM_ERR_FOREIGN: ptr is not in a served buffer; VMM_ERR_INVALID: ptr NULL, dst NULL with len
  * > 0, or the bytes run past the buffer. */
-vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len);
+VMM_NODISCARD vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len);
 
 /* With VMMHOOK_OVERFLOW=host (docs/OVERFLOW.md): moves the host memory of the spilled buffer
  * holding ptr (any address in it) back to device memory at the same address, contents kept.
@@ -144,12 +152,12 @@ vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len);
  * the device has no room (the buffer stays in host memory, still usable); VMM_ERR_FOREIGN: ptr
  * is not served; VMM_ERR_INVALID: ptr's device is not the current one; VMM_ERR_PAUSED;
  * VMM_ERR_SHARED. */
-vmm_status vmm_prefetch(const void *ptr);
+VMM_NODISCARD vmm_status vmm_prefetch(const void *ptr);
 
 /* The same for every spilled buffer of `tag` (NULL: the calling thread's current tag) on the
  * current device; stops at nothing: each buffer that can move does, and the first failure is
  * returned. */
-vmm_status vmm_prefetch_tag(const char *tag);
+VMM_NODISCARD vmm_status vmm_prefetch_tag(const char *tag);
 
 /* The library's statistics as one JSON object, the per-tag figures under "tags" (requested,
  * mapped, paused and backed-up bytes; pause and resume counts and total nanoseconds). Writes at

@@ -10,12 +10,12 @@
 #include "pause.h"
 #include "stats.h"
 #include "tags.h"
+#include "thread_state.h"
 
 #include <stdint.h>
 
 #define VMM_API __attribute__((visibility("default")))
 
-static _Thread_local int last_driver_error;
 
 /* no_address: an out-of-memory result came from the address space budget. */
 static vmm_status to_status(CUresult rc, bool no_address)
@@ -37,7 +37,7 @@ static vmm_status to_status(CUresult rc, bool no_address)
     case CUDA_ERROR_DEINITIALIZED:
         return VMM_ERR_NO_DRIVER;
     default:
-        last_driver_error = (int)rc;
+        vmh_thread.last_driver_error = (int)rc;
         return VMM_ERR_DRIVER;
     }
 }
@@ -121,7 +121,7 @@ VMM_API const char *vmm_status_string(vmm_status status)
 static vmm_status tags_status(vmm_status st, CUresult driver_rc)
 {
     if (st == VMM_ERR_DRIVER)
-        last_driver_error = (int)driver_rc;
+        vmh_thread.last_driver_error = (int)driver_rc;
     return st;
 }
 
@@ -194,7 +194,7 @@ VMM_API vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len)
 
 VMM_API int vmm_last_driver_error(void)
 {
-    return last_driver_error;
+    return vmh_thread.last_driver_error;
 }
 
 /* PyTorch's CUDAPluggableAllocator ABI. PyTorch makes `device` current before it calls. */

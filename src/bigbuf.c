@@ -381,7 +381,6 @@ static CUresult shrink_locked(vmh_bigbufs_t *bb, vmh_big_t *b, size_t size, size
             nr = NULL;
         }
     }
-    vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)b->req);
     if (rc == CUDA_SUCCESS)
         b->req = size;
     *drop = nr; /* only references: r keeps every mapping alive */
@@ -503,7 +502,6 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     }
     if (nr->size - r->size != extra) /* the range grows by exactly the chunk added */
         vmh_dev_usable_adjust(d, (int64_t)(nr->size - r->size) - (int64_t)extra);
-    vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)b->req);
     bb->live.bytes += nr->size - r->size;
     b->range = nr;
     b->req = size;

@@ -13,8 +13,10 @@
  */
 #include "contexts_internal.h"
 
+#include "first_use.h"
 #include "log.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -36,10 +38,9 @@ static size_t cap_capacity;
 static atomic_size_t cap_count;
 static atomic_size_t cap_unrecorded;
 
-/* The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode); zero is
- * CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's default. */
-static __thread CUstreamCaptureMode tl_mode __attribute__((tls_model("initial-exec")));
-
+/* The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode) is its
+ * state's capture_mode (thread_state.h); zero is CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's
+ * default. */
 _Static_assert(CU_STREAM_CAPTURE_MODE_GLOBAL == 0, "a thread's mode starts as global");
 
 /* The per-thread default stream is one handle for every thread: it names the calling thread's
@@ -53,7 +54,7 @@ static bool cap_same_stream(const capture_rec_t *c, CUstream stream, pthread_t s
 static void capture_record(CUstream stream, CUstreamCaptureMode mode)
 {
     pthread_t self = pthread_self();
-    vmh_contexts_lock(&cap_lock, VMH_RANK_CAPTURES);
+    vmh_first_use_lock(&cap_lock, VMH_RANK_CAPTURES);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n; i++) {
         if (cap_same_stream(&cap_recs[i], stream, self)) {
@@ -98,7 +99,7 @@ static size_t gate_begins;   /* vmh_capture_begin / vmh_capture_began calls not 
 CUresult vmh_capture_begin(CUstream stream, CUstreamCaptureMode mode, vmh_capture_begin_fn begin,
                            void *call)
 {
-    vmh_contexts_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
+    vmh_first_use_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     gate_begins++;
     while (gate_syncs != 0)
         pthread_cond_wait(&gate_syncs_done, &gate_lock);
@@ -108,7 +109,7 @@ CUresult vmh_capture_begin(CUstream stream, CUstreamCaptureMode mode, vmh_captur
     if (r == CUDA_SUCCESS)
         capture_record(stream, mode);
 
-    vmh_contexts_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
+    vmh_first_use_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     assert(gate_begins > 0);
     gate_begins--;
     vmh_unlock(&gate_lock);
@@ -123,7 +124,7 @@ void vmh_capture_began(CUstream stream, CUstreamCaptureMode mode)
 /* Counts a synchronize in, unless a capture is in progress or beginning. */
 bool vmh_capture_gate_sync_enter(void)
 {
-    vmh_contexts_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
+    vmh_first_use_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     bool may = gate_begins == 0 && !vmh_capture_any();
     gate_syncs += may;
     vmh_unlock(&gate_lock);
@@ -132,7 +133,7 @@ bool vmh_capture_gate_sync_enter(void)
 
 void vmh_capture_gate_sync_leave(void)
 {
-    vmh_contexts_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
+    vmh_first_use_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     assert(gate_syncs > 0);
     if (--gate_syncs == 0)
         pthread_cond_broadcast(&gate_syncs_done);
@@ -142,7 +143,7 @@ void vmh_capture_gate_sync_leave(void)
 void vmh_capture_ended(CUstream stream)
 {
     pthread_t self = pthread_self();
-    vmh_contexts_lock(&cap_lock, VMH_RANK_CAPTURES);
+    vmh_first_use_lock(&cap_lock, VMH_RANK_CAPTURES);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n; i++) {
         if (cap_same_stream(&cap_recs[i], stream, self)) {
@@ -156,7 +157,7 @@ void vmh_capture_ended(CUstream stream)
 
 void vmh_capture_thread_mode(CUstreamCaptureMode mode)
 {
-    tl_mode = mode;
+    vmh_thread.capture_mode = mode;
 }
 
 bool vmh_capture_any(void)
@@ -173,7 +174,7 @@ bool vmh_capture_forbids_unsafe(void)
 {
     if (!vmh_capture_any())
         return false;
-    CUstreamCaptureMode mine = tl_mode;
+    CUstreamCaptureMode mine = vmh_thread.capture_mode;
     if (mine == CU_STREAM_CAPTURE_MODE_RELAXED)
         return false;
     if (mine == CU_STREAM_CAPTURE_MODE_GLOBAL &&
@@ -181,7 +182,7 @@ bool vmh_capture_forbids_unsafe(void)
         return true;
     pthread_t self = pthread_self();
     bool forbidden = false;
-    vmh_contexts_lock(&cap_lock, VMH_RANK_CAPTURES);
+    vmh_first_use_lock(&cap_lock, VMH_RANK_CAPTURES);
     size_t n = atomic_load_explicit(&cap_count, memory_order_relaxed);
     for (size_t i = 0; i < n && !forbidden; i++) {
         const capture_rec_t *c = &cap_recs[i];
@@ -214,14 +215,14 @@ void vmh_captures_after_fork_child(void)
 #ifdef VMH_TESTING
 void vmh_captures_reset(void)
 {
-    vmh_contexts_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
+    vmh_first_use_lock(&gate_lock, VMH_RANK_CAPTURE_GATE);
     assert(gate_syncs == 0 && gate_begins == 0); /* no test leaves one behind */
     vmh_unlock(&gate_lock);
-    vmh_contexts_lock(&cap_lock, VMH_RANK_CAPTURES);
+    vmh_first_use_lock(&cap_lock, VMH_RANK_CAPTURES);
     atomic_store_explicit(&cap_count, 0, memory_order_release);
     atomic_store_explicit(&cap_unrecorded, 0, memory_order_release);
     vmh_unlock(&cap_lock);
-    tl_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    vmh_thread.capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 }
 
 size_t vmh_capture_begins_pending(void)

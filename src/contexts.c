@@ -24,13 +24,16 @@
 #include "contexts_internal.h"
 
 #include "driver.h"
+#include "first_use.h"
 #include "log.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,30 +58,6 @@ static size_t ctx_count, ctx_capacity;
  * thread's cache with generation 0 is empty. */
 static atomic_uint ctx_generation = 1;
 
-/* Reports arrive from the program's first CUDA calls, before the library starts, and a fork may
- * come at any time: at the first use of a lock of this layer, the function lifetime.c handed
- * over (vmh_contexts_on_first_use) registers its fork handler, which calls
- * vmh_contexts_after_fork_child in every child from then on (it makes the locks anew). */
-static void (*_Atomic first_use_hook)(void);
-static atomic_bool first_use_seen;
-
-void vmh_contexts_on_first_use(void (*fn)(void))
-{
-    atomic_store(&first_use_hook, fn);
-}
-
-void vmh_contexts_lock(pthread_mutex_t *m, vmh_rank_t rank)
-{
-    if (!atomic_load_explicit(&first_use_seen, memory_order_acquire)) {
-        void (*fn)(void) = atomic_load(&first_use_hook);
-        if (fn) {
-            fn(); /* idempotent: threads racing here may each call it */
-            atomic_store_explicit(&first_use_seen, true, memory_order_release);
-        }
-    }
-    vmh_lock(m, rank);
-}
-
 static ctx_rec_t *ctx_find_locked(CUcontext ctx)
 {
     for (size_t i = 0; i < ctx_count; i++)
@@ -100,7 +79,7 @@ void vmh_ctx_seen(CUcontext ctx, int device)
 {
     if (ctx == NULL || device < 0)
         return;
-    vmh_contexts_lock(&ctx_lock, VMH_RANK_CONTEXTS);
+    vmh_first_use_lock(&ctx_lock, VMH_RANK_CONTEXTS);
     ctx_rec_t *r = ctx_find_locked(ctx);
     if (r != NULL) {
         r->device = device; /* the same address, a context made again after a destroy */
@@ -132,7 +111,7 @@ void vmh_ctx_forget(CUcontext ctx)
 {
     if (ctx == NULL)
         return;
-    vmh_contexts_lock(&ctx_lock, VMH_RANK_CONTEXTS);
+    vmh_first_use_lock(&ctx_lock, VMH_RANK_CONTEXTS);
     ctx_rec_t *r = ctx_find_locked(ctx);
     if (r != NULL) {
         r->forgetting = true;
@@ -151,25 +130,19 @@ void vmh_ctx_forget(CUcontext ctx)
 /* ---------------------------------------------------------------------------------------------
  * The calling thread's current context.
  */
-typedef struct current_cache {
-    CUcontext ctx;
-    int device;
-    unsigned generation; /* 0: nothing cached */
-} current_cache_t;
-
-static __thread current_cache_t tl_current __attribute__((tls_model("initial-exec")));
+/* Cached in the thread's state (thread_state.h: current). */
 
 void vmh_ctx_current_changed(void)
 {
-    tl_current.generation = 0;
+    vmh_thread.current.generation = 0;
 }
 
 CUresult vmh_ctx_current(CUcontext *ctx, int *device)
 {
     unsigned g = atomic_load_explicit(&ctx_generation, memory_order_acquire);
-    if (__builtin_expect(tl_current.generation == g, 1)) {
-        *ctx = tl_current.ctx;
-        *device = tl_current.device;
+    if (__builtin_expect(vmh_thread.current.generation == g, 1)) {
+        *ctx = vmh_thread.current.ctx;
+        *device = vmh_thread.current.device;
         return CUDA_SUCCESS;
     }
     CUcontext c = NULL;
@@ -188,7 +161,9 @@ CUresult vmh_ctx_current(CUcontext *ctx, int *device)
     vmh_ctx_seen(c, (int)dev);
     /* g was read before the driver was asked: a destroy meanwhile makes the next call ask
      * again. */
-    tl_current = (current_cache_t){.ctx = c, .device = (int)dev, .generation = g};
+    vmh_thread.current.ctx = c;
+    vmh_thread.current.device = (int)dev;
+    vmh_thread.current.generation = g;
     *ctx = c;
     *device = (int)dev;
     return CUDA_SUCCESS;
@@ -197,13 +172,13 @@ CUresult vmh_ctx_current(CUcontext *ctx, int *device)
 CUcontext vmh_ctx_cached(void)
 {
     unsigned g = atomic_load_explicit(&ctx_generation, memory_order_acquire);
-    return tl_current.generation == g ? tl_current.ctx : NULL;
+    return vmh_thread.current.generation == g ? vmh_thread.current.ctx : NULL;
 }
 
 size_t vmh_ctx_devices(int *devices, size_t max)
 {
     size_t n = 0;
-    vmh_contexts_lock(&ctx_lock, VMH_RANK_CONTEXTS);
+    vmh_first_use_lock(&ctx_lock, VMH_RANK_CONTEXTS);
     for (size_t i = 0; i < ctx_count && n < max; i++) {
         bool known = false;
         for (size_t k = 0; k < n && !known; k++)
@@ -216,88 +191,44 @@ size_t vmh_ctx_devices(int *devices, size_t max)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Waiting for a device.
+ * Waits in progress (the waits themselves: ctx_wait.c).
  */
-
-/* What the driver answers for a context it no longer has: CUDA_ERROR_INVALID_CONTEXT when the
- * destroyed handle is passed in (cuCtxPushCurrent), CUDA_ERROR_CONTEXT_IS_DESTROYED when it is
- * still current on the calling thread (cuCtxSynchronize; cuCtxDestroy leaves it current on the
- * threads other than the destroying one). */
-static bool ctx_destroyed_answer(CUresult rc)
+size_t vmh_ctx_waits_begin(int device, CUcontext current, CUcontext **list, CUcontext *one)
 {
-    return rc == CUDA_ERROR_INVALID_CONTEXT || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED;
-}
-
-/* Synchronizes one context from the calling thread, whose current context is `current`. */
-static CUresult ctx_sync_one(CUcontext ctx, CUcontext current)
-{
-    /* The gate: no capture began since the check of vmh_ctx_sync_device (the reclaim thread's
-     * synchronize during a capture broke PyTorch's graphs). */
-    assert(!vmh_capture_any() && "a context synchronize while a stream captures");
-    vmh_ctx_scope_t scope;
-    CUresult rc = vmh_ctx_scope_enter(ctx, current, &scope);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = vmh_drv.cuCtxSynchronize();
-    CUresult left = vmh_ctx_leave(&scope);
-    return rc != CUDA_SUCCESS ? rc : left;
-}
-
-/* vmh_ctx_sync_device once past the gate. */
-static CUresult sync_device_gated(int device)
-{
-    /* The calling thread's current context, from the driver (a wait is costly anyway, and a
-     * stale cache here would synchronize the wrong context); known from here on, so that a
-     * program that never went through an interposed context call (the unit tests) still has
-     * it waited for. */
-    CUcontext current = NULL;
-    CUresult rc = vmh_drv.cuCtxGetCurrent(&current);
-    if (rc != CUDA_SUCCESS)
-        return rc;
+    /* Known from here on, so that a program that never went through an interposed context
+     * call (the unit tests) still has the calling thread's context waited for. */
     if (current != NULL) {
-        vmh_contexts_lock(&ctx_lock, VMH_RANK_CONTEXTS);
+        vmh_first_use_lock(&ctx_lock, VMH_RANK_CONTEXTS);
         bool known = ctx_find_locked(current) != NULL;
         vmh_unlock(&ctx_lock);
         CUdevice dev;
         if (!known && vmh_drv.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
             vmh_ctx_seen(current, (int)dev);
     }
-
-    /* Take a wait on each context of the device, so that none is destroyed under us. */
-    vmh_contexts_lock(&ctx_lock, VMH_RANK_CONTEXTS);
+    vmh_first_use_lock(&ctx_lock, VMH_RANK_CONTEXTS);
     size_t n = 0;
     for (size_t i = 0; i < ctx_count; i++)
         n += ctx_recs[i].device == device && !ctx_recs[i].forgetting;
-    CUcontext one;
-    CUcontext *list = n <= 1 ? &one : malloc(n * sizeof *list);
-    if (list == NULL) {
+    *list = n <= 1 ? one : malloc(n * sizeof **list);
+    if (*list == NULL) {
         vmh_unlock(&ctx_lock);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return SIZE_MAX;
     }
     size_t k = 0;
     for (size_t i = 0; i < ctx_count; i++) {
         if (ctx_recs[i].device == device && !ctx_recs[i].forgetting) {
             ctx_recs[i].waits++;
-            list[k++] = ctx_recs[i].ctx;
+            (*list)[k++] = ctx_recs[i].ctx;
         }
     }
     assert(k == n);
     vmh_unlock(&ctx_lock);
+    return n;
+}
 
-    CUresult first_error = CUDA_SUCCESS;
-    size_t gone = 0; /* the first `gone` entries of list: contexts the driver no longer knows */
-    for (size_t i = 0; i < n; i++) {
-        rc = ctx_sync_one(list[i], current);
-        if (ctx_destroyed_answer(rc)) {
-            CUcontext dead = list[i];
-            list[i] = list[gone];
-            list[gone++] = dead;
-        } else if (rc != CUDA_SUCCESS && first_error == CUDA_SUCCESS) {
-            first_error = rc;
-        }
-    }
-
-    vmh_contexts_lock(&ctx_lock, VMH_RANK_CONTEXTS);
+void vmh_ctx_waits_end(CUcontext *list, size_t n, size_t gone, CUcontext *one)
+{
+    vmh_first_use_lock(&ctx_lock, VMH_RANK_CONTEXTS);
     for (size_t i = 0; i < n; i++) {
         ctx_rec_t *r = ctx_find_locked(list[i]);
         assert(r != NULL && r->waits > 0); /* forget waits for us */
@@ -313,28 +244,8 @@ static CUresult sync_device_gated(int device)
     }
     pthread_cond_broadcast(&ctx_waits_done);
     vmh_unlock(&ctx_lock);
-    if (list != &one)
+    if (list != one)
         free(list);
-    return first_error;
-}
-
-CUresult vmh_ctx_sync_device(int device)
-{
-    /* Stricter than the rule for potentially unsafe calls: a context synchronize waits for
-     * every stream of the context, and waiting for a capturing stream conflicts with the
-     * capture whatever the modes (a device synchronize on one thread invalidates another
-     * thread's thread-local capture, as TensorRT users found). Which context a capture's
-     * stream belongs to is not known here, so any capture in progress refuses the wait; the
-     * library then serves from memory that needs none. The check and the count are one step
-     * of the gate, so a capture cannot begin between them and the synchronize. */
-    /* Nothing waits for the GPU under a lock ranked after the reclaim wait lock (witness.h):
-     * the heap's locks would stall every other thread behind the GPU. */
-    vmh_assert_none_above(VMH_RANK_RECLAIM_WAIT);
-    if (!vmh_capture_gate_sync_enter())
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    CUresult rc = sync_device_gated(device);
-    vmh_capture_gate_sync_leave();
-    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -362,22 +273,18 @@ void vmh_contexts_after_fork_child(void)
         ctx_recs[i].forgetting = false;
     }
     atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
-    vmh_captures_after_fork_child();
 }
 
 #ifdef VMH_TESTING
-void vmh_contexts_reset(void)
+void vmh_contexts_known_reset(void)
 {
-    vmh_contexts_lock(&ctx_lock, VMH_RANK_CONTEXTS);
+    vmh_first_use_lock(&ctx_lock, VMH_RANK_CONTEXTS);
     assert(ctx_count == 0 || ctx_recs != NULL);
     for (size_t i = 0; i < ctx_count; i++)
         assert(ctx_recs[i].waits == 0);
     ctx_count = 0;
     atomic_fetch_add_explicit(&ctx_generation, 1, memory_order_acq_rel);
     vmh_unlock(&ctx_lock);
-    vmh_captures_reset();
-    tl_current.generation = 0;
-    vmh_ctx_scope_reset();
-    vmh_work_reset();
+    vmh_thread.current.generation = 0;
 }
 #endif

@@ -180,15 +180,12 @@ const char *vmh_work_split_reason(void);
  * thread of the parent may have held one at the fork) and the waits and captures of the
  * parent's other threads, which do not exist in the child, are dropped, so that no report made
  * in the child can block. The contexts are kept (CUDA is not usable in the child anyway; the
- * driver answers its calls). lifetime.c's fork handler calls it, once, in every child: reports
- * arrive from the program's first CUDA calls, before the library's start, so that handler is
- * registered at the first use of this layer's locks (fn below), after the driver's first
- * successful call. This file registers no handler of its own. */
+ * driver answers its calls). lifetime.c's fork handler calls both, once, in every child:
+ * reports arrive from the program's first CUDA calls, before the library's start, so that
+ * handler is registered at the first use of this layer's locks (first_use.h), after the
+ * driver's first successful call. This layer registers no handler of its own. */
 void vmh_contexts_after_fork_child(void);
-
-/* fn is called at the first use of this layer's locks (also by several threads at once; it must
- * be idempotent): lifetime.c registers its fork handlers there. */
-void vmh_contexts_on_first_use(void (*fn)(void));
+void vmh_captures_after_fork_child(void);
 
 #ifdef VMH_TESTING
 /* Tests: how many times vmh_contexts_after_fork_child ran in this process (a child inherits its

@@ -1,8 +1,8 @@
 /* Layer "backup staging": the copy pool (see copypool.h). */
 #include "copypool.h"
+#include "thread_state.h"
 
 #include <assert.h>
-#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -54,14 +54,9 @@ void vmh_copy_pool_start(vmh_copy_pool_t *pool, int want)
         want = (int)online;
     if (want > VMH_COPY_POOL_MAX)
         want = VMH_COPY_POOL_MAX;
-    /* A new thread inherits the creator's signal mask: block everything around the creation. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
     while (pool->nthreads < want &&
-           pthread_create(&pool->threads[pool->nthreads], NULL, worker, pool) == 0)
+           vmh_thread_start(&pool->threads[pool->nthreads], worker, pool) == 0)
         pool->nthreads++;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 void vmh_copy_pool_run(vmh_copy_pool_t *pool, void *dst, const void *src, size_t n)

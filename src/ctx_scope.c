@@ -4,29 +4,29 @@
  * thread's context when left; a device's context is the thread's current one when it is that
  * device's, else the device's primary context, retained for the scope.
  *
- * While a thread has scopes open, tl_known is its current context as they left it (NULL:
- * unknown, after a failed pop, until the last scope is left); with none open, contexts.c's cache
- * says it. An enter pushes unless ctx is known to be current already, so the library's uses
+ * While a thread has scopes open, its scope.known (thread_state.h) is its current context as they
+ * left it (NULL: unknown, after a failed pop, until the last scope is left); with none open,
+ * contexts.c's cache says it. An enter pushes unless ctx is known to be current already, so the library's uses
  * inside a program's context (a pause, a staging copy, a backup given back) make no driver call
  * for it. */
 #include "contexts_internal.h"
 
 #include "driver.h"
+#include "first_use.h"
 #include "log.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
 
-static __thread CUcontext tl_known __attribute__((tls_model("initial-exec")));
-static __thread unsigned tl_depth __attribute__((tls_model("initial-exec")));
-static __thread bool tl_unsure __attribute__((tls_model("initial-exec")));
+/* The thread's scopes are its state's `scope` (thread_state.h). */
 static atomic_flag leave_failure_logged = ATOMIC_FLAG_INIT;
 
 static CUcontext current_known(void)
 {
-    if (tl_depth > 0)
-        return tl_unsure ? NULL : tl_known;
+    if (vmh_thread.scope.depth > 0)
+        return vmh_thread.scope.unsure ? NULL : vmh_thread.scope.known;
     return vmh_ctx_cached();
 }
 
@@ -41,8 +41,8 @@ CUresult vmh_ctx_scope_enter(CUcontext ctx, CUcontext current, vmh_ctx_scope_t *
     }
     scope->ctx = ctx;
     scope->outer = current_known();
-    scope->depth = ++tl_depth;
-    tl_known = ctx;
+    scope->depth = ++vmh_thread.scope.depth;
+    vmh_thread.scope.known = ctx;
     return CUDA_SUCCESS;
 }
 
@@ -55,7 +55,8 @@ CUresult vmh_ctx_leave(vmh_ctx_scope_t *scope)
 {
     if (scope->ctx == NULL)
         return CUDA_SUCCESS;
-    vmh_assert_internal(scope->depth == tl_depth && "scopes are left in reverse order");
+    vmh_assert_internal(scope->depth == vmh_thread.scope.depth &&
+                        "scopes are left in reverse order");
     CUresult rc = CUDA_SUCCESS;
     if (scope->pushed) {
         CUcontext popped = NULL;
@@ -65,7 +66,7 @@ CUresult vmh_ctx_leave(vmh_ctx_scope_t *scope)
     if (rc == CUDA_SUCCESS && scope->primary >= 0)
         rc = vmh_drv.cuDevicePrimaryCtxRelease(scope->primary);
     if (rc != CUDA_SUCCESS) {
-        tl_unsure = true;
+        vmh_thread.scope.unsure = true;
         vmh_ctx_current_changed(); /* asked of the driver again */
         if (!atomic_flag_test_and_set(&leave_failure_logged))
             vmh_log("restoring a thread's context after the library's use of context %p failed "
@@ -73,9 +74,9 @@ CUresult vmh_ctx_leave(vmh_ctx_scope_t *scope)
                     "once)",
                     (void *)scope->ctx, (int)rc);
     }
-    tl_known = scope->outer;
-    if (--tl_depth == 0)
-        tl_unsure = false;
+    vmh_thread.scope.known = scope->outer;
+    if (--vmh_thread.scope.depth == 0)
+        vmh_thread.scope.unsure = false;
     *scope = (vmh_ctx_scope_t){.primary = -1};
     return rc;
 }

@@ -26,8 +26,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VMH_MAX_DEVICES 64
-
 typedef enum vmh_owner_kind {
     VMH_OWN_BIG = 1, /* a buffer with a range of its own (bigbuf.c) */
     VMH_OWN_EXTENT,  /* a packing extent shared by small buffers (packing.c) */

@@ -6,6 +6,7 @@
 #include "log.h"
 #include "stats.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -32,7 +33,7 @@ const vmh_driver_t *vmh_driver_call(void)
     vmh_witness_driver_call(); /* none under the heap's locks (witness.h) */
 #endif
     vmh_count(VMH_STAT_driver_calls, 1);
-    if (vmh_stats_background_thread)
+    if (vmh_thread.background)
         vmh_count(VMH_STAT_driver_calls_background, 1);
     return &drv_table;
 }

@@ -20,6 +20,10 @@
  * cuMemAlloc_v2 and so on wherever the field is named, while #field stays the plain name that
  * cuGetProcAddress expects. Every entry is fetched for CUDA_VERSION with flags 0 (legacy
  * default stream), i.e. the ABI these headers declare. */
+/* The most devices the library keeps state for (ordinals 0 to VMH_MAX_DEVICES - 1): every
+ * per-device table of every layer has this many rows; a device past it is passed through. */
+#define VMH_MAX_DEVICES 64
+
 #define VMH_DRIVER_FUNCS(X)                                                                        \
     X(cuInit, (unsigned int flags))                                                                \
     X(cuDriverGetVersion, (int *version))                                                          \

@@ -44,17 +44,17 @@ static void undo_checked(const char *call, CUresult rc)
         vmh_handle_report_failure(call, rc);
 }
 
-static _Atomic int64_t host_bytes[VMH_ALLOC_DEVICES];
+static _Atomic int64_t host_bytes[VMH_MAX_DEVICES];
 
 static void host_bytes_add(const vmh_alloc_t *a, int64_t delta)
 {
-    if (a->host && a->device >= 0 && a->device < VMH_ALLOC_DEVICES)
+    if (a->host && a->device >= 0 && a->device < VMH_MAX_DEVICES)
         atomic_fetch_add_explicit(&host_bytes[a->device], delta, memory_order_relaxed);
 }
 
 size_t vmh_alloc_host_bytes(int device)
 {
-    if (device < 0 || device >= VMH_ALLOC_DEVICES)
+    if (device < 0 || device >= VMH_MAX_DEVICES)
         return 0;
     int64_t n = atomic_load_explicit(&host_bytes[device], memory_order_relaxed);
     return n > 0 ? (size_t)n : 0;
@@ -140,12 +140,12 @@ void vmh_resv_unref(vmh_resv_t *r)
 
 /* ---- access ------------------------------------------------------------------------------ */
 
-#define ACCESS_DEVICES 64
+_Static_assert(VMH_MAX_DEVICES <= 64, "granted[] keeps one bit per device");
 
 /* Held shared while a mapping is made and listed, exclusively while a grant changes: so a grant
  * either reaches a new mapping through the list or the mapping is made with the grant. */
 static pthread_rwlock_t access_lock = PTHREAD_RWLOCK_INITIALIZER;
-static uint64_t granted[ACCESS_DEVICES]; /* bit p of [o]: device p may reach o's chunks */
+static uint64_t granted[VMH_MAX_DEVICES]; /* bit p of [o]: device p may reach o's chunks */
 static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the list below */
 static vmh_map_t *maps;
 
@@ -153,14 +153,14 @@ static vmh_map_t *maps;
 static int access_for(const vmh_alloc_t *a, CUmemAccessDesc *out)
 {
     int n = 0;
-    uint64_t peers = a->device >= 0 && a->device < ACCESS_DEVICES ? granted[a->device] : 0;
+    uint64_t peers = a->device >= 0 && a->device < VMH_MAX_DEVICES ? granted[a->device] : 0;
     for (int i = 0; i < a->naccess; i++) {
         out[n++] = a->access[i];
         if (a->access[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-            a->access[i].location.id >= 0 && a->access[i].location.id < ACCESS_DEVICES)
+            a->access[i].location.id >= 0 && a->access[i].location.id < VMH_MAX_DEVICES)
             peers &= ~(1ull << a->access[i].location.id);
     }
-    for (int p = 0; p < ACCESS_DEVICES; p++) {
+    for (int p = 0; p < VMH_MAX_DEVICES; p++) {
         if (!(peers & (1ull << p)))
             continue;
         memset(&out[n], 0, sizeof out[n]);
@@ -188,7 +188,7 @@ static void maps_unlink(vmh_map_t *m)
 
 CUresult vmh_access_set_peer(int owner, int peer, bool grant)
 {
-    if (owner < 0 || owner >= ACCESS_DEVICES || peer < 0 || peer >= ACCESS_DEVICES ||
+    if (owner < 0 || owner >= VMH_MAX_DEVICES || peer < 0 || peer >= VMH_MAX_DEVICES ||
         owner == peer)
         return CUDA_ERROR_INVALID_DEVICE;
     CUmemAccessDesc desc;
@@ -277,7 +277,7 @@ CUresult vmh_maps_create_run(CUdeviceptr ptr, vmh_alloc_t *const *allocs, size_t
      * peers granted for its device join them. Chunks with the same descriptors next to each
      * other get one cuMemSetAccess over all of them (a fully mapped range, driver-facts.md 3):
      * the call costs per call more than per byte. */
-    CUmemAccessDesc acc[2][VMH_MAX_ACCESS + ACCESS_DEVICES];
+    CUmemAccessDesc acc[2][VMH_MAX_ACCESS + VMH_MAX_DEVICES];
     CUdeviceptr at = ptr;
     for (size_t i = 0; i < n && rc == CUDA_SUCCESS;) {
         int nacc = access_for(allocs[i], acc[0]);

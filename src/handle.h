@@ -12,6 +12,8 @@
 #ifndef VMH_HANDLE_H
 #define VMH_HANDLE_H
 
+#include "driver.h"
+
 #include <cuda.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -47,9 +49,7 @@ typedef struct vmh_map {
 } vmh_map_t;
 
 /* Bytes of host-located chunks alive that serve `device` (created and not yet released): the
- * overflow layer's budget and statistics. Devices at or past VMH_ALLOC_DEVICES are not
- * counted apart (the device layer's limit is lower). */
-#define VMH_ALLOC_DEVICES 64
+ * overflow layer's budget and statistics (0 for a device at or past VMH_MAX_DEVICES). */
 size_t vmh_alloc_host_bytes(int device);
 
 /* cuMemCreate(size, prop); the descriptors are copied and applied wherever the chunk is

@@ -69,7 +69,6 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
         vmh_count(VMH_STAT_spills, 1);
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_served_allocs, 1);
-        vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size);
         vmh_tag_requested_add(tag, (int64_t)size);
     }
     return rc;
@@ -199,7 +198,6 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_count(VMH_STAT_served_frees, 1);
-    vmh_gauge_add(VMH_STAT_bytes_requested, -(int64_t)req);
     vmh_tag_requested_add(owner_tag(o), -(int64_t)req);
     vmh_trace("free", p, req, stream);
     /* Natively cudaFree waits for the device; here the reclaim thread does, unless the program
@@ -317,7 +315,7 @@ static CUresult realloc_packed(CUdeviceptr *p, size_t size, CUstream stream, boo
     if (size < pack_below(h, true) &&
         vmh_packing_resize_locked(e, *p, size, &old_size) == CUDA_SUCCESS) {
         vmh_owner_unlock(o);
-        vmh_gauge_add(VMH_STAT_bytes_requested, (int64_t)size - (int64_t)old_size);
+        vmh_tag_requested_add(owner_tag(o), (int64_t)size - (int64_t)old_size);
         trace_resize(*p, old_size, *p, size, stream);
         return CUDA_SUCCESS;
     }
@@ -361,9 +359,12 @@ CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool 
         return realloc_packed(p, size, stream, async, no_address);
     CUdeviceptr old = *p;
     size_t old_size = 0;
+    unsigned tag = owner_tag(o); /* the record stays the buffer's through a move */
     CUresult rc = vmh_bigbuf_realloc(p, size, async, &old_size, no_address);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
+        vmh_tag_requested_add(tag, (int64_t)size - (int64_t)old_size);
         trace_resize(old, old_size, *p, size, stream);
+    }
     else if (rc == CUDA_ERROR_OUT_OF_MEMORY)
         vmh_trace("allocate failure", 0, size, stream);
     return rc;

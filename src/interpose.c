@@ -47,6 +47,7 @@
 #include "lifetime.h"
 #include "log.h"
 #include "options.h"
+#include "thread_state.h"
 
 #define IP_EXPORT __attribute__((visibility("default")))
 
@@ -60,7 +61,6 @@ static const ip_hooked_t ip_rows[IP_VARIANT_COUNT] = {VMH_HOOKED(IP_ROW)};
 
 _Atomic(void *) vmh_ip_real_fns[IP_VARIANT_COUNT];
 
-__thread unsigned vmh_ip_depth __attribute__((tls_model("initial-exec")));
 
 /* ---------------------------------------------------------------------------------------------
  * dlsym.
@@ -227,10 +227,10 @@ void *vmh_ip_resolve_real(enum ip_variant v)
     const ip_hooked_t *row = &ip_rows[v];
     void *p = vmh_driver_next_symbol(row->name);
     if ((p == NULL || ip_is_wrapper(p)) && v != IP_cuGetProcAddress &&
-        v != IP_cuGetProcAddress_v2 && vmh_ip_depth == 0) {
-        vmh_ip_depth++;
+        v != IP_cuGetProcAddress_v2 && vmh_thread.ip_depth == 0) {
+        vmh_thread.ip_depth++;
         bool ready = vmh_driver_ready();
-        vmh_ip_depth--;
+        vmh_thread.ip_depth--;
         p = ready ? vmh_driver_proc(row->base, row->since,
                                     row->stream == IP_STREAM_PTSZ
                                         ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
@@ -364,9 +364,9 @@ static void ip_init(void)
 
 bool vmh_ip_decide(void)
 {
-    vmh_ip_depth++;
+    vmh_thread.ip_depth++;
     pthread_once(&ip_once, ip_init);
-    vmh_ip_depth--;
+    vmh_thread.ip_depth--;
     return atomic_load_explicit(&vmh_ip_mode, memory_order_acquire) == IP_MODE_SERVE;
 }
 

@@ -13,6 +13,7 @@
 
 #include "hooked.h"
 #include "stats.h"
+#include "thread_state.h"
 
 /* In these files a driver name means that exact symbol (hooked.h undefines cuda.h's versioning
  * macros of the hooked names). */
@@ -34,11 +35,9 @@ VMH_HOOKED(IP_DECLARE)
     extern __typeof__(vmh_ip_##sym) vmh_export_##sym __asm__(#sym)                                 \
         __attribute__((alias("vmh_ip_" #sym), visibility("default")));
 
-/* Depth of this thread inside the library: a call that arrives while this thread is already
- * inside (the driver calling back, a hook firing during our own initialisation) goes straight
- * to the real driver. initial-exec: no __tls_get_addr (which may allocate) on paths that run
- * inside dlsym. */
-extern IP_HIDDEN __thread unsigned vmh_ip_depth __attribute__((tls_model("initial-exec")));
+/* Depth of this thread inside the library is its state's ip_depth (thread_state.h): a call
+ * that arrives while this thread is already inside (the driver calling back, a hook firing
+ * during our own initialisation) goes straight to the real driver. */
 
 /* The real function of variant v (the one the program would have called), or NULL when there
  * is none anywhere in the process. */
@@ -116,7 +115,7 @@ IP_HIDDEN bool vmh_ip_decide(void);
  * (including during the decision, where pthread_once would deadlock on itself) passes. */
 static inline bool vmh_ip_serving(void)
 {
-    if (IP_UNLIKELY(vmh_ip_depth != 0))
+    if (IP_UNLIKELY(vmh_thread.ip_depth != 0))
         return false;
     int m = atomic_load_explicit(&vmh_ip_mode, memory_order_acquire);
     if (IP_UNLIKELY(m == IP_MODE_UNKNOWN))
@@ -128,7 +127,7 @@ static inline bool vmh_ip_serving(void)
  * that matter only when the library holds memory (a trim after another allocator's OOM). */
 static inline bool vmh_ip_served_before(void)
 {
-    return vmh_ip_depth == 0 &&
+    return vmh_thread.ip_depth == 0 &&
            atomic_load_explicit(&vmh_ip_mode, memory_order_acquire) == IP_MODE_SERVE;
 }
 

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "contexts.h"
+#include "driver.h"
 #include "interpose.h"
 #include "stats.h"
 
@@ -132,15 +133,14 @@ CUresult vmh_ip_cuCtxPopCurrent_v2(CUcontext *pctx)
  * each device is remembered from its retains (a device's primary context keeps its handle).
  * Devices past the table's end are not forgotten on release; their waits then skip a context
  * the driver says is destroyed. */
-#define IP_PRIMARY_DEVICES 64
-static _Atomic(CUcontext) ip_primary[IP_PRIMARY_DEVICES];
+static _Atomic(CUcontext) ip_primary[VMH_MAX_DEVICES];
 
 CUresult vmh_ip_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     CUresult r;
     IP_CALL_REAL(r, cuDevicePrimaryCtxRetain, pctx, dev);
     if (r == CUDA_SUCCESS) {
-        if (dev >= 0 && dev < IP_PRIMARY_DEVICES)
+        if (dev >= 0 && dev < VMH_MAX_DEVICES)
             atomic_store_explicit(&ip_primary[dev], *pctx, memory_order_release);
         vmh_ctx_seen(*pctx, (int)dev);
         ip_after_queue_report();
@@ -153,7 +153,7 @@ CUresult vmh_ip_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
  * thread that has it current asks for its context. */
 static void ip_primary_going(CUdevice dev)
 {
-    if (dev >= 0 && dev < IP_PRIMARY_DEVICES)
+    if (dev >= 0 && dev < VMH_MAX_DEVICES)
         vmh_ctx_forget(atomic_load_explicit(&ip_primary[dev], memory_order_acquire));
 }
 

@@ -20,14 +20,15 @@
 #include "ipc.h"
 #include "log.h"
 #include "stats.h"
+#include "thread_state.h"
 
 /* The served buffer holding p, or false. Only after vmh_ip_serving(): before it nothing is
  * served. */
 static bool ip_find(CUdeviceptr p, vmh_buffer_info_t *info)
 {
-    vmh_ip_depth++;
+    vmh_thread.ip_depth++;
     bool found = vmh_heap_find(p, info);
-    vmh_ip_depth--;
+    vmh_thread.ip_depth--;
     return found;
 }
 
@@ -50,9 +51,9 @@ CUresult vmh_ip_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     /* NULL dptr and size 0 are the driver's to reject (CUDA_ERROR_INVALID_VALUE). */
     if (dptr != NULL && bytesize != 0 && ip_may_serve_alloc()) {
         CUdeviceptr p = 0;
-        vmh_ip_depth++;
+        vmh_thread.ip_depth++;
         CUresult r = vmh_heap_alloc_at(bytesize, __builtin_return_address(0), &p);
-        vmh_ip_depth--;
+        vmh_thread.ip_depth--;
         /* A failed allocation leaves 0 in *dptr, as the driver's own does. */
         if (r != CUDA_ERROR_NOT_SUPPORTED)
             *dptr = r == CUDA_SUCCESS ? p : 0;
@@ -75,10 +76,10 @@ CUresult vmh_ip_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wid
         ip_may_serve_alloc()) {
         CUdeviceptr p = 0;
         size_t pitch = 0;
-        vmh_ip_depth++;
+        vmh_thread.ip_depth++;
         CUresult r = vmh_heap_alloc_pitch(WidthInBytes, Height, ElementSizeBytes,
                                           __builtin_return_address(0), &p, &pitch);
-        vmh_ip_depth--;
+        vmh_thread.ip_depth--;
         if (r == CUDA_SUCCESS)
             *pPitch = pitch;
         if (r != CUDA_ERROR_NOT_SUPPORTED)
@@ -93,9 +94,9 @@ CUresult vmh_ip_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wid
  * (someone else's, allocated before we loaded, already freed: the driver answers those). */
 static CUresult ip_free(CUdeviceptr p, CUstream stream, bool async)
 {
-    vmh_ip_depth++;
+    vmh_thread.ip_depth++;
     CUresult r = vmh_heap_free(p, stream, async);
-    vmh_ip_depth--;
+    vmh_thread.ip_depth--;
     return r;
 }
 
@@ -231,9 +232,9 @@ CUresult vmh_ip_cuMemGetInfo_v2(size_t *free, size_t *total)
         return r;
     CUcontext ctx;
     int dev;
-    vmh_ip_depth++;
+    vmh_thread.ip_depth++;
     size_t idle = vmh_ctx_current(&ctx, &dev) == CUDA_SUCCESS ? vmh_heap_idle_bytes(dev) : 0;
-    vmh_ip_depth--;
+    vmh_thread.ip_depth--;
     size_t f;
     if (__builtin_add_overflow(*free, idle, &f) || f > *total)
         f = *total;
@@ -254,9 +255,9 @@ CUresult vmh_ip_cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     vmh_buffer_info_t bi;
     /* NULL pHandle is the driver's to reject. */
     if (pHandle != NULL && vmh_ip_serving() && ip_find(dptr, &bi)) {
-        vmh_ip_depth++;
+        vmh_thread.ip_depth++;
         CUresult r = vmh_ipc_get_handle(dptr, pHandle);
-        vmh_ip_depth--;
+        vmh_thread.ip_depth--;
         if (r != CUDA_ERROR_NOT_FOUND) /* NOT_FOUND: freed meanwhile, the driver answers */
             return r;
     }
@@ -266,9 +267,9 @@ CUresult vmh_ip_cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 CUresult vmh_ip_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
 {
     if (pdptr != NULL && vmh_ipc_handle_is_ours(&handle) && vmh_ip_serving()) {
-        vmh_ip_depth++;
+        vmh_thread.ip_depth++;
         CUresult r = vmh_ipc_open(&handle, Flags, pdptr);
-        vmh_ip_depth--;
+        vmh_thread.ip_depth--;
         return r;
     }
     IP_PASS(cuIpcOpenMemHandle_v2, pdptr, handle, Flags);
@@ -277,9 +278,9 @@ CUresult vmh_ip_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
 CUresult vmh_ip_cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
     if (dptr != 0 && vmh_ip_serving()) {
-        vmh_ip_depth++;
+        vmh_thread.ip_depth++;
         CUresult r = vmh_ipc_close(dptr);
-        vmh_ip_depth--;
+        vmh_thread.ip_depth--;
         if (r != CUDA_ERROR_NOT_FOUND)
             return r;
     }
@@ -295,9 +296,9 @@ CUresult vmh_ip_cuIpcCloseMemHandle(CUdeviceptr dptr)
  * would make it believe otherwise). */
 static void ip_peer_changed(CUcontext peerContext, bool grant)
 {
-    vmh_ip_depth++;
+    vmh_thread.ip_depth++;
     CUresult r = vmh_ipc_peer_changed(peerContext, grant);
-    vmh_ip_depth--;
+    vmh_thread.ip_depth--;
     if (r != CUDA_SUCCESS)
         vmh_log("cuCtx%sPeerAccess succeeded, but %s the peer's access to served buffers "
                 "failed with CUDA error %d: kernels %s",
@@ -339,9 +340,9 @@ static bool ip_trim_for_retry(CUresult r)
 {
     if (r != CUDA_ERROR_OUT_OF_MEMORY || !vmh_ip_served_before())
         return false;
-    vmh_ip_depth++;
+    vmh_thread.ip_depth++;
     size_t released = vmh_heap_trim();
-    vmh_ip_depth--;
+    vmh_thread.ip_depth--;
     vmh_count(VMH_STAT_oom_retries, 1);
     vmh_debug("another allocator of the process ran out of memory: %zu bytes given back, "
               "retrying once",

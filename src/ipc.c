@@ -16,9 +16,6 @@
 #include <stdatomic.h>
 #include <string.h>
 
-/* A driver call; vmh_drv counts it (driver.h). */
-#define CALL(expr) (expr)
-
 static atomic_flag warned_handle_type = ATOMIC_FLAG_INIT;
 
 /* Handed down by lifetime.c (vmh_ipc_configure) before any other call. */
@@ -78,7 +75,7 @@ CUresult vmh_ipc_get_handle(CUdeviceptr p, CUipcMemHandle *out)
         }
     }
     CUcontext ctx = NULL;
-    if (CALL(vmh_drv.cuCtxGetCurrent(&ctx)) != CUDA_SUCCESS)
+    if (vmh_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)
         ctx = NULL;
 
     vmh_ipc_handle_t h;
@@ -112,7 +109,7 @@ CUresult vmh_ipc_open(const CUipcMemHandle *hp, unsigned int flags, CUdeviceptr 
     vmh_ipc_handle_t h;
     vmh_ipc_handle_decode(hp, &h);
     CUcontext ctx = NULL;
-    if (CALL(vmh_drv.cuCtxGetCurrent(&ctx)) != CUDA_SUCCESS || !ctx)
+    if (vmh_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
         return CUDA_ERROR_INVALID_CONTEXT;
     /* The driver answers CUDA_ERROR_INVALID_CONTEXT for a handle of the same process. The
      * socket token, not the pid alone: a process of another pid namespace may have our pid. */
@@ -127,7 +124,7 @@ CUresult vmh_ipc_peer_changed(CUcontext peer, bool grant)
 {
     CUdevice cur;
     int owner;
-    CUresult rc = CALL(vmh_drv.cuCtxGetDevice(&cur));
+    CUresult rc = vmh_drv.cuCtxGetDevice(&cur);
     if (rc == CUDA_SUCCESS)
         rc = vmh_ctx_device_of(peer, &owner);
     if (rc != CUDA_SUCCESS)
@@ -146,7 +143,7 @@ CUresult vmh_ipc_open_remote(const CUipcMemHandle *hp, CUdeviceptr *out)
     vmh_ipc_handle_t h;
     vmh_ipc_handle_decode(hp, &h);
     CUcontext ctx = NULL;
-    if (CALL(vmh_drv.cuCtxGetCurrent(&ctx)) != CUDA_SUCCESS || !ctx)
+    if (vmh_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
         return CUDA_ERROR_INVALID_CONTEXT;
     return vmh_ipc_import(&h, ctx, out);
 }

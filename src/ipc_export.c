@@ -25,9 +25,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* A driver call; vmh_drv counts it (driver.h). */
-#define CALL(expr) (expr)
-
 typedef struct export_entry {
     vmh_ipc_token_t token;
     vmh_export_t ex;
@@ -195,12 +192,12 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
     size_t done = 0;
     while (rc == CUDA_SUCCESS && done < count) {
         CUmemGenericAllocationHandle h = ex->chunks[first + done]->handle;
-        rc = CALL(vmh_drv.cuMemExportToShareableHandle(
-            &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        rc = vmh_drv.cuMemExportToShareableHandle(
+            &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
         vmh_ctx_scope_t scope;
         if (rc == CUDA_ERROR_INVALID_CONTEXT && ctx && vmh_ctx_enter(ctx, &scope) == CUDA_SUCCESS) {
-            rc = CALL(vmh_drv.cuMemExportToShareableHandle(
-                &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+            rc = vmh_drv.cuMemExportToShareableHandle(
+                &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
             /* The program's thread keeps the context it had, or the export fails. */
             CUresult left = vmh_ctx_leave(&scope);
             if (rc == CUDA_SUCCESS && left != CUDA_SUCCESS) {

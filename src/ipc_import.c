@@ -24,9 +24,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* A driver call; vmh_drv counts it (driver.h). */
-#define CALL(expr) (expr)
-
 /* Set by lifetime.c at exit and in a forked child (vmh_ipc_stop): closes then make no driver
  * call. */
 static atomic_bool stopped;
@@ -272,7 +269,7 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
         return CUDA_SUCCESS;
 
     CUdevice dev;
-    CUresult rc = CALL(vmh_drv.cuCtxGetDevice(&dev));
+    CUresult rc = vmh_drv.cuCtxGetDevice(&dev);
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_ipc_reply_t rep;

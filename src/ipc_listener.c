@@ -13,12 +13,12 @@
 #include "log.h"
 #include "testable.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,12 +429,7 @@ static CUresult start_locked(void)
     int err = l->listen_fd < 0 ? -l->listen_fd : l->event_fd < 0 ? errno : 0;
     if (!err) {
         atomic_store(&listener_stop, false);
-        /* The thread takes no signal: they stay the program's. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        err = pthread_create(&listener_thread, NULL, listener_main, l);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        err = vmh_thread_start(&listener_thread, listener_main, l);
     }
     if (err) {
         vmh_log("CUDA IPC: cannot start the listener for served buffers (%s): "

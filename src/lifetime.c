@@ -47,6 +47,7 @@
 #include "cache.h"
 #include "device.h"
 #include "driver.h"
+#include "first_use.h"
 #include "heap.h"
 #include "ipc.h"
 #include "ipc_export.h"
@@ -288,6 +289,7 @@ VMH_TESTABLE void vmh_lifetime_fork_child(void)
     release_prefork_locks();
     step('C');
     vmh_contexts_after_fork_child(); /* no context or capture report may block the child */
+    vmh_captures_after_fork_child();
     step('R');
     vmh_reclaim_forked_child();
     if (!atomic_load(&start_done) || !vmh_driver_loaded())
@@ -303,7 +305,7 @@ VMH_TESTABLE void vmh_lifetime_fork_child(void)
  * register them (no layer includes this one). Registers nothing itself. */
 __attribute__((constructor)) static void lifetime_load(void)
 {
-    vmh_contexts_on_first_use(fork_handlers_needed);
+    vmh_first_use_set(fork_handlers_needed);
     vmh_reclaim_on_first_start(process_events_needed);
 }
 

@@ -2,7 +2,8 @@
  * one context per device, its work on a device runs in one queue, and freed memory may serve
  * the next allocation at once. This file keeps whether that still holds, ends it when the
  * interposer or the heap reports a second queue (a stream, a second context, peer access), and
- * makes the end safe: one wait for every known context, if anything was reused at once before.
+ * says whether the end owes a wait: one for every known context (ctx_wait.c), if anything was
+ * reused at once before.
  * docs/DESIGN.md ("Frees") states the rule and what it cannot see.
  */
 #include "contexts_internal.h"
@@ -59,24 +60,9 @@ void vmh_work_note_reuse(void)
         atomic_store(&work_reused, true);
 }
 
-void vmh_work_split_wait(void)
+bool vmh_work_split_wait_claim(void)
 {
-    if (!atomic_exchange(&work_split_unwaited, false) || !atomic_load(&work_reused))
-        return;
-    int devices[64];
-    size_t n = vmh_ctx_devices(devices, sizeof devices / sizeof devices[0]);
-    const char *why = vmh_work_split_reason();
-    for (size_t k = 0; k < n; k++) {
-        CUresult rc = vmh_ctx_sync_device(devices[k]);
-        if (rc != CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
-            vmh_count(VMH_STAT_syncs, 1);
-            vmh_count(VMH_STAT_syncs_blocking, 1);
-        }
-        if (rc != CUDA_SUCCESS)
-            vmh_log("waiting for device %d when the program made a second queue (%s) failed "
-                    "(CUDA error %d): buffers reused just before may still be in use by work of "
-                    "the old queue", devices[k], why, (int)rc);
-    }
+    return atomic_exchange(&work_split_unwaited, false) && atomic_load(&work_reused);
 }
 
 #ifdef VMH_TESTING

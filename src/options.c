@@ -427,7 +427,7 @@ int vmh_options_check_unknown(char *const *envp, bool check)
             vmh_log("%s: %s; did you mean %s?", q, what, near->name);
         else
             vmh_log("%s: %s (%s lists the known ones)", q, what,
-                    check ? "vmmhook-config --list" : "VMMHOOK_VERBOSE=1");
+                    check ? "the launcher's --help" : "VMMHOOK_VERBOSE=1");
         unknown++;
     }
     return unknown;

@@ -51,7 +51,7 @@ size_t vmh_overflow_bytes(int device)
 static size_t spilled_total(void)
 {
     size_t n = 0;
-    for (int d = 0; d < VMH_MAX_DEVICES && d < VMH_ALLOC_DEVICES; d++)
+    for (int d = 0; d < VMH_MAX_DEVICES; d++)
         n += vmh_alloc_host_bytes(d);
     return n;
 }

@@ -5,6 +5,7 @@
 #include "registry.h"
 #include "stats.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -37,14 +38,13 @@ static void idle_gauge(int64_t delta)
 /* The calling thread's packing shard: picked at its first packed allocation, kept for the
  * thread's life, so that threads spread over the shards and a thread keeps its cache lines. */
 static _Atomic unsigned shard_next;
-static _Thread_local unsigned shard_mine __attribute__((tls_model("initial-exec"))); /* + 1 */
 
 unsigned vmh_packing_thread_shard(void)
 {
-    unsigned s = shard_mine;
+    unsigned s = vmh_thread.shard_mine;
     if (!s) {
         s = atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed) % VMH_SHARDS + 1;
-        shard_mine = s;
+        vmh_thread.shard_mine = s;
     }
     return s - 1;
 }

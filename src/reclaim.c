@@ -9,9 +9,9 @@
 #include "log.h"
 #include "stats.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -433,7 +433,6 @@ static void *reclaim_main(void *unused)
      * wait) refused ones. It does not cover the synchronize itself: a context synchronize
      * conflicts with a capture in any mode. That one is kept apart by captures.c's gate: it refuses
      * while a capture is in progress, and a capture cannot begin while it runs. */
-    vmh_stats_background_thread = true;
     CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
     if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
         vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
@@ -494,12 +493,7 @@ static void bg_start(void)
     vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     if (!atomic_load(&bg.started) && !bg.running && atomic_load(&bg.enabled) &&
         !atomic_load(&bg.closed) && !atomic_load(&bg.in_child)) {
-        /* The program's signals are never delivered to the library's thread. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        int err = pthread_create(&bg.thread, NULL, reclaim_main, NULL);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        int err = vmh_thread_start(&bg.thread, reclaim_main, NULL);
         if (err == 0) {
             bg.running = true;
             void (*hook)(void) = atomic_load(&bg_first_start_hook);

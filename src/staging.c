@@ -7,10 +7,10 @@
 #include "tags.h"
 #include "testable.h"
 #include "witness.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -588,14 +588,8 @@ bool vmh_staging_pin_later(vmh_staging_t *s, void *host, size_t size)
     vmh_lock(&kept_lock, VMH_RANK_KEPT);
     kept_t *k = kept_claim(host, page_round(size), KEPT_QUEUED);
     if (k && !s->pinner_running) {
-        /* A new thread inherits the creator's signal mask: block everything around the
-         * creation (a signal meant for the program must not land in the library's thread). */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
         pinner_stop = false;
-        s->pinner_running = pthread_create(&s->pinner, NULL, pinner_main, s) == 0;
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        s->pinner_running = vmh_thread_start(&s->pinner, pinner_main, s) == 0;
         if (!s->pinner_running) {
             kept_unlink(k);
             room += k->size;

@@ -5,6 +5,7 @@
  * line would make them the contention point. Only totals matter, never the order between two
  * counters, hence relaxed. */
 #include "stats.h"
+#include "thread_state.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -30,21 +31,17 @@ typedef struct gauge_slot {
 
 static counter_shard_t counter_shards[VMH_STAT_SHARDS];
 static atomic_uint next_shard;
-/* The calling thread's number (vmh_thread_shard) plus one; 0: none given yet. */
-static __thread unsigned tl_shard __attribute__((tls_model("initial-exec")));
 static gauge_slot_t gauges[VMH_GAUGE_COUNT];
-
-_Thread_local bool vmh_stats_background_thread;
 
 unsigned vmh_thread_shard(void)
 {
-    unsigned s = tl_shard;
+    unsigned s = vmh_thread.stats_shard;
     if (__builtin_expect(s == 0, 0)) {
         /* Never 0 again: the count wraps only after 2^32 threads, skipping 0. */
         do
             s = atomic_fetch_add_explicit(&next_shard, 1, memory_order_relaxed) + 1;
         while (s == 0);
-        tl_shard = s;
+        vmh_thread.stats_shard = s;
     }
     return s - 1;
 }

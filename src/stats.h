@@ -57,9 +57,6 @@ uint64_t vmh_counter_get(vmh_counter_t c);
  * that threads rarely share one. An initial-exec thread-local: no allocation, no lock, no
  * __tls_get_addr (safe inside dlsym). */
 unsigned vmh_thread_shard(void);
-/* Set on the library's own threads (the reclaim thread): their driver calls are counted as
- * driver_calls_background too, so that the calls an allocating thread pays show apart. */
-extern _Thread_local bool vmh_stats_background_thread;
 int64_t vmh_gauge_get(vmh_gauge_t g);
 int64_t vmh_gauge_peak(vmh_gauge_t g);
 /* Zeroes every counter and gauge (vmh_stats_reset, report.h, also forgets the reports' state). */

@@ -4,6 +4,7 @@
 
 #include "log.h"
 #include "stats.h"
+#include "thread_state.h"
 
 #include <assert.h>
 #include <limits.h>
@@ -65,33 +66,32 @@ static unsigned tag_register(const char *name)
 
 /* ---- the calling thread's stack -------------------------------------------------------------- */
 
-static _Thread_local unsigned char tag_stack[VMM_TAG_DEPTH_MAX];
-static _Thread_local unsigned tag_depth;
+/* The stack is the thread's state's tag_stack and tag_depth (thread_state.h). */
 
 unsigned vmh_tag_current(void)
 {
-    return tag_depth ? tag_stack[tag_depth - 1] : VMH_TAG_DEFAULT;
+    return vmh_thread.tag_depth ? vmh_thread.tag_stack[vmh_thread.tag_depth - 1] : VMH_TAG_DEFAULT;
 }
 
 VMM_API vmm_status vmm_tag_push(const char *name)
 {
     if (!name || !name[0] || strlen(name) > VMM_TAG_NAME_MAX)
         return VMM_ERR_INVALID;
-    if (tag_depth == VMM_TAG_DEPTH_MAX)
+    if (vmh_thread.tag_depth == VMM_TAG_DEPTH_MAX)
         return VMM_ERR_LIMIT;
     unsigned id = tag_register(name);
     if (id == VMH_TAG_NONE)
         return VMM_ERR_LIMIT;
     _Static_assert(VMM_TAGS_MAX <= 256, "tag ids are stored in bytes");
-    tag_stack[tag_depth++] = (unsigned char)id;
+    vmh_thread.tag_stack[vmh_thread.tag_depth++] = (unsigned char)id;
     return VMM_OK;
 }
 
 VMM_API vmm_status vmm_tag_pop(void)
 {
-    if (!tag_depth)
+    if (!vmh_thread.tag_depth)
         return VMM_ERR_INVALID;
-    tag_depth--;
+    vmh_thread.tag_depth--;
     return VMM_OK;
 }
 
@@ -141,6 +141,7 @@ static void peak_raise(_Atomic int64_t *peak, int64_t now)
 void vmh_tag_requested_add(unsigned tag, int64_t delta)
 {
     assert(tag < VMM_TAGS_MAX);
+    vmh_gauge_add(VMH_STAT_bytes_requested, delta);
     int64_t now =
         atomic_fetch_add_explicit(&stats[tag].requested, delta, memory_order_relaxed) + delta;
     peak_raise(&stats[tag].requested_peak, now);
@@ -330,6 +331,6 @@ void vmh_tags_reset(void)
     atomic_store(&pinned_now, 0);
     atomic_store(&pinned_peak, 0);
     pthread_mutex_unlock(&register_lock);
-    tag_depth = 0;
+    vmh_thread.tag_depth = 0;
 }
 #endif

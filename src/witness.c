@@ -7,6 +7,7 @@
 #include "witness.h"
 
 #include "log.h"
+#include "thread_state.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,27 +24,15 @@ static const struct {
 #undef VMH_RANK_ROW
 };
 
-/* The most locks a thread holds at once in the order above is far fewer; more is reported. */
-#define HELD_MAX 16
-
-typedef struct held {
-    const void *lock;
-    vmh_rank_t rank;
-    const char *file;
-    int line;
-} held_t;
-
-static __thread held_t tl_held[HELD_MAX] __attribute__((tls_model("initial-exec")));
-static __thread unsigned tl_nheld __attribute__((tls_model("initial-exec")));
-/* Locks held whose rank forbids driver calls: the check before a driver call is one load. */
-static __thread unsigned tl_no_driver __attribute__((tls_model("initial-exec")));
+/* Each thread's locks held are in its state (thread_state.h: held, nheld), with how many of
+ * them forbid driver calls (no_driver: the check before a driver call is one load). */
 
 #ifdef VMH_TESTING
 void (*vmh_witness_on_violation)(const char *report);
 
 unsigned vmh_witness_held_count(void)
 {
-    return tl_nheld;
+    return vmh_thread.nheld;
 }
 #endif
 
@@ -77,31 +66,31 @@ void vmh_witness_acquire(const void *lock, vmh_rank_t rank, const char *file, in
         return;
     }
     /* The held lock of the highest rank at or above this one: the one out of order. */
-    const held_t *worst = NULL;
-    for (unsigned i = 0; i < tl_nheld; i++)
-        if (tl_held[i].rank >= rank && (!worst || tl_held[i].rank > worst->rank))
-            worst = &tl_held[i];
+    const vmh_held_lock_t *worst = NULL;
+    for (unsigned i = 0; i < vmh_thread.nheld; i++)
+        if (vmh_thread.held[i].rank >= rank && (!worst || vmh_thread.held[i].rank > worst->rank))
+            worst = &vmh_thread.held[i];
     if (worst)
         violation("%s:%d takes %s %p while holding %s %p (taken at %s:%d)%s", file, line,
                   rank_name(rank), lock, rank_name(worst->rank), worst->lock, worst->file,
                   worst->line, worst->lock == lock ? ": the same lock again" : "");
-    if (tl_nheld == HELD_MAX) {
+    if (vmh_thread.nheld == VMH_HELD_MAX) {
         violation("%s:%d takes %s %p while holding %d locks already", file, line, rank_name(rank),
-                  lock, HELD_MAX);
+                  lock, VMH_HELD_MAX);
         return;
     }
-    tl_held[tl_nheld++] = (held_t){lock, rank, file, line};
-    tl_no_driver += !ranks[rank].driver;
+    vmh_thread.held[vmh_thread.nheld++] = (vmh_held_lock_t){lock, rank, file, line};
+    vmh_thread.no_driver += !ranks[rank].driver;
 }
 
 void vmh_witness_release(const void *lock, const char *file, int line)
 {
-    for (unsigned i = tl_nheld; i-- > 0;) {
-        if (tl_held[i].lock == lock) {
-            tl_no_driver -= !ranks[tl_held[i].rank].driver;
-            for (unsigned k = i + 1; k < tl_nheld; k++)
-                tl_held[k - 1] = tl_held[k];
-            tl_nheld--;
+    for (unsigned i = vmh_thread.nheld; i-- > 0;) {
+        if (vmh_thread.held[i].lock == lock) {
+            vmh_thread.no_driver -= !ranks[vmh_thread.held[i].rank].driver;
+            for (unsigned k = i + 1; k < vmh_thread.nheld; k++)
+                vmh_thread.held[k - 1] = vmh_thread.held[k];
+            vmh_thread.nheld--;
             return;
         }
     }
@@ -111,35 +100,38 @@ void vmh_witness_release(const void *lock, const char *file, int line)
 
 void vmh_witness_assert_held(const void *lock, const char *file, int line)
 {
-    for (unsigned i = 0; i < tl_nheld; i++)
-        if (tl_held[i].lock == lock)
+    for (unsigned i = 0; i < vmh_thread.nheld; i++)
+        if (vmh_thread.held[i].lock == lock)
             return;
     violation("%s:%d needs %p held, and this thread does not hold it", file, line, lock);
 }
 
 void vmh_witness_assert_none_above(vmh_rank_t rank, const char *file, int line)
 {
-    for (unsigned i = 0; i < tl_nheld; i++)
-        if (tl_held[i].rank > rank) {
+    for (unsigned i = 0; i < vmh_thread.nheld; i++) {
+        const vmh_held_lock_t *h = &vmh_thread.held[i];
+        if (h->rank > rank) {
             violation("%s:%d holds %s %p (taken at %s:%d) where nothing above %s may be held", file,
-                      line, rank_name(tl_held[i].rank), tl_held[i].lock, tl_held[i].file,
-                      tl_held[i].line, rank > VMH_RANK_NONE ? rank_name(rank) : "no rank");
+                      line, rank_name(h->rank), h->lock, h->file, h->line,
+                      rank > VMH_RANK_NONE ? rank_name(rank) : "no rank");
             return;
         }
+    }
 }
 
 void vmh_witness_driver_call(void)
 {
-    if (__builtin_expect(tl_no_driver == 0, 1))
+    if (__builtin_expect(vmh_thread.no_driver == 0, 1))
         return;
-    for (unsigned i = tl_nheld; i-- > 0;)
-        if (!ranks[tl_held[i].rank].driver) {
+    for (unsigned i = vmh_thread.nheld; i-- > 0;) {
+        const vmh_held_lock_t *h = &vmh_thread.held[i];
+        if (!ranks[h->rank].driver) {
             violation("a driver call while holding %s %p (taken at %s:%d), under which none is "
                       "made",
-                      rank_name(tl_held[i].rank), tl_held[i].lock, tl_held[i].file,
-                      tl_held[i].line);
+                      rank_name(h->rank), h->lock, h->file, h->line);
             return;
         }
+    }
 }
 
 #endif

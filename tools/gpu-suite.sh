@@ -205,6 +205,19 @@ if mode == "trimmed":
             p.append(f"{k} missing")
         elif v != 0:
             p.append(f"{k}={v} at exit (after the program's vmm_trim)")
+# Issue 30: no figure below zero, and the tags' requested bytes sum to the overall gauge.
+def negatives(x, at=""):
+    if isinstance(x, dict):
+        return [n for k, v in x.items() for n in negatives(v, f"{at}/{k}")]
+    return [f"{at}={x}"] if isinstance(x, int) and not isinstance(x, bool) and x < 0 else []
+neg = negatives(j) if mode != "light" else []
+if neg:
+    p.append("negative figures: " + ", ".join(neg[:4]))
+tags = j.get("tags")
+if mode != "light" and isinstance(tags, dict) and tags and cur("bytes_requested") is not None:
+    tsum = sum(t.get("requested", 0) for t in tags.values() if isinstance(t, dict))
+    if tsum != cur("bytes_requested"):
+        p.append(f"the tags' requested sum to {tsum}, bytes_requested is {cur('bytes_requested')}")
 if expect != "":
     if c.get("served_allocs") != int(expect):
         p.append(f"served_allocs={c.get('served_allocs')}, the program made {expect} cudaMalloc calls "
@@ -490,7 +503,12 @@ mark "3 probe"
 launch() {
     local id=$1 mode=$2 t=$3
     shift 3
-    local envs=(PYTHONUNBUFFERED=1)
+    # Every program, Python checks included, sees the package of the source tree (python/) and
+    # this build's library, as meson's gpu tests give them (PYTHONPATH; $LIBVMMHOOK is where
+    # python/vmmhook finds the library when it is not preloaded): issue 30, torch_overflow's
+    # `No module named 'vmmhook'`.
+    local envs=(PYTHONUNBUFFERED=1 PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+        LIBVMMHOOK="$LIB")
     case $mode in
     hooked) envs+=(LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" GPUTEST_EXPECT_HOOK=1 VMMHOOK_STATS=1
         VMMHOOK_LEAKS=1 VMMHOOK_STATS_JSON="$LOG/$id.json" VMMHOOK_LIB="$LIB") ;;

@@ -26,6 +26,7 @@ static int teardown(void **state)
     (void)state;
     vmm_trim();
     tu_assert_ledger_empty();
+    tu_assert_stats_consistent();
     return 0;
 }
 

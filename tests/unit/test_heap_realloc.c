@@ -326,6 +326,58 @@ static void realloc_is_traced(void **state)
     unlink(path);
 }
 
+/* ---- the bytes requested: overall and per tag (testutil.h's tu_assert_stats_consistent) ---- */
+
+static void resizes_keep_every_tag_figure_consistent(void **state)
+{
+    (void)state;
+    vmh_tags_reset();
+    tu_opt.headroom = 64 * MiB;
+    tu_configure();
+    CUdeviceptr packed = 0, big = 0, moved = 0;
+    assert_int_equal(vmm_tag_push("resized"), VMM_OK);
+    assert_int_equal(vmh_heap_realloc(&packed, 1000, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_realloc(&big, 4 * MiB, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    assert_int_equal(vmh_heap_realloc(&moved, 3 * MiB, NULL, false), CUDA_SUCCESS); /* default */
+    tu_assert_stats_consistent();
+    CUdeviceptr at = packed;
+    assert_int_equal(vmh_heap_realloc(&packed, 3000, NULL, false), CUDA_SUCCESS); /* in place */
+    assert_int_equal(packed, at);
+    tu_assert_stats_consistent();
+    assert_int_equal(vmh_heap_realloc(&packed, 500, NULL, false), CUDA_SUCCESS); /* shrinks */
+    tu_assert_stats_consistent();
+    assert_int_equal(vmh_heap_realloc(&packed, 2 * MiB, NULL, false), CUDA_SUCCESS); /* copied */
+    tu_assert_stats_consistent();
+    at = big;
+    assert_int_equal(vmh_heap_realloc(&big, 7 * MiB + 7, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(big, at); /* grown in place into the headroom */
+    tu_assert_stats_consistent();
+    assert_int_equal(vmh_heap_realloc(&big, 5 * MiB, NULL, false), CUDA_SUCCESS); /* shrunk */
+    tu_assert_stats_consistent();
+    assert_int_equal(vmh_heap_realloc(&big, 5 * MiB - 99, NULL, false), CUDA_SUCCESS);
+    tu_assert_stats_consistent(); /* within the usable size */
+    tu_opt.headroom = 0;
+    tu_configure();
+    sim_refuse_hints(true); /* the grow moves */
+    at = moved;
+    assert_int_equal(vmh_heap_realloc(&moved, 11 * MiB, NULL, false), CUDA_SUCCESS);
+    sim_refuse_hints(false);
+    assert_int_not_equal(moved, at);
+    tu_assert_stats_consistent();
+    unsigned tag = vmh_tag_lookup("resized");
+    assert_int_equal(vmh_tag_requested(tag), 2 * MiB + 5 * MiB - 99);
+    assert_int_equal(vmh_tag_requested(VMH_TAG_DEFAULT), 11 * MiB);
+    assert_int_equal(vmh_heap_free(packed, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_realloc(&moved, 0, NULL, false), CUDA_SUCCESS);
+    tu_assert_stats_consistent();
+    assert_int_equal(vmh_tag_requested(tag), 0);
+    assert_int_equal(vmh_tag_requested(VMH_TAG_DEFAULT), 0);
+    assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_requested), 0);
+    vmh_tags_reset();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -342,6 +394,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(realloc_failure_leaves_buffer_untouched, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(refused_reservation_is_no_address, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(realloc_is_traced, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(resizes_keep_every_tag_figure_consistent, tu_setup,
+                                        tu_teardown),
     };
     return cmocka_run_group_tests_name("heap_realloc", tests, NULL, NULL);
 }

@@ -114,7 +114,7 @@ static void test_unknown_variables(void **state)
     assert_int_equal(vmh_options_check_unknown(envp, true), 2);
     assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_GRANULARTY: unknown; did you mean "
                                    "VMMHOOK_GRANULARITY?\n"));
-    assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_: unknown (vmmhook-config --list lists"));
+    assert_non_null(strstr(logbuf, "vmmhook: VMMHOOK_: unknown (the launcher's --help lists"));
 }
 
 /* The closest known name is suggested when it is near enough to be a misspelling of it. */

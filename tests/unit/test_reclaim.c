@@ -68,6 +68,7 @@ static int teardown(void **state)
     vmh_contexts_reset();
     vmh_heap_trim();
     tu_assert_ledger_empty();
+    tu_assert_stats_consistent();
     assert_int_equal(sim_hazards(), 0);
     return 0;
 }

@@ -535,7 +535,10 @@ static void *churn_thread(void *arg)
 {
     churn_t *c = arg;
     sim_set_current_device(0);
-    vmm_tag_push("kv");
+    if (vmm_tag_push("kv") != VMM_OK) {
+        c->device_ok = 0;
+        return NULL;
+    }
     CUdeviceptr held[16] = {0};
     unsigned seed = 7;
     while (!atomic_load(&c->stop)) {

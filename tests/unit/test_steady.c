@@ -35,6 +35,7 @@ static int teardown(void **state)
     (void)state;
     vmh_heap_trim();
     tu_assert_ledger_empty();
+    tu_assert_stats_consistent();
     assert_int_equal(sim_hazards(), 0);
     return 0;
 }

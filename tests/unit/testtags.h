@@ -26,6 +26,7 @@ static inline int tt_teardown(void **state)
     vmh_heap_trim();
     vmh_pause_reset();
     tu_assert_ledger_empty();
+    tu_assert_stats_consistent();
     vmh_tags_reset();
     return 0;
 }

@@ -113,6 +113,9 @@ case \${1:-} in
 esac
 script=\$(basename "\$1" .py)
 variant=\${2:-}
+# The suite must run its Python checks with the package importable (issue 30).
+"$real_py" -c 'import vmmhook' 2>/dev/null ||
+    { echo "FAIL: \$script: No module named 'vmmhook' (PYTHONPATH=\${PYTHONPATH:-})"; exit 1; }
 hooked=0
 [ -n "\${LD_PRELOAD:-}" ] && [ -z "\${VMMHOOK_DISABLE:-}" ] && hooked=1
 if [ "\$hooked" = 1 ] && [ -n "\${VMMHOOK_STATS_JSON:-}" ]; then

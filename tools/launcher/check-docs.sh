@@ -1,7 +1,8 @@
 #!/bin/sh
 # Mechanical checks of the documentation against the code (meson test --suite tools):
 #   1. docs/OPTIONS.md's options table is exactly `vmmhook-config --markdown` (the table in
-#      src/options_table.c): names, launcher flags, defaults, forms, text;
+#      src/options_table.c): names, launcher flags, defaults, forms, text; its stats fields are
+#      `vmmhook-config --stats-fields` (src/stats.h's counters and gauges);
 #   2. every VMMHOOK_* name written anywhere in README.md and docs/*.md is an option of the table
 #      (a renamed or removed option leaves no stale mention);
 #   3. a table row "| `VMMHOOK_X` | `default` |" anywhere else states the table's default;
@@ -52,6 +53,9 @@ section() {
 # 1. The options table.
 "$config" --markdown >"$tmp/table"
 section "$root/docs/OPTIONS.md" "options table" "$tmp/table"
+# ... and the counters and gauges of the stats JSON (src/stats.h's table).
+"$config" --stats-fields >"$tmp/stats-fields"
+section "$root/docs/OPTIONS.md" "stats fields" "$tmp/stats-fields"
 
 # 2. Every VMMHOOK_* name mentioned is an option ("VMMHOOK_*" and "VMMHOOK_X" as placeholders;
 # VMMHOOK_GRANULARTY is the misspelling docs/OPTIONS.md shows the warning of).

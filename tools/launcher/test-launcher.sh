@@ -58,6 +58,29 @@ done
 [ "$n" -ge 19 ] || fail "vmmhook-config --list gave $n options"
 printf '%s\n' "$help" | grep -q 'VMMHOOK_TRACE' || fail "--help lacks VMMHOOK_TRACE"
 
+# Each option's words in --help are the words the parser accepts (issue 30: --overflow's help
+# listed the handle types). Each word of the help passes --check; a bad value's warning lists
+# the accepted words, and those equal the help's (in any order).
+words_rows=0
+for row in $("$config" --list | awk '$2 == "value" { print $1 "," $3 }'); do
+    var=${row%,*} flag=${row#*,}
+    mv=$(printf '%s\n' "$help" | sed -n "s/^  $flag=\(.*\)$/\1/p")
+    words=$(printf '%s\n' "$mv" | tr '|' '\n' | grep -v '^[A-Z]*$' | sort | tr '\n' ' ')
+    [ -n "$words" ] || continue
+    words_rows=$((words_rows + 1))
+    for w in $words; do
+        [ "$(status_of env "$var=$w" "$config" --check)" = 0 ] ||
+            fail "$flag=$w is in --help but the parser refuses it"
+    done
+    warn=$(env "$var=not-a-word" "$config" --check 2>&1 >/dev/null | grep -m1 "$var=" || true)
+    # "accepted: a, b, or a size ...": the words before the first "or ..." item.
+    accepted=$(printf '%s\n' "${warn#*accepted: }" | tr ',' '\n' | sed 's/^ *//' |
+        awk '/^or / { exit } { print }' | sort | tr '\n' ' ')
+    [ "$accepted" = "$words" ] ||
+        fail "$flag: --help lists '$words', the parser accepts '$accepted' ($warn)"
+done
+[ "$words_rows" -ge 4 ] || fail "only $words_rows options with words in --help"
+
 # A boolean flag never takes the next argument: it is the program.
 out=$(env -u LD_PRELOAD sh "$launcher" -n --stats /bin/echo hi)
 expect_line "$out" "VMMHOOK_STATS=1"
@@ -85,7 +108,7 @@ printf '%s\n' "$err" | grep -q '^ran$' && fail "the program ran despite a bad va
 # 1T and 512G no GPU can make (every served allocation failed with them, silently): refused
 # before the run; 256G, the bound, is left to the library's check at the device's set-up.
 [ "$(status_of sh "$launcher" --granularity=1T -- /bin/true)" = 2 ] || fail "1T: not 2"
-[ "$(status_of sh "$launcher" --granularity=512G --check)" = 1 ] || fail "--check 512G: not 1"
+[ "$(status_of sh "$launcher" --granularity=512G --check)" = 2 ] || fail "--check 512G: not 2"
 [ "$(status_of sh "$launcher" --granularity=256G -- /bin/true)" = 0 ] || fail "256G refused"
 
 # --check prints the resolved options and exits with the checker's status.
@@ -93,47 +116,68 @@ out=$(sh "$launcher" --cache-limit 2G --stats --check)
 expect_line "$out" "  VMMHOOK_CACHE_LIMIT  = 2G"
 expect_line "$out" "  VMMHOOK_STATS        = on"
 expect_line "$out" "  VMMHOOK_HEADROOM     = 1G (default)"
-[ "$(status_of sh "$launcher" --pin-limit=x --check)" = 1 ] || fail "--check of a bad value: not 1"
+[ "$(status_of sh "$launcher" --pin-limit=x --check)" = 2 ] || fail "--check of a bad value: not 2"
+# A bad value is not shown as resolved to the default the library would fall back to (issue 30).
+out=$(sh "$launcher" --granularity=zz --check 2>/dev/null) && fail "--check of zz: status 0"
+expect_line "$out" "  VMMHOOK_GRANULARITY  = not resolved: a bad value (above)"
+printf '%s\n' "$out" | grep -q 'VMMHOOK_GRANULARITY *= recommended' &&
+    fail "--check shows a bad value as the default: $out"
+# An option that needs a value does not take the next option as it (issue 30).
+err=$(sh "$launcher" --granularity --check 2>&1) && fail "--granularity --check: status 0: $err"
+[ "$(status_of sh "$launcher" --granularity --check)" = 2 ] || fail "--granularity --check: not 2"
+printf '%s\n' "$err" |
+    grep -q "^vmmhook: option '--granularity' needs a value, not the option '--check'" ||
+    fail "--granularity --check: $err"
+[ "$(status_of sh "$launcher" -n --trace --stats -- /bin/true)" = 2 ] ||
+    fail "--trace --stats: not 2"
+# --help documents the exit statuses, 2 included.
+printf '%s\n' "$help" | grep -q '^Exit status: ' || fail "--help has no exit statuses"
+printf '%s\n' "$help" | grep -q '2: a usage' || fail "--help does not document exit 2"
+# Messages name vmmhook-config by the path it has (it is on PATH only once installed).
+err=$("$config" --bogus 2>&1 || true)
+printf '%s\n' "$err" | grep -qxF "Try '$config --help'." || fail "vmmhook-config --bogus: $err"
 
 # --check checks what can be checked before the run, and its messages agree with its status
-# (issue 20): each problem on a line of its own, then "the check fails", exit 1.
-check_fails() { # expected text on stderr, then the environment assignments
-    want=$1
-    shift
+# (issue 20): each problem on a line of its own, then "the check fails", exit 2 for a bad
+# value, 1 for the others.
+check_fails() { # exit status (2: a bad value, 1: other problems), expected text on stderr,
+    # then the environment assignments
+    want_st=$1 want=$2
+    shift 2
     st=0
     err=$(env "$@" "$config" --check 2>&1 >/dev/null) || st=$?
-    [ "$st" = 1 ] || fail "--check with $*: status $st, not 1: $err"
+    [ "$st" = "$want_st" ] || fail "--check with $*: status $st, not $want_st: $err"
     printf '%s\n' "$err" | grep -qF -- "$want" || fail "--check with $*: no '$want' in: $err"
-    printf '%s\n' "$err" | tail -n 1 | grep -q '^vmmhook-config: the check fails: ' ||
+    printf '%s\n' "$err" | tail -n 1 | grep -qF "$config: the check fails: " ||
         fail "--check with $*: the last line does not say the check fails: $err"
     printf '%s\n' "$err" | grep -q 'would use the default\|ignored' &&
         fail "--check with $*: says the value would be used or ignored, and fails: $err"
     return 0
 }
 # No GPU can make a chunk of 1T; --check has no driver to ask (the library's set-up does).
-check_fails 'VMMHOOK_GRANULARITY="1T" is not valid (larger than any GPU' VMMHOOK_GRANULARITY=1T
+check_fails 2 'VMMHOOK_GRANULARITY="1T" is not valid (larger than any GPU' VMMHOOK_GRANULARITY=1T
 # An output path that is a directory was found only at exit, after the whole run.
-check_fails 'VMMHOOK_STATS_JSON="/tmp": the library could not write it: it is a directory' \
+check_fails 1 'VMMHOOK_STATS_JSON="/tmp": the library could not write it: it is a directory' \
     VMMHOOK_STATS_JSON=/tmp
 # A misspelt name fails, with the closest known name.
-check_fails 'VMMHOOK_GRANULARTY: unknown; did you mean VMMHOOK_GRANULARITY?' \
+check_fails 1 'VMMHOOK_GRANULARTY: unknown; did you mean VMMHOOK_GRANULARITY?' \
     VMMHOOK_GRANULARTY=2M
-check_fails 'VMMHOOK_STATS_FILE: unknown; did you mean VMMHOOK_STATS_JSON?' VMMHOOK_STATS_FILE=x
+check_fails 1 'VMMHOOK_STATS_FILE: unknown; did you mean VMMHOOK_STATS_JSON?' VMMHOOK_STATS_FILE=x
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-check_fails "VMMHOOK_TRACE=\"$scratch/no/t.csv\": the library could not write it: cannot create" \
+check_fails 1 "VMMHOOK_TRACE=\"$scratch/no/t.csv\": the library could not write it: cannot create" \
     VMMHOOK_TRACE="$scratch/no/t.csv"
 # %p and %% are expanded as the library does: "100%%" names "100%", here a directory.
 mkdir "$scratch/100%"
-check_fails 'it is a directory' VMMHOOK_STATS_JSON="$scratch/100%%"
+check_fails 1 'it is a directory' VMMHOOK_STATS_JSON="$scratch/100%%"
 [ "$(status_of env VMMHOOK_STATS_JSON="$scratch/j.%p.json" VMMHOOK_TRACE="$scratch/t.%p.csv" \
     "$config" --check)" = 0 ] || fail "--check of creatable files: not 0"
 [ -z "$(ls -A "$scratch" | grep -v '^100%$')" ] || fail "--check created files: $(ls "$scratch")"
 # The trace's gauges file is checked beside it.
 mkdir "$scratch/t.csv.gauges.csv"
-check_fails "VMMHOOK_TRACE's gauges file" VMMHOOK_TRACE="$scratch/t.csv"
+check_fails 1 "VMMHOOK_TRACE's gauges file" VMMHOOK_TRACE="$scratch/t.csv"
 # Several problems: each one, and the count of each.
-check_fails 'the check fails: 1 bad value, 1 unknown VMMHOOK_* variable, 1 output file' \
+check_fails 2 'the check fails: 1 bad value, 1 unknown VMMHOOK_* variable, 1 output file' \
     VMMHOOK_PIN_LIMIT=x VMMHOOK_PEER=all VMMHOOK_STATS_JSON=/tmp
 # The launcher refuses to run then, saying so (not that the library would go on).
 err=$(env VMMHOOK_STATS_JSON=/tmp sh "$launcher" -- /bin/echo ran 2>&1) && fail "ran: $err"
@@ -152,7 +196,8 @@ printf '%s\n' "$err" | head -n 1 | grep -qF "vmmhook-config: unknown option '--b
 [ "$(printf '%s\n' "$err" | wc -l)" -le 2 ] || fail "vmmhook-config --bogus: more than 2 lines: $err"
 [ "$(status_of "$config" --bogus)" = 2 ] || fail "vmmhook-config --bogus: not 2"
 err=$("$config" 2>&1) && fail "vmmhook-config without a mode: status 0"
-printf '%s\n' "$err" | head -n 1 | grep -q '^vmmhook-config: a mode is needed' ||
+printf '%s\n' "$err" | head -n 1 |
+    grep -qxF "$config: a mode is needed (--check, --help-text, --markdown, --list, --version)" ||
     fail "vmmhook-config without a mode: $err"
 "$config" --help | grep -q '^Usage: vmmhook-config' || fail "vmmhook-config --help"
 

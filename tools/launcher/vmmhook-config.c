@@ -5,9 +5,11 @@
  *   vmmhook-config --check       parse the VMMHOOK_* variables of the environment as the library
  *                                will, check that the output files can be written and that
  *                                every VMMHOOK_* name is known, print the resolved
- *                                configuration; exit 1 on any problem
+ *                                configuration; exit 2 on a bad value (as the launcher's
+ *                                usage errors), 1 on any other problem
  *   vmmhook-config --help-text   the options section of `vmmhook --help`
  *   vmmhook-config --markdown    the options table of docs/OPTIONS.md
+ *   vmmhook-config --stats-fields  the counters and gauges of the stats JSON, for OPTIONS.md
  *   vmmhook-config --list        one line per option for the launcher: NAME KIND FLAG
  *   vmmhook-config --version
  *
@@ -26,10 +28,16 @@
 #include "options.h"
 #include "optparse.h"
 #include "outfile.h" /* VMH_PATH_MAX only: outfile.c is not linked */
+#include "stats.h"   /* the counter and gauge tables only: stats.c is not linked */
 #include "trace.h"   /* VMH_TRACE_GAUGES_SUFFIX only: trace.c is not linked */
 #include "vmmhook.h"
 
 extern char **environ;
+
+/* This program as it was run (argv[0]): messages name it by the path it has, since it is on
+ * PATH only after `meson install` (issue 30: they named `vmmhook-config`, which a build tree or
+ * a pip install does not put there). */
+static const char *self = "vmmhook-config";
 
 /* "--cache-limit" for VMMHOOK_CACHE_LIMIT. */
 static void flag_of(const char *name, char *buf, size_t len)
@@ -45,22 +53,39 @@ static void flag_of(const char *name, char *buf, size_t len)
     buf[n] = '\0';
 }
 
-/* What a flag takes, as --help shows it; NULL for a boolean (the flag alone turns it on). */
-static const char *metavar(const vmh_option_info_t *r)
+/* The table's words of a row joined by sep ("off|host"), after what buf holds. */
+static void join_words(const vmh_option_info_t *r, const char *sep, char *buf, size_t len)
 {
+    size_t n = strlen(buf);
+    for (unsigned w = 0; w < r->nwords && n < len; w++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s", w ? sep : "", r->words[w]);
+}
+
+/* What a flag takes, as --help shows it, into buf; false for a boolean (the flag alone turns it
+ * on). Word lists come from the options table, the parser's own (issue 30: a hard-coded row
+ * showed the handle types for --overflow); test-launcher.sh checks them against the parser. */
+static bool metavar(const vmh_option_info_t *r, char *buf, size_t len)
+{
+    buf[0] = '\0';
     switch (r->kind) {
     case VMH_OPTION_SIZE:
-        return "SIZE";
+        snprintf(buf, len, "SIZE");
+        return true;
     case VMH_OPTION_WORD:
-        return "none|posix_fd|fabric"; /* the only word row; test-launcher.sh checks it */
+        join_words(r, "|", buf, len);
+        return true;
     case VMH_OPTION_GRANULARITY:
-        return "min|recommended|SIZE";
+        join_words(r, "|", buf, len);
+        snprintf(buf + strlen(buf), len - strlen(buf), "|SIZE");
+        return true;
     case VMH_OPTION_DEVICES:
-        return "all|none|LIST";
+        snprintf(buf, len, "all|none|LIST");
+        return true;
     case VMH_OPTION_PATH:
-        return "FILE";
+        snprintf(buf, len, "FILE");
+        return true;
     default:
-        return NULL;
+        return false;
     }
 }
 
@@ -120,8 +145,8 @@ static void help_text(void)
         vmh_options_info(i, &r);
         char flag[64], text[1024];
         flag_of(r.name, flag, sizeof(flag));
-        const char *mv = metavar(&r);
-        if (mv)
+        char mv[128];
+        if (metavar(&r, mv, sizeof(mv)))
             printf("  %s=%s\n", flag, mv);
         else
             printf("  %s\n", flag);
@@ -144,16 +169,19 @@ static void markdown_forms(const vmh_option_info_t *r, char *buf, size_t len)
     case VMH_OPTION_BOOL:
         snprintf(buf, len, "boolean");
         return;
-    case VMH_OPTION_WORD: {
-        size_t n = 0;
-        buf[0] = '\0';
-        for (unsigned w = 0; w < r->nwords && n < len; w++)
-            n += (size_t)snprintf(buf + n, len - n, "%s`%s`", w ? ", " : "", r->words[w]);
+    case VMH_OPTION_WORD:
+        buf[0] = '`';
+        buf[1] = '\0';
+        join_words(r, "`, `", buf, len);
+        snprintf(buf + strlen(buf), len - strlen(buf), "`");
         return;
-    }
     case VMH_OPTION_GRANULARITY:
-        snprintf(buf, len, "`min`, `recommended`, or a size such as `2M` or `64M`%s%s%s",
-                 r->max ? ", at most `" : "", r->max ? max : "", r->max ? "`" : "");
+        buf[0] = '`';
+        buf[1] = '\0';
+        join_words(r, "`, `", buf, len);
+        snprintf(buf + strlen(buf), len - strlen(buf),
+                 "`, or a size such as `2M` or `64M`%s%s%s", r->max ? ", at most `" : "",
+                 r->max ? max : "", r->max ? "`" : "");
         return;
     case VMH_OPTION_DEVICES:
         snprintf(buf, len,
@@ -179,8 +207,8 @@ static void markdown(void)
         flag_of(r.name, flag, sizeof(flag));
         markdown_forms(&r, forms, sizeof(forms));
         /* A '|' splits a table cell even inside a code span: escaped. */
-        char mv[64] = "";
-        const char *m = metavar(&r);
+        char mv[128] = "", text[128];
+        const char *m = metavar(&r, text, sizeof(text)) ? text : NULL;
         for (size_t k = 0, n = 0; m && m[k] && n + 3 < sizeof(mv); k++) {
             if (m[k] == '|')
                 mv[n++] = '\\';
@@ -191,6 +219,21 @@ static void markdown(void)
                r.def[0] ? "`" : "", r.def[0] ? r.def : "(none)", r.def[0] ? "`" : "", forms, r.help,
                r.detail[0] ? " " : "", r.detail);
     }
+}
+
+/* The counters and gauges of the stats JSON (both the exit report and vmm_stats_json), from
+ * stats.h's tables, the ones report.c writes the JSON and the exit table from. */
+static void stats_fields(void)
+{
+/* The help's leading blanks indent "of them" lines in the exit table: not here. */
+#define VMH_FIELD_ROW(name, help)                                                                  \
+    printf("| `%s` | %s | %s |\n", #name, kind, help + strspn(help, " "));
+    printf("| Field | Kind | Meaning (the exit table's line) |\n|---|---|---|\n");
+    const char *kind = "counter";
+    VMH_COUNTERS(VMH_FIELD_ROW)
+    kind = "gauge: `current`, `peak`";
+    VMH_GAUGES(VMH_FIELD_ROW)
+#undef VMH_FIELD_ROW
 }
 
 static void list(void)
@@ -273,13 +316,13 @@ static unsigned check_outputs(const vmh_options_t *o)
         char path[VMH_PATH_MAX], why[VMH_PATH_MAX + 100], q[VMH_PATH_MAX + 40];
         vmh_fmt_quoted(q, sizeof(q), tmpl, sizeof(tmpl));
         if (!vmh_expand_path(tmpl, (long)getpid(), path, sizeof(path))) {
-            fprintf(stderr, "vmmhook-config: %s=%s: longer than %zu bytes once %%p is replaced\n",
+            fprintf(stderr, "%s: %s=%s: longer than %zu bytes once %%p is replaced\n", self,
                     r.name, q, sizeof(path) - 1);
             bad++;
             continue;
         }
         if (!output_writable(path, why, sizeof(why))) {
-            fprintf(stderr, "vmmhook-config: %s=%s: the library could not write it: %s\n", r.name,
+            fprintf(stderr, "%s: %s=%s: the library could not write it: %s\n", self, r.name,
                     q, why);
             bad++;
             continue;
@@ -294,9 +337,9 @@ static unsigned check_outputs(const vmh_options_t *o)
             if (regular && !output_writable(gauges, why, sizeof(why))) {
                 vmh_fmt_quoted(q, sizeof(q), gauges, sizeof(gauges));
                 fprintf(stderr,
-                        "vmmhook-config: VMMHOOK_TRACE's gauges file %s: the library could not "
+                        "%s: VMMHOOK_TRACE's gauges file %s: the library could not "
                         "write it: %s\n",
-                        q, why);
+                        self, q, why);
                 bad++;
             }
         }
@@ -315,12 +358,14 @@ static void count_text(char *buf, size_t len, unsigned n, const char *one, const
 
 /* Parses the environment with the library's parser, checks the output paths and the names:
  * what is wrong goes to stderr, one line each, then one line saying the check failed; the
- * resolved values to stdout. Exit 1 when anything is wrong, 0 otherwise. */
+ * resolved values to stdout, where a bad value is shown as such (not as the default the
+ * library would fall back to). Exit 2 on a bad value, 1 on any other problem, 0 otherwise. */
 static int check(void)
 {
-    vmh_options_t o, d;
+    vmh_options_t o, d, scratch;
     vmh_options_defaults(&o);
     vmh_options_defaults(&d);
+    vmh_options_defaults(&scratch);
     unsigned bad = vmh_options_parse_for_check(&o, vmh_options_env_get, NULL);
     unsigned unknown = (unsigned)vmh_options_check_unknown(environ, true);
     unsigned outputs = check_outputs(&o);
@@ -328,9 +373,14 @@ static int check(void)
            VMM_VERSION_PATCH);
     for (size_t i = 0; i < vmh_options_count(); i++) {
         char v[300], dv[300];
+        const char *name = vmh_options_name(i), *env = vmh_options_env_get(name, NULL);
+        if (env && env[0] && vmh_options_set(&scratch, i, env) != 0) {
+            printf("  %-20s = not resolved: a bad value (above)\n", name);
+            continue;
+        }
         vmh_options_format(&o, i, v, sizeof(v));
         vmh_options_format(&d, i, dv, sizeof(dv));
-        printf("  %-20s = %s%s\n", vmh_options_name(i), v[0] ? v : "(none)",
+        printf("  %-20s = %s%s\n", name, v[0] ? v : "(none)",
                strcmp(v, dv) == 0 ? " (default)" : "");
     }
     if (!bad && !unknown && !outputs)
@@ -342,31 +392,36 @@ static int check(void)
     count_text(what, sizeof(what), outputs, "output file that cannot be written",
                "output files that cannot be written");
     fflush(stdout);
-    fprintf(stderr, "vmmhook-config: the check fails: %s (above)\n", what);
-    return 1;
+    fprintf(stderr, "%s: the check fails: %s (above)\n", self, what);
+    return bad ? 2 : 1;
 }
 
 static const char usage_text[] =
     "Usage: vmmhook-config --check | --help-text | --markdown | --list | --version\n"
     "  --check      parse the VMMHOOK_* variables of the environment as libvmmhook does,\n"
     "               check the output files and the names, print the resolved options;\n"
-    "               exit 1 on a bad value, an unknown VMMHOOK_* variable or an output file\n"
-    "               the library could not write\n"
+    "               exit 2 on a bad value, 1 on an unknown VMMHOOK_* variable or an output\n"
+    "               file the library could not write, 0 when all is well\n"
     "  --help-text  the options section of vmmhook --help\n"
     "  --markdown   the options table of docs/OPTIONS.md\n"
-    "  --list       NAME KIND FLAG per option (for the launcher)\n";
+    "  --stats-fields  the counters and gauges of the stats JSON (docs/OPTIONS.md)\n"
+    "  --list       NAME KIND FLAG per option (for the launcher)\n"
+    "Exit status: 0 done; 1 --check found a problem other than a bad value, or output failed;\n"
+    "2 a usage error or a bad value.\n";
 
 /* A usage error: what is wrong first, then where the usage is; status 2. */
 static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(stderr, "vmmhook-config: ");
+    fprintf(stderr, "%s: ", self);
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'vmmhook-config --help'.\n");
+    fprintf(stderr, "\nTry '%s --help'.\n", self);
     return 2;
 }
 
 int main(int argc, char **argv)
 {
+    if (argc > 0 && argv[0] && argv[0][0])
+        self = argv[0];
     if (argc < 2)
         return usage_error("%s", "a mode is needed (--check, --help-text, --markdown, --list, "
                                  "--version)");
@@ -381,6 +436,8 @@ int main(int argc, char **argv)
         markdown();
     else if (!strcmp(m, "--list"))
         list();
+    else if (!strcmp(m, "--stats-fields"))
+        stats_fields();
     else if (!strcmp(m, "--version"))
         printf("vmmhook-config %d.%d.%d\n", VMM_VERSION_MAJOR, VMM_VERSION_MINOR,
                VMM_VERSION_PATCH);
