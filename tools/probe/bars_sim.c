@@ -6,6 +6,7 @@
  * then, per phase, the VMM calls among them (tests/unit/phase_calls.h, which the unit suite
  * test_bulk.c asserts bounds on). Prints figures and judges none; exits 1 when a step failed or
  * the driver still holds anything after the trim.
+ * With --backup the backups are this machine's memory (N x SIZE bytes at once).
  * Usage: bars_sim [--backup] [--size BYTES] [N ...] */
 #include "simprobe.h"
 
@@ -51,6 +52,7 @@ int main(int argc, char **argv)
     bool ok = c != NULL;
     for (size_t i = 0; i < nn && ok; i++) {
         ok = pc_measure(ns[i], size, flags, &c[i]);
+        vmh_pause_reset(); /* the kept pinned backups go too */
         if (!sim_ledger_empty()) {
             sim_ledger_dump();
             fprintf(stderr, "bars_sim: the driver still holds memory after the trim\n");
