@@ -566,6 +566,12 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
             ranges[k++] = e->range;
         else
             vmh_range_destroy(e->range);
+    }
+    /* Unmapped before their address space goes back to the spans: another thread may take
+     * it and map there at once. */
+    vmh_ranges_destroy(ranges, k);
+    free(ranges);
+    for (vmh_ext_t *e = list; e; e = e->next) {
         vmh_paused_destroy(e->paused); /* emptied while paused: its addresses go */
         span_give(s, e->va, e->va_size);
         e->paused = NULL;
@@ -574,8 +580,6 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
         e->freed_mark = 0; /* the record serves a new extent next */
         last = e;
     }
-    vmh_ranges_destroy(ranges, k);
-    free(ranges);
     /* A registry reader may still hold one of these records: keep them (type-stable). */
     vmh_lock(&s->lock, VMH_RANK_OWNER);
     last->next = s->spare;
