@@ -682,13 +682,14 @@ vmh_bigbufs_t *vmh_bigbuf_set_of(const vmh_big_t *b)
     return b->set;
 }
 
-CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_pause_visit_fn fn, void *arg)
+CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_visit_run_fn fn, void *arg)
 {
     vmh_lock(&bb->lock, VMH_RANK_OWNER_VISIT);
     /* Every live and paused buffer off its list, then each back on the list its state says
      * after fn (a list's byte count follows the range a buffer had when it joined). */
     vmh_biglist_t todo = {NULL, NULL, 0, 0};
     vmh_biglist_t *from[] = {&bb->live, &bb->paused};
+    size_t n = 0;
     for (int l = 0; l < 2; l++) {
         for (vmh_big_t *b = from[l]->head, *next; b; b = next) {
             next = b->next;
@@ -696,14 +697,20 @@ CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_pause_visit_fn fn, void *arg)
                 continue; /* its range is in a grow's hands */
             list_remove(from[l], b);
             list_push(&todo, b);
+            n++;
         }
     }
-    CUresult rc = CUDA_SUCCESS;
+    vmh_visit_rec_t *recs = n ? malloc(n * sizeof *recs) : NULL;
+    CUresult rc = n && !recs ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    size_t k = 0;
+    for (vmh_big_t *b = todo.head; b && recs; b = b->next)
+        recs[k++] = (vmh_visit_rec_t){&b->range, &b->paused, b->export_serial != 0};
+    if (recs)
+        rc = vmh_visit_runs(recs, n, fn, arg);
+    free(recs);
     while (todo.head) {
         vmh_big_t *b = todo.head;
         list_remove(&todo, b);
-        if (rc == CUDA_SUCCESS)
-            rc = fn(&b->range, &b->paused, b->export_serial != 0, arg);
         assert(!b->range != !b->paused);
         b->state = b->range ? BIG_LIVE : BIG_PAUSED;
         list_push(b->range ? &bb->live : &bb->paused, b);

@@ -88,12 +88,13 @@ bool vmh_bigbuf_export_alive_locked(vmh_big_t *b, CUdeviceptr base, uint64_t ser
 CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old_size,
                             bool *no_address);
 
-/* Pause layer (pause.c, range.h): fn on every live and paused buffer, under the set's lock
+/* The heap's visit (heap.h): fn on every run of adjacent live and paused buffers (range.h's
+ * vmh_visit_runs; each buffer has a reservation of its own), under the set's lock
  * (held across fn's driver calls, like the peer-access grant: a rare, explicit call). Buffers
  * being resized are left alone. A paused buffer has no range: a free releases it (its
  * reservations; its memory went at the pause), a lookup answers from its paused description,
  * a resize or an export is refused with CUDA_ERROR_NOT_PERMITTED. */
-CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_pause_visit_fn fn, void *arg);
+CUresult vmh_bigbuf_visit(vmh_bigbufs_t *bb, vmh_visit_run_fn fn, void *arg);
 
 /* The set a buffer belongs to (the front finds the buffer's tag from it). */
 vmh_bigbufs_t *vmh_bigbuf_set_of(const vmh_big_t *b);

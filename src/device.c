@@ -289,12 +289,14 @@ CUresult vmh_dev_chunk(vmh_dev_t *d, size_t size, vmh_alloc_t **out)
     return vmh_alloc_create(size, &d->prop, &d->access, 1, out);
 }
 
-CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out,
-                           bool *no_address)
+/* One chunk of `size` bytes mapped at `at` inside resv when resv is given, else in a new
+ * reservation of `reserve` bytes; the relieve-and-retry of vmh_dev_range_new. */
+static CUresult range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_resv_t *resv,
+                          CUdeviceptr at, vmh_range_t **out, bool *no_address)
 {
     *no_address = false;
     for (int attempt = 0;; attempt++) {
-        if (vmh_dev_va_exhausted(reserve)) {
+        if (!resv && vmh_dev_va_exhausted(reserve)) {
             *no_address = true;
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -302,7 +304,8 @@ CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_
         bool resv_failed = false;
         CUresult rc = vmh_dev_chunk(d, size, &a);
         if (rc == CUDA_SUCCESS) {
-            rc = vmh_range_create(&a, 1, reserve, 0, 0, out, &resv_failed);
+            rc = resv ? vmh_range_create_in(&a, 1, resv, at, out)
+                      : vmh_range_create(&a, 1, reserve, 0, 0, out, &resv_failed);
             vmh_alloc_unref(a);
         }
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
@@ -314,6 +317,19 @@ CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_
         if (!d->relieve(d))
             return rc; /* nothing was idle: the device really is full */
     }
+}
+
+CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out,
+                           bool *no_address)
+{
+    return range_new(d, size, reserve, NULL, 0, out, no_address);
+}
+
+CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, vmh_resv_t *resv, CUdeviceptr at,
+                          vmh_range_t **out)
+{
+    bool no_address;
+    return range_new(d, size, 0, resv, at, out, &no_address);
 }
 
 void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_address)

@@ -222,47 +222,106 @@ void vmh_access_reset(void)
 
 /* ---- mappings ---------------------------------------------------------------------------- */
 
-CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, vmh_map_t **out)
+/* Unmaps the n adjacent mappings from ptr (bytes in all): one call over the run, and one per
+ * mapping if the driver refused the run (each refusal reported: that mapping stays). */
+static void unmap_run(CUdeviceptr ptr, size_t bytes, const size_t *sizes, size_t n)
 {
-    if (!out || !alloc || !resv)
+    CUresult rc = CALL(vmh_drv.cuMemUnmap(ptr, bytes));
+    if (rc == CUDA_SUCCESS || n == 1) {
+        undo_checked("cuMemUnmap", rc);
+        return;
+    }
+    for (size_t i = 0; i < n; ptr += sizes[i++])
+        undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(ptr, sizes[i])));
+}
+
+CUresult vmh_maps_create_run(CUdeviceptr ptr, vmh_alloc_t *const *allocs, size_t n,
+                             vmh_resv_t *resv, vmh_map_t **out)
+{
+    if (!out || !allocs || !resv || n == 0 || ptr < resv->ptr)
         return CUDA_ERROR_INVALID_VALUE;
-    /* A mapping must lie inside its reservation: the reservation is freed only after every
+    /* Every mapping must lie inside the reservation: the reservation is freed only after every
      * mapping in it is gone, which the references below guarantee only if this holds. */
-    if (ptr < resv->ptr || alloc->size > resv->size || ptr - resv->ptr > resv->size - alloc->size)
+    if (ptr - resv->ptr > resv->size)
         return CUDA_ERROR_INVALID_VALUE;
-    vmh_map_t *m = calloc(1, sizeof *m);
-    if (!m)
+    size_t room = resv->size - (size_t)(ptr - resv->ptr), total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!allocs[i] || allocs[i]->size > room - total)
+            return CUDA_ERROR_INVALID_VALUE;
+        total += allocs[i]->size;
+    }
+    vmh_map_t **m = calloc(n, sizeof *m);
+    size_t *sizes = calloc(n, sizeof *sizes);
+    bool records = m && sizes;
+    for (size_t i = 0; i < n && records; i++)
+        records = (m[i] = calloc(1, sizeof *m[i])) != NULL;
+    if (!records) {
+        for (size_t i = 0; m && i < n; i++)
+            free(m[i]);
+        free(m);
+        free(sizes);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = CUDA_SUCCESS;
+    size_t mapped = 0, mapped_bytes = 0;
     vmh_rdlock(&access_lock, VMH_RANK_ACCESS);
-    CUresult rc = CALL(vmh_drv.cuMemMap(ptr, alloc->size, 0, alloc->handle, 0));
+    for (; mapped < n; mapped++) {
+        rc = CALL(vmh_drv.cuMemMap(ptr + mapped_bytes, allocs[mapped]->size, 0,
+                                   allocs[mapped]->handle, 0));
+        if (rc != CUDA_SUCCESS)
+            break;
+        sizes[mapped] = allocs[mapped]->size;
+        mapped_bytes += sizes[mapped];
+    }
+    /* A new mapping starts with no access; each chunk's descriptors travel with it, and the
+     * peers granted for its device join them. Chunks with the same descriptors next to each
+     * other get one cuMemSetAccess over all of them (a fully mapped range, driver-facts.md 3):
+     * the call costs per call more than per byte. */
+    CUmemAccessDesc acc[2][VMH_MAX_ACCESS + VMH_MAX_DEVICES];
+    CUdeviceptr at = ptr;
+    for (size_t i = 0; i < n && rc == CUDA_SUCCESS;) {
+        int nacc = access_for(allocs[i], acc[0]);
+        size_t j = i + 1, bytes = allocs[i]->size;
+        while (j < n && access_for(allocs[j], acc[1]) == nacc &&
+               memcmp(acc[0], acc[1], (size_t)nacc * sizeof acc[0][0]) == 0)
+            bytes += allocs[j++]->size;
+        if (nacc)
+            rc = CALL(vmh_drv.cuMemSetAccess(at, bytes, acc[0], (size_t)nacc));
+        at += bytes;
+        i = j;
+    }
     if (rc != CUDA_SUCCESS) {
         vmh_rwunlock(&access_lock);
+        if (mapped)
+            unmap_run(ptr, mapped_bytes, sizes, mapped);
+        for (size_t i = 0; i < n; i++)
+            free(m[i]);
         free(m);
+        free(sizes);
         return rc;
     }
-    /* A new mapping starts with no access; the chunk's descriptors travel with it, and the
-     * peers granted for its device join them. */
-    CUmemAccessDesc acc[VMH_MAX_ACCESS + VMH_MAX_DEVICES];
-    int nacc = access_for(alloc, acc);
-    if (nacc) {
-        rc = CALL(vmh_drv.cuMemSetAccess(ptr, alloc->size, acc, (size_t)nacc));
-        if (rc != CUDA_SUCCESS) {
-            vmh_rwunlock(&access_lock);
-            undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(ptr, alloc->size)));
-            free(m);
-            return rc;
-        }
+    at = ptr;
+    for (size_t i = 0; i < n; i++) {
+        atomic_init(&m[i]->refs, 1);
+        m[i]->ptr = at;
+        m[i]->size = allocs[i]->size;
+        m[i]->alloc = vmh_alloc_ref(allocs[i]);
+        m[i]->resv = vmh_resv_ref(resv);
+        maps_link(m[i]);
+        vmh_gauge_add(allocs[i]->host ? VMH_STAT_bytes_spilled : VMH_STAT_bytes_mapped,
+                      (int64_t)m[i]->size);
+        at += m[i]->size;
+        out[i] = m[i];
     }
-    atomic_init(&m->refs, 1);
-    m->ptr = ptr;
-    m->size = alloc->size;
-    m->alloc = vmh_alloc_ref(alloc);
-    m->resv = vmh_resv_ref(resv);
-    maps_link(m);
     vmh_rwunlock(&access_lock);
-    vmh_gauge_add(alloc->host ? VMH_STAT_bytes_spilled : VMH_STAT_bytes_mapped, (int64_t)m->size);
-    *out = m;
+    free(m);
+    free(sizes);
     return CUDA_SUCCESS;
+}
+
+CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, vmh_map_t **out)
+{
+    return vmh_maps_create_run(ptr, &alloc, 1, resv, out);
 }
 
 vmh_map_t *vmh_map_ref(vmh_map_t *m)
@@ -271,19 +330,57 @@ vmh_map_t *vmh_map_ref(vmh_map_t *m)
     return m;
 }
 
+/* run[0..n): adjacent, in one reservation, their last references dropped: unmapped with one
+ * call, then their references go (the allocation is released and the reservation freed only
+ * when nothing maps them any more). */
+static void maps_gone(vmh_map_t *const *run, size_t n)
+{
+    size_t one, *sizes = n > 1 ? calloc(n, sizeof *sizes) : &one, bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        maps_unlink(run[i]);
+        bytes += run[i]->size;
+        if (sizes)
+            sizes[i] = run[i]->size;
+    }
+    if (sizes)
+        unmap_run(run[0]->ptr, bytes, sizes, n);
+    else /* no memory for the fallback list: one call each, as before runs */
+        for (size_t i = 0; i < n; i++)
+            undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(run[i]->ptr, run[i]->size)));
+    if (sizes != &one)
+        free(sizes);
+    for (size_t i = 0; i < n; i++) {
+        vmh_map_t *m = run[i];
+        vmh_gauge_add(m->alloc->host ? VMH_STAT_bytes_spilled : VMH_STAT_bytes_mapped,
+                      -(int64_t)m->size);
+        vmh_alloc_unref(m->alloc);
+        vmh_resv_unref(m->resv);
+        free(m);
+    }
+}
+
+void vmh_maps_unref_run(vmh_map_t *const *run, size_t n)
+{
+    /* run[first, first + len): dropped last, adjacent, one reservation: the run to unmap. A
+     * mapping that another holder keeps ends the run, so a run is consecutive in run[]. */
+    size_t first = 0, len = 0;
+    for (size_t i = 0; i <= n; i++) {
+        vmh_map_t *m = i < n ? run[i] : NULL;
+        bool going = m && ref_drop_last(&m->refs);
+        const vmh_map_t *prev = len ? run[first + len - 1] : NULL;
+        bool joins = going && prev && prev->ptr + prev->size == m->ptr && prev->resv == m->resv;
+        if (len && !joins) {
+            maps_gone(&run[first], len);
+            len = 0;
+        }
+        if (going && !len++)
+            first = i;
+    }
+}
+
 void vmh_map_unref(vmh_map_t *m)
 {
-    if (!m || !ref_drop_last(&m->refs))
-        return;
-    maps_unlink(m);
-    undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(m->ptr, m->size)));
-    vmh_gauge_add(m->alloc->host ? VMH_STAT_bytes_spilled : VMH_STAT_bytes_mapped,
-                  -(int64_t)m->size);
-    /* Unmap first, then the references: the allocation is released and the reservation
-     * freed only when nothing maps them any more. */
-    vmh_alloc_unref(m->alloc);
-    vmh_resv_unref(m->resv);
-    free(m);
+    vmh_maps_unref_run(&m, 1);
 }
 
 /* An allocation handle for a POSIX fd another process exported (CUDA IPC, ipc_import.c). Built

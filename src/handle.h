@@ -73,6 +73,22 @@ CUresult vmh_map_create(CUdeviceptr ptr, vmh_alloc_t *alloc, vmh_resv_t *resv, v
 vmh_map_t *vmh_map_ref(vmh_map_t *m);
 void vmh_map_unref(vmh_map_t *m);
 
+/* Runs of adjacent mappings, for bulk operations (pause, resume, trim): the driver maps a chunk
+ * only whole, one cuMemMap each, but unmaps several adjacent mappings with one cuMemUnmap and
+ * sets access over a fully mapped range with one cuMemSetAccess (driver-facts.md 2a, 3). A run
+ * stays inside one reservation: whether the driver takes either call across two adjacent
+ * reservations is unmeasured (tests/gpu/driver_direct.c checks it).
+ *
+ * Maps allocs[0..n) one after another from ptr inside resv, as vmh_map_create each, with one
+ * cuMemSetAccess per stretch of chunks whose descriptors are equal; out[0..n) gets the
+ * mappings. On failure nothing is mapped and nothing held. */
+CUresult vmh_maps_create_run(CUdeviceptr ptr, vmh_alloc_t *const *allocs, size_t n,
+                             vmh_resv_t *resv, vmh_map_t **out);
+/* Drops one reference on each of run[0..n) (ascending addresses): the mappings this drops
+ * last go with one cuMemUnmap per stretch of them adjacent in one reservation (one call per
+ * mapping if the driver refuses the stretch). */
+void vmh_maps_unref_run(vmh_map_t *const *run, size_t n);
+
 /* Peer access, the one place that sets it: from now on device `peer` may (grant) or may not
  * read and write every mapping of a chunk of device `owner`, existing and future. Existing
  * mappings get one cuMemSetAccess each; a mapping being made meanwhile is either reached here

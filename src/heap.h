@@ -16,6 +16,7 @@
 #include "device.h"
 #include "handle.h"
 #include "report.h"
+#include "range.h"
 
 #include <cuda.h>
 #include <stdbool.h>
@@ -172,18 +173,22 @@ void vmh_heap_tidy_now(int device, bool new_window);
 extern void (*vmh_heap_test_after_drain)(void);
 #endif
 
-/* Tags (pause.c): one device's memory of one tag. false when the device has none of it (or
- * the heap is not running). The parts live as long as the heap. */
-struct vmh_bigbufs;
-struct vmh_packing;
+/* Tags (pause.c): one device's parts of one tag. false when the device has none of its memory
+ * (or the heap is not running). The parts live as long as the heap. */
 struct vmh_reclaim;
 typedef struct vmh_tag_parts {
     vmh_dev_t *dev;
     struct vmh_reclaim *reclaim;
-    struct vmh_bigbufs *big;
-    struct vmh_packing *pack;
 } vmh_tag_parts_t;
 bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out);
+
+/* The one way to the memory of a tag on a device (pause, resume, their statistics): fn on every
+ * run of adjacent records (range.h's vmh_visit_runs), own-chunk buffers first, then each packing
+ * shard's extents, under each set's lock. A run never crosses two sets: a set's lock is held
+ * for its runs only, and records of two sets are in different reservations (the runs' unmaps
+ * and access calls stay inside one: handle.h). Stops at the first failure and returns it;
+ * CUDA_SUCCESS when the device has none of the tag's memory. */
+CUresult vmh_heap_visit_tag(int device, unsigned tag, vmh_visit_run_fn fn, void *arg);
 
 /* Freezes (no buffer served) or thaws the tag's parts on every device, and every part made
  * for the tag from now on starts as the tag's state says (tags.h). */

@@ -216,17 +216,33 @@ void vmh_heap_stats_devices(vmh_jbuf_t *b)
 
 /* ---- tags (pause.c) ------------------------------------------------------------------------- */
 
+/* The part of tag on device (and its device in *h), or NULL when the device has none of its
+ * memory. Also after exit: the exit report counts the tags' memory (vmm_pause refuses by then). */
+static tagpart_t *tag_part(int device, unsigned tag, hdev_t **h)
+{
+    if (device < 0 || device >= VMH_MAX_DEVICES || tag >= VMM_TAGS_MAX || heap_in_child())
+        return NULL;
+    *h = hdev_at(device);
+    return *h ? atomic_load_explicit(&(*h)->part[tag], memory_order_acquire) : NULL;
+}
+
 bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out)
 {
-    /* Also after exit: the exit report counts the tags' memory (vmm_pause refuses by then). */
-    if (device < 0 || device >= VMH_MAX_DEVICES || tag >= VMM_TAGS_MAX || heap_in_child())
+    hdev_t *h;
+    if (!tag_part(device, tag, &h))
         return false;
-    hdev_t *h = hdev_at(device);
-    tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
-    if (!p)
-        return false;
-    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim, &p->big, &p->pack};
+    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim};
     return true;
+}
+
+CUresult vmh_heap_visit_tag(int device, unsigned tag, vmh_visit_run_fn fn, void *arg)
+{
+    hdev_t *h;
+    tagpart_t *p = tag_part(device, tag, &h);
+    if (!p)
+        return CUDA_SUCCESS;
+    CUresult rc = vmh_bigbuf_visit(&p->big, fn, arg);
+    return rc == CUDA_SUCCESS ? vmh_packing_visit(&p->pack, fn, arg) : rc;
 }
 
 void vmh_heap_tag_freeze(unsigned tag, bool frozen)

@@ -13,9 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXTENT_MAX ((size_t)64 << 20)
+#define EXTENT_MAX ((size_t)1 << 30)
 #define EXTENT_SHARE 16
 #define EXTENT_FIT 8
+/* The free space a new shared extent may bring however few bytes are live: a program's first
+ * small buffers share extents too (the first 128 of 2 MiB made an extent each below it). */
+#define EXTENT_FLOOR ((size_t)32 << 20)
+/* A shard's spans (span.h): the first reserves SPAN_MIN bytes of address space, each next one
+ * as much as the shard's spans hold already, up to SPAN_MAX (address space is cheap; the
+ * VMMHOOK_VA_LIMIT budget bounds it). */
+#define SPAN_MIN ((size_t)4 << 30)
+#define SPAN_MAX ((size_t)64 << 30)
 
 #ifdef VMH_TESTING
 void (*vmh_packing_test_extent_published)(void);
@@ -104,6 +112,67 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
     return CUDA_SUCCESS;
 }
 
+/* Address space for an extent of `size` bytes from shard s's spans; a new span is reserved
+ * (outside the shard's lock) when none has room. The driver's code with *no_address when the
+ * VMMHOOK_VA_LIMIT budget or the driver refused the address space. */
+static CUresult span_take(vmh_shard_t *s, size_t size, vmh_resv_t **resv, CUdeviceptr *at,
+                      bool *no_address)
+{
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
+    bool got = vmh_spans_take(&s->spans, size, resv, at);
+    size_t held = vmh_spans_bytes(&s->spans);
+    vmh_unlock(&s->lock);
+    if (got)
+        return CUDA_SUCCESS;
+    size_t span = held < SPAN_MIN ? SPAN_MIN : held > SPAN_MAX ? SPAN_MAX : held;
+    /* A span takes at most a quarter of what is left of the VMMHOOK_VA_LIMIT budget (big
+     * buffers reserve from it too); else the extent gets a span of its own size. */
+    if (span < size || vmh_dev_va_exhausted(4 * span) ||
+        !vmh_round_up(span, s->pack->dev->gran, &span))
+        span = size;
+    vmh_resv_t *nr;
+    CUresult rc = vmh_dev_va_exhausted(span) ? CUDA_ERROR_OUT_OF_MEMORY
+                                             : vmh_resv_create(span, 0, 0, &nr);
+    if (rc != CUDA_SUCCESS) {
+        *no_address = true;
+        return rc;
+    }
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
+    got = vmh_spans_add(&s->spans, nr);
+    if (got)
+        got = vmh_spans_take(&s->spans, size, resv, at); /* the new span has room */
+    vmh_unlock(&s->lock);
+    if (!got)
+        vmh_resv_unref(nr);
+    return got ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Gives an extent's address space back to shard s's spans (nothing is mapped there any
+ * more), freeing a span this empties. */
+static void span_give(vmh_shard_t *s, CUdeviceptr at, size_t size)
+{
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
+    vmh_resv_t *emptied = vmh_spans_give(&s->spans, at, size);
+    vmh_unlock(&s->lock);
+    vmh_resv_unref(emptied); /* NULL is allowed */
+}
+
+/* A range of `size` bytes, one chunk, in shard s's spans. */
+static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out,
+                                 bool *no_address)
+{
+    vmh_resv_t *resv;
+    CUdeviceptr at;
+    *no_address = false;
+    CUresult rc = span_take(s, size, &resv, &at, no_address);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = vmh_dev_range_in(s->pack->dev, size, resv, at, out);
+    if (rc != CUDA_SUCCESS)
+        span_give(s, at, size);
+    return rc;
+}
+
 /* Adds a packing extent large enough for `size` to shard s and serves `size` from it in the
  * same hold of the shard's lock. So a new extent is never seen empty: a trim on another thread
  * (a pause's) cannot take it between its publication and its use, and nothing of its range is
@@ -118,26 +187,35 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
     size_t want;
     if (!vmh_round_up(size, d->gran, &want))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    /* Small requests share extents that double in size, so that a program with many makes
-     * few chunks; the doubling stops at 1/EXTENT_SHARE of the device's live bytes (and
-     * EXTENT_MAX), so that the free space a new extent brings stays a small part of what the
-     * program uses (docs/DESIGN.md, "Serving", gives the stored PyTorch trace's figures). A
-     * request larger than 1/EXTENT_FIT of the shared extent gets an extent of its own size: a
-     * shared extent serves many small requests well, but a few large ones leave its rest
-     * unused. */
+    /* Small requests share extents whose size doubles with every new extent of the shard (up
+     * to EXTENT_MAX), so that a program with many makes few chunks; the doubling stops at
+     * 1/EXTENT_SHARE of the device's live bytes (or EXTENT_FLOOR), so that the free space a
+     * new extent brings stays a small part of what the program uses (docs/DESIGN.md,
+     * "Serving", gives the stored PyTorch trace's figures). A request larger than
+     * 1/EXTENT_FIT of the shared extent gets an extent of its own size: a shared extent serves
+     * many small requests well, but a few large ones leave its rest unused. Either way the
+     * next extent may be twice as large: growth follows the number of extents, not only the
+     * requests that fit (issue 27: a program asking only for 2 MiB made one extent each). */
     size_t share = atomic_load_explicit(&d->live_usable, memory_order_relaxed) / EXTENT_SHARE;
-    share -= share % d->gran;
+    if (share < EXTENT_FLOOR)
+        share = EXTENT_FLOOR;
     vmh_lock(&s->lock, VMH_RANK_OWNER);
     size_t next = s->extent_next < share ? s->extent_next : share;
-    if (want <= next / EXTENT_FIT) {
-        want = next;
-        if (s->extent_next < EXTENT_MAX && s->extent_next <= share)
-            s->extent_next *= 2;
-    }
+    if (s->extent_next < EXTENT_MAX)
+        s->extent_next *= 2;
     vmh_unlock(&s->lock);
+    next -= next % d->gran;
+    const size_t need = want;
+    if (want <= next / EXTENT_FIT)
+        want = next;
 
     vmh_range_t *r;
-    CUresult rc = vmh_dev_range_new(d, want, want, &r, no_address);
+    CUresult rc = extent_range_new(s, want, &r, no_address);
+    /* A device too full for a shared extent may still hold the request: an extent of its own
+     * size, before the caller relieves memory or spills to the host (the overflow reserve
+     * keeps room for small requests, not for a grown extent). */
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && want > need)
+        rc = extent_range_new(s, need, &r, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
     const size_t mapped = r->size;
@@ -155,6 +233,8 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
     /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
     if (e && !atomic_load(&pk->frozen)) {
         e->range = r;
+        e->va = r->base;
+        e->va_size = r->size;
         e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
     }
     if (!e || !e->extent || vmh_arena_alloc(s->arena, size, &p) != 0 ||
@@ -178,7 +258,9 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
             s->spare = e;
         }
         vmh_unlock(&s->lock);
+        CUdeviceptr base = r->base;
         vmh_range_destroy(r);
+        span_give(s, base, mapped);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     VMH_HLIST_PUSH(s->exts, e);
@@ -474,15 +556,30 @@ static vmh_ext_t *unlink_empty_locked(vmh_shard_t *s, empty_kind_t kind)
  * their records as spares; returns the bytes. */
 static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
 {
-    size_t bytes = 0;
+    size_t bytes = 0, n = 0, k = 0;
     vmh_ext_t *last = NULL;
+    for (vmh_ext_t *e = list; e; e = e->next)
+        n++;
+    /* The ranges go together: adjacent extents of one reservation are unmapped with one call
+     * (range.h's vmh_ranges_destroy); without memory for the list, one by one. */
+    vmh_range_t **ranges = calloc(n, sizeof *ranges);
     for (vmh_ext_t *e = list; e; e = e->next) {
         if (e->range) {
             bytes += e->range->size;
             idle_gauge(-(int64_t)e->range->size);
         }
-        vmh_range_destroy(e->range);
+        if (ranges)
+            ranges[k++] = e->range;
+        else
+            vmh_range_destroy(e->range);
+    }
+    /* Unmapped before their address space goes back to the spans: another thread may take
+     * it and map there at once. */
+    vmh_ranges_destroy(ranges, k);
+    free(ranges);
+    for (vmh_ext_t *e = list; e; e = e->next) {
         vmh_paused_destroy(e->paused); /* emptied while paused: its addresses go */
+        span_give(s, e->va, e->va_size);
         e->paused = NULL;
         e->range = NULL;
         e->extent = NULL;
@@ -529,21 +626,34 @@ void vmh_packing_trim_paused(vmh_packing_t *pk)
     trim_kind(pk, EMPTY_PAUSED, NULL);
 }
 
-CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg)
+CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
 {
     CUresult rc = CUDA_SUCCESS;
     for (int i = 0; i < VMH_SHARDS && rc == CUDA_SUCCESS; i++) {
         vmh_shard_t *s = &pk->shards[i];
         vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
-        for (vmh_ext_t *e = s->exts; e && rc == CUDA_SUCCESS; e = e->next) {
+        size_t n = 0;
+        for (vmh_ext_t *e = s->exts; e; e = e->next)
+            n++;
+        /* The shard's extents as records, for runs of adjacent ones (one reservation can hold
+         * many of a shard's extents: packing.h). */
+        vmh_visit_rec_t *recs = n ? malloc(n * sizeof *recs) : NULL;
+        if (n && !recs)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        size_t k = 0;
+        for (vmh_ext_t *e = s->exts; e && recs; e = e->next) {
             /* A retired extent holds a freed exported block: another process may map it. */
             bool exported = vmh_extent_retired(e->extent);
             for (size_t x = 0; x < s->nexported && !exported; x++)
                 exported = s->exported[x].base - vmh_extent_base(e->extent) <
                            vmh_extent_size(e->extent);
-            rc = fn(&e->range, &e->paused, exported, arg);
-            assert(!e->range != !e->paused);
+            recs[k++] = (vmh_visit_rec_t){&e->range, &e->paused, exported};
         }
+        if (recs)
+            rc = vmh_visit_runs(recs, n, fn, arg);
+        for (vmh_ext_t *e = s->exts; e; e = e->next)
+            assert(!e->range != !e->paused);
+        free(recs);
         vmh_unlock(&s->lock);
     }
     return rc;
@@ -586,12 +696,14 @@ void vmh_packing_destroy(vmh_packing_t *pk)
             vmh_registry_set(vmh_extent_base(e->extent), vmh_extent_size(e->extent), NULL);
             vmh_range_destroy(e->range);
             vmh_paused_destroy(e->paused);
+            span_give(s, e->va, e->va_size);
             free(e);
         }
         for (vmh_ext_t *e = s->spare, *next; e; e = next) {
             next = e->next;
             free(e);
         }
+        vmh_spans_destroy(&s->spans);
         if (s->arena)
             vmh_arena_delete(s->arena, NULL, NULL);
         pthread_mutex_destroy(&s->lock);

@@ -2,8 +2,18 @@
  * host-side sub-allocator of arena.h).
  *
  * Packed buffers live in VMH_SHARDS shards per device, each with its own mutex, arena, extents
- * (one range, one chunk each), registry entries of those extents and set of exported packed
- * buffers. A thread allocates in the shard it picked at its first allocation and looks at other
+ * (one range each), registry entries of those extents and set of exported packed buffers.
+ *
+ * Geometry (issue 27). A shard's extents are carved from its spans (span.h): large
+ * reservations (the first 4 GiB of address space, each next one as large as the shard holds,
+ * up to 64 GiB, at most a quarter of what is left of VMMHOOK_VA_LIMIT), first fit, so that a shard's extents are neighbours
+ * in address space, in the order they were made, and an extent given back leaves its addresses
+ * to the next one. A span's reservation is referenced by the span and by every mapping in it
+ * (handle.h): it is freed once its last extent is given back and the span dropped. The size of
+ * a shard's next shared extent doubles with every new extent, whatever its size, up to 1 GiB;
+ * a shared extent is also at most 1/16 of the device's live bytes (at least 32 MiB), and a
+ * request over 1/8 of it gets an extent of its own size. 20480 x 2 MiB in one tag: 101 extents
+ * in 5 spans, 315 driver calls to allocate (tests/unit/test_geometry.c prints each phase). A thread allocates in the shard it picked at its first allocation and looks at other
  * shards' free space only when its own has none; a free goes to the shard that owns the extent.
  * An exported block is listed with its export serial until it is freed; then its export is
  * dead and its memory is never served again: another process may map the chunk (natively,
@@ -24,6 +34,7 @@
 #include "arena.h"
 #include "device.h"
 #include "reclaim.h"
+#include "span.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -46,6 +57,7 @@ typedef struct vmh_shard {
     vmh_ext_t *exts;    /* extents in the arena */
     vmh_ext_t *spare;   /* records of trimmed extents, reused (registry readers may still look) */
     size_t extent_next; /* size of the shard's next extent (doubles up to a limit) */
+    vmh_spans_t spans;  /* the address space its extents are carved from (span.h) */
     vmh_packed_export_t *exported; /* live packed buffers shared with other processes */
     size_t nexported, exported_cap;
     vmh_parked_t parked_item; /* queued in reclaim while the arena holds parked blocks */
@@ -70,6 +82,8 @@ struct vmh_ext {
     vmh_range_t *range;
     vmh_paused_t *paused; /* while paused (range NULL; pause.c): its addresses and backup */
     vmh_extent_t *extent;
+    CUdeviceptr va; /* its address space, taken from the shard's spans while the record */
+    size_t va_size; /* serves an extent */
     vmh_ext_t *prev, *next;
     /* The reclaim mark of the last block freed at once in it (vmh_reclaim_mark; 0: none): a
      * trim gives the extent back only once a wait has passed it. Under the shard's lock. */
@@ -107,11 +121,11 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
 /* Whether the block at base is still the live one exported with serial. */
 bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
 
-/* Pause layer (pause.c, range.h): fn on every extent, under its shard's lock (held across fn's
- * driver calls: a rare, explicit call). A paused extent keeps its blocks (frees of them work as
+/* The heap's visit (heap.h): fn on every run of adjacent extents of each shard, under the
+ * shard's lock (held across fn's driver calls: a rare, explicit call). A paused extent keeps its blocks (frees of them work as
  * ever: host bookkeeping only) but has no range; resizing or exporting one of its blocks is
  * refused with CUDA_ERROR_NOT_PERMITTED. */
-CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_pause_visit_fn fn, void *arg);
+CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg);
 
 /* Whether any shard holds parked blocks (a hint). */
 bool vmh_packing_has_parked(vmh_packing_t *pk);

@@ -1,9 +1,11 @@
 /* Pause and resume of tags (vmm_pause, vmm_resume; docs/SLEEP.md), over the heap layer.
  *
  * The heap keeps each tag's memory apart (its own big-buffer set and packing shards per device)
- * and lets this file visit every record of one tag's sets under the record's lock
- * (vmh_bigbuf_visit, vmh_packing_visit): a visit may swap a record's range for a paused
- * description (range.h) and back. While paused, the record has no range; the heap answers
+ * and lets this file reach it only through one visit (vmh_heap_visit_tag), under the records'
+ * locks, a run of records adjacent in address space at a time: a visit may swap a record's
+ * range for a paused description (range.h) and back, and does so for a whole run at once, so
+ * that the driver calls follow runs (one unmap, one access call per stretch in a reservation)
+ * and the backups are copied a run at a time. While paused, the record has no range; the heap answers
  * frees (the paused description goes: its reservations are freed, its memory was released
  * already), lookups and refusals (realloc, export) from that. Allocation in a tag that is not
  * running is refused by the heap (the sets are frozen, under the same locks the visits take, so
@@ -24,14 +26,12 @@
  */
 #include "pause.h"
 
-#include "bigbuf.h"
 #include "clock.h"
 #include "contexts.h"
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
 #include "overflow.h"
-#include "packing.h"
 #include "reclaim.h"
 #include "staging.h"
 #include "tags.h"
@@ -85,14 +85,9 @@ typedef struct job {
     vmh_staging_t staging;
 } job_t;
 
-static CUresult staged_copy(void *dst, CUdeviceptr src, size_t n, void *arg)
-{
-    return vmh_staging_copy(arg, dst, src, n);
-}
-
-/* How to copy a backup into fresh pageable memory: through the ring (opened now if it is the
- * first), else directly (NULL: one cuMemcpyDtoH, which the driver stages itself). */
-static vmh_backup_copy_fn pageable_copy(job_t *j)
+/* Whether pageable backups go through the ring (opened now if this is the first): false when
+ * it is not wanted or cannot open (then one cuMemcpyDtoH each, which the driver stages itself). */
+static bool ring_ready(job_t *j)
 {
     if (j->stage && !j->staging_open) {
         CUresult rc = vmh_staging_open(&j->staging, j->dev->ctx, staging_slot, STAGING_WORKERS);
@@ -105,48 +100,119 @@ static vmh_backup_copy_fn pageable_copy(job_t *j)
             j->stage = false;
         }
     }
-    return j->staging_open ? staged_copy : NULL;
+    return j->staging_open;
 }
 
-static CUresult visit_pause(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+/* Whether the pause takes a record's memory. Shared with another process: its memory would not
+ * go, and the importer would lose what it shares; memory with another holder (a range left by a
+ * move that the GPU has not passed yet, an export being made) likewise. Both stay mapped
+ * (docs/SLEEP.md). */
+static bool pausable(const vmh_visit_rec_t *r)
+{
+    return *r->range && !r->exported && vmh_range_owned_alone(*r->range);
+}
+
+/* Scratch arrays of one run's visit: its records' ranges, descriptions and backups. */
+typedef struct run_work {
+    vmh_range_t **ranges;
+    vmh_paused_t **paused;
+    void **host;
+    size_t *len;  /* bytes of each backup */
+    bool *pinned; /* the backup is a kept pinned buffer */
+    size_t *rec;  /* index into the run */
+} run_work_t;
+
+static bool run_work_get(run_work_t *w, size_t n)
+{
+    w->ranges = calloc(n, sizeof *w->ranges);
+    w->paused = calloc(n, sizeof *w->paused);
+    w->host = calloc(n, sizeof *w->host);
+    w->len = calloc(n, sizeof *w->len);
+    w->pinned = calloc(n, sizeof *w->pinned);
+    w->rec = calloc(n, sizeof *w->rec);
+    return w->ranges && w->paused && w->host && w->len && w->pinned && w->rec;
+}
+
+static void run_work_put(run_work_t *w)
+{
+    free(w->ranges);
+    free(w->paused);
+    free(w->host);
+    free(w->len);
+    free(w->pinned);
+    free(w->rec);
+}
+
+/* Copies the k pausable records of a run into their backups (got already): a kept pinned buffer
+ * takes a direct copy (at the pinned rate); records next to each other in address space with
+ * pageable backups go through the staging ring together, one stream of pieces for the stretch
+ * (vmh_staging_copy_run), and the pinner registers each one copied (touched) while the ring
+ * goes on, when the budget has room. */
+static CUresult copy_backups(job_t *j, run_work_t *w, size_t k)
+{
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t x = 0, y; x < k && rc == CUDA_SUCCESS; x = y) {
+        const vmh_range_t *r = w->ranges[x];
+        y = x + 1;
+        if (w->pinned[x] || !ring_ready(j)) {
+            rc = vmh_drv.cuMemcpyDtoH(w->host[x], r->base, r->size);
+            continue;
+        }
+        while (y < k && !w->pinned[y] &&
+               w->ranges[y - 1]->base + w->ranges[y - 1]->size == w->ranges[y]->base)
+            y++;
+        rc = vmh_staging_copy_run(&j->staging, &w->host[x], &w->len[x], y - x, r->base);
+        for (size_t i = x; i < y && rc == CUDA_SUCCESS; i++) {
+            staged_bytes += w->len[i];
+            /* Copied (so touched): the pinner registers it while the ring copies the next
+             * ones, when the budget has room and the pause asked for no other kind. */
+            if (j->kind == VMH_BACKUP_ANY)
+                vmh_staging_pin_later(&j->staging, w->host[i], w->len[i]);
+        }
+    }
+    return rc;
+}
+
+/* Pauses every record of a run it may (pausable): the backups first, a stretch at a time
+ * (copy_backups), then the records together, so that their mappings go with one cuMemUnmap per
+ * stretch in one reservation (range.h's vmh_range_pause_run). On failure every record stays
+ * as it was. */
+static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
     job_t *j = arg;
-    /* Shared with another process: its memory would not go, and the importer would lose what
-     * it shares. It stays mapped (docs/SLEEP.md). */
-    if (!*range || exported)
-        return CUDA_SUCCESS;
-    size_t size = (*range)->size;
-    void *host = NULL;
-    bool pinned = false;
-    if (j->backup && !(host = vmh_staging_backup_get(size, j->kind, &pinned)))
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    /* A kept pinned buffer takes the direct copy, at the pinned rate. */
-    vmh_backup_copy_fn copy = host && !pinned ? pageable_copy(j) : NULL;
-    vmh_paused_t *p;
-    CUresult rc = vmh_range_pause(*range, host, copy, &j->staging, &p);
-    if (rc != CUDA_SUCCESS) {
-        if (host)
-            vmh_staging_backup_put(host, size);
-        /* Memory with another holder (a range left by a move that the GPU has not passed
-         * yet, an export being made) stays mapped, like an exported buffer. The same code
-         * from the copy is a failure: the range tells the two apart. */
-        return rc == CUDA_ERROR_NOT_PERMITTED && !vmh_range_owned_alone(*range) ? CUDA_SUCCESS
-                                                                                : rc;
+    run_work_t w;
+    CUresult rc = run_work_get(&w, n) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    size_t k = 0;
+    for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+        if (!pausable(&recs[i]))
+            continue;
+        w.ranges[k] = *recs[i].range;
+        w.rec[k] = i;
+        w.len[k] = w.ranges[k]->size;
+        if (j->backup && !(w.host[k] = vmh_staging_backup_get(w.len[k], j->kind, &w.pinned[k])))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        k += rc == CUDA_SUCCESS;
     }
-    if (host)
-        vmh_staging_backup_settle(host, size);
-    if (copy) {
-        staged_bytes += size;
-        /* Copied (so touched): the pinner registers it while the ring copies the next ones,
-         * when the budget has room; the paused record holds it from here on either way. */
-        if (j->kind == VMH_BACKUP_ANY)
-            vmh_staging_pin_later(&j->staging, host, size);
+    if (rc == CUDA_SUCCESS && j->backup)
+        rc = copy_backups(j, &w, k);
+    if (rc == CUDA_SUCCESS && k)
+        rc = vmh_range_pause_run(w.ranges, k, w.paused);
+    for (size_t i = 0; i < k; i++) {
+        if (rc != CUDA_SUCCESS) {
+            if (w.host[i])
+                vmh_staging_backup_put(w.host[i], w.len[i]);
+            continue;
+        }
+        vmh_paused_t *p = w.paused[i];
+        if (w.host[i])
+            vmh_staging_backup_settle(w.host[i], w.len[i]);
+        p->host = w.host[i];
+        p->host_release = p->host ? vmh_staging_backup_put : NULL;
+        *recs[w.rec[i]].range = NULL;
+        *recs[w.rec[i]].paused = p;
     }
-    p->host = host;
-    p->host_release = host ? vmh_staging_backup_put : NULL;
-    *range = NULL;
-    *paused = p;
-    return CUDA_SUCCESS;
+    run_work_put(&w);
+    return rc;
 }
 
 /* Host memory for a segment the device has no room for at a resume (overflow.h). */
@@ -156,57 +222,74 @@ static CUresult spill_chunk(void *arg, size_t size, vmh_alloc_t **out)
     return vmh_overflow_chunk(d, size, out);
 }
 
-static CUresult visit_prepare(vmh_range_t **range, vmh_paused_t **paused, bool exported,
-                              void *arg)
+/* Maps new memory for every paused record of a run, all or nothing, with one cuMemSetAccess per
+ * stretch of adjacent segments (range.h's vmh_range_resume_run); the records keep the new
+ * ranges in p->resumed until the commit. */
+static CUresult visit_prepare(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
-    (void)range;
-    (void)exported;
     job_t *j = arg;
-    vmh_paused_t *p = *paused;
-    if (!p || p->resumed)
-        return CUDA_SUCCESS;
-    if (p->host)
-        vmh_staging_pin_now(p->host, p->size, j->dev->ctx);
+    run_work_t w;
+    if (!run_work_get(&w, n)) {
+        run_work_put(&w);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        vmh_paused_t *p = *recs[i].paused;
+        if (!p || p->resumed)
+            continue;
+        if (p->host)
+            vmh_staging_pin_now(p->host, p->size, j->dev->ctx);
+        w.paused[k] = p;
+        w.host[k++] = p->host;
+    }
     /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants.
      * With VMMHOOK_OVERFLOW=host what the device has no room for comes back in host memory:
      * a resume does not fail for lack of device memory. */
-    return vmh_range_resume_spilling(p, &j->dev->prop, NULL, 0, p->host,
-                                     vmh_overflow_enabled() ? spill_chunk : NULL,
-                                     (void *)j->dev, &p->resumed);
+    CUresult rc = k ? vmh_range_resume_run((const vmh_paused_t *const *)w.paused, k,
+                                           &j->dev->prop, NULL, 0, (const void *const *)w.host,
+                                           vmh_overflow_enabled() ? spill_chunk : NULL,
+                                           (void *)j->dev, w.ranges)
+                    : CUDA_SUCCESS;
+    for (size_t i = 0; i < k && rc == CUDA_SUCCESS; i++)
+        w.paused[i]->resumed = w.ranges[i];
+    run_work_put(&w);
+    return rc;
 }
 
-static CUresult visit_abort(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+static CUresult visit_abort(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
-    (void)range;
-    (void)exported;
     (void)arg;
-    if (*paused) {
-        vmh_range_destroy((*paused)->resumed);
-        (*paused)->resumed = NULL;
+    for (size_t i = 0; i < n; i++) {
+        vmh_paused_t *p = *recs[i].paused;
+        if (p) {
+            vmh_range_destroy(p->resumed);
+            p->resumed = NULL;
+        }
     }
     return CUDA_SUCCESS;
 }
 
-static CUresult visit_commit(vmh_range_t **range, vmh_paused_t **paused, bool exported,
-                             void *arg)
+static CUresult visit_commit(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
-    (void)exported;
     (void)arg;
-    vmh_paused_t *p = *paused;
-    if (!p || !p->resumed)
-        return CUDA_SUCCESS;
-    *range = p->resumed;
-    p->resumed = NULL;
-    *paused = NULL;
-    vmh_paused_destroy(p); /* a pinned backup stays for the next pause, others go */
+    for (size_t i = 0; i < n; i++) {
+        vmh_paused_t *p = *recs[i].paused;
+        if (!p || !p->resumed)
+            continue;
+        *recs[i].range = p->resumed;
+        p->resumed = NULL;
+        *recs[i].paused = NULL;
+        vmh_paused_destroy(p); /* a pinned backup stays for the next pause, others go */
+    }
     return CUDA_SUCCESS;
 }
 
-/* Runs fn over every record of tag on every device that has memory of it; with_context: with
- * the device's context current (the copies need one; unmapping, releasing and freeing
- * addresses do not, so the steps that cannot fail never depend on it). Stops at the first
- * failure. */
-static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool with_context)
+/* Runs fn over every run of records of tag on every device that has memory of it (the heap's
+ * visit); with_context: with the device's context current (the copies need one; unmapping,
+ * releasing and freeing addresses do not, so the steps that cannot fail never depend on it).
+ * Stops at the first failure. */
+static CUresult visit_tag(unsigned tag, vmh_visit_run_fn fn, job_t *j, bool with_context)
 {
     for (int dev = 0; dev < VMH_MAX_DEVICES; dev++) {
         vmh_tag_parts_t parts;
@@ -217,10 +300,7 @@ static CUresult visit_tag(unsigned tag, vmh_pause_visit_fn fn, job_t *j, bool wi
         CUresult rc = with_context ? vmh_ctx_enter(parts.dev->ctx, &scope) : CUDA_SUCCESS;
         if (rc != CUDA_SUCCESS)
             return rc;
-        if (parts.big)
-            rc = vmh_bigbuf_visit(parts.big, fn, j);
-        if (rc == CUDA_SUCCESS && parts.pack)
-            rc = vmh_packing_visit(parts.pack, fn, j);
+        rc = vmh_heap_visit_tag(dev, tag, fn, j);
         if (j->staging_open) /* its stream belongs to this context */
             vmh_staging_leave_context(&j->staging);
         CUresult left = vmh_ctx_leave(&scope);
@@ -304,20 +384,24 @@ static CUresult pause_tag(unsigned tag, unsigned flags, bool *stays_paused)
 
 /* ---- statistics ------------------------------------------------------------------------------ */
 
-static CUresult visit_count(vmh_range_t **range, vmh_paused_t **paused, bool exported, void *arg)
+static CUresult visit_count(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
     vmh_tag_memory_t *m = arg;
-    if (*range) {
-        size_t host = vmh_range_host_bytes(*range);
-        m->mapped += (*range)->size - host;
-        m->spilled += host;
-        if (exported)
-            m->kept += (*range)->size;
-    }
-    if (*paused) {
-        m->paused += (*paused)->size;
-        if ((*paused)->host)
-            m->backed_up += (*paused)->size;
+    for (size_t i = 0; i < n; i++) {
+        const vmh_range_t *r = *recs[i].range;
+        const vmh_paused_t *p = *recs[i].paused;
+        if (r) {
+            size_t host = vmh_range_host_bytes(r);
+            m->mapped += r->size - host;
+            m->spilled += host;
+            if (recs[i].exported)
+                m->kept += r->size;
+        }
+        if (p) {
+            m->paused += p->size;
+            if (p->host)
+                m->backed_up += p->size;
+        }
     }
     return CUDA_SUCCESS;
 }
@@ -325,15 +409,8 @@ static CUresult visit_count(vmh_range_t **range, vmh_paused_t **paused, bool exp
 static void tag_memory(unsigned tag, vmh_tag_memory_t *out)
 {
     memset(out, 0, sizeof *out);
-    for (int dev = 0; dev < VMH_MAX_DEVICES; dev++) {
-        vmh_tag_parts_t parts;
-        if (!vmh_heap_tag_parts(dev, tag, &parts))
-            continue;
-        if (parts.big)
-            vmh_bigbuf_visit(parts.big, visit_count, out);
-        if (parts.pack)
-            vmh_packing_visit(parts.pack, visit_count, out);
-    }
+    for (int dev = 0; dev < VMH_MAX_DEVICES; dev++)
+        vmh_heap_visit_tag(dev, tag, visit_count, out);
 }
 
 void vmh_pause_configure(size_t pin_limit)

@@ -23,9 +23,37 @@ void vmh_range_destroy(vmh_range_t *r)
 {
     if (!r)
         return;
-    while (r->nmaps)
-        vmh_map_unref(r->maps[--r->nmaps]);
+    vmh_maps_unref_run(r->maps, r->nmaps); /* one unmap per stretch in one reservation */
     free(r);
+}
+
+static int map_order(const void *a, const void *b)
+{
+    CUdeviceptr x = (*(vmh_map_t *const *)a)->ptr, y = (*(vmh_map_t *const *)b)->ptr;
+    return (x > y) - (x < y);
+}
+
+void vmh_ranges_destroy(vmh_range_t *const *rs, size_t n)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += rs[i] ? rs[i]->nmaps : 0;
+    vmh_map_t **all = total > 1 ? malloc(total * sizeof *all) : NULL;
+    if (!all) { /* one range or none, or no memory for the list: range by range */
+        for (size_t i = 0; i < n; i++)
+            vmh_range_destroy(rs[i]);
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; rs[i] && j < rs[i]->nmaps; j++)
+            if (rs[i]->maps[j])
+                all[k++] = rs[i]->maps[j];
+    qsort(all, k, sizeof *all, map_order); /* the ranges may come in any order */
+    vmh_maps_unref_run(all, k);
+    free(all);
+    for (size_t i = 0; i < n; i++)
+        free(rs[i]);
 }
 
 size_t vmh_range_headroom(const vmh_range_t *r)
@@ -53,14 +81,12 @@ static CUresult sum_sizes(vmh_alloc_t *const *allocs, size_t n, size_t *total)
 static CUresult map_all(vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n, CUdeviceptr at,
                         vmh_resv_t *resv)
 {
-    for (size_t i = 0; i < n; i++) {
-        CUresult rc = vmh_map_create(at, allocs[i], resv, &r->maps[r->nmaps]);
-        if (rc != CUDA_SUCCESS)
-            return rc;
-        r->nmaps++;
-        at += allocs[i]->size;
-    }
-    return CUDA_SUCCESS;
+    if (n == 0)
+        return CUDA_SUCCESS;
+    CUresult rc = vmh_maps_create_run(at, allocs, n, resv, &r->maps[r->nmaps]);
+    if (rc == CUDA_SUCCESS)
+        r->nmaps += n;
+    return rc;
 }
 
 #ifdef VMH_WITNESS
@@ -79,6 +105,20 @@ static bool range_well_formed(const vmh_range_t *r)
     return r->nmaps > 0 && at - r->base == r->size;
 }
 #endif
+
+/* The end of a build: r (mapped, rc CUDA_SUCCESS) gets its size and becomes *out; on failure
+ * r is destroyed, dropping what it mapped. */
+static CUresult build_finish(vmh_range_t *r, CUresult rc, size_t total, vmh_range_t **out)
+{
+    if (rc != CUDA_SUCCESS) {
+        vmh_range_destroy(r);
+        return rc;
+    }
+    r->size = total;
+    vmh_assert_internal(range_well_formed(r));
+    *out = r;
+    return CUDA_SUCCESS;
+}
 
 /* Maps the allocations of old (if any) then allocs[0..n) from the start of a new reservation
  * of max(reserve, total) bytes; *no_address (may be NULL): the reservation failed. */
@@ -112,14 +152,7 @@ static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const 
         rc = map_all(r, allocs, n, at, resv);
     /* From here the mappings hold the reservation; drop the creation reference. */
     vmh_resv_unref(resv);
-    if (rc != CUDA_SUCCESS) {
-        vmh_range_destroy(r);
-        return rc;
-    }
-    r->size = total;
-    vmh_assert_internal(range_well_formed(r));
-    *out = r;
-    return CUDA_SUCCESS;
+    return build_finish(r, rc, total, out);
 }
 
 CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, size_t align,
@@ -131,6 +164,20 @@ CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, 
     if (!out || !allocs || n == 0 || sum_sizes(allocs, n, &total) != CUDA_SUCCESS)
         return CUDA_ERROR_INVALID_VALUE;
     return build_at_new_address(NULL, allocs, n, total, reserve, align, hint, out, no_address);
+}
+
+CUresult vmh_range_create_in(vmh_alloc_t *const *allocs, size_t n, vmh_resv_t *resv,
+                             CUdeviceptr at, vmh_range_t **out)
+{
+    size_t total;
+    if (!out || !allocs || n == 0 || !resv || sum_sizes(allocs, n, &total) != CUDA_SUCCESS ||
+        at < resv->ptr || at - resv->ptr > resv->size || total > resv->size - (at - resv->ptr))
+        return CUDA_ERROR_INVALID_VALUE;
+    vmh_range_t *r = range_alloc(n);
+    if (!r)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r->base = at;
+    return build_finish(r, map_all(r, allocs, n, at, resv), total, out);
 }
 
 CUresult vmh_range_move(const vmh_range_t *r, size_t reserve, size_t align, CUdeviceptr hint,
@@ -281,13 +328,9 @@ bool vmh_range_owned_alone(const vmh_range_t *r)
     return true;
 }
 
-CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
-                         vmh_paused_t **out)
+/* The description of r (no driver call); r stays as it is. */
+static CUresult describe(const vmh_range_t *r, vmh_paused_t **out)
 {
-    if (!r || !out || !r->nmaps)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!vmh_range_owned_alone(r))
-        return CUDA_ERROR_NOT_PERMITTED;
     /* At most one segment per mapping; usually far fewer. */
     if (r->nmaps > (SIZE_MAX - sizeof(vmh_paused_t)) / sizeof(vmh_paused_seg_t))
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -303,19 +346,49 @@ CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, 
         else
             seg_start(&p->segs[p->nsegs++], m);
     }
-    if (backup) {
-        CUresult rc = copy ? copy(backup, r->base, r->size, copy_arg)
-                           : vmh_drv.cuMemcpyDtoH(backup, r->base, r->size);
+    *out = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, vmh_paused_t **out)
+{
+    if (!rs || !out || n == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < n; i++) {
+        if (!rs[i] || !rs[i]->nmaps)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (!vmh_range_owned_alone(rs[i]))
+            return CUDA_ERROR_NOT_PERMITTED;
+    }
+    for (size_t i = 0; i < n; i++) {
+        CUresult rc = describe(rs[i], &out[i]);
         if (rc != CUDA_SUCCESS) {
-            vmh_paused_destroy(p);
+            while (i)
+                vmh_paused_destroy(out[--i]);
             return rc;
         }
     }
-    /* The paused description holds every reservation, so destroying the range unmaps and
-     * releases the memory but frees no address. */
-    vmh_range_destroy(r);
-    *out = p;
+    /* The paused descriptions hold every reservation, so destroying the ranges unmaps (one call
+     * per stretch of adjacent mappings in one reservation, across the ranges) and releases the
+     * memory but frees no address. */
+    vmh_ranges_destroy(rs, n);
     return CUDA_SUCCESS;
+}
+
+CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
+                         vmh_paused_t **out)
+{
+    if (!r || !out || !r->nmaps)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!vmh_range_owned_alone(r))
+        return CUDA_ERROR_NOT_PERMITTED;
+    if (backup) {
+        CUresult rc = copy ? copy(backup, r->base, r->size, copy_arg)
+                           : vmh_drv.cuMemcpyDtoH(backup, r->base, r->size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return vmh_range_pause_run(&r, 1, out);
 }
 
 CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop,
@@ -330,40 +403,139 @@ CUresult vmh_range_resume_spilling(const vmh_paused_t *p, const CUmemAllocationP
                                    const void *backup, vmh_chunk_fn spill, void *spill_arg,
                                    vmh_range_t **out)
 {
-    if (!p || !prop || !out || !p->nsegs || naccess < 0 || naccess > VMH_MAX_ACCESS ||
+    return vmh_range_resume_run(&p, 1, prop, access, naccess, &backup, spill, spill_arg, out);
+}
+
+/* One chunk for segment s: prop on the segment's device, with access[0..naccess) or the
+ * segment's own descriptors; spill's when the device has no memory for it (spill may be NULL). */
+static CUresult segment_chunk(const vmh_paused_seg_t *s, const CUmemAllocationProp *prop,
+                              const CUmemAccessDesc *access, int naccess, vmh_chunk_fn spill,
+                              void *spill_arg, vmh_alloc_t **out)
+{
+    CUmemAllocationProp chunk_prop = *prop;
+    chunk_prop.location.id = s->device;
+    CUresult rc = naccess ? vmh_alloc_create(s->size, &chunk_prop, access, naccess, out)
+                          : vmh_alloc_create(s->size, &chunk_prop, s->access, s->naccess, out);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && spill)
+        rc = spill(spill_arg, s->size, out);
+    return rc;
+}
+
+/* Every segment of ps[0..n) in address order, flattened: the resume's work list. */
+typedef struct seg_ref {
+    const vmh_paused_seg_t *seg;
+    size_t rec; /* index into ps */
+} seg_ref_t;
+
+CUresult vmh_range_resume_run(const vmh_paused_t *const *ps, size_t n,
+                              const CUmemAllocationProp *prop, const CUmemAccessDesc *access,
+                              int naccess, const void *const *backups, vmh_chunk_fn spill,
+                              void *spill_arg, vmh_range_t **out)
+{
+    if (!ps || !prop || !out || n == 0 || naccess < 0 || naccess > VMH_MAX_ACCESS ||
         (naccess && !access))
         return CUDA_ERROR_INVALID_VALUE;
-    vmh_range_t *r = range_alloc(p->nsegs);
-    if (!r)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    r->base = p->base;
-    CUresult rc = CUDA_SUCCESS;
-    for (size_t i = 0; i < p->nsegs && rc == CUDA_SUCCESS; i++) {
-        const vmh_paused_seg_t *s = &p->segs[i];
-        CUmemAllocationProp chunk_prop = *prop;
-        chunk_prop.location.id = s->device;
-        vmh_alloc_t *a;
-        rc = naccess ? vmh_alloc_create(s->size, &chunk_prop, access, naccess, &a)
-                     : vmh_alloc_create(s->size, &chunk_prop, s->access, s->naccess, &a);
-        if (rc == CUDA_ERROR_OUT_OF_MEMORY && spill)
-            rc = spill(spill_arg, s->size, &a);
-        if (rc != CUDA_SUCCESS)
-            break;
-        rc = map_all(r, &a, 1, s->ptr, s->resv);
-        vmh_alloc_unref(a); /* the mapping holds it now (or nothing does, after a failure) */
-        r->size += rc == CUDA_SUCCESS ? s->size : 0;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!ps[i] || !ps[i]->nsegs)
+            return CUDA_ERROR_INVALID_VALUE;
+        total += ps[i]->nsegs;
     }
-    if (rc == CUDA_SUCCESS && backup) {
-        rc = vmh_drv.cuMemcpyHtoD(p->base, backup, p->size);
+    seg_ref_t *segs = calloc(total, sizeof *segs);
+    vmh_alloc_t **chunks = calloc(total, sizeof *chunks);
+    vmh_map_t **maps = calloc(total, sizeof *maps);
+    vmh_range_t **rs = calloc(n, sizeof *rs);
+    CUresult rc = segs && chunks && maps && rs ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0, k = 0; i < n && rc == CUDA_SUCCESS; i++) {
+        if (!(rs[i] = range_alloc(ps[i]->nsegs)))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (size_t j = 0; rs[i] && j < ps[i]->nsegs; j++)
+            segs[k++] = (seg_ref_t){&ps[i]->segs[j], i};
+    }
+    /* One chunk per segment (never one across segments or records: the driver maps chunks
+     * only whole, and each record's range starts at its own mapping). */
+    size_t made = 0; /* chunks[0..made) were made */
+    while (rc == CUDA_SUCCESS && made < total)
+        if ((rc = segment_chunk(segs[made].seg, prop, access, naccess, spill, spill_arg,
+                                &chunks[made])) == CUDA_SUCCESS)
+            made++;
+    /* Mapped a stretch at a time: segments adjacent in one reservation, across records, get
+     * their access set with one call where their descriptors agree. */
+    size_t mapped = 0;
+    while (rc == CUDA_SUCCESS && mapped < total) {
+        const vmh_paused_seg_t *s = segs[mapped].seg;
+        size_t end = mapped + 1;
+        CUdeviceptr next = s->ptr + s->size;
+        while (end < total && segs[end].seg->resv == s->resv && segs[end].seg->ptr == next)
+            next += segs[end++].seg->size;
+        rc = vmh_maps_create_run(s->ptr, &chunks[mapped], end - mapped, s->resv,
+                                 &maps[mapped]);
+        if (rc == CUDA_SUCCESS)
+            mapped = end;
+    }
+    for (size_t k = 0; chunks && k < made; k++)
+        vmh_alloc_unref(chunks[k]); /* the mappings hold them now (or nothing does) */
+    if (rc == CUDA_SUCCESS) {
+        for (size_t k = 0; k < total; k++) {
+            vmh_range_t *r = rs[segs[k].rec];
+            r->maps[r->nmaps++] = maps[k];
+            r->size += maps[k]->size;
+        }
+        for (size_t i = 0; i < n; i++) {
+            rs[i]->base = ps[i]->base;
+            assert(rs[i]->size == ps[i]->size);
+        }
+        for (size_t i = 0; backups && i < n && rc == CUDA_SUCCESS; i++)
+            if (backups[i])
+                rc = vmh_drv.cuMemcpyHtoD(ps[i]->base, backups[i], ps[i]->size);
+        if (rc != CUDA_SUCCESS) /* the ranges hold the mappings: they go with them */
+            mapped = 0;
     }
     if (rc != CUDA_SUCCESS) {
-        /* Unmaps and releases exactly what was created; p still holds the reservations. */
-        vmh_range_destroy(r);
-        return rc;
+        /* Unmaps and releases exactly what was created; ps still hold the reservations. */
+        if (mapped)
+            vmh_maps_unref_run(maps, mapped);
+        vmh_ranges_destroy(rs, rs ? n : 0);
+    } else {
+        memcpy(out, rs, n * sizeof *rs);
     }
-    assert(r->size == p->size);
-    *out = r;
-    return CUDA_SUCCESS;
+    free(segs);
+    free(chunks);
+    free(maps);
+    free(rs);
+    return rc;
+}
+
+/* ---- visits of heap records ---- */
+
+static CUdeviceptr rec_base(const vmh_visit_rec_t *r)
+{
+    return *r->range ? (*r->range)->base : (*r->paused)->base;
+}
+
+static size_t rec_size(const vmh_visit_rec_t *r)
+{
+    return *r->range ? (*r->range)->size : (*r->paused)->size;
+}
+
+static int rec_order(const void *a, const void *b)
+{
+    CUdeviceptr x = rec_base(a), y = rec_base(b);
+    return (x > y) - (x < y);
+}
+
+CUresult vmh_visit_runs(vmh_visit_rec_t *recs, size_t n, vmh_visit_run_fn fn, void *arg)
+{
+    qsort(recs, n, sizeof *recs, rec_order);
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t i = 0; i < n && rc == CUDA_SUCCESS;) {
+        size_t j = i + 1;
+        while (j < n && rec_base(&recs[j - 1]) + rec_size(&recs[j - 1]) == rec_base(&recs[j]))
+            j++;
+        rc = fn(&recs[i], j - i, arg);
+        i = j;
+    }
+    return rc;
 }
 
 /* ---- host chunks back to the device ---- */

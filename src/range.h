@@ -37,6 +37,11 @@ typedef enum vmh_grow_kind {
 CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, size_t align,
                           CUdeviceptr hint, vmh_range_t **out, bool *no_address);
 
+/* Maps allocs[0..n) in order from `at` inside resv, a reservation the caller holds (a span of
+ * many ranges, span.h): the mappings take their own references on it. */
+CUresult vmh_range_create_in(vmh_alloc_t *const *allocs, size_t n, vmh_resv_t *resv,
+                             CUdeviceptr at, vmh_range_t **out);
+
 /* New range = r's mappings followed by allocs[0..n). Headroom, then adjacent, then move; a
  * move reserves max(reserve, new total). allow_move false makes it fail with
  * CUDA_ERROR_OUT_OF_MEMORY instead of moving. *kind says which path was taken. *no_address
@@ -54,8 +59,13 @@ CUresult vmh_range_move(const vmh_range_t *r, size_t reserve, size_t align, CUde
  * the old range to release the trailing ones. No driver call. */
 CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out);
 
-/* Drops every mapping reference (last to first). NULL is allowed. */
+/* Drops every mapping reference (one cuMemUnmap per stretch of adjacent mappings in one
+ * reservation, handle.h). NULL is allowed. */
 void vmh_range_destroy(vmh_range_t *r);
+
+/* Destroys rs[0..n) (any order; NULL entries allowed) together: mappings adjacent across
+ * ranges in one reservation are unmapped with one call. */
+void vmh_ranges_destroy(vmh_range_t *const *rs, size_t n);
 
 /* Bytes of address space reserved past the range's end in its last reservation. */
 size_t vmh_range_headroom(const vmh_range_t *r);
@@ -149,6 +159,12 @@ bool vmh_range_owned_alone(const vmh_range_t *r);
 CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
                          vmh_paused_t **out);
 
+/* Pauses rs[0..n) (ascending addresses, each owned alone) without backups, as one run: out[i]
+ * describes rs[i]; the ranges' mappings go together, one cuMemUnmap per stretch of adjacent
+ * mappings in one reservation (across ranges), then one cuMemRelease per chunk. On failure
+ * (INVALID_VALUE, NOT_PERMITTED as vmh_range_pause, OUT_OF_MEMORY) nothing changed. */
+CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, vmh_paused_t **out);
+
 /* Maps new memory at exactly p's addresses: one chunk of prop (its location.id set to each
  * segment's device) per segment, with the segment's access descriptors, or with access[0..n)
  * when naccess > 0 (the device's list now, which includes peers granted since the pause); then
@@ -167,12 +183,34 @@ CUresult vmh_range_resume_spilling(const vmh_paused_t *p, const CUmemAllocationP
                                    const void *backup, vmh_chunk_fn spill, void *spill_arg,
                                    vmh_range_t **out);
 
+/* Resumes ps[0..n) (ascending addresses) as one run: as vmh_range_resume_spilling each, with
+ * backups[i] (backups NULL, or an entry NULL: none) copied into out[i]; one chunk per segment
+ * (cuMemCreate, cuMemMap each) and one cuMemSetAccess per stretch of adjacent segments in one
+ * reservation with the same descriptors, across records. All or nothing: on failure nothing
+ * is left mapped or created. */
+CUresult vmh_range_resume_run(const vmh_paused_t *const *ps, size_t n,
+                              const CUmemAllocationProp *prop, const CUmemAccessDesc *access,
+                              int naccess, const void *const *backups, vmh_chunk_fn spill,
+                              void *spill_arg, vmh_range_t **out);
+
 /* How the pause layer sees a heap record (a big buffer, a packing extent) during a visit,
  * under the record's lock: the record's range slot (NULL while paused), its paused-description
- * slot (NULL while running), and whether it is shared with another process. The function may
- * swap one for the other; its failure stops the visit and is returned. */
-typedef CUresult (*vmh_pause_visit_fn)(vmh_range_t **range, vmh_paused_t **paused, bool exported,
-                                       void *arg);
+ * slot (NULL while running), and whether it is shared with another process. A visit function
+ * may swap one for the other. */
+typedef struct vmh_visit_rec {
+    vmh_range_t **range;
+    vmh_paused_t **paused;
+    bool exported;
+} vmh_visit_rec_t;
+
+/* A visit hands runs: recs[0..n) adjacent in address space (each record's end the next one's
+ * base), ascending. Its failure stops the visit and is returned. */
+typedef CUresult (*vmh_visit_run_fn)(vmh_visit_rec_t *recs, size_t n, void *arg);
+
+/* Sorts recs[0..n) by address (each has a range or a paused description) and calls fn on each
+ * maximal run of adjacent records, in order, until one fails. The records' owners hold their
+ * locks across the call (the heap's visit, heap.h). */
+CUresult vmh_visit_runs(vmh_visit_rec_t *recs, size_t n, vmh_visit_run_fn fn, void *arg);
 
 /* Destroys p->resumed (unmapping it), releases p->host, then drops the reservations'
  * references (freeing an address when no resumed range maps it). NULL is allowed. */

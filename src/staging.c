@@ -622,7 +622,27 @@ static CUresult queue_piece(vmh_staging_t *s, size_t k, CUdeviceptr src, size_t 
     return rc;
 }
 
-CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n)
+/* Copies the slot's len bytes, which are the run's bytes from off on, out to the destinations
+ * they belong to (d: a cursor into the list, advanced past what this fills). */
+static void slot_out(vmh_staging_t *s, const char *slot, size_t len, void *const *dst,
+                     const size_t *dst_len, size_t *d, size_t *d_off)
+{
+    while (len) {
+        size_t m = dst_len[*d] - *d_off < len ? dst_len[*d] - *d_off : len;
+        if (m)
+            vmh_copy_pool_run(&s->pool, (char *)dst[*d] + *d_off, slot, m);
+        slot += m;
+        len -= m;
+        *d_off += m;
+        if (*d_off == dst_len[*d]) {
+            ++*d;
+            *d_off = 0;
+        }
+    }
+}
+
+CUresult vmh_staging_copy_run(vmh_staging_t *s, void *const *dst, const size_t *dst_len,
+                              size_t ndst, CUdeviceptr src)
 {
     assert(s->slot[0]);
     /* A copy left queued by a failed wait (the caller may go on: a failure it takes for "skip
@@ -633,6 +653,11 @@ CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n
             return rc;
         s->in_flight = false;
     }
+    size_t n = 0, d = 0, d_off = 0;
+    for (size_t i = 0; i < ndst; i++)
+        n += dst_len[i];
+    while (d < ndst && dst_len[d] == 0)
+        d++;
     if (n == 0)
         return CUDA_SUCCESS;
     if (!s->stream) {
@@ -644,6 +669,8 @@ CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n
             return rc;
         }
     }
+    /* The run is one stream of pieces through the two slots, whatever its destinations: the
+     * ring does not drain between buffers. */
     size_t pieces = (n - 1) / s->slot_size + 1;
     CUresult rc = queue_piece(s, 0, src, n);
     for (size_t k = 0; k < pieces && rc == CUDA_SUCCESS; k++) {
@@ -658,9 +685,14 @@ CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n
             break;
         size_t off = k * s->slot_size;
         size_t len = n - off < s->slot_size ? n - off : s->slot_size;
-        vmh_copy_pool_run(&s->pool, (char *)dst + off, s->slot[k % 2], len);
+        slot_out(s, s->slot[k % 2], len, dst, dst_len, &d, &d_off);
     }
     return rc;
+}
+
+CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n)
+{
+    return vmh_staging_copy_run(s, &dst, &n, 1, src);
 }
 
 /* The pinner: registers the queued backups, oldest first, with the ring's context current

@@ -124,6 +124,12 @@ CUresult vmh_staging_open(vmh_staging_t *s, CUcontext ctx, size_t slot_size, int
  * copy or by vmh_staging_leave_context. */
 CUresult vmh_staging_copy(vmh_staging_t *s, void *dst, CUdeviceptr src, size_t n);
 
+/* The same for a run: the device bytes from src on, as many as dst_len[0..ndst) add up to, into
+ * dst[0] (dst_len[0] bytes), then dst[1], ...: one stream of pieces through the ring for the
+ * whole run (a pause's adjacent records), not one per destination. */
+CUresult vmh_staging_copy_run(vmh_staging_t *s, void *const *dst, const size_t *dst_len,
+                              size_t ndst, CUdeviceptr src);
+
 /* A pageable backup (from vmh_staging_backup_get, its copy done, its holder paused) that should
  * stay pinned: when the call's budget has room it is claimed and queued for the ring's pinner
  * thread (started now if it is the first), which registers it while the ring goes on; true

@@ -220,6 +220,73 @@ static void bad_inputs(void)
     free(host);
 }
 
+/* What a run of adjacent mappings may span in one call (libvmmhook's pause, resume and trim,
+ * handle.h): one cuMemSetAccess and one cuMemUnmap over three 2 MiB mappings inside one
+ * reservation must work (CHECK: the library relies on it); whether either call also spans two
+ * adjacent reservations decides whether runs may cross reservations (an I line, not an R line:
+ * whether the hint is granted may differ between the native and the hooked run; the library
+ * keeps runs inside one reservation until this answers 0 for both on the GPU). */
+static void runs_of_mappings(CUdevice dev)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)dev;
+    size_t g = 0;
+    if (CKD(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)))
+        return;
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUdeviceptr a = 0, b = 0;
+    if (CKD(cuMemAddressReserve(&a, 3 * g, 0, 0, 0)))
+        return;
+    /* Adjacent: the hint at a's end (driver-facts 2: granted 50 of 50 times at 64 MiB). */
+    CUresult rb = cuMemAddressReserve(&b, 2 * g, 0, a + 3 * g, 0);
+    int adjacent = rb == CUDA_SUCCESS && b == a + 3 * g;
+    CUmemGenericAllocationHandle h[5];
+    int made = 0, mapped = 0;
+    for (; made < 5; made++)
+        if (CKD(cuMemCreate(&h[made], g, &prop, 0)))
+            break;
+    for (; mapped < made && mapped < 3; mapped++)
+        if (CKD(cuMemMap(a + (size_t)mapped * g, g, 0, h[mapped], 0)))
+            break;
+    int in_one = made == 5 && mapped == 3;
+    if (in_one) {
+        CHECK(cuMemSetAccess(a, 3 * g, &acc, 1) == CUDA_SUCCESS,
+              "one cuMemSetAccess over 3 mappings of one reservation refused");
+        CHECK(cuMemUnmap(a, 3 * g) == CUDA_SUCCESS,
+              "one cuMemUnmap over 3 mappings of one reservation refused");
+    }
+    if (in_one && adjacent && !CKD(cuMemMap(a, g, 0, h[0], 0)) &&
+        !CKD(cuMemMap(a + g, g, 0, h[1], 0)) && !CKD(cuMemMap(a + 2 * g, g, 0, h[2], 0)) &&
+        !CKD(cuMemMap(b, g, 0, h[3], 0)) && !CKD(cuMemMap(b + g, g, 0, h[4], 0))) {
+        CUresult ra = cuMemSetAccess(a + g, 3 * g, &acc, 1);
+        CUresult ru = cuMemUnmap(a + g, 3 * g);
+        INFO("runs_across_reservations adjacent=1 setaccess=%d unmap=%d (0: one call spans two "
+             "adjacent reservations; else the driver's refusal)",
+             (int)ra, (int)ru);
+        if (ru != CUDA_SUCCESS) {
+            CKD(cuMemUnmap(a + g, 2 * g));
+            CKD(cuMemUnmap(b, g));
+        }
+        CKD(cuMemUnmap(a, g));
+        CKD(cuMemUnmap(b + g, g));
+    } else {
+        INFO("runs_across_reservations adjacent=0: undecided (adjacent reservation granted: "
+             "%d, code %d)",
+             adjacent, (int)rb);
+    }
+    for (int i = 0; i < made; i++)
+        CKD(cuMemRelease(h[i]));
+    if (rb == CUDA_SUCCESS)
+        CKD(cuMemAddressFree(b, 2 * g));
+    CKD(cuMemAddressFree(a, 3 * g));
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -262,6 +329,8 @@ int main(int argc, char **argv)
     INFO("hook: %s", g_owns ? "loaded" : "absent");
     if (ex && ex[0] == '1')
         CHECK(g_owns && g_trim, "GPUTEST_EXPECT_HOOK=1 but vmm_owns/vmm_trim are not visible");
+
+    runs_of_mappings(dev);
 
     size_t free0 = 0, total = 0;
     CKD(cuMemGetInfo_v2(&free0, &total));
