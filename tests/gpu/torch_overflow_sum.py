@@ -1,12 +1,14 @@
 """torch_overflow_sum: PyTorch tensors of about 1.3x the GPU, every one summed on the GPU, under
 the hook with VMMHOOK_OVERFLOW=host (docs/OVERFLOW.md, issue 29).
 
-The whole GPU, no holder: tensors of 4 GiB (int32, deterministic values) fill the free device
+The whole GPU, no holder: tensors of 4 GiB (int64, deterministic values) fill the free device
 memory and spill past it, as much as the host allows (at most 0.3x the free device memory and
 0.3x the host's memory: the overflow budget is half of the host, and an eighth stays free);
 then every tensor is summed on the GPU (torch.sum: the sums' outputs and workspaces are the
 program's small, short-lived allocations), all sums queued and one synchronize, best of 3
-passes, and each sum is compared with its exact value.
+passes, and each sum is compared with its exact value. int64, not int32: PyTorch sums int32
+into int64 through a widened copy of the whole tensor (8 GiB here, measured on the H200 at
+41ce327: an allocation of 8589934592 bytes per sum), which measures the copy, not the reads.
 
     torch_overflow_sum.py cache     PyTorch's caching allocator on (the default)
     torch_overflow_sum.py nocache   PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor, the sums'
@@ -62,7 +64,7 @@ def main():
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     spill = min(0.3 * free, 0.3 * host)
     count = int((free + spill) // TENSOR)
-    n = TENSOR // 4
+    n = TENSOR // 8
     print(f"I mode {mode}: {free / GiB:.1f} GiB free of {total / GiB:.1f}, host {host / GiB:.0f} "
           f"GiB: {count} tensors of {TENSOR // GiB} GiB ({count * TENSOR / free:.2f}x the free "
           "memory)")
@@ -70,7 +72,7 @@ def main():
     t0 = time.time()
     try:
         for i in range(count):
-            t = torch.arange(n, device="cuda", dtype=torch.int32)
+            t = torch.arange(n, device="cuda", dtype=torch.int64)
             t.remainder_(PERIOD).add_(i)
             tensors.append(t)
         torch.cuda.synchronize()
