@@ -25,22 +25,22 @@ extern "C" {
 /* Status codes of the public API. */
 typedef enum vmm_status {
     VMM_OK = 0,
-    VMM_ERR_INVALID = 1,       /* a NULL out-pointer, or a bad argument */
-    VMM_ERR_FOREIGN = 2,       /* the pointer was not allocated by this library (or was freed) */
-    VMM_ERR_INTERIOR = 3,      /* the pointer lies inside a buffer but is not its start */
-    VMM_ERR_NO_MEMORY = 4,     /* the device (or VMMHOOK_MEM_LIMIT) has no memory for it */
-    VMM_ERR_NO_ADDRESS = 5,    /* no virtual address space could be reserved */
-    VMM_ERR_SIZE = 6,          /* size overflows once rounded to the granularity */
-    VMM_ERR_NO_DRIVER = 7,     /* no CUDA driver, no current context, or the library is disabled */
-    VMM_ERR_DRIVER = 8,        /* the driver failed otherwise; vmm_last_driver_error() tells */
-    VMM_ERR_PAUSED = 9,        /* the tag (or the buffer's tag) is paused: nothing was done */
-    VMM_ERR_NOT_PAUSED = 10,   /* vmm_resume of a tag that is not paused: nothing was done */
-    VMM_ERR_LIMIT = 11,        /* too many tags, or tags nested too deep */
-    VMM_ERR_UNKNOWN_TAG = 12,  /* no tag of that name has ever been pushed */
-    VMM_ERR_CAPTURING = 13,    /* a CUDA stream capture is in progress in the process: pausing or
-                                  resuming (which must wait for the device) would break it */
-    VMM_ERR_SHARED = 14,       /* the buffer is shared with another process (CUDA IPC) or still
-                                  mapped by a move in flight: its memory cannot be swapped */
+    VMM_ERR_INVALID = 1,      /* a NULL out-pointer, or a bad argument */
+    VMM_ERR_FOREIGN = 2,      /* the pointer was not allocated by this library (or was freed) */
+    VMM_ERR_INTERIOR = 3,     /* the pointer lies inside a buffer but is not its start */
+    VMM_ERR_NO_MEMORY = 4,    /* the device (or VMMHOOK_MEM_LIMIT) has no memory for it */
+    VMM_ERR_NO_ADDRESS = 5,   /* no virtual address space could be reserved */
+    VMM_ERR_SIZE = 6,         /* size overflows once rounded to the granularity */
+    VMM_ERR_NO_DRIVER = 7,    /* no CUDA driver, no current context, or the library is disabled */
+    VMM_ERR_DRIVER = 8,       /* the driver failed otherwise; vmm_last_driver_error() tells */
+    VMM_ERR_PAUSED = 9,       /* the tag (or the buffer's tag) is paused: nothing was done */
+    VMM_ERR_NOT_PAUSED = 10,  /* vmm_resume of a tag that is not paused: nothing was done */
+    VMM_ERR_LIMIT = 11,       /* too many tags, or tags nested too deep */
+    VMM_ERR_UNKNOWN_TAG = 12, /* no tag of that name has ever been pushed */
+    VMM_ERR_CAPTURING = 13,   /* a CUDA stream capture is in progress in the process: pausing or
+                                 resuming (which must wait for the device) would break it */
+    VMM_ERR_SHARED = 14,      /* the buffer is shared with another process (CUDA IPC) or still
+                                 mapped by a move in flight: its memory cannot be swapped */
     VMM_STATUS_COUNT
 } vmm_status;
 

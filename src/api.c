@@ -18,7 +18,6 @@
 
 #define VMM_API __attribute__((visibility("default")))
 
-
 /* no_address: an out-of-memory result came from the address space budget. */
 static vmm_status to_status(CUresult rc, bool no_address)
 {

@@ -37,8 +37,8 @@ vmh_arena_t *vmh_arena_new(void);
 void vmh_arena_delete(vmh_arena_t *a, void (*cb)(void *owner, void *arg), void *arg);
 
 /* Adds [base, base + size) (base and size multiples of VMH_ARENA_ALIGN) as free space; owner
- * is the caller's object for it (packing.c: the extent record). NULL when out of host memory, or with
- * errno EINVAL when size is 0 or base/size are not multiples of VMH_ARENA_ALIGN. */
+ * is the caller's object for it (packing.c: the extent record). NULL when out of host memory, or
+ * with errno EINVAL when size is 0 or base/size are not multiples of VMH_ARENA_ALIGN. */
 vmh_extent_t *vmh_arena_add_extent(vmh_arena_t *a, uintptr_t base, size_t size, void *owner);
 
 /* Best fit for size bytes (1 <= size; EINVAL for 0). Returns 0 and *out, or ENOMEM when no
@@ -113,8 +113,7 @@ void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s);
  * extent's addresses have memory behind them (a paused one has none: nothing to give back), so
  * it asks the owner's layer: holds_memory(owner) false leaves the extent out (NULL: every
  * extent counts). O(extents). */
-size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a,
-                                     bool (*holds_memory)(const void *owner));
+size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a, bool (*holds_memory)(const void *owner));
 
 /* The extent's owner and range. */
 void *vmh_extent_owner(const vmh_extent_t *e);
@@ -122,8 +121,8 @@ uintptr_t vmh_extent_base(const vmh_extent_t *e);
 size_t vmh_extent_size(const vmh_extent_t *e);
 
 /* Walks every live block (leak report). cb must not change the arena. */
-void vmh_arena_for_each_live(const vmh_arena_t *a,
-                             void (*cb)(const vmh_block_info_t *b, void *arg), void *arg);
+void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
+                             void *arg);
 
 #ifdef VMH_TESTING
 /* Test hooks (src/testable.h's convention), compiled only into the test build. */

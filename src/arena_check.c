@@ -17,7 +17,8 @@
 /* Checks every invariant the fast paths rely on; 0 when all hold, else the failing line. */
 int vmh_arena_check(const vmh_arena_t *a)
 {
-    size_t live = 0, parked = 0, freeb = 0, retired = 0, ext_bytes = 0, exts = 0, nfree = 0, nparked = 0;
+    size_t live = 0, parked = 0, freeb = 0, retired = 0, ext_bytes = 0, exts = 0, nfree = 0,
+           nparked = 0;
     const vmh_extent_t *lists[2] = {a->busy, a->idle};
     for (int li = 0; li < 2; li++) {
         for (const vmh_extent_t *e = lists[li]; e; e = e->next) {

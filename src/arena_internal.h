@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 #define ALIGN_SHIFT 8u
 _Static_assert((1u << ALIGN_SHIFT) == VMH_ARENA_ALIGN, "ALIGN_SHIFT must match VMH_ARENA_ALIGN");
 
@@ -91,7 +90,6 @@ struct vmh_arena {
     size_t retired; /* free bytes of retired extents (never served) */
 };
 
-
 /* ---- Records ------------------------------------------------------------------------------ */
 
 static inline size_t blk_size(const blk_t *b)
@@ -113,7 +111,6 @@ static inline unsigned fls64(uint64_t x)
 {
     return 63u - (unsigned)__builtin_clzll(x);
 }
-
 
 /* ---- Size classes ------------------------------------------------------------------------- */
 

@@ -47,8 +47,7 @@ void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
     s->extents = a->extents;
 }
 
-size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a,
-                                     bool (*holds_memory)(const void *owner))
+size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a, bool (*holds_memory)(const void *owner))
 {
     size_t bytes = 0;
     for (const vmh_extent_t *e = a->idle; e; e = e->next)

@@ -22,11 +22,11 @@ struct vmh_big {
     vmh_bigbufs_t *set; /* never changes once set */
     vmh_range_t *range;
     vmh_paused_t *paused; /* while PAUSED (range NULL): where it was mapped, its backup */
-    size_t req;      /* the size asked for */
+    size_t req;           /* the size asked for */
     big_state_t state;
-    bool growable;   /* from vmm_realloc: reserve headroom when it grows */
-    uint64_t export_serial; /* shared with another process in this life (0: not exported) */
-    void *site;      /* where it was allocated (leak report) */
+    bool growable;            /* from vmm_realloc: reserve headroom when it grows */
+    uint64_t export_serial;   /* shared with another process in this life (0: not exported) */
+    void *site;               /* where it was allocated (leak report) */
     vmh_parked_t parked_item; /* while PARKED */
     vmh_big_t *prev, *next;
 };
@@ -61,8 +61,7 @@ static void list_remove(vmh_biglist_t *l, vmh_big_t *b)
     l->bytes -= b->range ? b->range->size : 0;
 }
 
-void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
-                     vmh_cache_t *cache)
+void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim, vmh_cache_t *cache)
 {
     bb->dev = dev;
     bb->reclaim = reclaim;
@@ -164,8 +163,7 @@ static void make_live_locked(vmh_bigbufs_t *bb, vmh_big_t *b, vmh_range_t *r, si
 
 /* Serves r (taken off the cache or new) as a live buffer; false (r untouched) when no record
  * or registry entry could be had. */
-static bool serve_range(vmh_bigbufs_t *bb, vmh_range_t *r, size_t size, bool growable,
-                        void *site)
+static bool serve_range(vmh_bigbufs_t *bb, vmh_range_t *r, size_t size, bool growable, void *site)
 {
     vmh_lock(&bb->lock, VMH_RANK_OWNER);
     /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
@@ -245,8 +243,8 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
     /* A miss: recycle idle memory before asking for more (cache.h). */
     vmh_cache_make_room(bb->cache, rounded, vmh_reclaim_parked_bytes(bb->reclaim));
     vmh_range_t *r = NULL;
-    CUresult rc = vmh_dev_range_new(d, rounded, vmh_dev_reserve_for(rounded, growable), &r,
-                                    no_address);
+    CUresult rc =
+        vmh_dev_range_new(d, rounded, vmh_dev_reserve_for(rounded, growable), &r, no_address);
     return serve_made(bb, rc, r, rounded, size, growable, site, out);
 }
 
@@ -314,23 +312,21 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req, vmh_pa
     list_push(&bb->parked, b);
     idle_gauge((int64_t)b->range->size);
     *req = b->req;
-    vmh_reclaim_park(bb->reclaim, &b->parked_item, vmh_reclaim_now(bb->reclaim),
-                     b->range->size);
+    vmh_reclaim_park(bb->reclaim, &b->parked_item, vmh_reclaim_now(bb->reclaim), b->range->size);
     return CUDA_SUCCESS;
 }
 
 bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info)
 {
     if (b->state == BIG_PAUSED && p >= b->paused->base && p < b->paused->base + b->req) {
-        *info = (vmh_buffer_info_t){b->paused->base, b->req, b->paused->size,
-                                    b->o.dev->ordinal, false};
+        *info =
+            (vmh_buffer_info_t){b->paused->base, b->req, b->paused->size, b->o.dev->ordinal, false};
         return true;
     }
     if ((b->state != BIG_LIVE && b->state != BIG_RESIZING) || p < b->range->base ||
         p >= b->range->base + b->req)
         return false;
-    *info = (vmh_buffer_info_t){b->range->base, b->req, b->range->size, b->o.dev->ordinal,
-                                false};
+    *info = (vmh_buffer_info_t){b->range->base, b->req, b->range->size, b->o.dev->ordinal, false};
     return true;
 }
 
@@ -597,8 +593,8 @@ static CUresult home_unlock(vmh_bigbufs_t *bb, homing_t *h, size_t n, CUstream s
     }
     /* Where a move's time goes (VMMHOOK_VERBOSE): what a GPU run needs to tell copy from remap. */
     vmh_debug("moved %zu bytes of %zu buffers back to the device: chunks made and copies queued "
-              "%.1f ms, copies waited for %.1f ms, mappings swapped %.1f ms", *moved, n,
-              (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+              "%.1f ms, copies waited for %.1f ms, mappings swapped %.1f ms",
+              *moved, n, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
               (double)(vmh_now_ns() - t2) / 1e6);
     vmh_lock(&bb->lock, VMH_RANK_OWNER);
     for (size_t i = 0; i < n; i++) {
@@ -608,7 +604,8 @@ static CUresult home_unlock(vmh_bigbufs_t *bb, homing_t *h, size_t n, CUstream s
         h[i].b->state = BIG_LIVE;
         if (h[i].unfinished && park_range_locked(bb, h[i].unfinished, 0, 0) != CUDA_SUCCESS)
             vmh_log("moving memory back to the device: %zu bytes of scratch memory stay mapped "
-                    "(no memory to track them until the GPU is done)", h[i].unfinished->size);
+                    "(no memory to track them until the GPU is done)",
+                    h[i].unfinished->size);
     }
     vmh_unlock(&bb->lock);
     if (old && old->n) {

@@ -33,13 +33,12 @@ typedef struct vmh_bigbufs {
     vmh_cache_t *cache;
     pthread_mutex_t lock;
     vmh_biglist_t live, parked, unused;
-    vmh_biglist_t paused;  /* live buffers whose memory is given back (pause.c) */
-    atomic_bool frozen;    /* set by pause.c: no buffer is served from this set meanwhile */
+    vmh_biglist_t paused;      /* live buffers whose memory is given back (pause.c) */
+    atomic_bool frozen;        /* set by pause.c: no buffer is served from this set meanwhile */
     _Atomic size_t old_ranges; /* parked old ranges not yet unmapped */
 } vmh_bigbufs_t;
 
-void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim,
-                     vmh_cache_t *cache);
+void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim, vmh_cache_t *cache);
 
 /* A buffer of `size` bytes in host memory at device addresses (overflow.h), for what the
  * device could not serve; freed, its memory is given back, never cached. */

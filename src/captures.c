@@ -15,8 +15,8 @@
 
 #include "first_use.h"
 #include "log.h"
-#include "witness.h"
 #include "thread_state.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -93,8 +93,8 @@ static void capture_record(CUstream stream, CUstreamCaptureMode mode)
  * driver calls on either side; a begin waits only for synchronizes, which wait only for the GPU. */
 static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_syncs_done = PTHREAD_COND_INITIALIZER;
-static unsigned gate_syncs;  /* vmh_ctx_sync_device calls past their capture check */
-static size_t gate_begins;   /* vmh_capture_begin / vmh_capture_began calls not yet left */
+static unsigned gate_syncs; /* vmh_ctx_sync_device calls past their capture check */
+static size_t gate_begins;  /* vmh_capture_begin / vmh_capture_began calls not yet left */
 
 CUresult vmh_capture_begin(CUstream stream, CUstreamCaptureMode mode, vmh_capture_begin_fn begin,
                            void *call)

@@ -26,8 +26,8 @@
 #include "driver.h"
 #include "first_use.h"
 #include "log.h"
-#include "witness.h"
 #include "thread_state.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <pthread.h>

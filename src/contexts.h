@@ -83,12 +83,12 @@ bool vmh_capture_any(void);
  * stream of the process is capturing (vmh_capture_any(), which includes every case where
  * vmh_capture_forbids_unsafe() holds) or a capture is beginning (vmh_capture_begin): a context
  * synchronize waits for the context's capturing streams too, which conflicts with a capture
- * whatever its mode. Once past that check no capture begins until it returns. A context destroyed meanwhile is
- * skipped (vmh_ctx_forget waits for a wait in progress on it); one destroyed without a report
- * (the driver answers CUDA_ERROR_INVALID_CONTEXT or CUDA_ERROR_CONTEXT_IS_DESTROYED for it) is
- * skipped and forgotten, so that it fails no later wait; any other error of a synchronize is
- * returned (the first one), after the other contexts were waited for. The calling thread's current context is
- * learnt here if no report named it. The caller counts its waits (VMH_STAT_syncs). */
+ * whatever its mode. Once past that check no capture begins until it returns. A context destroyed
+ * meanwhile is skipped (vmh_ctx_forget waits for a wait in progress on it); one destroyed without a
+ * report (the driver answers CUDA_ERROR_INVALID_CONTEXT or CUDA_ERROR_CONTEXT_IS_DESTROYED for it)
+ * is skipped and forgotten, so that it fails no later wait; any other error of a synchronize is
+ * returned (the first one), after the other contexts were waited for. The calling thread's current
+ * context is learnt here if no report named it. The caller counts its waits (VMH_STAT_syncs). */
 CUresult vmh_ctx_sync_device(int device);
 
 /* --- the library's own use of a context ---

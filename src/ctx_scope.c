@@ -6,16 +6,16 @@
  *
  * While a thread has scopes open, its scope.known (thread_state.h) is its current context as they
  * left it (NULL: unknown, after a failed pop, until the last scope is left); with none open,
- * contexts.c's cache says it. An enter pushes unless ctx is known to be current already, so the library's uses
- * inside a program's context (a pause, a staging copy, a backup given back) make no driver call
- * for it. */
+ * contexts.c's cache says it. An enter pushes unless ctx is known to be current already, so the
+ * library's uses inside a program's context (a pause, a staging copy, a backup given back) make no
+ * driver call for it. */
 #include "contexts_internal.h"
 
 #include "driver.h"
 #include "first_use.h"
 #include "log.h"
-#include "witness.h"
 #include "thread_state.h"
+#include "witness.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -117,7 +117,8 @@ CUresult vmh_ctx_enter_device(int device, vmh_ctx_scope_t *scope)
     CUdevice primary;
     CUresult rc = device_context(device, &ctx, &primary, &current);
     if (rc == CUDA_SUCCESS)
-        rc = vmh_ctx_scope_enter(ctx, current, scope); /* the driver's answer, fresher than the cache */
+        rc = vmh_ctx_scope_enter(ctx, current,
+                                 scope); /* the driver's answer, fresher than the cache */
     if (rc != CUDA_SUCCESS) {
         if (primary >= 0)
             (void)vmh_drv.cuDevicePrimaryCtxRelease(primary); /* undo: what the enter made */

@@ -106,7 +106,8 @@ void vmh_work_split_wait(void)
         if (rc != CUDA_SUCCESS)
             vmh_log("waiting for device %d when the program made a second queue (%s) failed "
                     "(CUDA error %d): buffers reused just before may still be in use by work of "
-                    "the old queue", devices[k], why, (int)rc);
+                    "the old queue",
+                    devices[k], why, (int)rc);
     }
 }
 

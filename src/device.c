@@ -147,12 +147,13 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
             d->prop.allocFlags.gpuDirectRDMACapable = 1;
         else
             vmh_log("VMMHOOK_RDMA: device %d does not support GPUDirect RDMA with VMM memory; "
-                    "allocating without it", ordinal);
+                    "allocating without it",
+                    ordinal);
     }
 
     size_t min_gran = 0, rec_gran = 0;
     CUresult rc = vmh_drv.cuMemGetAllocationGranularity(&min_gran, &d->prop,
-                                                         CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+                                                        CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (rc == CUDA_SUCCESS)
         rc = vmh_drv.cuMemGetAllocationGranularity(&rec_gran, &d->prop,
                                                    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
@@ -179,7 +180,7 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
             continue;
         }
         vmh_access_set_peer(ordinal, peer, true); /* no mapping exists yet: no driver call */
-        vmh_work_queue_split("VMMHOOK_PEERS"); /* a peer's kernels run in its own queue */
+        vmh_work_queue_split("VMMHOOK_PEERS");    /* a peer's kernels run in its own queue */
     }
 
     /* The handle type first, with a chunk of the minimum size (the one most surely made), so
@@ -189,8 +190,8 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
         rc = vmh_alloc_create(min_gran, &d->prop, NULL, 0, &probe);
         if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_OUT_OF_MEMORY) {
             char why[96];
-            snprintf(why, sizeof why, "cuMemCreate on device %d answers CUDA error %d",
-                     ordinal, (int)rc);
+            snprintf(why, sizeof why, "cuMemCreate on device %d answers CUDA error %d", ordinal,
+                     (int)rc);
             settings.refuse("VMMHOOK_HANDLE_TYPE", why, "none");
             d->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
         } else if (rc == CUDA_SUCCESS) {
@@ -200,8 +201,8 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
     if (d->gran > rec_gran)
         d->gran = probe_granularity(d, rec_gran);
 
-    vmh_debug("device %d: chunk granularity %zu (minimum %zu), handle type %d", ordinal,
-              d->gran, min_gran, (int)d->prop.requestedHandleTypes);
+    vmh_debug("device %d: chunk granularity %zu (minimum %zu), handle type %d", ordinal, d->gran,
+              min_gran, (int)d->prop.requestedHandleTypes);
     return CUDA_SUCCESS;
 }
 
@@ -211,9 +212,9 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
 static void peak_note(vmh_dev_t *d, size_t now)
 {
     size_t peak = atomic_load_explicit(&d->peak_usable, memory_order_relaxed);
-    while (now > peak && !atomic_compare_exchange_weak_explicit(&d->peak_usable, &peak, now,
-                                                                memory_order_relaxed,
-                                                                memory_order_relaxed))
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&d->peak_usable, &peak, now, memory_order_relaxed,
+                                                  memory_order_relaxed))
         ;
 }
 
@@ -352,8 +353,10 @@ void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_
         snprintf(why, sizeof why, "over VMMHOOK_MEM_LIMIT=%s (%s already served on the device)",
                  vmh_fmt_bytes(a, sizeof a, settings.mem_limit), vmh_fmt_bytes(b, sizeof b, live));
     } else if (!vmh_tag_running(tag)) {
-        snprintf(why, sizeof why, "its tag \"%s\" is paused (vmm_pause): it takes no memory "
-                 "until vmm_resume", vmh_tag_name(tag));
+        snprintf(why, sizeof why,
+                 "its tag \"%s\" is paused (vmm_pause): it takes no memory "
+                 "until vmm_resume",
+                 vmh_tag_name(tag));
     } else if (d->gran > d->rec_gran && rc == CUDA_ERROR_OUT_OF_MEMORY) {
         size_t at_rec = size;
         (void)vmh_round_up(size, d->rec_gran, &at_rec);
@@ -363,7 +366,8 @@ void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_
                  vmh_fmt_bytes(a, sizeof a, d->gran), vmh_fmt_bytes(b, sizeof b, rounded),
                  vmh_fmt_bytes(c, sizeof c, at_rec), vmh_fmt_bytes(e, sizeof e, d->rec_gran));
     } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
-        snprintf(why, sizeof why, "the device is out of memory (the driver refused new memory "
+        snprintf(why, sizeof why,
+                 "the device is out of memory (the driver refused new memory "
                  "after the library gave back what it held idle)");
     } else {
         snprintf(why, sizeof why, "the driver answered %s %d", cu_name(rc), (int)rc);

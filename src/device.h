@@ -146,10 +146,10 @@ void vmh_owner_unlock(vmh_owner_t *o);
  * behind one for sharing with another process. */
 typedef struct vmh_buffer_info {
     CUdeviceptr base;
-    size_t size;    /* the size the program asked for (what native range queries answer) */
-    size_t usable;  /* bytes usable without moving */
+    size_t size;   /* the size the program asked for (what native range queries answer) */
+    size_t usable; /* bytes usable without moving */
     int device;
-    bool packed;    /* lives in a shared chunk */
+    bool packed; /* lives in a shared chunk */
 } vmh_buffer_info_t;
 
 typedef struct vmh_export {

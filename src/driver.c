@@ -5,8 +5,8 @@
 
 #include "log.h"
 #include "stats.h"
-#include "witness.h"
 #include "thread_state.h"
+#include "witness.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -38,13 +38,13 @@
     X(cuCtxGetDevice, (CUdevice * device))                                                         \
     X(cuCtxSynchronize, (void))                                                                    \
     X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))                                  \
-    X(cuMemGetInfo, (size_t * free, size_t *total))                                                \
+    X(cuMemGetInfo, (size_t * free, size_t * total))                                               \
     X(cuMemGetAllocationGranularity, (size_t * granularity, const CUmemAllocationProp *prop,       \
                                       CUmemAllocationGranularity_flags option))                    \
     X(cuMemCreate, (CUmemGenericAllocationHandle * handle, size_t size,                            \
                     const CUmemAllocationProp *prop, unsigned long long flags))                    \
     X(cuMemRelease, (CUmemGenericAllocationHandle handle))                                         \
-    X(cuMemAddressReserve, (CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr,   \
+    X(cuMemAddressReserve, (CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr,    \
                             unsigned long long flags))                                             \
     X(cuMemAddressFree, (CUdeviceptr ptr, size_t size))                                            \
     X(cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, \
@@ -53,17 +53,17 @@
     X(cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count))   \
     X(cuMemExportToShareableHandle, (void *shareable, CUmemGenericAllocationHandle handle,         \
                                      CUmemAllocationHandleType type, unsigned long long flags))    \
-    X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle * handle, void *os_handle,     \
-                                       CUmemAllocationHandleType type))                            \
+    X(cuMemImportFromShareableHandle,                                                              \
+      (CUmemGenericAllocationHandle * handle, void *os_handle, CUmemAllocationHandleType type))    \
     X(cuMemcpyDtoD, (CUdeviceptr dst, CUdeviceptr src, size_t bytes))                              \
-    X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))       \
+    X(cuMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))        \
     X(cuStreamSynchronize, (CUstream stream))                                                      \
     /* Contexts, streams, capture, host memory and copies (for reclaim and pause). The             \
      * library's own calls are never the interposed ones, so nothing here is reported to           \
      * contexts.c: a layer that makes or changes a context through them reports it itself. */      \
     X(cuCtxSetCurrent, (CUcontext ctx))                                                            \
-    X(cuCtxCreate, (CUcontext * pctx, CUctxCreateParams * params, unsigned int flags,              \
-                    CUdevice dev))                                                                 \
+    X(cuCtxCreate,                                                                                 \
+      (CUcontext * pctx, CUctxCreateParams * params, unsigned int flags, CUdevice dev))            \
     X(cuCtxDestroy, (CUcontext ctx))                                                               \
     X(cuDevicePrimaryCtxRelease, (CUdevice dev))                                                   \
     X(cuDevicePrimaryCtxReset, (CUdevice dev))                                                     \
@@ -74,8 +74,8 @@
     X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus * status))                      \
     X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode * mode))                             \
     X(cuGraphDestroy, (CUgraph graph))                                                             \
-    X(cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool,            \
-                                CUstream stream))                                                  \
+    X(cuMemAllocFromPoolAsync,                                                                     \
+      (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream))                   \
     X(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags))                \
     X(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int flags))                            \
     X(cuMemFreeHost, (void *p))                                                                    \
@@ -85,23 +85,23 @@
     X(cuMemcpyDtoH, (void *dst, CUdeviceptr src, size_t bytes))                                    \
     X(cuMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream))        \
     X(cuMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))              \
-    /* Real versions of the interposed entry points, for pass-through and for our own use. */     \
+    /* Real versions of the interposed entry points, for pass-through and for our own use. */      \
     X(cuMemAlloc, (CUdeviceptr * dptr, size_t bytesize))                                           \
-    X(cuMemAllocPitch, (CUdeviceptr * dptr, size_t *pitch, size_t width, size_t height,           \
-                        unsigned int elementSize))                                                 \
+    X(cuMemAllocPitch,                                                                             \
+      (CUdeviceptr * dptr, size_t * pitch, size_t width, size_t height, unsigned int elementSize)) \
     X(cuMemFree, (CUdeviceptr dptr))                                                               \
     X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream))                                         \
-    X(cuMemGetAddressRange, (CUdeviceptr * base, size_t *size, CUdeviceptr dptr))                 \
+    X(cuMemGetAddressRange, (CUdeviceptr * base, size_t * size, CUdeviceptr dptr))                 \
     X(cuPointerGetAttribute, (void *data, CUpointer_attribute attribute, CUdeviceptr ptr))         \
-    X(cuPointerGetAttributes, (unsigned int n, CUpointer_attribute *attributes, void **data,       \
-                               CUdeviceptr ptr))                                                   \
+    X(cuPointerGetAttributes,                                                                      \
+      (unsigned int n, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr))             \
     X(cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr dptr))                              \
     X(cuIpcOpenMemHandle, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int flags))        \
     X(cuIpcCloseMemHandle, (CUdeviceptr dptr))                                                     \
     X(cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags))                                 \
     X(cuCtxDisablePeerAccess, (CUcontext peer))
 
-#define VMH_DRIVER_FIELD(name, params) CUresult (*name) params;
+#define VMH_DRIVER_FIELD(name, params) CUresult(*name) params;
 typedef struct vmh_driver {
     VMH_DRIVER_FUNCS(VMH_DRIVER_FIELD)
 } vmh_driver_t;

@@ -26,9 +26,9 @@ typedef struct vmh_alloc {
     atomic_int refs;
     CUmemGenericAllocationHandle handle;
     size_t size;
-    int device;          /* ordinal the chunk lives on, or serves when host-located */
-    bool host;           /* host-located (overflow.h): pinned host memory at device addresses */
-    int handle_type;     /* CUmemAllocationHandleType it was created with */
+    int device;      /* ordinal the chunk lives on, or serves when host-located */
+    bool host;       /* host-located (overflow.h): pinned host memory at device addresses */
+    int handle_type; /* CUmemAllocationHandleType it was created with */
     int naccess;
     CUmemAccessDesc access[VMH_MAX_ACCESS];
 } vmh_alloc_t;

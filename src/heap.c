@@ -117,8 +117,8 @@ static CUresult serve_traced(hdev_t *h, CUresult rc, size_t size, void *site, CU
     if (rc == CUDA_SUCCESS &&
         (rc = alloc_on(h, vmh_tag_current(), size, false, site, out, &no_address)) != CUDA_SUCCESS)
         vmh_dev_alloc_failed(&h->dev, size, rc, no_address); /* VMMHOOK_VERBOSE: why */
-    vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
-              rc == CUDA_SUCCESS ? *out : 0, size, NULL);
+    vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure", rc == CUDA_SUCCESS ? *out : 0,
+              size, NULL);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) /* after the retry that relieves: the program's OOM */
         vmh_count(VMH_STAT_ooms, 1);
     return rc;
@@ -205,7 +205,8 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     size_t req = 0;
     /* Freed memory reused at once while the program's work runs in one queue (contexts.h:
      * the note, then the look, in that order, so that the rule's end covers this free). */
-    bool at_once = vmh_heap_settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
+    bool at_once =
+        vmh_heap_settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
     vmh_paused_t *gone = NULL;
     CUresult rc = o->kind == VMH_OWN_EXTENT
                       ? vmh_packing_park_locked((vmh_ext_t *)o, p, at_once, &req)
@@ -359,8 +360,8 @@ CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool 
         if (rc != CUDA_SUCCESS)
             return rc;
         rc = alloc_on(h, vmh_tag_current(), size, true, NULL, p, no_address);
-        vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure",
-                  rc == CUDA_SUCCESS ? *p : 0, size, stream);
+        vmh_trace(rc == CUDA_SUCCESS ? "allocate" : "allocate failure", rc == CUDA_SUCCESS ? *p : 0,
+                  size, stream);
         return rc;
     }
     if (size == 0) {
@@ -381,8 +382,7 @@ CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool 
     if (rc == CUDA_SUCCESS) {
         vmh_tag_requested_add(tag, (int64_t)size - (int64_t)old_size);
         trace_resize(old, old_size, *p, size, stream);
-    }
-    else if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+    } else if (rc == CUDA_ERROR_OUT_OF_MEMORY)
         vmh_trace("allocate failure", 0, size, stream);
     return rc;
 }
@@ -396,9 +396,8 @@ CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out)
         return CUDA_ERROR_NOT_FOUND;
     memset(out, 0, sizeof *out);
     const vmh_range_t *r = NULL;
-    CUresult rc = o->kind == VMH_OWN_EXTENT
-                      ? vmh_packing_export_locked((vmh_ext_t *)o, p, out, &r)
-                      : vmh_bigbuf_export_locked((vmh_big_t *)o, out, &r);
+    CUresult rc = o->kind == VMH_OWN_EXTENT ? vmh_packing_export_locked((vmh_ext_t *)o, p, out, &r)
+                                            : vmh_bigbuf_export_locked((vmh_big_t *)o, out, &r);
     if (rc == CUDA_SUCCESS) {
         out->chunks = malloc(r->nmaps * sizeof *out->chunks);
         if (!out->chunks) {

@@ -15,8 +15,8 @@
 
 #include "device.h"
 #include "handle.h"
-#include "report.h"
 #include "range.h"
+#include "report.h"
 
 #include <cuda.h>
 #include <stdbool.h>
@@ -60,8 +60,9 @@ CUresult vmh_heap_alloc_pitch(size_t width, size_t height, unsigned int elem, vo
  * CUDA_ERROR_INVALID_VALUE: p is inside a served buffer but not its start. stream is recorded
  * for stream-ordered frees (async true); the memory is reused only after work queued before the
  * call has completed, in every context of the device, either way. The call does not wait for
- * that (the reclaim thread does, reclaim.h) unless VMMHOOK_FREE_SYNC is set and async false. After shutdown a served pointer is accepted quietly, without
- * a driver call (late frees from other destructors). */
+ * that (the reclaim thread does, reclaim.h) unless VMMHOOK_FREE_SYNC is set and async false. After
+ * shutdown a served pointer is accepted quietly, without a driver call (late frees from other
+ * destructors). */
 CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async);
 
 /* The live served buffer that contains p: its base, the size asked for, the usable size and

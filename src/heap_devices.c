@@ -38,7 +38,8 @@ void vmh_heap_configure(const vmh_heap_settings_t *s)
 static void hdev_destroy(hdev_t *h)
 {
     vmh_reclaim_release_all(&h->reclaim);
-    FOR_EACH_PART(h, p) {
+    FOR_EACH_PART(h, p)
+    {
         vmh_bigbuf_destroy(&p->big);
         vmh_packing_destroy(&p->pack);
         free(p);
@@ -154,7 +155,8 @@ void vmh_heap_shutdown(bool report_leaks)
         hdev_t *h = hdev_at(i);
         if (!h || h->dev.unsupported)
             continue;
-        FOR_EACH_PART(h, p) {
+        FOR_EACH_PART(h, p)
+        {
             vmh_bigbuf_for_each_live(&p->big, report_big_leak, &i);
             vmh_packing_for_each_live(&p->pack, report_packed_leak, &i);
         }
@@ -173,7 +175,7 @@ size_t vmh_heap_idle_bytes(int device)
         return 0;
     size_t idle = vmh_cache_bytes(&h->cache);
     FOR_EACH_PART(h, p)
-        idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_packing_idle_bytes(&p->pack);
+    idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_packing_idle_bytes(&p->pack);
     return idle;
 }
 
@@ -206,8 +208,10 @@ void vmh_heap_stats_devices(vmh_jbuf_t *b)
         hdev_t *h = hdev_at(i);
         if (!h || h->dev.unsupported)
             continue;
-        vmh_jb_printf(b, "%s\"%d\": {\"bytes_spilled\": %zu, \"spills\": %llu, "
-                      "\"spills_small\": %llu}", first ? "" : ", ", i, vmh_overflow_bytes(i),
+        vmh_jb_printf(b,
+                      "%s\"%d\": {\"bytes_spilled\": %zu, \"spills\": %llu, "
+                      "\"spills_small\": %llu}",
+                      first ? "" : ", ", i, vmh_overflow_bytes(i),
                       (unsigned long long)atomic_load(&h->spills),
                       (unsigned long long)atomic_load(&h->spills_small));
         first = false;
@@ -261,7 +265,8 @@ void vmh_heap_tag_freeze(unsigned tag, bool frozen)
 
 void vmh_heap_forked_child(void)
 {
-    atomic_store(&vmh_heap_mode, HEAP_CHILD); /* the reclaim thread's step is lifetime.c's own call */
+    atomic_store(&vmh_heap_mode,
+                 HEAP_CHILD); /* the reclaim thread's step is lifetime.c's own call */
 }
 
 void vmh_heap_reset(void)

@@ -45,7 +45,7 @@ typedef struct hdev {
 
 #define FOR_EACH_PART(h, p)                                                                        \
     for (unsigned part_i_ = 0; part_i_ < VMM_TAGS_MAX; part_i_++)                                  \
-        for (tagpart_t *p = atomic_load_explicit(&(h)->part[part_i_], memory_order_acquire); p;   \
+        for (tagpart_t *p = atomic_load_explicit(&(h)->part[part_i_], memory_order_acquire); p;    \
              p = NULL)
 
 enum { HEAP_RUNNING, HEAP_EXITED, HEAP_CHILD };

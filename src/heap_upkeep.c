@@ -40,7 +40,7 @@ bool vmh_hdev_relieve(vmh_dev_t *d)
     vmh_reclaim_drain(&h->reclaim);
     size_t bytes = vmh_cache_trim(&h->cache);
     FOR_EACH_PART(h, p)
-        bytes += vmh_packing_trim(&p->pack);
+    bytes += vmh_packing_trim(&p->pack);
     if (bytes)
         vmh_count(VMH_STAT_trims, 1);
     return bytes != 0 || dropped || vmh_reclaim_pending(&h->reclaim);
@@ -78,13 +78,13 @@ void vmh_hdev_tidy(vmh_dev_t *d)
     size_t live = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
     size_t keep = (peak > live ? peak - live : 0) + peak / TIDY_SLACK;
     size_t idle = vmh_heap_idle_bytes(d->ordinal);
-    if (idle > keep + d->gran && vmh_reclaim_pass(&h->reclaim, VMH_WAIT_BACKGROUND) ==
-                                     CUDA_SUCCESS) {
+    if (idle > keep + d->gran &&
+        vmh_reclaim_pass(&h->reclaim, VMH_WAIT_BACKGROUND) == CUDA_SUCCESS) {
         /* Memory freed at once may still be touched by queued work: passed first (above). */
         size_t excess = idle - keep, given = vmh_cache_trim_upto(&h->cache, excess);
         FOR_EACH_PART(h, p)
-            if (given < excess)
-                given += vmh_packing_trim_upto(&p->pack, excess - given);
+        if (given < excess)
+            given += vmh_packing_trim_upto(&p->pack, excess - given);
         if (given)
             vmh_count(VMH_STAT_tidy_bytes, given);
     }
@@ -127,7 +127,7 @@ size_t vmh_heap_trim(void)
 #endif
         size_t b = vmh_cache_trim(&h->cache);
         FOR_EACH_PART(h, p)
-            b += vmh_packing_trim(&p->pack);
+        b += vmh_packing_trim(&p->pack);
         vmh_unlock(&h->tidy_lock);
         if (b)
             vmh_count(VMH_STAT_trims, 1);
@@ -150,7 +150,7 @@ void vmh_heap_trim_paused(void)
         if (!h || h->dev.unsupported)
             continue;
         FOR_EACH_PART(h, p)
-            vmh_packing_trim_paused(&p->pack);
+        vmh_packing_trim_paused(&p->pack);
     }
 }
 
@@ -208,8 +208,8 @@ CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
     CUresult rc = vmh_hdev_current(&h);
     if (rc != CUDA_SUCCESS)
         return rc;
-    tagpart_t *p = tag < VMM_TAGS_MAX ? atomic_load_explicit(&h->part[tag], memory_order_acquire)
-                                      : NULL;
+    tagpart_t *p =
+        tag < VMM_TAGS_MAX ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
     if (!p || !vmh_overflow_bytes(h->dev.ordinal))
         return CUDA_SUCCESS;
     CUstream stream;

@@ -147,14 +147,17 @@ typedef IP_PFN_cuStreamBeginCapture_v10000 IP_PFN_cuStreamBeginCapture_v10000_pt
     IP_STREAM_FORMS(X, cuStreamEndCapture, PFN_cuStreamEndCapture_v10000, "cuStreamEndCapture",    \
                     10000, INT_MAX)                                                                \
     X(cuThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010,             \
-      "cuThreadExchangeStreamCaptureMode", 10010, INT_MAX, IP_STREAM_NONE)                          \
-    X(cuStreamCreate, PFN_cuStreamCreate_v2000, "cuStreamCreate", 2000, INT_MAX, IP_STREAM_NONE)    \
+      "cuThreadExchangeStreamCaptureMode", 10010, INT_MAX,                                         \
+      IP_STREAM_NONE)                                                                              \
+    X(cuStreamCreate, PFN_cuStreamCreate_v2000, "cuStreamCreate", 2000, INT_MAX,                  \
+      IP_STREAM_NONE)                                                                              \
     X(cuStreamCreateWithPriority, PFN_cuStreamCreateWithPriority_v5050,                            \
       "cuStreamCreateWithPriority", 5050, INT_MAX, IP_STREAM_NONE)                                 \
     X(cuGreenCtxStreamCreate, PFN_cuGreenCtxStreamCreate_v12050, "cuGreenCtxStreamCreate", 12050,  \
       INT_MAX, IP_STREAM_NONE)                                                                     \
-    X(cuStreamDestroy, PFN_cuStreamDestroy_v4000, "cuStreamDestroy", 2000, 4000, IP_STREAM_NONE)    \
-    X(cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000, "cuStreamDestroy", 4000, INT_MAX,              \
+    X(cuStreamDestroy, PFN_cuStreamDestroy_v4000, "cuStreamDestroy", 2000, 4000,                   \
+      IP_STREAM_NONE)                                                                              \
+    X(cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000, "cuStreamDestroy", 4000, INT_MAX,             \
       IP_STREAM_NONE)
 /* clang-format on */
 

@@ -61,7 +61,6 @@ static const ip_hooked_t ip_rows[IP_VARIANT_COUNT] = {VMH_HOOKED(IP_ROW)};
 
 _Atomic(void *) vmh_ip_real_fns[IP_VARIANT_COUNT];
 
-
 /* ---------------------------------------------------------------------------------------------
  * dlsym.
  *

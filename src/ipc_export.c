@@ -146,8 +146,8 @@ out:
     return rc;
 }
 
-vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t *ex,
-                                     CUcontext *ctx, int32_t *driver_rc)
+vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t *ex, CUcontext *ctx,
+                                     int32_t *driver_rc)
 {
     memset(ex, 0, sizeof *ex);
     *ctx = NULL;
@@ -192,12 +192,12 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
     size_t done = 0;
     while (rc == CUDA_SUCCESS && done < count) {
         CUmemGenericAllocationHandle h = ex->chunks[first + done]->handle;
-        rc = vmh_drv.cuMemExportToShareableHandle(
-            &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        rc = vmh_drv.cuMemExportToShareableHandle(&fds[done], h,
+                                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
         vmh_ctx_scope_t scope;
         if (rc == CUDA_ERROR_INVALID_CONTEXT && ctx && vmh_ctx_enter(ctx, &scope) == CUDA_SUCCESS) {
-            rc = vmh_drv.cuMemExportToShareableHandle(
-                &fds[done], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            rc = vmh_drv.cuMemExportToShareableHandle(&fds[done], h,
+                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
             /* The program's thread keeps the context it had, or the export fails. */
             CUresult left = vmh_ctx_leave(&scope);
             if (rc == CUDA_SUCCESS && left != CUDA_SUCCESS) {

@@ -32,8 +32,8 @@ CUresult vmh_ipc_export_record(vmh_export_t *ex, CUcontext ctx, vmh_ipc_token_t 
  * recorded; VMH_IPC_UNKNOWN_EXPORT when no entry has that token or its buffer is no longer
  * live (the entry goes then); VMH_IPC_SHUT_DOWN after exit began; VMH_IPC_EXPORT_FAILED (with
  * *driver_rc) when memory ran out. */
-vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t *ex,
-                                     CUcontext *ctx, int32_t *driver_rc);
+vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t *ex, CUcontext *ctx,
+                                     int32_t *driver_rc);
 
 /* cuMemExportToShareableHandle of chunks [first, first + count) of a taken ex into fds; none
  * is left open on failure. CUDA_ERROR_DEINITIALIZED once exit began (the driver may be gone). */
@@ -45,8 +45,8 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
  * offset, device, nchunks) with chunks NULL; a second call does nothing. */
 void vmh_ipc_export_untake(vmh_export_t *ex);
 
-/* Lifetime (lifetime.c calls these; the table registers no handler of its own): exit began, so no driver
- * call from the table from now on (none is in flight on return); and the table's lock taken
+/* Lifetime (lifetime.c calls these; the table registers no handler of its own): exit began, so no
+ * driver call from the table from now on (none is in flight on return); and the table's lock taken
  * before a fork and released after it in parent and child. */
 void vmh_ipc_export_shutdown(void);
 void vmh_ipc_export_prefork(void);

@@ -184,9 +184,9 @@ static CUresult import_batches(int s, const vmh_ipc_handle_t *h, size_t n, int d
                 vmh_log("cuIpcOpenMemHandle: %zu of %zu file descriptors arrived from the "
                         "exporting process (pid %u): %s; CUDA_ERROR_MAP_FAILED",
                         have + got, n, h->pid,
-                        err == EPROTO  ? "a batch was cut (the descriptor limit?)"
-                        : err          ? strerror(err)
-                                       : "a batch of the wrong size");
+                        err == EPROTO ? "a batch was cut (the descriptor limit?)"
+                        : err         ? strerror(err)
+                                      : "a batch of the wrong size");
             rc = CUDA_ERROR_MAP_FAILED;
         }
         size_t imported = 0;
@@ -329,8 +329,8 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
                                            .refs = 1};
     atomic_store(&nimports_atomic, nimports);
     vmh_unlock(&imp_lock);
-    vmh_debug("CUDA IPC: opened an export of pid %u: %llu bytes in %zu chunk(s) at 0x%llx",
-              h->pid, (unsigned long long)rep.size, n, (unsigned long long)ptr);
+    vmh_debug("CUDA IPC: opened an export of pid %u: %llu bytes in %zu chunk(s) at 0x%llx", h->pid,
+              (unsigned long long)rep.size, n, (unsigned long long)ptr);
     *out = ptr;
     return CUDA_SUCCESS;
 }

@@ -6,14 +6,14 @@
  * export table (ipc_export.c) is asked for chunks and exports; no lock of this file is held
  * while it is.
  */
-#include "ipc_export.h"
 #include "ipc_listener.h"
+#include "ipc_export.h"
 #include "ipc_wire.h"
 
 #include "log.h"
 #include "testable.h"
-#include "witness.h"
 #include "thread_state.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -77,16 +77,16 @@ void vmh_ipc_listener_postfork(void)
 typedef struct peer {
     int fd;
     int64_t deadline_ms;
-    bool answering;     /* the request arrived: the reply and the batches go out */
-    bool reply_unsent;  /* the reply waits for room in the socket */
-    bool blocked;       /* the last send found no room: wait for POLLOUT */
+    bool answering;    /* the request arrived: the reply and the batches go out */
+    bool reply_unsent; /* the reply waits for room in the socket */
+    bool blocked;      /* the last send found no room: wait for POLLOUT */
     vmh_ipc_reply_t reply;
-    vmh_export_t ex;    /* answering: the chunks, with references of this exchange */
+    vmh_export_t ex; /* answering: the chunks, with references of this exchange */
     CUcontext ctx;
-    size_t next;        /* the first chunk not yet exported */
+    size_t next; /* the first chunk not yet exported */
     vmh_ipc_batch_t batch;
     int fds[VMH_IPC_BATCH];
-    size_t nfds;        /* exported descriptors of batch, not yet sent */
+    size_t nfds; /* exported descriptors of batch, not yet sent */
     bool batch_ready;
 } peer_t;
 
@@ -182,8 +182,7 @@ static bool peer_answer(peer_t *pr, const vmh_ipc_request_t *req)
         rep->status = VMH_IPC_BAD_REQUEST;
         return peer_pump(pr);
     }
-    rep->status =
-        (uint32_t)vmh_ipc_export_take(&req->export, &pr->ex, &pr->ctx, &rep->driver_rc);
+    rep->status = (uint32_t)vmh_ipc_export_take(&req->export, &pr->ex, &pr->ctx, &rep->driver_rc);
     if (rep->status == VMH_IPC_OK) {
         /* The first batch before the reply: a refusal of the driver is the reply's status. */
         prepare_batch(pr);
@@ -465,8 +464,8 @@ CUresult vmh_ipc_listener_start(uint32_t *pid, uint64_t *socket_token)
 bool vmh_ipc_listener_is_own(uint32_t pid, uint64_t socket_token)
 {
     vmh_lock(&listen_lock, VMH_RANK_IPC_LISTENER);
-    bool own = listening && pid == (uint32_t)getpid() && own_pid == pid &&
-               socket_token == own_token;
+    bool own =
+        listening && pid == (uint32_t)getpid() && own_pid == pid && socket_token == own_token;
     vmh_unlock(&listen_lock);
     return own;
 }

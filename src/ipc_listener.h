@@ -26,8 +26,8 @@ CUresult vmh_ipc_listener_start(uint32_t *pid, uint64_t *socket_token);
  * gets the driver's answer for a same-process open. */
 bool vmh_ipc_listener_is_own(uint32_t pid, uint64_t socket_token);
 
-/* Lifetime (lifetime.c calls these; the listener registers no handler of its own): at exit the listener stops
- * taking connections; its lock is taken before a fork and released after it. */
+/* Lifetime (lifetime.c calls these; the listener registers no handler of its own): at exit the
+ * listener stops taking connections; its lock is taken before a fork and released after it. */
 void vmh_ipc_listener_shutdown(void);
 void vmh_ipc_listener_prefork(void);
 void vmh_ipc_listener_postfork(void);

@@ -32,16 +32,16 @@ typedef struct vmh_ipc_token {
 } vmh_ipc_token_t;
 
 typedef struct vmh_ipc_handle {
-    uint32_t magic;           /* VMH_IPC_MAGIC */
-    uint16_t version;         /* VMH_IPC_VERSION */
-    uint16_t flags;           /* 0 */
-    uint32_t pid;             /* the exporter, as it sees itself */
-    int32_t device;           /* the exporter's device ordinal (information) */
-    uint64_t socket_token;    /* names the exporter's socket (random; public in /proc/net/unix) */
-    vmh_ipc_token_t export;   /* names the export: 128 random bits, asked for in the request */
-    uint64_t size;            /* the buffer's size (information) */
-    uint64_t offset;          /* where the buffer starts in its first chunk (information) */
-    uint64_t check;           /* a hash of the fields above: tells ours from a driver's handle */
+    uint32_t magic;         /* VMH_IPC_MAGIC */
+    uint16_t version;       /* VMH_IPC_VERSION */
+    uint16_t flags;         /* 0 */
+    uint32_t pid;           /* the exporter, as it sees itself */
+    int32_t device;         /* the exporter's device ordinal (information) */
+    uint64_t socket_token;  /* names the exporter's socket (random; public in /proc/net/unix) */
+    vmh_ipc_token_t export; /* names the export: 128 random bits, asked for in the request */
+    uint64_t size;          /* the buffer's size (information) */
+    uint64_t offset;        /* where the buffer starts in its first chunk (information) */
+    uint64_t check;         /* a hash of the fields above: tells ours from a driver's handle */
 } vmh_ipc_handle_t;
 
 /* Fills h->check and copies h into out. */
@@ -67,8 +67,8 @@ typedef enum vmh_ipc_status {
     VMH_IPC_REFUSED_USER = 2,   /* the importer runs as another user */
     VMH_IPC_EXPORT_FAILED = 3,  /* cuMemExportToShareableHandle failed: driver_rc says how */
     VMH_IPC_BAD_REQUEST = 4,
-    VMH_IPC_SHUT_DOWN = 5,      /* the exporter is exiting */
-    VMH_IPC_TIMED_OUT = 6,      /* no request arrived in time after the connection */
+    VMH_IPC_SHUT_DOWN = 5, /* the exporter is exiting */
+    VMH_IPC_TIMED_OUT = 6, /* no request arrived in time after the connection */
 } vmh_ipc_status_t;
 
 /* exporter -> importer: the reply, then ceil(nchunks / VMH_IPC_BATCH) batches. The exporter

@@ -39,7 +39,8 @@ void vmh_work_queue_split(const char *why)
     atomic_store(&work_split_unwaited, true);
     vmh_count(VMH_STAT_queue_splits, 1);
     vmh_debug("the program's work is no longer in one queue per device (%s): frees park from "
-              "now on; where the program did it:", why);
+              "now on; where the program did it:",
+              why);
     if (vmh_log_verbose()) {
         /* Which code made the second queue (a library the program uses may make a stream of
          * its own): the frames, written straight to stderr without allocating. */

@@ -323,7 +323,8 @@ void vmh_options_print(const vmh_options_t *o)
             vmh_fmt_quoted(q, sizeof(q), v, sizeof(v));
         else
             snprintf(q, sizeof(q), "%s", v[0] ? v : "(none)");
-        vmh_log("  %-20s = %s%s", vmh_option_rows[i].name, q, row_equal(o, &d, &vmh_option_rows[i]) ? " (default)" : "");
+        vmh_log("  %-20s = %s%s", vmh_option_rows[i].name, q,
+                row_equal(o, &d, &vmh_option_rows[i]) ? " (default)" : "");
     }
 }
 
@@ -407,7 +408,8 @@ int vmh_options_check_unknown(char *const *envp, bool check)
         size_t n = eq ? (size_t)(eq - e) : strlen(e);
         bool known = false;
         for (size_t i = 0; i < vmh_option_nrows && !known; i++)
-            known = strlen(vmh_option_rows[i].name) == n && memcmp(vmh_option_rows[i].name, e, n) == 0;
+            known =
+                strlen(vmh_option_rows[i].name) == n && memcmp(vmh_option_rows[i].name, e, n) == 0;
         if (known)
             continue;
         /* A typo would otherwise be silently ignored. Not fatal under VMMHOOK_STRICT: a newer
@@ -514,7 +516,6 @@ const vmh_options_t *vmh_options_load(void)
     pthread_once(&once, load_once);
     return &snapshot;
 }
-
 
 /* ---- the table, row by row (vmmhook-config, the tests, the fuzzer) ----------------------------
  */

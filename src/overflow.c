@@ -98,14 +98,18 @@ static bool budget_allows(size_t size, char *why, size_t whylen)
     if (known && m.total / HOST_SHARE_DIV < limit)
         limit = m.total / HOST_SHARE_DIV;
     if (used > limit || size > limit - used) {
-        snprintf(why, whylen, "%zu bytes spilled already, the limit is %zu (VMMHOOK_OVERFLOW_LIMIT, "
-                 "at most half of the host's memory)", used, limit);
+        snprintf(why, whylen,
+                 "%zu bytes spilled already, the limit is %zu (VMMHOOK_OVERFLOW_LIMIT, "
+                 "at most half of the host's memory)",
+                 used, limit);
         return false;
     }
-    if (known && (m.available < m.total / HOST_LOW_DIV ||
-                  size > m.available - m.total / HOST_LOW_DIV)) {
-        snprintf(why, whylen, "the host has %zu bytes available, and an eighth of its memory "
-                 "stays free", m.available);
+    if (known &&
+        (m.available < m.total / HOST_LOW_DIV || size > m.available - m.total / HOST_LOW_DIV)) {
+        snprintf(why, whylen,
+                 "the host has %zu bytes available, and an eighth of its memory "
+                 "stays free",
+                 m.available);
         return false;
     }
     return true;
@@ -133,8 +137,9 @@ static host_state_t learn(const vmh_dev_t *d)
     if (rc != CUDA_SUCCESS || g == 0 || d->gran % g != 0) {
         vmh_log("VMMHOOK_OVERFLOW=host: device %d cannot map host memory at its chunk size (%s); "
                 "its allocations do not spill",
-                d->ordinal, rc != CUDA_SUCCESS ? "the driver refuses host-located memory"
-                                               : "the host granularity does not divide it");
+                d->ordinal,
+                rc != CUDA_SUCCESS ? "the driver refuses host-located memory"
+                                   : "the host granularity does not divide it");
         s = HOST_UNSUPPORTED;
     } else {
         s = HOST_OK;
@@ -177,7 +182,8 @@ CUresult vmh_overflow_chunk(const vmh_dev_t *d, size_t size, vmh_alloc_t **out)
         rc = create(d, size, s, out);
     else if (!atomic_flag_test_and_set(&said_budget))
         vmh_log("VMMHOOK_OVERFLOW=host: an allocation of %zu bytes on device %d does not spill: "
-                "%s; it fails with out of memory (said once)", size, d->ordinal, why);
+                "%s; it fails with out of memory (said once)",
+                size, d->ordinal, why);
     vmh_unlock(&spill_lock);
     if (rc == CUDA_SUCCESS && !atomic_flag_test_and_set(&said_first_spill))
         vmh_log("device %d is full: an allocation of %zu bytes is served from host memory "

@@ -4,8 +4,8 @@
 #include "list.h"
 #include "registry.h"
 #include "stats.h"
-#include "witness.h"
 #include "thread_state.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -116,7 +116,7 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
  * (outside the shard's lock) when none has room. The driver's code with *no_address when the
  * VMMHOOK_VA_LIMIT budget or the driver refused the address space. */
 static CUresult span_take(vmh_shard_t *s, size_t size, vmh_resv_t **resv, CUdeviceptr *at,
-                      bool *no_address)
+                          bool *no_address)
 {
     vmh_lock(&s->lock, VMH_RANK_OWNER);
     bool got = vmh_spans_take(&s->spans, size, resv, at);
@@ -131,8 +131,8 @@ static CUresult span_take(vmh_shard_t *s, size_t size, vmh_resv_t **resv, CUdevi
         !vmh_round_up(span, s->pack->dev->gran, &span))
         span = size;
     vmh_resv_t *nr;
-    CUresult rc = vmh_dev_va_exhausted(span) ? CUDA_ERROR_OUT_OF_MEMORY
-                                             : vmh_resv_create(span, 0, 0, &nr);
+    CUresult rc =
+        vmh_dev_va_exhausted(span) ? CUDA_ERROR_OUT_OF_MEMORY : vmh_resv_create(span, 0, 0, &nr);
     if (rc != CUDA_SUCCESS) {
         *no_address = true;
         return rc;
@@ -158,8 +158,7 @@ static void span_give(vmh_shard_t *s, CUdeviceptr at, size_t size)
 }
 
 /* A range of `size` bytes, one chunk, in shard s's spans. */
-static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out,
-                                 bool *no_address)
+static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out, bool *no_address)
 {
     vmh_resv_t *resv;
     CUdeviceptr at;
@@ -180,8 +179,8 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out,
  * checks that a pause's trim never destroys an extent its allocating thread still reads).
  * *out: the block. OUT_OF_MEMORY with nothing left behind when the driver or host memory runs
  * out. */
-static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t size,
-                                   bool *no_address, CUdeviceptr *out)
+static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool *no_address,
+                                   CUdeviceptr *out)
 {
     vmh_dev_t *d = pk->dev;
     size_t want;
@@ -301,8 +300,8 @@ static int shard_alloc(vmh_shard_t *s, size_t size, bool try, CUdeviceptr *out)
  * a thread whose own shard has no extent yet and meets contention elsewhere gives its shard
  * a first extent instead, which is what spreads threads over the shards (at most one chunk
  * per shard); beyond that, free space anywhere comes before growth. */
-static bool others_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t want,
-                         bool wait_busy, CUdeviceptr *out)
+static bool others_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t want, bool wait_busy,
+                         CUdeviceptr *out)
 {
     unsigned busy = 0;
     for (unsigned i = 1; i < VMH_SHARDS; i++) {
@@ -348,8 +347,7 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
         served = (atomic_load_explicit(&mine->free, memory_order_relaxed) >= want &&
                   shard_alloc(mine, size, false, out) == 0) ||
                  others_alloc(pk, home, size, want,
-                              atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0,
-                              out);
+                              atomic_load_explicit(&mine->extents, memory_order_relaxed) > 0, out);
         /* New memory is needed: past VMMHOOK_PARK_LIMIT the thread waits first, and what
          * that released may serve it (reclaim.h). */
         if (!served && (attempt > 0 || !vmh_reclaim_throttle(pk->reclaim)))
@@ -533,10 +531,10 @@ static vmh_ext_t *unlink_empty_upto_locked(vmh_shard_t *s, empty_kind_t kind, si
     size_t size;
     while ((!budget || *budget > 0) &&
            (e = vmh_arena_take_empty_extent_where(s->arena,
-                                                   kind == EMPTY_RETIRED  ? ext_retired_passed
-                                                   : kind == EMPTY_PAUSED ? ext_paused
-                                                                          : ext_passed,
-                                                   &base, &size))) {
+                                                  kind == EMPTY_RETIRED  ? ext_retired_passed
+                                                  : kind == EMPTY_PAUSED ? ext_paused
+                                                                         : ext_passed,
+                                                  &base, &size))) {
         vmh_registry_set(base, size, NULL);
         if (budget)
             *budget -= size < *budget ? size : *budget;
@@ -645,8 +643,8 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
             /* A retired extent holds a freed exported block: another process may map it. */
             bool exported = vmh_extent_retired(e->extent);
             for (size_t x = 0; x < s->nexported && !exported; x++)
-                exported = s->exported[x].base - vmh_extent_base(e->extent) <
-                           vmh_extent_size(e->extent);
+                exported =
+                    s->exported[x].base - vmh_extent_base(e->extent) < vmh_extent_size(e->extent);
             recs[k++] = (vmh_visit_rec_t){&e->range, &e->paused, exported};
         }
         if (recs)

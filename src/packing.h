@@ -6,23 +6,23 @@
  *
  * Geometry (issue 27). A shard's extents are carved from its spans (span.h): large
  * reservations (the first 4 GiB of address space, each next one as large as the shard holds,
- * up to 64 GiB, at most a quarter of what is left of VMMHOOK_VA_LIMIT), first fit, so that a shard's extents are neighbours
- * in address space, in the order they were made, and an extent given back leaves its addresses
- * to the next one. A span's reservation is referenced by the span and by every mapping in it
- * (handle.h): it is freed once its last extent is given back and the span dropped. The size of
- * a shard's next shared extent doubles with every new extent, whatever its size, up to 1 GiB;
- * a shared extent is also at most 1/16 of the device's live bytes (at least 32 MiB), and a
- * request over 1/8 of it gets an extent of its own size. 20480 x 2 MiB in one tag: 101 extents
- * in 5 spans, 315 driver calls to allocate (tests/unit/test_geometry.c prints each phase). A thread allocates in the shard it picked at its first allocation and looks at other
- * shards' free space only when its own has none; a free goes to the shard that owns the extent.
- * An exported block is listed with its export serial until it is freed; then its export is
- * dead and its memory is never served again: another process may map the chunk (natively,
- * memory freed by its exporter stays the importer's), so its extent is retired (arena.h: it
- * serves no new block) and given back once its other blocks are freed and the GPU is past
- * them; the driver keeps the chunk for as long as an importer holds it. A freed block is
- * parked in its arena with the reclaim generation; each shard parks one item in reclaim.h
- * whose release unparks the shard's blocks up to the generation passed and gives back the
- * retired extents that this empties.
+ * up to 64 GiB, at most a quarter of what is left of VMMHOOK_VA_LIMIT), first fit, so that a
+ * shard's extents are neighbours in address space, in the order they were made, and an extent given
+ * back leaves its addresses to the next one. A span's reservation is referenced by the span and by
+ * every mapping in it (handle.h): it is freed once its last extent is given back and the span
+ * dropped. The size of a shard's next shared extent doubles with every new extent, whatever its
+ * size, up to 1 GiB; a shared extent is also at most 1/16 of the device's live bytes (at least 32
+ * MiB), and a request over 1/8 of it gets an extent of its own size. 20480 x 2 MiB in one tag: 101
+ * extents in 5 spans, 315 driver calls to allocate (tests/unit/test_geometry.c prints each phase).
+ * A thread allocates in the shard it picked at its first allocation and looks at other shards' free
+ * space only when its own has none; a free goes to the shard that owns the extent. An exported
+ * block is listed with its export serial until it is freed; then its export is dead and its memory
+ * is never served again: another process may map the chunk (natively, memory freed by its exporter
+ * stays the importer's), so its extent is retired (arena.h: it serves no new block) and given back
+ * once its other blocks are freed and the GPU is past them; the driver keeps the chunk for as long
+ * as an importer holds it. A freed block is parked in its arena with the reclaim generation; each
+ * shard parks one item in reclaim.h whose release unparks the shard's blocks up to the generation
+ * passed and gives back the retired extents that this empties.
  *
  * Lock order (witness.h, OWNER): the reclaim wait lock, then one shard lock, then the reclaim
  * queue lock; never two shard locks at once; no driver call under a shard lock but pause.c's
@@ -93,8 +93,8 @@ struct vmh_ext {
 CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim);
 
 /* Serves size bytes: the thread's shard, then free space in the others, and only then a new
- * extent (never waits for parked frees but on out of memory). *no_address: the address space budget, not
- * memory, ran out. */
+ * extent (never waits for parked frees but on out of memory). *no_address: the address space
+ * budget, not memory, ran out. */
 CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address);
 
 /* On an extent found and locked with vmh_owner_lock (the caller unlocks): */
@@ -122,9 +122,9 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
 bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
 
 /* The heap's visit (heap.h): fn on every run of adjacent extents of each shard, under the
- * shard's lock (held across fn's driver calls: a rare, explicit call). A paused extent keeps its blocks (frees of them work as
- * ever: host bookkeeping only) but has no range; resizing or exporting one of its blocks is
- * refused with CUDA_ERROR_NOT_PERMITTED. */
+ * shard's lock (held across fn's driver calls: a rare, explicit call). A paused extent keeps its
+ * blocks (frees of them work as ever: host bookkeeping only) but has no range; resizing or
+ * exporting one of its blocks is refused with CUDA_ERROR_NOT_PERMITTED. */
 CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg);
 
 /* Whether any shard holds parked blocks (a hint). */

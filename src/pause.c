@@ -5,8 +5,8 @@
  * locks, a run of records adjacent in address space at a time: a visit may swap a record's
  * range for a paused description (range.h) and back, and does so for a whole run at once, so
  * that the driver calls follow runs (one unmap, one access call per stretch in a reservation)
- * and the backups are copied a run at a time. While paused, the record has no range; the heap answers
- * frees (the paused description goes: its reservations are freed, its memory was released
+ * and the backups are copied a run at a time. While paused, the record has no range; the heap
+ * answers frees (the paused description goes: its reservations are freed, its memory was released
  * already), lookups and refusals (realloc, export) from that. Allocation in a tag that is not
  * running is refused by the heap (the sets are frozen, under the same locks the visits take, so
  * an allocation either completes before a pause visits its set or is refused).
@@ -246,8 +246,8 @@ static CUresult visit_prepare(vmh_visit_rec_t *recs, size_t n, void *arg)
     /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants.
      * With VMMHOOK_OVERFLOW=host what the device has no room for comes back in host memory:
      * a resume does not fail for lack of device memory. */
-    CUresult rc = k ? vmh_range_resume_run((const vmh_paused_t *const *)w.paused, k,
-                                           &j->dev->prop, NULL, 0, (const void *const *)w.host,
+    CUresult rc = k ? vmh_range_resume_run((const vmh_paused_t *const *)w.paused, k, &j->dev->prop,
+                                           NULL, 0, (const void *const *)w.host,
                                            vmh_overflow_enabled() ? spill_chunk : NULL,
                                            (void *)j->dev, w.ranges)
                     : CUDA_SUCCESS;
@@ -376,7 +376,8 @@ static CUresult pause_tag(unsigned tag, unsigned flags, bool *stays_paused)
         /* Back to running failed too (out of memory after a failed copy): the tag stays
          * paused, and vmm_resume can be tried again. */
         vmh_log("pause of tag %s failed (CUDA error %d) and so did giving back what it had "
-                "paused: the tag stays paused", vmh_tag_name(tag), (int)rc);
+                "paused: the tag stays paused",
+                vmh_tag_name(tag), (int)rc);
         *stays_paused = true;
     }
     return rc;

@@ -122,9 +122,9 @@ static CUresult build_finish(vmh_range_t *r, CUresult rc, size_t total, vmh_rang
 
 /* Maps the allocations of old (if any) then allocs[0..n) from the start of a new reservation
  * of max(reserve, total) bytes; *no_address (may be NULL): the reservation failed. */
-static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const *allocs,
-                                     size_t n, size_t total, size_t reserve, size_t align,
-                                     CUdeviceptr hint, vmh_range_t **out, bool *no_address)
+static CUresult build_at_new_address(const vmh_range_t *old, vmh_alloc_t *const *allocs, size_t n,
+                                     size_t total, size_t reserve, size_t align, CUdeviceptr hint,
+                                     vmh_range_t **out, bool *no_address)
 {
     if (no_address)
         *no_address = false;
@@ -166,8 +166,8 @@ CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, 
     return build_at_new_address(NULL, allocs, n, total, reserve, align, hint, out, no_address);
 }
 
-CUresult vmh_range_create_in(vmh_alloc_t *const *allocs, size_t n, vmh_resv_t *resv,
-                             CUdeviceptr at, vmh_range_t **out)
+CUresult vmh_range_create_in(vmh_alloc_t *const *allocs, size_t n, vmh_resv_t *resv, CUdeviceptr at,
+                             vmh_range_t **out)
 {
     size_t total;
     if (!out || !allocs || n == 0 || !resv || sum_sizes(allocs, n, &total) != CUDA_SUCCESS ||
@@ -204,8 +204,8 @@ static vmh_range_t *copy_prefix(const vmh_range_t *r, size_t keep_maps, size_t n
 }
 
 /* Maps allocs[0..n) at r's end inside resv, into a copy of r. */
-static CUresult extend_into(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n,
-                            size_t add, vmh_resv_t *resv, vmh_range_t **out)
+static CUresult extend_into(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n, size_t add,
+                            vmh_resv_t *resv, vmh_range_t **out)
 {
     vmh_range_t *c = copy_prefix(r, r->nmaps, n);
     if (!c)
@@ -221,9 +221,9 @@ static CUresult extend_into(const vmh_range_t *r, vmh_alloc_t *const *allocs, si
     return CUDA_SUCCESS;
 }
 
-CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n,
-                        size_t reserve, size_t align, bool allow_move, vmh_range_t **out,
-                        vmh_grow_kind_t *kind, bool *no_address)
+CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n, size_t reserve,
+                        size_t align, bool allow_move, vmh_range_t **out, vmh_grow_kind_t *kind,
+                        bool *no_address)
 {
     size_t add;
     if (no_address)
@@ -399,9 +399,8 @@ CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop
 }
 
 CUresult vmh_range_resume_spilling(const vmh_paused_t *p, const CUmemAllocationProp *prop,
-                                   const CUmemAccessDesc *access, int naccess,
-                                   const void *backup, vmh_chunk_fn spill, void *spill_arg,
-                                   vmh_range_t **out)
+                                   const CUmemAccessDesc *access, int naccess, const void *backup,
+                                   vmh_chunk_fn spill, void *spill_arg, vmh_range_t **out)
 {
     return vmh_range_resume_run(&p, 1, prop, access, naccess, &backup, spill, spill_arg, out);
 }
@@ -468,8 +467,7 @@ CUresult vmh_range_resume_run(const vmh_paused_t *const *ps, size_t n,
         CUdeviceptr next = s->ptr + s->size;
         while (end < total && segs[end].seg->resv == s->resv && segs[end].seg->ptr == next)
             next += segs[end++].seg->size;
-        rc = vmh_maps_create_run(s->ptr, &chunks[mapped], end - mapped, s->resv,
-                                 &maps[mapped]);
+        rc = vmh_maps_create_run(s->ptr, &chunks[mapped], end - mapped, s->resv, &maps[mapped]);
         if (rc == CUDA_SUCCESS)
             mapped = end;
     }
@@ -550,10 +548,10 @@ size_t vmh_range_host_bytes(const vmh_range_t *r)
 
 /* One host mapping of a range being rehomed: its new chunk and where that is copied to. */
 typedef struct rehome_slot {
-    vmh_alloc_t *fresh;    /* the new chunk (NULL: the mapping stays) */
-    vmh_range_t *scratch;  /* fresh mapped at a scratch address for the copy */
-    vmh_alloc_t *old;      /* the host chunk, kept until its replacement is mapped */
-    vmh_resv_t *resv;      /* the reservation the mapping is in */
+    vmh_alloc_t *fresh;   /* the new chunk (NULL: the mapping stays) */
+    vmh_range_t *scratch; /* fresh mapped at a scratch address for the copy */
+    vmh_alloc_t *old;     /* the host chunk, kept until its replacement is mapped */
+    vmh_resv_t *resv;     /* the reservation the mapping is in */
     CUdeviceptr ptr;
 } rehome_slot_t;
 

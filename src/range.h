@@ -19,15 +19,15 @@
 
 typedef struct vmh_range {
     CUdeviceptr base;
-    size_t size;   /* bytes mapped: the sum of the mappings' sizes */
+    size_t size; /* bytes mapped: the sum of the mappings' sizes */
     size_t nmaps;
     vmh_map_t *maps[];
 } vmh_range_t;
 
 typedef enum vmh_grow_kind {
-    VMH_GROW_HEADROOM,  /* mapped into the last reservation's headroom: same base */
-    VMH_GROW_ADJACENT,  /* mapped into a new reservation granted at the end: same base */
-    VMH_GROW_MOVED,     /* remapped at a new base */
+    VMH_GROW_HEADROOM, /* mapped into the last reservation's headroom: same base */
+    VMH_GROW_ADJACENT, /* mapped into a new reservation granted at the end: same base */
+    VMH_GROW_MOVED,    /* remapped at a new base */
     VMH_GROW_KIND_COUNT
 } vmh_grow_kind_t;
 
@@ -39,16 +39,16 @@ CUresult vmh_range_create(vmh_alloc_t *const *allocs, size_t n, size_t reserve, 
 
 /* Maps allocs[0..n) in order from `at` inside resv, a reservation the caller holds (a span of
  * many ranges, span.h): the mappings take their own references on it. */
-CUresult vmh_range_create_in(vmh_alloc_t *const *allocs, size_t n, vmh_resv_t *resv,
-                             CUdeviceptr at, vmh_range_t **out);
+CUresult vmh_range_create_in(vmh_alloc_t *const *allocs, size_t n, vmh_resv_t *resv, CUdeviceptr at,
+                             vmh_range_t **out);
 
 /* New range = r's mappings followed by allocs[0..n). Headroom, then adjacent, then move; a
  * move reserves max(reserve, new total). allow_move false makes it fail with
  * CUDA_ERROR_OUT_OF_MEMORY instead of moving. *kind says which path was taken. *no_address
  * (may be NULL): the move's reservation failed (the adjacent probe failing is no failure). */
-CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n,
-                        size_t reserve, size_t align, bool allow_move, vmh_range_t **out,
-                        vmh_grow_kind_t *kind, bool *no_address);
+CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t n, size_t reserve,
+                        size_t align, bool allow_move, vmh_range_t **out, vmh_grow_kind_t *kind,
+                        bool *no_address);
 
 /* New range at a fresh reservation of max(reserve, r->size) bytes (hint may be 0), mapping
  * the same allocations at the same offsets. */
@@ -179,9 +179,8 @@ CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop
  * spill(spill_arg, size) instead (host memory at the same addresses, VMMHOOK_OVERFLOW; NULL:
  * none, as vmh_range_resume). */
 CUresult vmh_range_resume_spilling(const vmh_paused_t *p, const CUmemAllocationProp *prop,
-                                   const CUmemAccessDesc *access, int naccess,
-                                   const void *backup, vmh_chunk_fn spill, void *spill_arg,
-                                   vmh_range_t **out);
+                                   const CUmemAccessDesc *access, int naccess, const void *backup,
+                                   vmh_chunk_fn spill, void *spill_arg, vmh_range_t **out);
 
 /* Resumes ps[0..n) (ascending addresses) as one run: as vmh_range_resume_spilling each, with
  * backups[i] (backups NULL, or an entry NULL: none) copied into out[i]; one chunk per segment

@@ -8,8 +8,8 @@
 #include "list.h"
 #include "log.h"
 #include "stats.h"
-#include "witness.h"
 #include "thread_state.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -140,7 +140,8 @@ static void bg_start(void);
 static bool bg_started(void)
 {
     if (atomic_load(&bg.in_child) || atomic_load(&bg.closed))
-        return false; /* no thread here, and its lock may have been held by a thread of the parent */
+        return false; /* no thread here, and its lock may have been held by a thread of the parent
+                       */
     if (!atomic_load_explicit(&bg.started, memory_order_acquire)) {
         bg_start();
         return false;

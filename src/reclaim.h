@@ -12,8 +12,8 @@
  *
  * Who waits. In steady state only the reclaim thread (one per process, started at the first
  * park or free released at once, never in a forked child, stopped at exit): it waits while
- * anything is parked (and, for its tidy of idle memory, heap_upkeep.c, while anything is idle) and no
- * stream of the process captures, so application threads do not stall. An application thread
+ * anything is parked (and, for its tidy of idle memory, heap_upkeep.c, while anything is idle) and
+ * no stream of the process captures, so application threads do not stall. An application thread
  * waits only
  *   - before an allocation makes new memory, while the device's parked bytes exceed
  *     VMMHOOK_PARK_LIMIT and no stream captures (vmh_reclaim_throttle), and at the free of one
@@ -81,7 +81,7 @@ typedef struct vmh_reclaim {
     uint64_t synced_gen; /* the generation the last successful wait released */
     bool synced_any;
     vmh_parked_t *head, *tail;
-    _Atomic size_t pending;      /* items queued */
+    _Atomic size_t pending; /* items queued */
     /* Bytes freed and not yet reusable (VMMHOOK_PARK_LIMIT): the moved part, then the shards. */
     _Atomic int64_t parked_bytes;
     vmh_park_shard_t parked_shard[VMH_PARK_SHARDS];
@@ -198,8 +198,8 @@ void vmh_reclaim_forked_child(void);
 /* fn is called each time the thread starts (once in practice), after it started: lifetime.c
  * registers its exit handler there, which stops the thread (vmh_reclaim_stop(true)) before the
  * CUDA runtime's and the driver's own exit handlers run (the thread starts at the first park or
- * free released at once, after the driver is initialized; an exit handler registered after theirs runs before
- * theirs). This file registers no handler of its own. */
+ * free released at once, after the driver is initialized; an exit handler registered after theirs
+ * runs before theirs). This file registers no handler of its own. */
 void vmh_reclaim_on_first_start(void (*fn)(void));
 
 /* Whether the reclaim thread runs now (tests and reports). */

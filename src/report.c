@@ -223,8 +223,8 @@ static void report_json(void)
     /* The steady-state figure (DESIGN.md): what an allocation costs an application thread, per
      * thousand (the report has integers only). */
     uint64_t allocs = vmh_counter_get(VMH_STAT_served_allocs);
-    uint64_t app_calls = vmh_counter_get(VMH_STAT_driver_calls) -
-                         vmh_counter_get(VMH_STAT_driver_calls_background);
+    uint64_t app_calls =
+        vmh_counter_get(VMH_STAT_driver_calls) - vmh_counter_get(VMH_STAT_driver_calls_background);
     vmh_jb_printf(&b, ",\n  \"app_driver_calls_per_1000_allocs\": %llu,\n",
                   (unsigned long long)(allocs ? app_calls * 1000 / allocs : 0));
     vmh_stats_json_gauges(&b);

@@ -12,7 +12,7 @@ typedef struct vmh_free_iv {
 
 struct vmh_span {
     vmh_resv_t *resv;
-    size_t taken; /* bytes taken */
+    size_t taken;        /* bytes taken */
     vmh_free_iv_t *free; /* ascending, never adjacent (merged on give) */
     size_t nfree, cap;
     vmh_span_t *next;

@@ -6,8 +6,8 @@
 #include "log.h"
 #include "tags.h"
 #include "testable.h"
-#include "witness.h"
 #include "thread_state.h"
+#include "witness.h"
 
 #include <assert.h>
 #include <fcntl.h>
@@ -173,8 +173,7 @@ static void *pageable_map(size_t len)
     size_t extra = len >= HUGE_PAGE ? HUGE_PAGE : 0;
     if (len > SIZE_MAX - extra)
         return NULL;
-    char *raw = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                     0);
+    char *raw = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED)
         return NULL;
     char *host = raw;
@@ -378,9 +377,9 @@ static void *pageable_get(size_t size)
  * Listed so that _put knows how to give them back and _pin_now leaves them pageable. */
 typedef struct unpinned {
     void *host;
-    size_t size;   /* page-rounded: what is mapped */
-    int fd;        /* the backup's file (VMH_BACKUP_FILE), else -1 */
-    char *path;    /* its name, unlinked at _put */
+    size_t size; /* page-rounded: what is mapped */
+    int fd;      /* the backup's file (VMH_BACKUP_FILE), else -1 */
+    char *path;  /* its name, unlinked at _put */
     struct unpinned *next;
 } unpinned_t;
 
@@ -718,9 +717,10 @@ static void *pinner_main(void *arg)
             queue_tail = NULL;
         k->state = KEPT_PINNING;
         vmh_unlock(&kept_lock);
-        CUresult rc = ctx_rc != CUDA_SUCCESS
-                          ? ctx_rc
-                          : vmh_drv.cuMemHostRegister(k->host, k->size, CU_MEMHOSTREGISTER_PORTABLE);
+        CUresult rc =
+            ctx_rc != CUDA_SUCCESS
+                ? ctx_rc
+                : vmh_drv.cuMemHostRegister(k->host, k->size, CU_MEMHOSTREGISTER_PORTABLE);
         vmh_lock(&kept_lock, VMH_RANK_KEPT);
         size_t len;
         void *unmap = kept_pinned(k, rc, s->pinned_in, &len);
@@ -734,7 +734,7 @@ static void *pinner_main(void *arg)
     }
     vmh_unlock(&kept_lock);
     (void)vmh_ctx_leave(&scope); /* the thread ends: a failure is only logged */
-    if (failed) /* slower, not wrong: those backups stay pageable */
+    if (failed)                  /* slower, not wrong: those backups stay pageable */
         vmh_log("backup memory: pinning %zu backups failed (first: CUDA error %d); they stay "
                 "pageable",
                 failed, (int)first_failure);

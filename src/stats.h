@@ -18,11 +18,11 @@
     X(served_frees, "frees of served buffers")                                                     \
     X(passthrough_calls, "calls passed to the driver")                                             \
     X(driver_calls, "driver calls made by the library")                                            \
-    X(driver_calls_background, "  of them by the reclaim thread")                                 \
+    X(driver_calls_background, "  of them by the reclaim thread")                                  \
     X(syncs, "context synchronizations")                                                           \
     X(syncs_blocking, "  of them blocking an app thread")                                          \
     X(syncs_background, "  of them by the reclaim thread")                                         \
-    X(park_waits, "allocations waited at the park limit")                                     \
+    X(park_waits, "allocations waited at the park limit")                                          \
     X(park_wait_us, "  microseconds they waited")                                                  \
     X(cache_hits, "allocations served from the cache")                                             \
     X(grows_in_place, "grows that kept the pointer")                                               \
@@ -30,8 +30,8 @@
     X(copies, "device copies made by realloc")                                                     \
     X(trims, "cache trims")                                                                        \
     X(tidy_bytes, "idle bytes the tidy gave back")                                                 \
-    X(queue_splits, "second work queues (frees park)")                                            \
-    X(library_streams, "math libraries' own streams")                                             \
+    X(queue_splits, "second work queues (frees park)")                                             \
+    X(library_streams, "math libraries' own streams")                                              \
     X(oom_retries, "allocations retried after a trim")                                             \
     X(spills, "allocations served from host memory")                                               \
     X(spills_small, "  of them small (below the reserve's big)")                                   \

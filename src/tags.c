@@ -95,7 +95,8 @@ VMM_API vmm_status vmm_tag_pop(void)
     return VMM_OK;
 }
 
-/* ---- per-tag figures --------------------------------------------------------------------------- */
+/* ---- per-tag figures ---------------------------------------------------------------------------
+ */
 
 typedef struct tag_stats {
     _Atomic int64_t requested, requested_peak;
@@ -201,7 +202,8 @@ void vmh_tags_pinned_add(int64_t delta)
     peak_raise(&pinned_peak, now);
 }
 
-/* ---- JSON ------------------------------------------------------------------------------------- */
+/* ---- JSON -------------------------------------------------------------------------------------
+ */
 
 /* Text is built with report.h's builder, which keeps counting past its end: need is what the
  * whole text takes, so the caller can size a second attempt. */
@@ -236,8 +238,8 @@ static void tags_json(jbuf_t *b, int indent)
     for (unsigned t = 0; t < n; t++) {
         jb_printf(b, "%*s", indent, "");
         jb_string(b, tag_names[t]);
-        static const char *const state_names[VMH_TAG_STATE_COUNT] = {"running", "pausing",
-                                                                     "paused", "resuming"};
+        static const char *const state_names[VMH_TAG_STATE_COUNT] = {"running", "pausing", "paused",
+                                                                     "resuming"};
         jb_printf(b, ": {\"state\": \"%s\", ", state_names[vmh_tag_state(t)]);
         vmh_tag_memory_t m = tag_memory(t);
         jb_printf(b,
@@ -306,8 +308,7 @@ void vmh_tags_report_table(void)
         const tag_stats_t *s = &stats[t];
         if (atomic_load(&s->pauses) || atomic_load(&s->resumes))
             vmh_log("  tag %-31s %llu pauses in %.3f s, %llu resumes in %.3f s", tag_names[t],
-                    (unsigned long long)atomic_load(&s->pauses),
-                    seconds(atomic_load(&s->pause_ns)),
+                    (unsigned long long)atomic_load(&s->pauses), seconds(atomic_load(&s->pause_ns)),
                     (unsigned long long)atomic_load(&s->resumes),
                     seconds(atomic_load(&s->resume_ns)));
     }
