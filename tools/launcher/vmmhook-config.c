@@ -227,7 +227,7 @@ static void stats_fields(void)
 {
 /* The help's leading blanks indent "of them" lines in the exit table: not here. */
 #define VMH_FIELD_ROW(name, help)                                                                  \
-    printf("| `%s` | %s | %s |\n", #name, kind, help + strspn(help, " "));
+    printf("| `%s` | %s | %s |\n", #name, kind, &(help)[strspn(help, " ")]);
     printf("| Field | Kind | Meaning (the exit table's line) |\n|---|---|---|\n");
     const char *kind = "counter";
     VMH_COUNTERS(VMH_FIELD_ROW)
