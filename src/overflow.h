@@ -4,9 +4,11 @@
  * A chunk made here is a VMM allocation located in host memory (the driver pins it at
  * creation) and mapped into the library's device address space with the device's own access,
  * so the program holds an ordinary device pointer: kernels read and write it over the bus,
- * copies and range queries accept it. The heap asks for one only after the device refused
- * (after its wait, release and trim). Chunks come back to the device through the range layer
- * (vmh_range_rehome: a prefetch; vmh_range_resume: a resume), at the same addresses.
+ * copies and range queries accept it. The heap asks for one after the device refused (after
+ * its wait, release and trim), or at once for a big request that would eat into the reserve
+ * kept for small ones. Chunks come back to the device through the range layer
+ * (vmh_range_rehome_begin / _finish: a prefetch; vmh_range_resume_run: a resume), at the same
+ * addresses.
  *
  * The budget: VMMHOOK_OVERFLOW_LIMIT, at most half of the host's memory (or of its memory
  * cgroup's limit), and no spill that would leave less than an eighth of it available: pinned
