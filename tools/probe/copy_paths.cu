@@ -13,7 +13,9 @@
 //    40 GiB as 40 chunks of 1 GiB (the size of the heap's extents), released, then made, mapped
 //    and given access again at once / after cuCtxSynchronize / after 1 s; each call kind timed.
 //
-//   nvcc -O2 -o copy_paths tools/probe/copy_paths.cu -lcuda && ./copy_paths [GiB]
+// 3. Both again right after the program released most of the GPU, as the two GPU tests do before
+//    they time (after_release); `./copy_paths 4 after` runs only this part.
+//   nvcc -O2 -o copy_paths tools/probe/copy_paths.cu -lcuda && ./copy_paths [GiB [after]]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -215,9 +217,94 @@ static void remake(size_t total, size_t chunk, const char *when)
         drop(m);
 }
 
+/* Device memory of the probe's own filling the GPU until about `keep` bytes are free. */
+static std::vector<Mapping> ballast(size_t keep)
+{
+    std::vector<Mapping> v;
+    size_t fr = 0, tot = 0;
+    CK(cuMemGetInfo(&fr, &tot));
+    while (fr > keep + GiB) {
+        CUmemGenericAllocationHandle h;
+        CUmemAllocationProp p = prop_of(CU_MEM_LOCATION_TYPE_DEVICE, (int)dev);
+        if (cuMemCreate(&h, GiB, &p, 0) != CUDA_SUCCESS)
+            break;
+        Mapping m;
+        m.h = h;
+        m.size = GiB;
+        v.push_back(m);
+        fr -= GiB;
+    }
+    return v;
+}
+
+static void ballast_drop(std::vector<Mapping> &v)
+{
+    for (auto &m : v)
+        CK(cuMemRelease(m.h));
+    v.clear();
+}
+
+/* 3. The same copy and the same remake right after the program released most of the GPU (what
+ * overflow_gpu and pause_resume do before they time a move back or a second-cycle resume). */
+static void after_release(size_t S)
+{
+    Mapping h = make(CU_MEM_LOCATION_TYPE_HOST, 0, S);
+    CK(cuMemsetD8(h.va, 0x5a, S));
+    CUstream nb;
+    CK(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING));
+    for (int settle : {0, 1000}) {
+        auto b = ballast(8 * GiB);
+        size_t n = b.size();
+        CK(cuCtxSynchronize());
+        auto t = clk::now();
+        ballast_drop(b);
+        double rel = ms_since(t);
+        std::this_thread::sleep_for(std::chrono::milliseconds(settle));
+        t = clk::now();
+        Mapping f = make(CU_MEM_LOCATION_TYPE_DEVICE, (int)dev, S);
+        CK(cuMemcpyDtoDAsync(f.va, h.va, S, nb));
+        CK(cuStreamSynchronize(nb));
+        double m = ms_since(t);
+        printf("AFTER released %zu GiB of the program's own in %.1f ms, %d ms later: fresh chunk "
+               "+ copy of %zu MiB from host %.1f ms (%.1f GiB/s)\n",
+               n, rel, settle, S / MiB, m, (double)S / GiB / (m / 1e3));
+        fflush(stdout);
+        drop(f);
+    }
+    CK(cuStreamDestroy(nb));
+    drop(h);
+    /* pause_resume's second cycle: the GPU full (2 GiB free) but for 40 GiB in 1 GiB chunks,
+     * written, released, made again at once / 1 s later. */
+    for (int settle : {0, 1000, 0}) {
+        auto b = ballast(42 * GiB);
+        std::vector<Mapping> v;
+        for (int i = 0; i < 40; i++)
+            v.push_back(make(CU_MEM_LOCATION_TYPE_DEVICE, (int)dev, GiB));
+        for (auto &m : v)
+            CK(cuMemsetD8(m.va, 1, m.size));
+        CK(cuCtxSynchronize());
+        for (auto &m : v)
+            drop(m);
+        v.clear();
+        std::this_thread::sleep_for(std::chrono::milliseconds(settle));
+        double cr = 0, mp = 0, ac = 0;
+        auto t = clk::now();
+        for (int i = 0; i < 40; i++)
+            v.push_back(make(CU_MEM_LOCATION_TYPE_DEVICE, (int)dev, GiB, &cr, &mp, &ac));
+        printf("FULL GPU (%zu GiB ballast), 40 x 1 GiB released and made again %d ms later: %.1f ms "
+               "(create %.1f, map %.1f, access %.1f)\n",
+               b.size(), settle, ms_since(t), cr, mp, ac);
+        fflush(stdout);
+        for (auto &m : v)
+            drop(m);
+        ballast_drop(b);
+    }
+}
+
 int main(int argc, char **argv)
 {
     size_t S = (argc > 1 ? (size_t)atoi(argv[1]) : 4) * GiB;
+    bool only_after = argc > 2 && strcmp(argv[2], "after") == 0;
     CK(cuInit(0));
     CK(cuDeviceGet(&dev, 0));
     CUcontext ctx;
@@ -227,6 +314,10 @@ int main(int argc, char **argv)
     if (cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev) != CUDA_SUCCESS)
         numa = -1;
     printf("I device 0, host NUMA id %d\n", numa);
+    if (only_after) {
+        after_release(S);
+        return 0;
+    }
     copy_paths(CU_MEM_LOCATION_TYPE_HOST, 0, "HOST id 0, as the library makes them", S);
     if (numa >= 0) {
         char name[64];
@@ -236,5 +327,6 @@ int main(int argc, char **argv)
     for (const char *when : {"at once", "after cuCtxSynchronize", "1 s later", "at once"})
         remake(40 * GiB, GiB, when);
     remake(40 * GiB, 2 * MiB * 64, "at once (128 MiB)");
+    after_release(S);
     return 0;
 }
