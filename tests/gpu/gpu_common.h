@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -278,13 +279,26 @@ static inline void gt_ballast_fill(size_t keep)
          gt_ballast.size(), gt_free_bytes() / MiB);
 }
 
-static inline void gt_ballast_release(void)
+/* Releases ballast handles until at least `bytes` are released (all of them by default). */
+static inline void gt_ballast_release(size_t bytes = SIZE_MAX)
 {
     gt_mem_release_fn release = gt_entry<gt_mem_release_fn>("cuMemRelease", 12000);
-    for (auto h : gt_ballast)
+    for (size_t done = 0; !gt_ballast.empty() && done < bytes; done += 1 * GiB) {
         if (release)
-            CKD(release(h));
-    gt_ballast.clear();
+            CKD(release(gt_ballast.back()));
+        gt_ballast.pop_back();
+    }
+}
+
+/* The driver clears the memory a program releases on the GPU itself, after cuMemRelease has
+ * returned (H200, driver 580: a 4 GiB copy right after 131 GiB were released ran at 25.6 GiB/s
+ * instead of 51; 40 GiB made again at once on a full GPU took 78 ms of cuMemCreate, 1 s later 8 ms:
+ * docs/GPU-RUNS.md, round 15, tools/probe/copy_paths.cu). A timing that should not include that
+ * clearing waits for it first. */
+static inline void gt_settle(void)
+{
+    CK(cudaDeviceSynchronize());
+    usleep(1500 * 1000);
 }
 
 typedef decltype(&cuMemGetAddressRange) gt_range_fn;
