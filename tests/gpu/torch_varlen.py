@@ -38,7 +38,7 @@ import re
 import sys
 import time
 
-from torch_train import hook_lib
+from torch_train import hook_lib, run_main, skip as skip_named
 
 SEED = 2027
 DROP_RATIO_MAX = 1.10
@@ -46,10 +46,7 @@ SLEEP_AFTER_DROP_S = 5.0
 
 
 def skip(msg):
-    print(f"SKIP: {msg}")
-    print("SKIP: torch_varlen (exit 77)")
-    sys.stdout.flush()
-    sys.exit(77)
+    skip_named(msg, "torch_varlen")
 
 
 def shapes(steps, rng, batch, seq):
@@ -143,7 +140,7 @@ def run(variant, steps):
     if variant == "hooked":
         s = stats()
         mapped, requested = s["reserved_bytes.all.current"], s["requested_bytes.all.current"]
-        ratio = mapped / requested if requested else float("inf")
+        ratio = ratio_of(mapped, requested)
         print(f"DROP hooked mapped {mapped} requested {requested} ratio {ratio:.3f}")
     else:
         print(f"DROP expandable reserved {torch.cuda.memory_reserved()} "
@@ -171,6 +168,20 @@ def mem_line(path, key):
     return None, why or f"no '{key}' line in {path}"
 
 
+def mib(b):
+    return f"{b / 2**20:.0f} MiB"
+
+
+def ratio_of(a, b):
+    return a / b if b else float("inf")
+
+
+def verdict(target, met, text):
+    """Prints the target's PASS/FAIL line; 1 when missed."""
+    print(f"{'PASS' if met else 'FAIL'} {target}: {text}")
+    return 0 if met else 1
+
+
 def compare(hooked_out, expandable_out):
     peak_h, why_h = mem_line(hooked_out, "MEM hooked")
     peak_e, why_e = mem_line(expandable_out, "MEM expandable")
@@ -184,26 +195,22 @@ def compare(hooked_out, expandable_out):
         print(f"FAIL peak: figures missing (hooked: {why_h or 'ok'}; expandable: {why_e or 'ok'})")
         failures += 1
     else:
-        mapped, reserved = peak_h["peak_mapped"], peak_e["peak_reserved"]
-        ratio = mapped / reserved if reserved else float("inf")
-        verdict = "PASS" if mapped <= reserved else "FAIL"
-        failures += verdict == "FAIL"
-        print(f"{verdict} peak: the hook's peak mapped {mapped / 2**20:.0f} MiB, "
-              f"expandable_segments' peak reserved {reserved / 2**20:.0f} MiB "
-              f"(ratio {ratio:.3f}, target <= 1.000; peak requested: hook "
-              f"{peak_h['peak_requested'] / 2**20:.0f} MiB, expandable allocated "
-              f"{peak_e['peak_allocated'] / 2**20:.0f} MiB)")
+        ratio = ratio_of(peak_h["peak_mapped"], peak_e["peak_reserved"])
+        failures += verdict("peak", ratio <= 1.0,
+                            f"the hook's peak mapped {mib(peak_h['peak_mapped'])}, "
+                            f"expandable_segments' peak reserved {mib(peak_e['peak_reserved'])} "
+                            f"(ratio {ratio:.3f}, target <= 1.000; peak requested: hook "
+                            f"{mib(peak_h['peak_requested'])}, expandable allocated "
+                            f"{mib(peak_e['peak_allocated'])})")
     if drop_h is None:
         print(f"FAIL drop: figures missing ({why_d})")
         failures += 1
     else:
-        mapped, requested = drop_h["mapped"], drop_h["requested"]
-        ratio = mapped / requested if requested else float("inf")
-        verdict = "PASS" if ratio <= DROP_RATIO_MAX else "FAIL"
-        failures += verdict == "FAIL"
-        print(f"{verdict} drop: {SLEEP_AFTER_DROP_S:.0f} s after the load dropped the hook maps "
-              f"{mapped / 2**20:.0f} MiB for {requested / 2**20:.0f} MiB requested "
-              f"(ratio {ratio:.3f}, target <= {DROP_RATIO_MAX:.2f})")
+        ratio = ratio_of(drop_h["mapped"], drop_h["requested"])
+        failures += verdict("drop", ratio <= DROP_RATIO_MAX,
+                            f"{SLEEP_AFTER_DROP_S:.0f} s after the load dropped the hook maps "
+                            f"{mib(drop_h['mapped'])} for {mib(drop_h['requested'])} requested "
+                            f"(ratio {ratio:.3f}, target <= {DROP_RATIO_MAX:.2f})")
     if failures:
         print(f"FAIL: torch_varlen ({failures} of 2 targets missed)")
         return 1
@@ -225,13 +232,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SystemExit:
-        raise
-    except BaseException as e:  # noqa: BLE001 - a crash is a failure with its reason
-        import traceback
-        traceback.print_exc()
-        print(f"FAIL: torch_varlen: {type(e).__name__}: {e}")
-        sys.stdout.flush()
-        sys.exit(1)
+    run_main(main, "torch_varlen")
