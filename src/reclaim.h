@@ -221,8 +221,8 @@ void vmh_reclaim_background(bool on);
 /* Tests: waits until the reclaim thread has nothing left it could release now (the queues are
  * empty, or a capture holds them), at most timeout_ms; false on timeout. */
 bool vmh_reclaim_settle(unsigned timeout_ms);
-/* Tests: how many times a park woke the sleeping reclaim thread (a futex wake, a syscall on the
- * freeing thread) since the process began. */
+/* Tests: how many times a park signalled the reclaim thread while it slept (a lock and a futex
+ * wake, syscalls on the freeing thread) since the process began. */
 unsigned long vmh_reclaim_wakes(void);
 #endif
 
