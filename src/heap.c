@@ -208,24 +208,29 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     bool at_once =
         vmh_heap_settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
     vmh_paused_t *gone = NULL;
+    vmh_reclaim_free_begin(); /* the reclaim thread woken, if at all, at the end */
     CUresult rc = o->kind == VMH_OWN_EXTENT
                       ? vmh_packing_park_locked((vmh_ext_t *)o, p, at_once, &req)
                       : vmh_bigbuf_park_locked((vmh_big_t *)o, p, &req, &gone);
     vmh_owner_unlock(o);
     vmh_paused_destroy(gone); /* a paused buffer's addresses: no driver call under the lock */
-    if (rc != CUDA_SUCCESS)
+    vmh_reclaim_t *r = &hdev_of(o->dev)->reclaim;
+    if (rc != CUDA_SUCCESS) {
+        vmh_reclaim_free_end(r, 0, VMH_FREE_NO_WAIT);
         return rc;
+    }
     vmh_count(VMH_STAT_served_frees, 1);
     vmh_tag_requested_add(owner_tag(o), -(int64_t)req);
     vmh_trace("free", p, req, stream);
     /* Natively cudaFree waits for the device; here the reclaim thread does, unless the program
-     * asked for native blocking frees (DESIGN.md, "Frees"). */
-    vmh_reclaim_t *r = &hdev_of(o->dev)->reclaim;
-    if (vmh_heap_settings.free_sync && !async) {
-        vmh_reclaim_wait(r, VMH_WAIT_APP);
-    } else if (!async && !(at_once && o->kind == VMH_OWN_EXTENT) && !vmh_capture_any()) {
-        vmh_reclaim_free_throttle(r, req); /* one buffer larger than the park budget waits */
-    }
+     * asked for native blocking frees (DESIGN.md, "Frees"), or one buffer larger than the park
+     * budget was freed (it waits, as cudaFree). */
+    vmh_free_wait_t how = VMH_FREE_NO_WAIT;
+    if (vmh_heap_settings.free_sync && !async)
+        how = VMH_FREE_WAIT;
+    else if (!async && !(at_once && o->kind == VMH_OWN_EXTENT) && !vmh_capture_any())
+        how = VMH_FREE_THROTTLE;
+    vmh_reclaim_free_end(r, req, how);
     return CUDA_SUCCESS;
 }
 

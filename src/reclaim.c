@@ -149,11 +149,22 @@ static bool bg_started(void)
     return true;
 }
 
+#ifdef VMH_TESTING
+static atomic_ulong bg_wakes;
+unsigned long vmh_reclaim_wakes(void)
+{
+    return atomic_load(&bg_wakes);
+}
+#endif
+
 static void bg_kick(void)
 {
     if (!bg_started())
         return;
     if (atomic_load(&bg.sleeping)) {
+#ifdef VMH_TESTING
+        atomic_fetch_add(&bg_wakes, 1);
+#endif
         vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
         pthread_cond_signal(&bg.wake);
         vmh_unlock(&bg.lock);
@@ -177,7 +188,9 @@ void vmh_reclaim_park(vmh_reclaim_t *r, vmh_parked_t *item, uint64_t gen, size_t
         queued_now = true;
     }
     vmh_unlock(&r->lock);
-    if (queued_now)
+    if (queued_now && vmh_thread.kick_held)
+        vmh_thread.kick_owed = true; /* vmh_reclaim_free_end decides */
+    else if (queued_now)
         bg_kick();
 }
 
@@ -318,11 +331,33 @@ size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r)
     return follow < cap ? follow : cap;
 }
 
-void vmh_reclaim_free_throttle(vmh_reclaim_t *r, size_t bytes)
+void vmh_reclaim_free_begin(void)
 {
-    size_t budget = vmh_reclaim_park_budget(r);
-    if (budget != 0 && bytes > budget)
-        vmh_reclaim_wait(r, VMH_WAIT_APP);
+    vmh_thread.kick_held = true;
+    vmh_thread.kick_owed = false;
+}
+
+void vmh_reclaim_free_end(vmh_reclaim_t *r, size_t bytes, vmh_free_wait_t how)
+{
+    bool owed = vmh_thread.kick_owed;
+    vmh_thread.kick_held = vmh_thread.kick_owed = false;
+    bool wait = how == VMH_FREE_WAIT;
+    if (how == VMH_FREE_THROTTLE) {
+        size_t budget = vmh_reclaim_park_budget(r);
+        wait = budget != 0 && bytes > budget;
+    }
+    /* A successful wait released every item parked before it began, this free's among them;
+     * what is still queued (a failed wait, or a park that came after the generation a wait
+     * already past took) is the reclaim thread's, woken as the park would have. */
+    if (wait && vmh_reclaim_wait(r, VMH_WAIT_APP) == CUDA_SUCCESS && !vmh_reclaim_pending(r)) {
+        /* Started all the same, never woken: its tidy gives back the idle memory such frees
+         * leave (it looks again every BG_TIDY_NS by itself). */
+        if (owed)
+            (void)bg_started();
+        return;
+    }
+    if (owed)
+        bg_kick();
 }
 
 bool vmh_reclaim_throttle(vmh_reclaim_t *r)

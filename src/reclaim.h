@@ -155,7 +155,7 @@ CUresult vmh_reclaim_drain(vmh_reclaim_t *r);
 CUresult vmh_reclaim_pass(vmh_reclaim_t *r, vmh_waiter_t who);
 
 /* What may stay parked on the device before an allocating thread that needs new memory waits
- * itself (vmh_reclaim_throttle), or a free waits (vmh_reclaim_free_throttle): a share
+ * itself (vmh_reclaim_throttle), or a free waits (vmh_reclaim_free_end): a share
  * of the program's recent peak of live bytes (1/VMH_PARK_SHARE, at least VMH_PARK_FLOOR), so
  * that a 642 MiB program does not hold 512 MiB parked nor a 60 GiB one stall at 512 MiB;
  * VMMHOOK_PARK_LIMIT caps it (0: nothing may stay parked). */
@@ -171,13 +171,22 @@ size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r);
  * released memory again before making new). */
 bool vmh_reclaim_throttle(vmh_reclaim_t *r);
 
-/* After the free of one buffer of `bytes` parked on r, on an application thread (not during a
- * capture, not for a free the program made asynchronous): waits (as VMH_WAIT_APP) when the
- * buffer alone is larger than the park budget, as native cudaFree does. The next allocation
- * that needs new memory would wait for it anyway (vmh_reclaim_throttle); waiting here makes it
- * reusable before that allocation comes, without a handoff to the reclaim thread (a 1 GiB
- * free-then-allocate pair, say). A budget of 0 (VMMHOOK_PARK_LIMIT=0) never waits here. */
-void vmh_reclaim_free_throttle(vmh_reclaim_t *r, size_t bytes);
+/* A free on an application thread is bracketed by these two. Between them a park does not wake
+ * the reclaim thread; vmh_reclaim_free_end decides: when the freeing thread waits itself, that
+ * wait releases what the free parked, and a wake would only make the thread contend for the
+ * wait lock and the owners' locks with it (a futex wake per pair of a 1 GiB free-then-allocate
+ * loop, issue 27); otherwise the wake a park owed is made there.
+ *
+ * vmh_reclaim_free_end: `how` says what the free asked for (VMH_FREE_NO_WAIT: an asynchronous
+ * free, one released at once, a capture; VMH_FREE_THROTTLE: waits (as VMH_WAIT_APP) when the
+ * buffer of `bytes` alone is larger than the park budget, as native cudaFree does: the next
+ * allocation that needs new memory would wait for it anyway (vmh_reclaim_throttle), and waiting
+ * here makes it reusable before that allocation comes, without a handoff to the reclaim
+ * thread; a budget of 0 (VMMHOOK_PARK_LIMIT=0) never waits here; VMH_FREE_WAIT: waits,
+ * VMMHOOK_FREE_SYNC). Call it after a failed park too (it then only ends the bracket). */
+typedef enum vmh_free_wait { VMH_FREE_NO_WAIT, VMH_FREE_THROTTLE, VMH_FREE_WAIT } vmh_free_wait_t;
+void vmh_reclaim_free_begin(void);
+void vmh_reclaim_free_end(vmh_reclaim_t *r, size_t bytes, vmh_free_wait_t how);
 
 /* Tests' reset: releases every item without waiting (the driver's ledger is checked after). */
 void vmh_reclaim_release_all(vmh_reclaim_t *r);
@@ -212,6 +221,9 @@ void vmh_reclaim_background(bool on);
 /* Tests: waits until the reclaim thread has nothing left it could release now (the queues are
  * empty, or a capture holds them), at most timeout_ms; false on timeout. */
 bool vmh_reclaim_settle(unsigned timeout_ms);
+/* Tests: how many times a park signalled the reclaim thread while it slept (a lock and a futex
+ * wake, syscalls on the freeing thread) since the process began. */
+unsigned long vmh_reclaim_wakes(void);
 #endif
 
 #endif

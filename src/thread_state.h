@@ -56,6 +56,9 @@ typedef struct vmh_thread_state {
     /* tags.c: the tag stack */
     unsigned char tag_stack[VMM_TAG_DEPTH_MAX];
     unsigned tag_depth;
+    /* reclaim.c: a free in progress on this thread holds back the reclaim thread's wake
+     * (vmh_reclaim_free_begin), and whether a park of it owes one */
+    bool kick_held, kick_owed;
     /* packing.c: the shard this thread allocates in (+ 1; 0: none picked yet) */
     unsigned shard_mine;
     /* api.c: the driver's answer behind the last failed call of the public API */

@@ -32,7 +32,9 @@
 #      timings against the targets of issues 15 and 22 in a table), then tools/probe/backup_rate.c (the first
 #      pause's copy mechanism without the library, an INFO row), torch_sleep.py hooked [65-105 s];
 #   5. tests/gpu/torch_train.py (nocache, cache, expandable; pluggable under the hook only),
-#      native vs hooked losses, bit for bit, and tests/gpu/torch_graph.py native vs hooked, all
+#      native vs hooked losses, bit for bit, tests/gpu/torch_graph.py native vs hooked, and
+#      tests/gpu/torch_varlen.py (random batch x sequence lengths: the hook's peak mapped against
+#      expandable_segments' peak reserved, mapped vs requested 5 s after the load drops), all
 #      in parallel [40-60 s]; then tests/gpu/torch_step.py three times, one at a time (caching
 #      off hooked, caching on native, caching off native: step time, syncs per step, peak
 #      memory; tools/gpu-suite/torch_step.sh, a table in the summary) [45-75 s];
@@ -676,6 +678,22 @@ if ! skipped exclusive && [ "$lib_ok" = 1 ]; then
 fi
 
 # ---------------------------------------------------------------- 5. PyTorch
+# torch_varlen (issue 27): both runs must end well (judge: exit codes, the hooked run's stats),
+# then its compare mode judges the memory targets from their MEM and DROP lines: the hook's
+# peak mapped against expandable_segments' peak reserved, and mapped against requested 5 s
+# after the load dropped.
+torch_varlen_judge() {
+    judge "torch_varlen runs (expandable native, nocache hooked)" python torch_varlen.native \
+        torch_varlen.hooked 0 any 0
+    python3 tests/gpu/torch_varlen.py compare "$LOG/torch_varlen.hooked.out" \
+        "$LOG/torch_varlen.native.out" >"$LOG/torch_varlen.compare.out" 2>&1
+    local rc=$? res=PASS
+    case $rc in 0) ;; 77) res=SKIP ;; *) res=FAIL ;; esac
+    row "torch_varlen memory (issue 27)" python "$(rcname "$(rc_of torch_varlen.native)")" \
+        "$(rcname "$(rc_of torch_varlen.hooked)")" "$res" \
+        "$(grep -E '^(PASS|FAIL) (peak|drop)|^SKIP:|^FAIL:' "$LOG/torch_varlen.compare.out" |
+            tr '\n' ' ' | cut -c1-700)"
+}
 if ! skipped torch && [ "$lib_ok" = 1 ]; then
     t=$(tmo 180 60)
     if [ "$t" = 0 ]; then
@@ -692,7 +710,12 @@ if ! skipped torch && [ "$lib_ok" = 1 ]; then
             launch torch_graph.native native "$t" python3 tests/gpu/torch_graph.py
             launch torch_graph.hooked hooked "$t" python3 tests/gpu/torch_graph.py
         fi
+        if [ -f tests/gpu/torch_varlen.py ]; then
+            launch torch_varlen.native native "$t" python3 tests/gpu/torch_varlen.py expandable
+            launch torch_varlen.hooked hooked "$t" python3 tests/gpu/torch_varlen.py hooked
+        fi
         wait
+        [ -f tests/gpu/torch_varlen.py ] && torch_varlen_judge
         [ -f tests/gpu/torch_graph.py ] &&
             judge "torch_graph (capture after empty_cache)" python torch_graph.native torch_graph.hooked 0 any 1
         for v in nocache cache expandable; do

@@ -159,13 +159,6 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SystemExit:
-        raise
-    except BaseException as e:  # noqa: BLE001 - a crash is a failure with its reason
-        import traceback
-        traceback.print_exc()
-        print(f"FAIL: torch_ipc: {type(e).__name__}: {e}")
-        sys.stdout.flush()
-        sys.exit(1)
+    from torch_train import run_main  # the exit convention of the tests/gpu Python checks
+
+    run_main(main, "torch_ipc")

@@ -21,11 +21,25 @@ import sys
 VARIANTS = ("nocache", "cache", "expandable", "pluggable")
 
 
-def skip(msg):
+def skip(msg, name="torch_train"):
     print(f"SKIP: {msg}")
-    print(f"SKIP: torch_train (exit 77)")
+    print(f"SKIP: {name} (exit 77)")
     sys.stdout.flush()
     sys.exit(77)
+
+
+def run_main(main, name):
+    """Exits with main()'s code; a crash is a failure with its reason (exit 1)."""
+    try:
+        sys.exit(main())
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a crash is a failure with its reason
+        import traceback
+        traceback.print_exc()
+        print(f"FAIL: {name}: {type(e).__name__}: {e}")
+        sys.stdout.flush()
+        sys.exit(1)
 
 
 def hook_lib():
@@ -171,13 +185,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SystemExit:
-        raise
-    except BaseException as e:  # noqa: BLE001 - a crash is a failure with its reason
-        import traceback
-        traceback.print_exc()
-        print(f"FAIL: torch_train: {type(e).__name__}: {e}")
-        sys.stdout.flush()
-        sys.exit(1)
+    run_main(main, "torch_train")

@@ -362,6 +362,89 @@ static void idle_memory_goes_back_in_the_background(void **state)
     assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- warm big pairs (issue 27: bench.cu's isolated pairs of 64 MiB and 1 GiB) ---- */
+
+/* Driver calls made on the calling thread (the reclaim thread's are counted apart). */
+static uint64_t app_calls(void)
+{
+    return vmh_counter_get(VMH_STAT_driver_calls) -
+           vmh_counter_get(VMH_STAT_driver_calls_background);
+}
+
+static unsigned long vmm_calls(void)
+{
+    return sim_calls("cuMemCreate") + sim_calls("cuMemRelease") + sim_calls("cuMemMap") +
+           sim_calls("cuMemUnmap") + sim_calls("cuMemSetAccess") +
+           sim_calls("cuMemAddressReserve") + sim_calls("cuMemAddressFree");
+}
+
+static void pair(size_t size)
+{
+    CUdeviceptr p;
+    assert_int_equal(vmh_heap_alloc(size, &p), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+}
+
+/* While the program's work runs in one queue, a warm pair of any size is the heap's own work: no
+ * driver call on the pairing thread and no wake of the reclaim thread (a futex wake, a syscall),
+ * with that thread running as in the product. */
+static void warm_big_pairs_make_no_driver_call(void **state)
+{
+    (void)state;
+    vmh_reclaim_background(true);
+    const size_t sizes[] = {64 * MiB, 1024 * MiB};
+    for (size_t k = 0; k < 2; k++) {
+        for (int i = 0; i < 10; i++)
+            pair(sizes[k]);
+        uint64_t calls = app_calls();
+        unsigned long wakes = vmh_reclaim_wakes();
+        for (int i = 0; i < 1000; i++)
+            pair(sizes[k]);
+        assert_int_equal(app_calls() - calls, 0);
+        assert_int_equal(vmh_reclaim_wakes() - wakes, 0);
+    }
+    vmh_reclaim_stop(false);
+    vmh_reclaim_background(false);
+}
+
+/* Once a stream exists (as bench.cu creates one before its pairs), frees park. A 1 GiB buffer is
+ * larger than the park budget, so its free waits itself, as cudaFree does: one context
+ * synchronize (and the driver's current context) per pair, no VMM call, and no wake of the
+ * reclaim thread, whose wait would only contend with the pair's own. Each pair starts with the
+ * thread asleep, so that a park that woke it would be counted. A 64 MiB pair parks within the
+ * budget: the allocation after two waits once for both (one wait per two pairs at most). */
+static void warm_big_pairs_after_a_stream_wait_once(void **state)
+{
+    (void)state;
+    vmh_reclaim_background(true);
+    vmh_work_queue_split("a stream created");
+    for (int i = 0; i < 10; i++)
+        pair(1024 * MiB);
+    assert_true(vmh_reclaim_thread_running());
+    uint64_t calls = app_calls();
+    unsigned long wakes = vmh_reclaim_wakes(), vmm = vmm_calls();
+    uint64_t blocking = vmh_counter_get(VMH_STAT_syncs_blocking);
+    for (int i = 0; i < 100; i++) {
+        usleep(1000); /* past the thread's pace (100 us): it sleeps until woken */
+        pair(1024 * MiB);
+    }
+    assert_int_equal(vmh_reclaim_wakes() - wakes, 0);
+    assert_int_equal(vmm_calls() - vmm, 0);
+    assert_true(app_calls() - calls <= 2 * 100);
+    assert_true(vmh_counter_get(VMH_STAT_syncs_blocking) - blocking <= 100);
+
+    for (int i = 0; i < 10; i++)
+        pair(64 * MiB);
+    calls = app_calls();
+    vmm = vmm_calls();
+    for (int i = 0; i < 1000; i++)
+        pair(64 * MiB);
+    assert_int_equal(vmm_calls() - vmm, 0);
+    assert_true(app_calls() - calls <= 2 * (1000 / 2 + 1));
+    vmh_reclaim_stop(false);
+    vmh_reclaim_background(false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -379,6 +462,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(tidy_keeps_the_recent_peak_and_gives_back_the_rest, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(idle_memory_goes_back_in_the_background, setup, teardown),
+        cmocka_unit_test_setup_teardown(warm_big_pairs_make_no_driver_call, setup, teardown),
+        cmocka_unit_test_setup_teardown(warm_big_pairs_after_a_stream_wait_once, setup, teardown),
     };
     return cmocka_run_group_tests_name("steady", tests, NULL, NULL);
 }

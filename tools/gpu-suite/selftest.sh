@@ -107,6 +107,8 @@ chmod +x "$tmp/cuda/bin/nvcc"
 real_py=$(command -v python3)
 cat >"$tmp/pybin/python3" <<EOS
 #!/usr/bin/env bash
+# torch_varlen's compare mode is plain Python over the two runs' lines: the real one judges.
+case \${1:-}.\${2:-} in *tests/gpu/torch_varlen.py.compare) exec "$real_py" "\$@" ;; esac
 case \${1:-} in
 *tests/gpu/torch_*.py) ;;
 *) exec "$real_py" "\$@" ;;
@@ -138,6 +140,12 @@ torch_step)
 torch_overflow_sum) [ "\$hooked" = 1 ] || { echo "SKIP: needs the hook"; exit 77; }
     echo "I spilled 42.00 GiB; spills 11, of them small 0"
     echo "T sum_rate_\$variant 150.0 GiB/s 100 MET" ;;
+torch_varlen)
+    case \$variant.\$hooked in
+    hooked.1) echo "MEM hooked peak_mapped 2000000000 peak_requested 1800000000 peak_torch_allocated 1"
+        echo "DROP hooked mapped 1050000000 requested 1000000000 ratio 1.050" ;;
+    expandable.0) echo "MEM expandable peak_reserved 2100000000 peak_allocated 1800000000" ;;
+    esac ;;
 torch_sleep) [ "\$hooked" = 1 ] || { echo "SKIP: needs the hook"; exit 77; }
     echo "R graph replay bit-identical: True" ;;
 *) echo "R step 0 loss 1.0" ;;
@@ -184,6 +192,8 @@ want "overflow_gpu timings row" '^\| overflow_gpu timings .* INFO \| spilled_ker
 want "the sleep table" '^\| backup.first_pause_rate \| 5.000 GiB/s \| >=8.000 \| MISS \|'
 want "torch_overflow_sum rows" '^\| torch_overflow_sum nocache .* \| python \| - \| 0 \| \*\*PASS\*\* \| I spilled 42.00 GiB.*T sum_rate_nocache 150.0 GiB/s 100 MET'
 want "torch_sleep passes" '^\| torch_sleep .* \*\*PASS\*\*'
+want "torch_varlen runs pass" '^\| torch_varlen runs \(expandable native, nocache hooked\) \| python \| 0 \| 0 \| \*\*PASS\*\*'
+want "torch_varlen memory row judges both targets" '^\| torch_varlen memory \(issue 27\) \| python \| 0 \| 0 \| \*\*PASS\*\* \| PASS peak: .*1907 MiB.*2003 MiB.*PASS drop: .*ratio 1.050'
 want "torch_graph passes" '^\| torch_graph .* \| python \| 0 \| 0 \| \*\*PASS\*\*'
 want "torch_step row" '^\| torch_step \(big model, step time, 3 runs\) .* \*\*PASS\*\* \| median ms: hook\(off\) 35.10, native on 18.20, native off 60.00; hook/on 1.93x \(<=1.00 MISS\)'
 want "torch_step_small row" '^\| torch_step_small \(small model, step time, 3 runs\) .* \*\*PASS\*\* \| .*hook/on 1.93x \(<=1.05 MISS\)'
