@@ -55,7 +55,7 @@ static CUresult spill_on(hdev_t *h, tagpart_t *p, size_t size, void *site, CUdev
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_spills, 1);
         atomic_fetch_add_explicit(&h->spills, 1, memory_order_relaxed);
-        if (vmh_overflow_is_small(&h->dev, size)) {
+        if (vmh_overflow_is_small(&h->overflow, size)) {
             vmh_count(VMH_STAT_spills_small, 1);
             atomic_fetch_add_explicit(&h->spills_small, 1, memory_order_relaxed);
         }

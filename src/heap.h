@@ -177,9 +177,11 @@ extern void (*vmh_heap_test_after_drain)(void);
 /* Tags (pause.c): one device's parts of one tag. false when the device has none of its memory
  * (or the heap is not running). The parts live as long as the heap. */
 struct vmh_reclaim;
+struct vmh_overflow_dev;
 typedef struct vmh_tag_parts {
     vmh_dev_t *dev;
     struct vmh_reclaim *reclaim;
+    struct vmh_overflow_dev *overflow; /* where a resume finds host memory (overflow.h) */
 } vmh_tag_parts_t;
 bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out);
 

@@ -62,6 +62,7 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
     vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
     vmh_reclaim_init(&h->reclaim, &h->dev);
     vmh_cache_init(&h->cache, &h->dev);
+    vmh_overflow_init(&h->overflow, &h->dev);
     if (rc != CUDA_SUCCESS) {
         hdev_destroy(h);
         return rc;
@@ -114,7 +115,7 @@ tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag)
     p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
     if (!p && (p = calloc(1, sizeof *p))) {
         p->tag = tag;
-        vmh_bigbuf_init(&p->big, &h->dev, &h->reclaim, &h->cache);
+        vmh_bigbuf_init(&p->big, &h->dev, &h->reclaim, &h->cache, &h->overflow);
         if (vmh_packing_init(&p->pack, &h->dev, &h->reclaim) != CUDA_SUCCESS) {
             vmh_packing_destroy(&p->pack);
             vmh_bigbuf_destroy(&p->big);
@@ -181,10 +182,10 @@ size_t vmh_heap_idle_bytes(int device)
 
 bool vmh_hdev_spill_first(hdev_t *h, size_t size)
 {
-    size_t reserve = vmh_overflow_reserve(&h->dev);
+    size_t reserve = vmh_overflow_reserve(&h->overflow);
     /* Not during a stream capture: the library asks the driver nothing it need not then
      * (captures.c); the device then spills only what it refuses. */
-    if (!reserve || vmh_overflow_is_small(&h->dev, size) || vmh_capture_any())
+    if (!reserve || vmh_overflow_is_small(&h->overflow, size) || vmh_capture_any())
         return false;
     /* The driver's free memory of the device (memory of other allocators and processes is
      * gone from it too), plus what this library holds idle there, which serves it first. */
@@ -235,7 +236,7 @@ bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out)
     hdev_t *h;
     if (!tag_part(device, tag, &h))
         return false;
-    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim};
+    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim, &h->overflow};
     return true;
 }
 

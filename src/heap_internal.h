@@ -32,6 +32,7 @@ typedef struct hdev {
     vmh_dev_t dev;
     vmh_reclaim_t reclaim;
     vmh_cache_t cache; /* idle ranges are nobody's: any tag may reuse them */
+    vmh_overflow_dev_t overflow;
     _Atomic(tagpart_t *) part[VMM_TAGS_MAX];
     /* The tidy's state (reclaim thread only, tidy_lock): the peak of live bytes of the window
      * before the current one, when the current one began, when the last tidy ran. */
