@@ -44,20 +44,29 @@ static void undo_checked(const char *call, CUresult rc)
         vmh_handle_report_failure(call, rc);
 }
 
-static _Atomic int64_t host_bytes[VMH_MAX_DEVICES];
+static _Atomic int64_t host_bytes; /* of the process; each device's: a->host_count */
 
 static void host_bytes_add(const vmh_alloc_t *a, int64_t delta)
 {
-    if (a->host && a->device >= 0 && a->device < VMH_MAX_DEVICES)
-        atomic_fetch_add_explicit(&host_bytes[a->device], delta, memory_order_relaxed);
+    if (!a->host)
+        return;
+    atomic_fetch_add_explicit(&host_bytes, delta, memory_order_relaxed);
+    if (a->host_count)
+        atomic_fetch_add_explicit(a->host_count, delta, memory_order_relaxed);
 }
 
-size_t vmh_alloc_host_bytes(int device)
+size_t vmh_alloc_host_bytes(void)
 {
-    if (device < 0 || device >= VMH_MAX_DEVICES)
-        return 0;
-    int64_t n = atomic_load_explicit(&host_bytes[device], memory_order_relaxed);
+    int64_t n = atomic_load_explicit(&host_bytes, memory_order_relaxed);
     return n > 0 ? (size_t)n : 0;
+}
+
+void vmh_alloc_count_in(vmh_alloc_t *a, _Atomic int64_t *count)
+{
+    assert(!a->host_count && "counted in one device's count");
+    a->host_count = count;
+    if (a->host)
+        atomic_fetch_add_explicit(count, (int64_t)a->size, memory_order_relaxed);
 }
 
 CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,

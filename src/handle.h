@@ -28,6 +28,7 @@ typedef struct vmh_alloc {
     size_t size;
     int device;      /* ordinal the chunk lives on, or serves when host-located */
     bool host;       /* host-located (overflow.h): pinned host memory at device addresses */
+    _Atomic int64_t *host_count; /* its device's count of host bytes (vmh_alloc_count_in) */
     int handle_type; /* CUmemAllocationHandleType it was created with */
     int naccess;
     CUmemAccessDesc access[VMH_MAX_ACCESS];
@@ -48,9 +49,13 @@ typedef struct vmh_map {
     struct vmh_map *prev, *next; /* every live mapping (peer access reaches them all) */
 } vmh_map_t;
 
-/* Bytes of host-located chunks alive that serve `device` (created and not yet released): the
- * overflow layer's budget and statistics (0 for a device at or past VMH_MAX_DEVICES). */
-size_t vmh_alloc_host_bytes(int device);
+/* Bytes of host-located chunks alive in the process (created and not yet released): the
+ * overflow layer's budget. */
+size_t vmh_alloc_host_bytes(void);
+
+/* A host-located chunk's bytes count in *count too while it lives: its device's count, which the
+ * device's record keeps (overflow.h), so that this layer needs no table of devices. */
+void vmh_alloc_count_in(vmh_alloc_t *a, _Atomic int64_t *count);
 
 /* cuMemCreate(size, prop); the descriptors are copied and applied wherever the chunk is
  * mapped. naccess may be 0 (a mapping then gets no cuMemSetAccess call). */

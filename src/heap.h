@@ -172,6 +172,8 @@ void vmh_heap_tidy_now(int device, bool new_window);
 /* Tests: called in vmh_heap_trim after its wait and before it gives memory back, the window in
  * which another thread's free released at once lands after the wait. NULL: nothing. */
 extern void (*vmh_heap_test_after_drain)(void);
+/* Tests: the host bytes serving the device now (overflow.h), 0 before its first use. */
+size_t vmh_heap_spilled_bytes(int device);
 #endif
 
 /* Tags (pause.c): one device's parts of one tag. false when the device has none of its memory

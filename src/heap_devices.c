@@ -212,12 +212,20 @@ void vmh_heap_stats_devices(vmh_jbuf_t *b)
         vmh_jb_printf(b,
                       "%s\"%d\": {\"bytes_spilled\": %zu, \"spills\": %llu, "
                       "\"spills_small\": %llu}",
-                      first ? "" : ", ", i, vmh_overflow_bytes(i),
+                      first ? "" : ", ", i, vmh_overflow_bytes(&h->overflow),
                       (unsigned long long)atomic_load(&h->spills),
                       (unsigned long long)atomic_load(&h->spills_small));
         first = false;
     }
 }
+
+#ifdef VMH_TESTING
+size_t vmh_heap_spilled_bytes(int device)
+{
+    hdev_t *h = device >= 0 && device < VMH_MAX_DEVICES ? hdev_at(device) : NULL;
+    return h ? vmh_overflow_bytes(&h->overflow) : 0;
+}
+#endif
 
 /* ---- tags (pause.c) ------------------------------------------------------------------------- */
 

@@ -53,6 +53,7 @@ void vmh_overflow_init(vmh_overflow_dev_t *o, const vmh_dev_t *dev)
     o->dev = dev;
     atomic_init(&o->total, 0);
     atomic_init(&o->host_state, (int)HOST_UNKNOWN);
+    atomic_init(&o->host_bytes, 0);
 }
 
 /* The device's memory, learnt once (0: unknown; asked again next time). */
@@ -79,23 +80,16 @@ bool vmh_overflow_is_small(vmh_overflow_dev_t *o, size_t size)
     return size < (r ? r : total_of(o) / RESERVE_SHARE_DIV) / BIG_OF_RESERVE;
 }
 
-size_t vmh_overflow_bytes(int device)
+size_t vmh_overflow_bytes(const vmh_overflow_dev_t *o)
 {
-    return vmh_alloc_host_bytes(device);
-}
-
-static size_t spilled_total(void)
-{
-    size_t n = 0;
-    for (int d = 0; d < VMH_MAX_DEVICES; d++)
-        n += vmh_alloc_host_bytes(d);
-    return n;
+    int64_t n = atomic_load_explicit((_Atomic int64_t *)&o->host_bytes, memory_order_relaxed);
+    return n > 0 ? (size_t)n : 0;
 }
 
 /* Whether `size` more bytes fit the budget; why not into `why` when they do not. */
 static bool budget_allows(size_t size, char *why, size_t whylen)
 {
-    size_t used = spilled_total(), limit = cap;
+    size_t used = vmh_alloc_host_bytes(), limit = cap;
     vmh_host_mem_t m;
     bool known = vmh_staging_host_mem(&m) && m.total > 0;
     if (known && m.total / HOST_SHARE_DIV < limit)
@@ -170,6 +164,8 @@ static CUresult create(vmh_overflow_dev_t *o, size_t size, host_state_t s, vmh_a
                       d->ordinal);
         }
     }
+    if (rc == CUDA_SUCCESS)
+        vmh_alloc_count_in(*out, &o->host_bytes);
     return rc;
 }
 

@@ -52,6 +52,7 @@ typedef struct vmh_overflow_dev {
     const vmh_dev_t *dev;
     _Atomic size_t total;   /* the device's memory (0: not learnt yet, asked again) */
     _Atomic int host_state; /* whether host-located chunks can serve it, and how (overflow.c) */
+    _Atomic int64_t host_bytes; /* of its host-located chunks alive (handle.c counts them) */
 } vmh_overflow_dev_t;
 
 /* Before any other call with o; learns nothing yet. */
@@ -70,8 +71,8 @@ CUresult vmh_overflow_chunk(vmh_overflow_dev_t *o, size_t size, vmh_alloc_t **ou
 CUresult vmh_overflow_range_new(vmh_overflow_dev_t *o, size_t size, size_t reserve,
                                 vmh_range_t **out);
 
-/* Host bytes serving device `device` now (every chunk made here and not yet released). */
-size_t vmh_overflow_bytes(int device);
+/* Host bytes serving o's device now (every chunk made here and not yet released). */
+size_t vmh_overflow_bytes(const vmh_overflow_dev_t *o);
 
 #ifdef VMH_TESTING
 /* Tests: forget the once-only warnings (what was learnt about each device goes with its record,
