@@ -112,6 +112,17 @@ bool vmh_heap_export_alive(CUdeviceptr base, uint64_t serial);
  * reachable (handle.c applies it). */
 CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant);
 
+/* The peers granted chunks of `device` (its record's part, handle.h), for a chunk made outside
+ * the heap on that device (an IPC import): NULL for a device past the table or without host
+ * memory for its record. */
+const vmh_grants_t *vmh_heap_grants(int device);
+
+/* The program's primary context of `device` as the interposer saw it retained (a release or a
+ * reset names the device, not the context): kept in the device's record; NULL when none was
+ * seen (or the device is past the table). */
+void vmh_heap_primary_retained(int device, CUcontext ctx);
+CUcontext vmh_heap_primary(int device);
+
 /* A function run when an allocation fails for want of memory, before the cache is trimmed and
  * the allocation retried (ipc.c drops the references of exports whose buffers were freed);
  * true when it let go of anything (the driver may have memory again: worth one more try). */

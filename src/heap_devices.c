@@ -20,7 +20,9 @@
 #include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 vmh_heap_settings_t vmh_heap_settings;
 _Atomic(hdev_t *) vmh_heap_devs[VMH_MAX_DEVICES];
@@ -35,7 +37,26 @@ void vmh_heap_configure(const vmh_heap_settings_t *s)
     vmh_heap_settings = *s;
 }
 
-static void hdev_destroy(hdev_t *h)
+hdev_t *vmh_hdev_record(int i)
+{
+    /* Made without a lock, so that any thread may ask at any time (a forked child, whose locks
+     * may be held by threads that are gone, too): of two made at once, the first published
+     * stays. */
+    hdev_t *h = atomic_load_explicit(&vmh_heap_devs[i], memory_order_acquire);
+    if (h)
+        return h;
+    hdev_t *made = calloc(1, sizeof *made);
+    if (!made)
+        return NULL;
+    if (atomic_compare_exchange_strong_explicit(&vmh_heap_devs[i], &h, made, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return made;
+    free(made);
+    return h;
+}
+
+/* Undoes hdev_setup, leaving the heap's parts as the record's making left them (zero). */
+static void hdev_teardown(hdev_t *h)
 {
     vmh_reclaim_release_all(&h->reclaim);
     FOR_EACH_PART(h, p)
@@ -46,14 +67,14 @@ static void hdev_destroy(hdev_t *h)
     }
     vmh_cache_destroy(&h->cache);
     vmh_reclaim_destroy(&h->reclaim);
-    free(h);
+    pthread_mutex_destroy(&h->tidy_lock);
+    memset(&h->dev, 0, sizeof *h - offsetof(hdev_t, dev));
 }
 
-static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
+/* Sets up the heap's parts of a record (devs_lock held); on failure they stay as they were. */
+static CUresult hdev_setup(hdev_t *h, int ordinal, CUcontext ctx)
 {
-    hdev_t *h = calloc(1, sizeof *h);
-    if (!h)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    h->dev.grants = &h->grants;
     h->dev.relieve = vmh_hdev_relieve;
     h->dev.tidy = vmh_hdev_tidy;
     pthread_mutex_init(&h->tidy_lock, NULL);
@@ -63,12 +84,9 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
     vmh_reclaim_init(&h->reclaim, &h->dev);
     vmh_cache_init(&h->cache, &h->dev);
     vmh_overflow_init(&h->overflow, &h->dev);
-    if (rc != CUDA_SUCCESS) {
-        hdev_destroy(h);
-        return rc;
-    }
-    *out = h;
-    return CUDA_SUCCESS;
+    if (rc != CUDA_SUCCESS)
+        hdev_teardown(h);
+    return rc;
 }
 
 CUresult vmh_hdev_get(int ordinal, CUcontext ctx, hdev_t **out)
@@ -78,14 +96,17 @@ CUresult vmh_hdev_get(int ordinal, CUcontext ctx, hdev_t **out)
     hdev_t *h = hdev_at(ordinal);
     CUresult rc = CUDA_SUCCESS;
     if (!h) {
+        hdev_t *rec = vmh_hdev_record(ordinal);
+        if (!rec)
+            return CUDA_ERROR_OUT_OF_MEMORY;
         vmh_lock(&devs_lock, VMH_RANK_DEVICES);
-        h = hdev_at(ordinal);
-        if (!h) {
-            rc = hdev_new(ordinal, ctx, &h);
+        if (!atomic_load_explicit(&rec->ready, memory_order_relaxed)) {
+            rc = hdev_setup(rec, ordinal, ctx);
             if (rc == CUDA_SUCCESS)
-                atomic_store_explicit(&vmh_heap_devs[ordinal], h, memory_order_release);
+                atomic_store_explicit(&rec->ready, true, memory_order_release);
         }
         vmh_unlock(&devs_lock);
+        h = rc == CUDA_SUCCESS ? rec : NULL;
     }
     *out = h;
     if (rc == CUDA_SUCCESS && h->dev.unsupported)
@@ -283,9 +304,9 @@ void vmh_heap_reset(void)
     vmh_reclaim_stop(false); /* its waits use the queues destroyed here */
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         hdev_t *h = atomic_exchange(&vmh_heap_devs[i], NULL);
-        if (h)
-            hdev_destroy(h);
+        if (h && atomic_load(&h->ready))
+            hdev_teardown(h);
+        free(h); /* its grants and primary context with it */
     }
-    vmh_access_reset();
     atomic_store(&vmh_heap_mode, HEAP_RUNNING);
 }

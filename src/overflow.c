@@ -150,13 +150,13 @@ static CUresult create(vmh_overflow_dev_t *o, size_t size, host_state_t s, vmh_a
 {
     const vmh_dev_t *d = o->dev;
     CUmemAllocationProp p = host_prop(d, s == HOST_OK);
-    CUresult rc = vmh_alloc_create(size, &p, &d->access, 1, out);
+    CUresult rc = vmh_alloc_create(d->grants, size, &p, &d->access, 1, out);
     if (s == HOST_OK && (rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_NOT_SUPPORTED ||
                          rc == CUDA_ERROR_NOT_PERMITTED)) {
         /* The driver may refuse shareable handles on host memory: spill without them (such a
          * buffer cannot be shared by CUDA IPC, docs/OVERFLOW.md). */
         p = host_prop(d, false);
-        rc = vmh_alloc_create(size, &p, &d->access, 1, out);
+        rc = vmh_alloc_create(d->grants, size, &p, &d->access, 1, out);
         if (rc == CUDA_SUCCESS) {
             atomic_store(&o->host_state, (int)HOST_NO_HANDLES);
             vmh_debug("VMMHOOK_OVERFLOW=host: device %d's spilled memory has no shareable "
