@@ -180,7 +180,7 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
             continue;
         }
         vmh_access_set_peer(d->grants, ordinal, peer, true); /* no mapping yet: no driver call */
-        vmh_work_queue_split("VMMHOOK_PEERS");    /* a peer's kernels run in its own queue */
+        vmh_work_queue_split("VMMHOOK_PEERS"); /* a peer's kernels run in its own queue */
     }
 
     /* The handle type first, with a chunk of the minimum size (the one most surely made), so

@@ -35,12 +35,14 @@ typedef struct vmh_alloc {
     CUmemGenericAllocationHandle handle;
     size_t size;
     int device;      /* ordinal the chunk lives on, or serves when host-located */
-    const vmh_grants_t *grants; /* its device's peers (NULL: none, a chunk outside the heap) */
     bool host;       /* host-located (overflow.h): pinned host memory at device addresses */
-    _Atomic int64_t *host_count; /* its device's count of host bytes (vmh_alloc_count_in) */
     int handle_type; /* CUmemAllocationHandleType it was created with */
     int naccess;
     CUmemAccessDesc access[VMH_MAX_ACCESS];
+    /* Its device's part of the records (NULL: none, a chunk made outside the heap): the peers
+     * granted, and the count of host bytes a host chunk counts in (vmh_alloc_count_in). */
+    const vmh_grants_t *grants;
+    _Atomic int64_t *host_count;
 } vmh_alloc_t;
 
 typedef struct vmh_resv {

@@ -1,10 +1,11 @@
-/* Layer "heap front", its devices table: one heap per device, made at the device's first use,
- * each with a part per tag made at the tag's first allocation there; the front's mode (running,
- * exited, forked child) and the steps that change it (shutdown with its leak report, the forked
- * child, the tests' reset); the tags' parts as pause.c sees them. The entry points that route
- * allocations and pointers are in heap.c, what gives idle memory back in heap_upkeep.c.
+/* Layer "heap front", its per-GPU records (heap_internal.h's hdev_t): one per device, made at
+ * the device's first mention, its heap set up at the device's first allocation, each with a part
+ * per tag made at the tag's first allocation there; the front's mode (running, exited, forked
+ * child) and the steps that change it (shutdown with its leak report, the forked child, the
+ * tests' reset); the tags' parts as pause.c sees them. The entry points that route allocations
+ * and pointers are in heap.c, what gives idle memory back in heap_upkeep.c.
  *
- * Devices and parts are never freed while the process runs (only the tests' reset frees them),
+ * Records and parts are never freed while the process runs (only the tests' reset frees them),
  * so a reader that loaded one may use it without a lock.
  */
 #include "heap_internal.h"

@@ -1,5 +1,5 @@
-/* Internal to the heap front (heap.c, heap_devices.c, heap_upkeep.c): one device's heap and its
- * tag parts, the devices table and the front's mode, shared by the three files of the layer.
+/* Internal to the heap front (heap.c, heap_devices.c, heap_upkeep.c): the per-GPU record and
+ * its tag parts, the records' table and the front's mode, shared by the three files of the layer.
  * Nothing else includes this. */
 #ifndef VMH_HEAP_INTERNAL_H
 #define VMH_HEAP_INTERNAL_H

@@ -50,8 +50,8 @@ void vmh_overflow_set_reserve(size_t bytes);
  * overflow needs it, so that with overflow off no call is made). */
 typedef struct vmh_overflow_dev {
     const vmh_dev_t *dev;
-    _Atomic size_t total;   /* the device's memory (0: not learnt yet, asked again) */
-    _Atomic int host_state; /* whether host-located chunks can serve it, and how (overflow.c) */
+    _Atomic size_t total;       /* the device's memory (0: not learnt yet, asked again) */
+    _Atomic int host_state;     /* whether host-located chunks can serve it, and how (overflow.c) */
     _Atomic int64_t host_bytes; /* of its host-located chunks alive (handle.c counts them) */
 } vmh_overflow_dev_t;
 

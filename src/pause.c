@@ -246,11 +246,11 @@ static CUresult visit_prepare(vmh_visit_rec_t *recs, size_t n, void *arg)
     /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants.
      * With VMMHOOK_OVERFLOW=host what the device has no room for comes back in host memory:
      * a resume does not fail for lack of device memory. */
-    CUresult rc = k ? vmh_range_resume_run((const vmh_paused_t *const *)w.paused, k, &j->dev->prop,
-                                           NULL, 0, (const void *const *)w.host,
-                                           vmh_overflow_enabled() ? spill_chunk : NULL,
-                                           j->overflow, w.ranges)
-                    : CUDA_SUCCESS;
+    CUresult rc =
+        k ? vmh_range_resume_run((const vmh_paused_t *const *)w.paused, k, &j->dev->prop, NULL, 0,
+                                 (const void *const *)w.host,
+                                 vmh_overflow_enabled() ? spill_chunk : NULL, j->overflow, w.ranges)
+          : CUDA_SUCCESS;
     for (size_t i = 0; i < k && rc == CUDA_SUCCESS; i++)
         w.paused[i]->resumed = w.ranges[i];
     run_work_put(&w);

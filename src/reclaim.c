@@ -35,7 +35,7 @@ static struct {
     pthread_mutex_t stop_lock; /* one stop at a time (one join) */
     pthread_t thread;
     bool running, stopping;
-    bool busy; /* inside a wait (tests' settle) */
+    bool busy;             /* inside a wait (tests' settle) */
     vmh_reclaim_t *queues; /* every queue, in init order: served round robin */
     unsigned nqueues;
     atomic_bool started;  /* a start was tried since the last stop: parks only wake it */
