@@ -5,7 +5,7 @@
  * What owns what (docs/DESIGN.md has the diagram):
  *   heap.c (this file)  the entry points: picks a device, picks packing or a buffer of its own
  *                       by size, finds a pointer's owner and hands it on
- *   heap_devices.c      the devices table: a heap per device, a part per tag, the front's mode
+ *   heap_devices.c      the per-GPU records: one per device, a part per tag, the front's mode
  *   heap_upkeep.c       idle memory given back (relieve, tidy, trim), spilled memory brought home
  *   bigbuf.c            buffers with their own chunks: make, grow, shrink, move, park
  *   packing.c           small buffers in shared chunks (shards over arena.c)

@@ -6,7 +6,7 @@
  *     follow the program");
  *   - trim: everything idle, when the program or another allocator of the process asks;
  *   - prefetch: buffers spilled to host memory (VMMHOOK_OVERFLOW=host) moved back to the device.
- * The devices table is heap_devices.c's; the entry points that serve and free are heap.c's.
+ * The per-GPU records are heap_devices.c's; the entry points that serve and free are heap.c's.
  */
 #include "heap_internal.h"
 
