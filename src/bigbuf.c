@@ -61,11 +61,13 @@ static void list_remove(vmh_biglist_t *l, vmh_big_t *b)
     l->bytes -= b->range ? b->range->size : 0;
 }
 
-void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim, vmh_cache_t *cache)
+void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim, vmh_cache_t *cache,
+                     vmh_overflow_dev_t *overflow)
 {
     bb->dev = dev;
     bb->reclaim = reclaim;
     bb->cache = cache;
+    bb->overflow = overflow;
     pthread_mutex_init(&bb->lock, NULL);
     bb->live = bb->parked = bb->unused = bb->paused = (vmh_biglist_t){NULL, NULL, 0, 0};
     atomic_init(&bb->frozen, false);
@@ -257,7 +259,7 @@ CUresult vmh_bigbuf_alloc_spilled(vmh_bigbufs_t *bb, size_t size, void *site, CU
     vmh_range_t *r = NULL;
     CUresult rc = vmh_dev_va_exhausted(reserve)
                       ? CUDA_ERROR_OUT_OF_MEMORY
-                      : vmh_overflow_range_new(bb->dev, rounded, reserve, &r);
+                      : vmh_overflow_range_new(bb->overflow, rounded, reserve, &r);
     return serve_made(bb, rc, r, rounded, size, false, site, out);
 }
 
@@ -395,7 +397,7 @@ static CUresult grow_unlocked(vmh_bigbufs_t *bb, const vmh_range_t *r, size_t ro
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && d->relieve(d))
         rc = vmh_dev_chunk(d, rounded - r->size, &a);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && vmh_overflow_enabled())
-        rc = vmh_overflow_chunk(d, rounded - r->size, &a);
+        rc = vmh_overflow_chunk(bb->overflow, rounded - r->size, &a);
     if (rc != CUDA_SUCCESS)
         return rc;
     size_t reserve = vmh_dev_reserve_for(rounded, true);

@@ -16,6 +16,7 @@
 
 #include "cache.h"
 #include "device.h"
+#include "overflow.h"
 #include "reclaim.h"
 
 #include <pthread.h>
@@ -31,6 +32,7 @@ typedef struct vmh_bigbufs {
     vmh_dev_t *dev;
     vmh_reclaim_t *reclaim;
     vmh_cache_t *cache;
+    vmh_overflow_dev_t *overflow; /* where spilled buffers come from (overflow.h) */
     pthread_mutex_t lock;
     vmh_biglist_t live, parked, unused;
     vmh_biglist_t paused;      /* live buffers whose memory is given back (pause.c) */
@@ -38,7 +40,8 @@ typedef struct vmh_bigbufs {
     _Atomic size_t old_ranges; /* parked old ranges not yet unmapped */
 } vmh_bigbufs_t;
 
-void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim, vmh_cache_t *cache);
+void vmh_bigbuf_init(vmh_bigbufs_t *bb, vmh_dev_t *dev, vmh_reclaim_t *reclaim, vmh_cache_t *cache,
+                     vmh_overflow_dev_t *overflow);
 
 /* A buffer of `size` bytes in host memory at device addresses (overflow.h), for what the
  * device could not serve; freed, its memory is given back, never cached. */

@@ -90,12 +90,12 @@ static const char *cu_name(CUresult rc)
 static size_t probe_granularity(vmh_dev_t *d, size_t rec_gran)
 {
     vmh_alloc_t *probe;
-    CUresult rc = vmh_alloc_create(d->gran, &d->prop, NULL, 0, &probe);
+    CUresult rc = vmh_alloc_create(d->grants, d->gran, &d->prop, NULL, 0, &probe);
     if (rc == CUDA_SUCCESS) {
         vmh_alloc_unref(probe);
         return d->gran;
     }
-    CUresult rec_rc = vmh_alloc_create(rec_gran, &d->prop, NULL, 0, &probe);
+    CUresult rec_rc = vmh_alloc_create(d->grants, rec_gran, &d->prop, NULL, 0, &probe);
     if (rec_rc != CUDA_SUCCESS) {
         vmh_debug("device %d: no chunk of %zu bytes, nor of the recommended %zu, can be made "
                   "now (CUDA errors %d, %d); VMMHOOK_GRANULARITY kept",
@@ -179,15 +179,15 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
                       ordinal);
             continue;
         }
-        vmh_access_set_peer(ordinal, peer, true); /* no mapping exists yet: no driver call */
-        vmh_work_queue_split("VMMHOOK_PEERS");    /* a peer's kernels run in its own queue */
+        vmh_access_set_peer(d->grants, ordinal, peer, true); /* no mapping yet: no driver call */
+        vmh_work_queue_split("VMMHOOK_PEERS"); /* a peer's kernels run in its own queue */
     }
 
     /* The handle type first, with a chunk of the minimum size (the one most surely made), so
      * that a refusal of the type is never taken for one of the size. */
     if (d->prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
         vmh_alloc_t *probe;
-        rc = vmh_alloc_create(min_gran, &d->prop, NULL, 0, &probe);
+        rc = vmh_alloc_create(d->grants, min_gran, &d->prop, NULL, 0, &probe);
         if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_OUT_OF_MEMORY) {
             char why[96];
             snprintf(why, sizeof why, "cuMemCreate on device %d answers CUDA error %d", ordinal,
@@ -287,7 +287,7 @@ bool vmh_dev_va_exhausted(size_t reserve)
 
 CUresult vmh_dev_chunk(vmh_dev_t *d, size_t size, vmh_alloc_t **out)
 {
-    return vmh_alloc_create(size, &d->prop, &d->access, 1, out);
+    return vmh_alloc_create(d->grants, size, &d->prop, &d->access, 1, out);
 }
 
 /* One chunk of `size` bytes mapped at `at` inside resv when resv is given, else in a new

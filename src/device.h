@@ -60,6 +60,7 @@ struct vmh_dev {
     CUcontext ctx;    /* the context first served in (reclaim waits on all of the device) */
     CUmemAllocationProp prop;
     CUmemAccessDesc access; /* the device's own read-write access (peers: handle.h) */
+    vmh_grants_t *grants;   /* the peers granted its chunks: its record's part (handle.h) */
     size_t gran;            /* chunk granularity */
     size_t rec_gran;        /* the driver's recommended one (gran is larger only when set so) */
     /* Usable bytes of live buffers (and of allocations in flight), for VMMHOOK_MEM_LIMIT:

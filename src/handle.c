@@ -44,23 +44,32 @@ static void undo_checked(const char *call, CUresult rc)
         vmh_handle_report_failure(call, rc);
 }
 
-static _Atomic int64_t host_bytes[VMH_MAX_DEVICES];
+static _Atomic int64_t host_bytes; /* of the process; each device's: a->host_count */
 
 static void host_bytes_add(const vmh_alloc_t *a, int64_t delta)
 {
-    if (a->host && a->device >= 0 && a->device < VMH_MAX_DEVICES)
-        atomic_fetch_add_explicit(&host_bytes[a->device], delta, memory_order_relaxed);
+    if (!a->host)
+        return;
+    atomic_fetch_add_explicit(&host_bytes, delta, memory_order_relaxed);
+    if (a->host_count)
+        atomic_fetch_add_explicit(a->host_count, delta, memory_order_relaxed);
 }
 
-size_t vmh_alloc_host_bytes(int device)
+size_t vmh_alloc_host_bytes(void)
 {
-    if (device < 0 || device >= VMH_MAX_DEVICES)
-        return 0;
-    int64_t n = atomic_load_explicit(&host_bytes[device], memory_order_relaxed);
+    int64_t n = atomic_load_explicit(&host_bytes, memory_order_relaxed);
     return n > 0 ? (size_t)n : 0;
 }
 
-CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
+void vmh_alloc_count_in(vmh_alloc_t *a, _Atomic int64_t *count)
+{
+    assert(!a->host_count && "counted in one device's count");
+    a->host_count = count;
+    if (a->host)
+        atomic_fetch_add_explicit(count, (int64_t)a->size, memory_order_relaxed);
+}
+
+CUresult vmh_alloc_create(const vmh_grants_t *grants, size_t size, const CUmemAllocationProp *prop,
                           const CUmemAccessDesc *access, int naccess, vmh_alloc_t **out)
 {
     if (!out || !prop || naccess < 0 || naccess > VMH_MAX_ACCESS || (naccess && !access))
@@ -79,6 +88,7 @@ CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
      * makes device memory there. */
     a->host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
     a->device = !a->host ? prop->location.id : naccess ? access[0].location.id : -1;
+    a->grants = grants;
     host_bytes_add(a, (int64_t)size);
     a->handle_type = (int)prop->requestedHandleTypes;
     a->naccess = naccess;
@@ -140,12 +150,11 @@ void vmh_resv_unref(vmh_resv_t *r)
 
 /* ---- access ------------------------------------------------------------------------------ */
 
-_Static_assert(VMH_MAX_DEVICES <= 64, "granted[] keeps one bit per device");
+_Static_assert(VMH_MAX_DEVICES <= 64, "vmh_grants_t keeps one bit per device");
 
 /* Held shared while a mapping is made and listed, exclusively while a grant changes: so a grant
  * either reaches a new mapping through the list or the mapping is made with the grant. */
 static pthread_rwlock_t access_lock = PTHREAD_RWLOCK_INITIALIZER;
-static uint64_t granted[VMH_MAX_DEVICES]; /* bit p of [o]: device p may reach o's chunks */
 static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER; /* guards the list below */
 static vmh_map_t *maps;
 
@@ -153,7 +162,7 @@ static vmh_map_t *maps;
 static int access_for(const vmh_alloc_t *a, CUmemAccessDesc *out)
 {
     int n = 0;
-    uint64_t peers = a->device >= 0 && a->device < VMH_MAX_DEVICES ? granted[a->device] : 0;
+    uint64_t peers = a->grants ? a->grants->peers : 0;
     for (int i = 0; i < a->naccess; i++) {
         out[n++] = a->access[i];
         if (a->access[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
@@ -186,10 +195,9 @@ static void maps_unlink(vmh_map_t *m)
     vmh_unlock(&maps_lock);
 }
 
-CUresult vmh_access_set_peer(int owner, int peer, bool grant)
+CUresult vmh_access_set_peer(vmh_grants_t *owner, int ordinal, int peer, bool grant)
 {
-    if (owner < 0 || owner >= VMH_MAX_DEVICES || peer < 0 || peer >= VMH_MAX_DEVICES ||
-        owner == peer)
+    if (!owner || peer < 0 || peer >= VMH_MAX_DEVICES || ordinal == peer)
         return CUDA_ERROR_INVALID_DEVICE;
     CUmemAccessDesc desc;
     memset(&desc, 0, sizeof desc);
@@ -199,25 +207,18 @@ CUresult vmh_access_set_peer(int owner, int peer, bool grant)
     CUresult rc = CUDA_SUCCESS;
     vmh_wrlock(&access_lock, VMH_RANK_ACCESS);
     if (grant)
-        granted[owner] |= 1ull << peer;
+        owner->peers |= 1ull << peer;
     else
-        granted[owner] &= ~(1ull << peer);
+        owner->peers &= ~(1ull << peer);
     /* A rare call that must reach every mapping at once: the list stays locked across the
      * driver calls, so no mapping goes meanwhile (none is made: access_lock). */
     vmh_lock(&maps_lock, VMH_RANK_MAPS);
     for (vmh_map_t *m = maps; m && rc == CUDA_SUCCESS; m = m->next)
-        if (m->alloc->device == owner)
+        if (m->alloc->grants == owner)
             rc = CALL(vmh_drv.cuMemSetAccess(m->ptr, m->size, &desc, 1));
     vmh_unlock(&maps_lock);
     vmh_rwunlock(&access_lock);
     return rc;
-}
-
-void vmh_access_reset(void)
-{
-    vmh_wrlock(&access_lock, VMH_RANK_ACCESS);
-    memset(granted, 0, sizeof granted);
-    vmh_rwunlock(&access_lock);
 }
 
 /* ---- mappings ---------------------------------------------------------------------------- */
@@ -386,8 +387,8 @@ void vmh_map_unref(vmh_map_t *m)
 /* An allocation handle for a POSIX fd another process exported (CUDA IPC, ipc_import.c). Built
  * like vmh_alloc_create's, so that vmh_alloc_unref's cuMemRelease + free is exactly right for
  * it too: the driver releases an imported handle with cuMemRelease like a created one. */
-CUresult vmh_alloc_import(int fd, size_t size, int device, const CUmemAccessDesc *access,
-                          int naccess, vmh_alloc_t **out)
+CUresult vmh_alloc_import(const vmh_grants_t *grants, int fd, size_t size, int device,
+                          const CUmemAccessDesc *access, int naccess, vmh_alloc_t **out)
 {
     if (!out || fd < 0 || size == 0 || naccess < 0 || naccess > VMH_MAX_ACCESS ||
         (naccess && !access))
@@ -404,6 +405,7 @@ CUresult vmh_alloc_import(int fd, size_t size, int device, const CUmemAccessDesc
     atomic_init(&a->refs, 1);
     a->size = size;
     a->device = device; /* the device it is mapped for here (the importer's numbering) */
+    a->grants = grants;
     a->handle_type = (int)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     a->naccess = naccess;
     if (naccess)

@@ -18,9 +18,17 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Access descriptors an allocation carries with it (its device plus granted peers). */
 #define VMH_MAX_ACCESS 8
+
+/* One GPU's part of this layer, kept in the GPU's record (heap_internal.h): the peers granted
+ * access to its chunks. Each chunk points to its device's part, so that this layer reaches a
+ * grant without a table of devices. */
+typedef struct vmh_grants {
+    uint64_t peers; /* bit p: device p may read and write the chunks (access_lock) */
+} vmh_grants_t;
 
 typedef struct vmh_alloc {
     atomic_int refs;
@@ -31,6 +39,10 @@ typedef struct vmh_alloc {
     int handle_type; /* CUmemAllocationHandleType it was created with */
     int naccess;
     CUmemAccessDesc access[VMH_MAX_ACCESS];
+    /* Its device's part of the records (NULL: none, a chunk made outside the heap): the peers
+     * granted, and the count of host bytes a host chunk counts in (vmh_alloc_count_in). */
+    const vmh_grants_t *grants;
+    _Atomic int64_t *host_count;
 } vmh_alloc_t;
 
 typedef struct vmh_resv {
@@ -48,13 +60,18 @@ typedef struct vmh_map {
     struct vmh_map *prev, *next; /* every live mapping (peer access reaches them all) */
 } vmh_map_t;
 
-/* Bytes of host-located chunks alive that serve `device` (created and not yet released): the
- * overflow layer's budget and statistics (0 for a device at or past VMH_MAX_DEVICES). */
-size_t vmh_alloc_host_bytes(int device);
+/* Bytes of host-located chunks alive in the process (created and not yet released): the
+ * overflow layer's budget. */
+size_t vmh_alloc_host_bytes(void);
+
+/* A host-located chunk's bytes count in *count too while it lives: its device's count, which the
+ * device's record keeps (overflow.h), so that this layer needs no table of devices. */
+void vmh_alloc_count_in(vmh_alloc_t *a, _Atomic int64_t *count);
 
 /* cuMemCreate(size, prop); the descriptors are copied and applied wherever the chunk is
- * mapped. naccess may be 0 (a mapping then gets no cuMemSetAccess call). */
-CUresult vmh_alloc_create(size_t size, const CUmemAllocationProp *prop,
+ * mapped, with the peers of `grants` (its device's part, NULL for none). naccess may be 0 (a
+ * mapping then gets no cuMemSetAccess call). */
+CUresult vmh_alloc_create(const vmh_grants_t *grants, size_t size, const CUmemAllocationProp *prop,
                           const CUmemAccessDesc *access, int naccess, vmh_alloc_t **out);
 vmh_alloc_t *vmh_alloc_ref(vmh_alloc_t *a);
 void vmh_alloc_unref(vmh_alloc_t *a);
@@ -90,15 +107,13 @@ CUresult vmh_maps_create_run(CUdeviceptr ptr, vmh_alloc_t *const *allocs, size_t
 void vmh_maps_unref_run(vmh_map_t *const *run, size_t n);
 
 /* Peer access, the one place that sets it: from now on device `peer` may (grant) or may not
- * read and write every mapping of a chunk of device `owner`, existing and future. Existing
+ * read and write every mapping of a chunk of the device whose part `owner` is (of `ordinal`),
+ * existing and future. Existing
  * mappings get one cuMemSetAccess each; a mapping being made meanwhile is either reached here
  * or made with the new grant (a mapping is made and listed under the same lock this edit takes
  * exclusively). Returns the first failure (the grant is recorded anyway, as the driver's peer
  * call that asked for it succeeded). */
-CUresult vmh_access_set_peer(int owner, int peer, bool grant);
-
-/* Forgets every grant (the heap's reset, for the tests). */
-void vmh_access_reset(void);
+CUresult vmh_access_set_peer(vmh_grants_t *owner, int ordinal, int peer, bool grant);
 
 /* Reports an undo call (release, free, unmap) that failed: the object stays alive. */
 void vmh_handle_report_failure(const char *call, CUresult rc);
@@ -106,8 +121,8 @@ void vmh_handle_report_failure(const char *call, CUresult rc);
 /* cuMemImportFromShareableHandle(fd, POSIX_FD) of a chunk another process exported: a handle of
  * the given size (as the exporter created it) whose access descriptors are applied wherever it
  * is mapped; its last reference calls cuMemRelease, as for a created chunk. The caller keeps
- * and closes fd (the imported handle does not need it). */
-CUresult vmh_alloc_import(int fd, size_t size, int device, const CUmemAccessDesc *access,
-                          int naccess, vmh_alloc_t **out);
+ * and closes fd (the imported handle does not need it). `grants`: the importing device's part. */
+CUresult vmh_alloc_import(const vmh_grants_t *grants, int fd, size_t size, int device,
+                          const CUmemAccessDesc *access, int naccess, vmh_alloc_t **out);
 
 #endif

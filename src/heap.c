@@ -5,7 +5,7 @@
  * What owns what (docs/DESIGN.md has the diagram):
  *   heap.c (this file)  the entry points: picks a device, picks packing or a buffer of its own
  *                       by size, finds a pointer's owner and hands it on
- *   heap_devices.c      the devices table: a heap per device, a part per tag, the front's mode
+ *   heap_devices.c      the per-GPU records: one per device, a part per tag, the front's mode
  *   heap_upkeep.c       idle memory given back (relieve, tidy, trim), spilled memory brought home
  *   bigbuf.c            buffers with their own chunks: make, grow, shrink, move, park
  *   packing.c           small buffers in shared chunks (shards over arena.c)
@@ -55,7 +55,7 @@ static CUresult spill_on(hdev_t *h, tagpart_t *p, size_t size, void *site, CUdev
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_spills, 1);
         atomic_fetch_add_explicit(&h->spills, 1, memory_order_relaxed);
-        if (vmh_overflow_is_small(&h->dev, size)) {
+        if (vmh_overflow_is_small(&h->overflow, size)) {
             vmh_count(VMH_STAT_spills_small, 1);
             atomic_fetch_add_explicit(&h->spills_small, 1, memory_order_relaxed);
         }
@@ -447,7 +447,32 @@ CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant)
      * at the next allocation. */
     if (grant)
         vmh_work_queue_split("peer access enabled");
-    return vmh_access_set_peer(owner, peer, grant);
+    if (owner < 0 || owner >= VMH_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    hdev_t *h = vmh_hdev_record(owner);
+    return h ? vmh_access_set_peer(&h->grants, owner, peer, grant) : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+const vmh_grants_t *vmh_heap_grants(int device)
+{
+    hdev_t *h = device >= 0 && device < VMH_MAX_DEVICES ? vmh_hdev_record(device) : NULL;
+    return h ? &h->grants : NULL;
+}
+
+void vmh_heap_primary_retained(int device, CUcontext ctx)
+{
+    hdev_t *h = device >= 0 && device < VMH_MAX_DEVICES ? vmh_hdev_record(device) : NULL;
+    if (h)
+        atomic_store_explicit(&h->primary, ctx, memory_order_release);
+}
+
+CUcontext vmh_heap_primary(int device)
+{
+    /* A lookup makes no record: a device never retained has no primary context to forget. */
+    hdev_t *h = device >= 0 && device < VMH_MAX_DEVICES
+                    ? atomic_load_explicit(&vmh_heap_devs[device], memory_order_acquire)
+                    : NULL;
+    return h ? atomic_load_explicit(&h->primary, memory_order_acquire) : NULL;
 }
 
 #ifdef VMH_TESTING

@@ -112,6 +112,17 @@ bool vmh_heap_export_alive(CUdeviceptr base, uint64_t serial);
  * reachable (handle.c applies it). */
 CUresult vmh_heap_set_peer_access(int owner, int peer, bool grant);
 
+/* The peers granted chunks of `device` (its record's part, handle.h), for a chunk made outside
+ * the heap on that device (an IPC import): NULL for a device past the table or without host
+ * memory for its record. */
+const vmh_grants_t *vmh_heap_grants(int device);
+
+/* The program's primary context of `device` as the interposer saw it retained (a release or a
+ * reset names the device, not the context): kept in the device's record; NULL when none was
+ * seen (or the device is past the table). */
+void vmh_heap_primary_retained(int device, CUcontext ctx);
+CUcontext vmh_heap_primary(int device);
+
 /* A function run when an allocation fails for want of memory, before the cache is trimmed and
  * the allocation retried (ipc.c drops the references of exports whose buffers were freed);
  * true when it let go of anything (the driver may have memory again: worth one more try). */
@@ -172,14 +183,18 @@ void vmh_heap_tidy_now(int device, bool new_window);
 /* Tests: called in vmh_heap_trim after its wait and before it gives memory back, the window in
  * which another thread's free released at once lands after the wait. NULL: nothing. */
 extern void (*vmh_heap_test_after_drain)(void);
+/* Tests: the host bytes serving the device now (overflow.h), 0 before its first use. */
+size_t vmh_heap_spilled_bytes(int device);
 #endif
 
 /* Tags (pause.c): one device's parts of one tag. false when the device has none of its memory
  * (or the heap is not running). The parts live as long as the heap. */
 struct vmh_reclaim;
+struct vmh_overflow_dev;
 typedef struct vmh_tag_parts {
     vmh_dev_t *dev;
     struct vmh_reclaim *reclaim;
+    struct vmh_overflow_dev *overflow; /* where a resume finds host memory (overflow.h) */
 } vmh_tag_parts_t;
 bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out);
 

@@ -1,10 +1,11 @@
-/* Layer "heap front", its devices table: one heap per device, made at the device's first use,
- * each with a part per tag made at the tag's first allocation there; the front's mode (running,
- * exited, forked child) and the steps that change it (shutdown with its leak report, the forked
- * child, the tests' reset); the tags' parts as pause.c sees them. The entry points that route
- * allocations and pointers are in heap.c, what gives idle memory back in heap_upkeep.c.
+/* Layer "heap front", its per-GPU records (heap_internal.h's hdev_t): one per device, made at
+ * the device's first mention, its heap set up at the device's first allocation, each with a part
+ * per tag made at the tag's first allocation there; the front's mode (running, exited, forked
+ * child) and the steps that change it (shutdown with its leak report, the forked child, the
+ * tests' reset); the tags' parts as pause.c sees them. The entry points that route allocations
+ * and pointers are in heap.c, what gives idle memory back in heap_upkeep.c.
  *
- * Devices and parts are never freed while the process runs (only the tests' reset frees them),
+ * Records and parts are never freed while the process runs (only the tests' reset frees them),
  * so a reader that loaded one may use it without a lock.
  */
 #include "heap_internal.h"
@@ -20,7 +21,9 @@
 #include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 vmh_heap_settings_t vmh_heap_settings;
 _Atomic(hdev_t *) vmh_heap_devs[VMH_MAX_DEVICES];
@@ -35,7 +38,26 @@ void vmh_heap_configure(const vmh_heap_settings_t *s)
     vmh_heap_settings = *s;
 }
 
-static void hdev_destroy(hdev_t *h)
+hdev_t *vmh_hdev_record(int i)
+{
+    /* Made without a lock, so that any thread may ask at any time (a forked child, whose locks
+     * may be held by threads that are gone, too): of two made at once, the first published
+     * stays. */
+    hdev_t *h = atomic_load_explicit(&vmh_heap_devs[i], memory_order_acquire);
+    if (h)
+        return h;
+    hdev_t *made = calloc(1, sizeof *made);
+    if (!made)
+        return NULL;
+    if (atomic_compare_exchange_strong_explicit(&vmh_heap_devs[i], &h, made, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return made;
+    free(made);
+    return h;
+}
+
+/* Undoes hdev_setup, leaving the heap's parts as the record's making left them (zero). */
+static void hdev_teardown(hdev_t *h)
 {
     vmh_reclaim_release_all(&h->reclaim);
     FOR_EACH_PART(h, p)
@@ -46,14 +68,14 @@ static void hdev_destroy(hdev_t *h)
     }
     vmh_cache_destroy(&h->cache);
     vmh_reclaim_destroy(&h->reclaim);
-    free(h);
+    pthread_mutex_destroy(&h->tidy_lock);
+    memset(&h->dev, 0, sizeof *h - offsetof(hdev_t, dev));
 }
 
-static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
+/* Sets up the heap's parts of a record (devs_lock held); on failure they stay as they were. */
+static CUresult hdev_setup(hdev_t *h, int ordinal, CUcontext ctx)
 {
-    hdev_t *h = calloc(1, sizeof *h);
-    if (!h)
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    h->dev.grants = &h->grants;
     h->dev.relieve = vmh_hdev_relieve;
     h->dev.tidy = vmh_hdev_tidy;
     pthread_mutex_init(&h->tidy_lock, NULL);
@@ -62,12 +84,10 @@ static CUresult hdev_new(int ordinal, CUcontext ctx, hdev_t **out)
     vmh_ctx_seen(ctx, ordinal); /* waited for with the device's other contexts (contexts.h) */
     vmh_reclaim_init(&h->reclaim, &h->dev);
     vmh_cache_init(&h->cache, &h->dev);
-    if (rc != CUDA_SUCCESS) {
-        hdev_destroy(h);
-        return rc;
-    }
-    *out = h;
-    return CUDA_SUCCESS;
+    vmh_overflow_init(&h->overflow, &h->dev);
+    if (rc != CUDA_SUCCESS)
+        hdev_teardown(h);
+    return rc;
 }
 
 CUresult vmh_hdev_get(int ordinal, CUcontext ctx, hdev_t **out)
@@ -77,14 +97,17 @@ CUresult vmh_hdev_get(int ordinal, CUcontext ctx, hdev_t **out)
     hdev_t *h = hdev_at(ordinal);
     CUresult rc = CUDA_SUCCESS;
     if (!h) {
+        hdev_t *rec = vmh_hdev_record(ordinal);
+        if (!rec)
+            return CUDA_ERROR_OUT_OF_MEMORY;
         vmh_lock(&devs_lock, VMH_RANK_DEVICES);
-        h = hdev_at(ordinal);
-        if (!h) {
-            rc = hdev_new(ordinal, ctx, &h);
+        if (!atomic_load_explicit(&rec->ready, memory_order_relaxed)) {
+            rc = hdev_setup(rec, ordinal, ctx);
             if (rc == CUDA_SUCCESS)
-                atomic_store_explicit(&vmh_heap_devs[ordinal], h, memory_order_release);
+                atomic_store_explicit(&rec->ready, true, memory_order_release);
         }
         vmh_unlock(&devs_lock);
+        h = rc == CUDA_SUCCESS ? rec : NULL;
     }
     *out = h;
     if (rc == CUDA_SUCCESS && h->dev.unsupported)
@@ -114,7 +137,7 @@ tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag)
     p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
     if (!p && (p = calloc(1, sizeof *p))) {
         p->tag = tag;
-        vmh_bigbuf_init(&p->big, &h->dev, &h->reclaim, &h->cache);
+        vmh_bigbuf_init(&p->big, &h->dev, &h->reclaim, &h->cache, &h->overflow);
         if (vmh_packing_init(&p->pack, &h->dev, &h->reclaim) != CUDA_SUCCESS) {
             vmh_packing_destroy(&p->pack);
             vmh_bigbuf_destroy(&p->big);
@@ -181,10 +204,10 @@ size_t vmh_heap_idle_bytes(int device)
 
 bool vmh_hdev_spill_first(hdev_t *h, size_t size)
 {
-    size_t reserve = vmh_overflow_reserve(&h->dev);
+    size_t reserve = vmh_overflow_reserve(&h->overflow);
     /* Not during a stream capture: the library asks the driver nothing it need not then
      * (captures.c); the device then spills only what it refuses. */
-    if (!reserve || vmh_overflow_is_small(&h->dev, size) || vmh_capture_any())
+    if (!reserve || vmh_overflow_is_small(&h->overflow, size) || vmh_capture_any())
         return false;
     /* The driver's free memory of the device (memory of other allocators and processes is
      * gone from it too), plus what this library holds idle there, which serves it first. */
@@ -211,12 +234,20 @@ void vmh_heap_stats_devices(vmh_jbuf_t *b)
         vmh_jb_printf(b,
                       "%s\"%d\": {\"bytes_spilled\": %zu, \"spills\": %llu, "
                       "\"spills_small\": %llu}",
-                      first ? "" : ", ", i, vmh_overflow_bytes(i),
+                      first ? "" : ", ", i, vmh_overflow_bytes(&h->overflow),
                       (unsigned long long)atomic_load(&h->spills),
                       (unsigned long long)atomic_load(&h->spills_small));
         first = false;
     }
 }
+
+#ifdef VMH_TESTING
+size_t vmh_heap_spilled_bytes(int device)
+{
+    hdev_t *h = device >= 0 && device < VMH_MAX_DEVICES ? hdev_at(device) : NULL;
+    return h ? vmh_overflow_bytes(&h->overflow) : 0;
+}
+#endif
 
 /* ---- tags (pause.c) ------------------------------------------------------------------------- */
 
@@ -235,7 +266,7 @@ bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out)
     hdev_t *h;
     if (!tag_part(device, tag, &h))
         return false;
-    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim};
+    *out = (vmh_tag_parts_t){&h->dev, &h->reclaim, &h->overflow};
     return true;
 }
 
@@ -274,9 +305,9 @@ void vmh_heap_reset(void)
     vmh_reclaim_stop(false); /* its waits use the queues destroyed here */
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         hdev_t *h = atomic_exchange(&vmh_heap_devs[i], NULL);
-        if (h)
-            hdev_destroy(h);
+        if (h && atomic_load(&h->ready))
+            hdev_teardown(h);
+        free(h); /* its grants and primary context with it */
     }
-    vmh_access_reset();
     atomic_store(&vmh_heap_mode, HEAP_RUNNING);
 }

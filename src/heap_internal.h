@@ -1,5 +1,5 @@
-/* Internal to the heap front (heap.c, heap_devices.c, heap_upkeep.c): one device's heap and its
- * tag parts, the devices table and the front's mode, shared by the three files of the layer.
+/* Internal to the heap front (heap.c, heap_devices.c, heap_upkeep.c): the per-GPU record and
+ * its tag parts, the records' table and the front's mode, shared by the three files of the layer.
  * Nothing else includes this. */
 #ifndef VMH_HEAP_INTERNAL_H
 #define VMH_HEAP_INTERNAL_H
@@ -27,11 +27,23 @@ typedef struct tagpart {
     vmh_bigbufs_t big;
 } tagpart_t;
 
-/* One device's heap: its shape at the bottom, then each layer's state. */
+/* One GPU's record: every layer's state for the device in one place (as PyTorch's
+ * DeviceCachingAllocator), each layer handed a pointer to its own part, which that layer's header
+ * defines: the heap front is the lowest layer that knows them all, so the record is its own.
+ * Made at the device's first mention, without a lock or a driver call (a peer grant or the
+ * program's primary context may come before any allocation); the heap's parts, from `dev` on,
+ * are set up at the first allocation (then `ready`). Never freed while the process runs (only
+ * the tests' reset frees it), so a reader that loaded one may use it without a lock. */
 typedef struct hdev {
+    /* From the record's making on: */
+    vmh_grants_t grants;        /* handle layer's: the peers granted its chunks */
+    _Atomic(CUcontext) primary; /* the program's primary context, as the interposer saw it */
+    atomic_bool ready;          /* the parts below are set up (vmh_hdev_get) */
+    /* From the first allocation on: the device's shape, then each layer's state. */
     vmh_dev_t dev;
     vmh_reclaim_t reclaim;
     vmh_cache_t cache; /* idle ranges are nobody's: any tag may reuse them */
+    vmh_overflow_dev_t overflow;
     _Atomic(tagpart_t *) part[VMM_TAGS_MAX];
     /* The tidy's state (reclaim thread only, tidy_lock): the peak of live bytes of the window
      * before the current one, when the current one began, when the last tidy ran. */
@@ -50,8 +62,9 @@ typedef struct hdev {
 
 enum { HEAP_RUNNING, HEAP_EXITED, HEAP_CHILD };
 
-/* The devices table (heap_devices.c). Settings are written by the front's configure before any
- * allocation and read without a lock after; a device's entry is published once, whole. */
+/* The records (heap_devices.c), the one table by device ordinal. Settings are written by the
+ * front's configure before any allocation and read without a lock after; a record is published
+ * once, and its heap parts once, whole (ready). */
 extern vmh_heap_settings_t vmh_heap_settings;
 extern _Atomic(hdev_t *) vmh_heap_devs[VMH_MAX_DEVICES];
 extern atomic_int vmh_heap_mode; /* HEAP_RUNNING, then HEAP_EXITED or HEAP_CHILD */
@@ -61,11 +74,16 @@ static inline hdev_t *hdev_of(vmh_dev_t *d)
     return (hdev_t *)((char *)d - offsetof(hdev_t, dev));
 }
 
-/* Device `i`'s heap, NULL before its first use. */
+/* Device `i`'s record once its heap is set up, NULL before its first allocation. */
 static inline hdev_t *hdev_at(int i)
 {
-    return atomic_load_explicit(&vmh_heap_devs[i], memory_order_acquire);
+    hdev_t *h = atomic_load_explicit(&vmh_heap_devs[i], memory_order_acquire);
+    return h && atomic_load_explicit(&h->ready, memory_order_acquire) ? h : NULL;
 }
+
+/* Device `i`'s record (0 <= i < VMH_MAX_DEVICES), made at the first call: its heap may not be
+ * set up. NULL when out of host memory. */
+hdev_t *vmh_hdev_record(int i);
 
 static inline bool heap_running(void)
 {

@@ -6,7 +6,7 @@
  *     follow the program");
  *   - trim: everything idle, when the program or another allocator of the process asks;
  *   - prefetch: buffers spilled to host memory (VMMHOOK_OVERFLOW=host) moved back to the device.
- * The devices table is heap_devices.c's; the entry points that serve and free are heap.c's.
+ * The per-GPU records are heap_devices.c's; the entry points that serve and free are heap.c's.
  */
 #include "heap_internal.h"
 
@@ -210,7 +210,7 @@ CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
         return rc;
     tagpart_t *p =
         tag < VMM_TAGS_MAX ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
-    if (!p || !vmh_overflow_bytes(h->dev.ordinal))
+    if (!p || !vmh_overflow_bytes(&h->overflow))
         return CUDA_SUCCESS;
     CUstream stream;
     if ((rc = prefetch_prepare(h, &stream)) != CUDA_SUCCESS)

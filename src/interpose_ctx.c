@@ -21,6 +21,7 @@
 
 #include "contexts.h"
 #include "driver.h"
+#include "heap.h"
 #include "interpose.h"
 #include "stats.h"
 
@@ -130,18 +131,16 @@ CUresult vmh_ip_cuCtxPopCurrent_v2(CUcontext *pctx)
 }
 
 /* Primary contexts. Release and reset take a device, not the context: the primary context of
- * each device is remembered from its retains (a device's primary context keeps its handle).
- * Devices past the table's end are not forgotten on release; their waits then skip a context
- * the driver says is destroyed. */
-static _Atomic(CUcontext) ip_primary[VMH_MAX_DEVICES];
+ * each device is remembered from its retains (a device's primary context keeps its handle), in
+ * the device's record (heap.h). Devices past the table's end are not forgotten on release;
+ * their waits then skip a context the driver says is destroyed. */
 
 CUresult vmh_ip_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     CUresult r;
     IP_CALL_REAL(r, cuDevicePrimaryCtxRetain, pctx, dev);
     if (r == CUDA_SUCCESS) {
-        if (dev >= 0 && dev < VMH_MAX_DEVICES)
-            atomic_store_explicit(&ip_primary[dev], *pctx, memory_order_release);
+        vmh_heap_primary_retained((int)dev, *pctx);
         vmh_ctx_seen(*pctx, (int)dev);
         ip_after_queue_report();
     }
@@ -153,8 +152,7 @@ CUresult vmh_ip_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
  * thread that has it current asks for its context. */
 static void ip_primary_going(CUdevice dev)
 {
-    if (dev >= 0 && dev < VMH_MAX_DEVICES)
-        vmh_ctx_forget(atomic_load_explicit(&ip_primary[dev], memory_order_acquire));
+    vmh_ctx_forget(vmh_heap_primary((int)dev));
 }
 
 IP_CTX_GOING_WRAPPER(cuDevicePrimaryCtxRelease, CUdevice, ip_primary_going)

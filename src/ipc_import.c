@@ -10,6 +10,7 @@
 #include "contexts.h"
 #include "driver.h"
 #include "handle.h"
+#include "heap.h"
 #include "log.h"
 #include "range.h"
 #include "stats.h"
@@ -194,8 +195,8 @@ static CUresult import_batches(int s, const vmh_ipc_handle_t *h, size_t n, int d
             if (b.sizes[imported] == 0)
                 rc = CUDA_ERROR_MAP_FAILED;
             else
-                rc = vmh_alloc_import(fds[imported], b.sizes[imported], device, &acc, 1,
-                                      &allocs[have + imported]);
+                rc = vmh_alloc_import(vmh_heap_grants(device), fds[imported], b.sizes[imported],
+                                      device, &acc, 1, &allocs[have + imported]);
             if (rc == CUDA_SUCCESS)
                 imported++;
         }

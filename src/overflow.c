@@ -26,13 +26,11 @@ static size_t cap;
 #define RESERVE_SHARE_DIV 16
 #define BIG_OF_RESERVE 4
 static _Atomic size_t reserve_setting;
-static _Atomic size_t device_total[VMH_MAX_DEVICES]; /* learnt once (0: not yet) */
 
-/* What was learnt about a device's host-located chunks, once: whether they can be made, and
- * with which handle types (the device's, so that a spilled buffer can be exported, or none
- * when the driver refuses those for host memory). */
+/* What was learnt about a device's host-located chunks, once (vmh_overflow_dev_t's host_state):
+ * whether they can be made, and with which handle types (the device's, so that a spilled buffer
+ * can be exported, or none when the driver refuses those for host memory). */
 typedef enum host_state { HOST_UNKNOWN, HOST_OK, HOST_NO_HANDLES, HOST_UNSUPPORTED } host_state_t;
-static _Atomic int host_state[VMH_MAX_DEVICES];
 
 /* Spills are serialized: the budget is checked and taken in one step. */
 static pthread_mutex_t spill_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -50,49 +48,48 @@ void vmh_overflow_set_reserve(size_t bytes)
     atomic_store(&reserve_setting, bytes);
 }
 
-/* The device's memory, learnt once (0: unknown; asked again next time). */
-static size_t total_of(const vmh_dev_t *d)
+void vmh_overflow_init(vmh_overflow_dev_t *o, const vmh_dev_t *dev)
 {
-    if (d->ordinal < 0 || d->ordinal >= VMH_MAX_DEVICES)
-        return 0;
-    size_t total = atomic_load_explicit(&device_total[d->ordinal], memory_order_relaxed);
-    if (!total && vmh_drv.cuDeviceTotalMem(&total, d->ordinal) == CUDA_SUCCESS)
-        atomic_store_explicit(&device_total[d->ordinal], total, memory_order_relaxed);
+    o->dev = dev;
+    atomic_init(&o->total, 0);
+    atomic_init(&o->host_state, (int)HOST_UNKNOWN);
+    atomic_init(&o->host_bytes, 0);
+}
+
+/* The device's memory, learnt once (0: unknown; asked again next time). */
+static size_t total_of(vmh_overflow_dev_t *o)
+{
+    size_t total = atomic_load_explicit(&o->total, memory_order_relaxed);
+    if (!total && vmh_drv.cuDeviceTotalMem(&total, o->dev->ordinal) == CUDA_SUCCESS)
+        atomic_store_explicit(&o->total, total, memory_order_relaxed);
     return total;
 }
 
-size_t vmh_overflow_reserve(const vmh_dev_t *d)
+size_t vmh_overflow_reserve(vmh_overflow_dev_t *o)
 {
     size_t r = atomic_load_explicit(&reserve_setting, memory_order_relaxed);
-    size_t most = total_of(d) / RESERVE_SHARE_DIV;
+    size_t most = total_of(o) / RESERVE_SHARE_DIV;
     return r < most ? r : most;
 }
 
-bool vmh_overflow_is_small(const vmh_dev_t *d, size_t size)
+bool vmh_overflow_is_small(vmh_overflow_dev_t *o, size_t size)
 {
     /* Without a reserve, small is what the largest reserve would keep on the device (so that
      * the statistics count the same requests either way). */
-    size_t r = vmh_overflow_reserve(d);
-    return size < (r ? r : total_of(d) / RESERVE_SHARE_DIV) / BIG_OF_RESERVE;
+    size_t r = vmh_overflow_reserve(o);
+    return size < (r ? r : total_of(o) / RESERVE_SHARE_DIV) / BIG_OF_RESERVE;
 }
 
-size_t vmh_overflow_bytes(int device)
+size_t vmh_overflow_bytes(const vmh_overflow_dev_t *o)
 {
-    return vmh_alloc_host_bytes(device);
-}
-
-static size_t spilled_total(void)
-{
-    size_t n = 0;
-    for (int d = 0; d < VMH_MAX_DEVICES; d++)
-        n += vmh_alloc_host_bytes(d);
-    return n;
+    int64_t n = atomic_load_explicit((_Atomic int64_t *)&o->host_bytes, memory_order_relaxed);
+    return n > 0 ? (size_t)n : 0;
 }
 
 /* Whether `size` more bytes fit the budget; why not into `why` when they do not. */
 static bool budget_allows(size_t size, char *why, size_t whylen)
 {
-    size_t used = spilled_total(), limit = cap;
+    size_t used = vmh_alloc_host_bytes(), limit = cap;
     vmh_host_mem_t m;
     bool known = vmh_staging_host_mem(&m) && m.total > 0;
     if (known && m.total / HOST_SHARE_DIV < limit)
@@ -126,9 +123,10 @@ static CUmemAllocationProp host_prop(const vmh_dev_t *d, bool handles)
 }
 
 /* Learns, once per device, whether host-located chunks can serve it at its granularity. */
-static host_state_t learn(const vmh_dev_t *d)
+static host_state_t learn(vmh_overflow_dev_t *o)
 {
-    host_state_t s = (host_state_t)atomic_load(&host_state[d->ordinal]);
+    const vmh_dev_t *d = o->dev;
+    host_state_t s = (host_state_t)atomic_load(&o->host_state);
     if (s != HOST_UNKNOWN)
         return s;
     CUmemAllocationProp p = host_prop(d, true);
@@ -144,42 +142,46 @@ static host_state_t learn(const vmh_dev_t *d)
     } else {
         s = HOST_OK;
     }
-    atomic_store(&host_state[d->ordinal], (int)s);
+    atomic_store(&o->host_state, (int)s);
     return s;
 }
 
-static CUresult create(const vmh_dev_t *d, size_t size, host_state_t s, vmh_alloc_t **out)
+static CUresult create(vmh_overflow_dev_t *o, size_t size, host_state_t s, vmh_alloc_t **out)
 {
+    const vmh_dev_t *d = o->dev;
     CUmemAllocationProp p = host_prop(d, s == HOST_OK);
-    CUresult rc = vmh_alloc_create(size, &p, &d->access, 1, out);
+    CUresult rc = vmh_alloc_create(d->grants, size, &p, &d->access, 1, out);
     if (s == HOST_OK && (rc == CUDA_ERROR_INVALID_VALUE || rc == CUDA_ERROR_NOT_SUPPORTED ||
                          rc == CUDA_ERROR_NOT_PERMITTED)) {
         /* The driver may refuse shareable handles on host memory: spill without them (such a
          * buffer cannot be shared by CUDA IPC, docs/OVERFLOW.md). */
         p = host_prop(d, false);
-        rc = vmh_alloc_create(size, &p, &d->access, 1, out);
+        rc = vmh_alloc_create(d->grants, size, &p, &d->access, 1, out);
         if (rc == CUDA_SUCCESS) {
-            atomic_store(&host_state[d->ordinal], (int)HOST_NO_HANDLES);
+            atomic_store(&o->host_state, (int)HOST_NO_HANDLES);
             vmh_debug("VMMHOOK_OVERFLOW=host: device %d's spilled memory has no shareable "
                       "handle (the driver refused one): CUDA IPC cannot share it",
                       d->ordinal);
         }
     }
+    if (rc == CUDA_SUCCESS)
+        vmh_alloc_count_in(*out, &o->host_bytes);
     return rc;
 }
 
-CUresult vmh_overflow_chunk(const vmh_dev_t *d, size_t size, vmh_alloc_t **out)
+CUresult vmh_overflow_chunk(vmh_overflow_dev_t *o, size_t size, vmh_alloc_t **out)
 {
-    if (!vmh_overflow_enabled() || d->ordinal < 0 || d->ordinal >= VMH_MAX_DEVICES)
+    const vmh_dev_t *d = o->dev;
+    if (!vmh_overflow_enabled())
         return CUDA_ERROR_OUT_OF_MEMORY;
-    host_state_t s = learn(d);
+    host_state_t s = learn(o);
     if (s == HOST_UNSUPPORTED)
         return CUDA_ERROR_NOT_SUPPORTED;
     char why[200];
     vmh_lock(&spill_lock, VMH_RANK_SPILL);
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (budget_allows(size, why, sizeof why))
-        rc = create(d, size, s, out);
+        rc = create(o, size, s, out);
     else if (!atomic_flag_test_and_set(&said_budget))
         vmh_log("VMMHOOK_OVERFLOW=host: an allocation of %zu bytes on device %d does not spill: "
                 "%s; it fails with out of memory (said once)",
@@ -193,10 +195,11 @@ CUresult vmh_overflow_chunk(const vmh_dev_t *d, size_t size, vmh_alloc_t **out)
     return rc;
 }
 
-CUresult vmh_overflow_range_new(const vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out)
+CUresult vmh_overflow_range_new(vmh_overflow_dev_t *o, size_t size, size_t reserve,
+                                vmh_range_t **out)
 {
     vmh_alloc_t *a;
-    CUresult rc = vmh_overflow_chunk(d, size, &a);
+    CUresult rc = vmh_overflow_chunk(o, size, &a);
     if (rc != CUDA_SUCCESS)
         return rc;
     rc = vmh_range_create(&a, 1, reserve, 0, 0, out, NULL);
@@ -207,10 +210,6 @@ CUresult vmh_overflow_range_new(const vmh_dev_t *d, size_t size, size_t reserve,
 #ifdef VMH_TESTING
 void vmh_overflow_reset(void)
 {
-    for (int d = 0; d < VMH_MAX_DEVICES; d++) {
-        atomic_store(&host_state[d], (int)HOST_UNKNOWN);
-        atomic_store(&device_total[d], 0);
-    }
     atomic_flag_clear(&said_first_spill);
     atomic_flag_clear(&said_budget);
 }

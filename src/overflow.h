@@ -44,23 +44,39 @@ static inline bool vmh_overflow_enabled(void)
  * spills first. The setting is VMMHOOK_OVERFLOW_RESERVE (0: no reserve); the reserve of a device
  * is at most a sixteenth of its memory, and big means at least a quarter of the reserve. */
 void vmh_overflow_set_reserve(size_t bytes);
-size_t vmh_overflow_reserve(const vmh_dev_t *d);
-bool vmh_overflow_is_small(const vmh_dev_t *d, size_t size);
 
-/* One host-located chunk of `size` bytes (a multiple of d->gran) that d's device accesses as its
- * own memory. CUDA_ERROR_OUT_OF_MEMORY when the budget or the driver refuses; NOT_SUPPORTED
- * when the device cannot map host memory this way (said once). The first success in the process
- * says, once, on stderr, that allocations spill and where to turn it off. */
-CUresult vmh_overflow_chunk(const vmh_dev_t *d, size_t size, vmh_alloc_t **out);
+/* One GPU's part of this layer, kept in the per-GPU record (heap_internal.h) and handed to every
+ * call below: what was learnt about the device, each once (asked of the driver only when
+ * overflow needs it, so that with overflow off no call is made). */
+typedef struct vmh_overflow_dev {
+    const vmh_dev_t *dev;
+    _Atomic size_t total;       /* the device's memory (0: not learnt yet, asked again) */
+    _Atomic int host_state;     /* whether host-located chunks can serve it, and how (overflow.c) */
+    _Atomic int64_t host_bytes; /* of its host-located chunks alive (handle.c counts them) */
+} vmh_overflow_dev_t;
+
+/* Before any other call with o; learns nothing yet. */
+void vmh_overflow_init(vmh_overflow_dev_t *o, const vmh_dev_t *dev);
+
+size_t vmh_overflow_reserve(vmh_overflow_dev_t *o);
+bool vmh_overflow_is_small(vmh_overflow_dev_t *o, size_t size);
+
+/* One host-located chunk of `size` bytes (a multiple of the device's gran) that o's device
+ * accesses as its own memory. CUDA_ERROR_OUT_OF_MEMORY when the budget or the driver refuses;
+ * NOT_SUPPORTED when the device cannot map host memory this way (said once). The first success in
+ * the process says, once, on stderr, that allocations spill and where to turn it off. */
+CUresult vmh_overflow_chunk(vmh_overflow_dev_t *o, size_t size, vmh_alloc_t **out);
 
 /* A range of its own of one such chunk, with `reserve` bytes of address space. */
-CUresult vmh_overflow_range_new(const vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out);
+CUresult vmh_overflow_range_new(vmh_overflow_dev_t *o, size_t size, size_t reserve,
+                                vmh_range_t **out);
 
-/* Host bytes serving device `device` now (every chunk made here and not yet released). */
-size_t vmh_overflow_bytes(int device);
+/* Host bytes serving o's device now (every chunk made here and not yet released). */
+size_t vmh_overflow_bytes(const vmh_overflow_dev_t *o);
 
 #ifdef VMH_TESTING
-/* Tests: forget the once-only warnings and what was learnt about each device. */
+/* Tests: forget the once-only warnings (what was learnt about each device goes with its record,
+ * made anew after the heap's reset). */
 void vmh_overflow_reset(void);
 #endif
 

@@ -78,6 +78,7 @@ static size_t staged_bytes; /* backed up through the ring since the last reset (
  * pause before it returns. */
 typedef struct job {
     const vmh_dev_t *dev;
+    vmh_overflow_dev_t *overflow; /* the device's part of the overflow layer (a resume's spill) */
     bool backup;
     vmh_backup_kind_t kind; /* of the backups' host memory (staging.h) */
     bool stage; /* pageable backups go through the ring (false again if it cannot open) */
@@ -218,8 +219,7 @@ static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
 /* Host memory for a segment the device has no room for at a resume (overflow.h). */
 static CUresult spill_chunk(void *arg, size_t size, vmh_alloc_t **out)
 {
-    const vmh_dev_t *d = arg;
-    return vmh_overflow_chunk(d, size, out);
+    return vmh_overflow_chunk(arg, size, out);
 }
 
 /* Maps new memory for every paused record of a run, all or nothing, with one cuMemSetAccess per
@@ -246,11 +246,11 @@ static CUresult visit_prepare(vmh_visit_rec_t *recs, size_t n, void *arg)
     /* naccess 0: each segment's own descriptors; peers come from the handle layer's grants.
      * With VMMHOOK_OVERFLOW=host what the device has no room for comes back in host memory:
      * a resume does not fail for lack of device memory. */
-    CUresult rc = k ? vmh_range_resume_run((const vmh_paused_t *const *)w.paused, k, &j->dev->prop,
-                                           NULL, 0, (const void *const *)w.host,
-                                           vmh_overflow_enabled() ? spill_chunk : NULL,
-                                           (void *)j->dev, w.ranges)
-                    : CUDA_SUCCESS;
+    CUresult rc =
+        k ? vmh_range_resume_run((const vmh_paused_t *const *)w.paused, k, &j->dev->prop, NULL, 0,
+                                 (const void *const *)w.host,
+                                 vmh_overflow_enabled() ? spill_chunk : NULL, j->overflow, w.ranges)
+          : CUDA_SUCCESS;
     for (size_t i = 0; i < k && rc == CUDA_SUCCESS; i++)
         w.paused[i]->resumed = w.ranges[i];
     run_work_put(&w);
@@ -296,6 +296,7 @@ static CUresult visit_tag(unsigned tag, vmh_visit_run_fn fn, job_t *j, bool with
         if (!vmh_heap_tag_parts(dev, tag, &parts))
             continue;
         j->dev = parts.dev;
+        j->overflow = parts.overflow;
         vmh_ctx_scope_t scope = {0};
         CUresult rc = with_context ? vmh_ctx_enter(parts.dev->ctx, &scope) : CUDA_SUCCESS;
         if (rc != CUDA_SUCCESS)

@@ -289,7 +289,7 @@ static bool joins(const vmh_paused_seg_t *s, const vmh_map_t *m)
 {
     const vmh_alloc_t *a = m->alloc;
     return s->resv == m->resv && s->ptr + s->size == m->ptr && s->device == a->device &&
-           s->naccess == a->naccess &&
+           s->grants == a->grants && s->naccess == a->naccess &&
            memcmp(s->access, a->access, (size_t)a->naccess * sizeof a->access[0]) == 0;
 }
 
@@ -299,6 +299,7 @@ static void seg_start(vmh_paused_seg_t *s, const vmh_map_t *m)
     s->size = m->size;
     s->resv = vmh_resv_ref(m->resv);
     s->device = m->alloc->device;
+    s->grants = m->alloc->grants;
     s->naccess = m->alloc->naccess;
     memcpy(s->access, m->alloc->access, sizeof s->access);
 }
@@ -413,8 +414,9 @@ static CUresult segment_chunk(const vmh_paused_seg_t *s, const CUmemAllocationPr
 {
     CUmemAllocationProp chunk_prop = *prop;
     chunk_prop.location.id = s->device;
-    CUresult rc = naccess ? vmh_alloc_create(s->size, &chunk_prop, access, naccess, out)
-                          : vmh_alloc_create(s->size, &chunk_prop, s->access, s->naccess, out);
+    CUresult rc =
+        naccess ? vmh_alloc_create(s->grants, s->size, &chunk_prop, access, naccess, out)
+                : vmh_alloc_create(s->grants, s->size, &chunk_prop, s->access, s->naccess, out);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && spill)
         rc = spill(spill_arg, s->size, out);
     return rc;

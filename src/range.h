@@ -117,6 +117,7 @@ typedef struct vmh_paused_seg {
     size_t size;
     vmh_resv_t *resv;
     int device;
+    const vmh_grants_t *grants; /* the device's peers (handle.h), for the chunk made again */
     int naccess;
     CUmemAccessDesc access[VMH_MAX_ACCESS];
 } vmh_paused_seg_t;

@@ -25,16 +25,19 @@ void vmh_reclaim_configure(const vmh_reclaim_settings_t *s)
 }
 
 /* ---- the reclaim thread's state -----------------------------------------------------------
- * One thread for the process: it serves every device's queue in turn. Its lock guards the
- * queue table and running/stopping; the flags read without it are atomics. */
+ * One thread for the process: it serves every device's queue in turn. The queues live in the
+ * per-GPU records (heap_internal.h); the thread knows them by the list their init links them
+ * into (vmh_reclaim_t's served_next), not by a table of its own. Its lock guards that list and
+ * running/stopping; the flags read without it are atomics. */
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t wake;       /* a park while it sleeps, a stop */
     pthread_mutex_t stop_lock; /* one stop at a time (one join) */
     pthread_t thread;
     bool running, stopping;
-    bool busy; /* inside a wait (tests' settle) */
-    vmh_reclaim_t *queues[VMH_MAX_DEVICES];
+    bool busy;             /* inside a wait (tests' settle) */
+    vmh_reclaim_t *queues; /* every queue, in init order: served round robin */
+    unsigned nqueues;
     atomic_bool started;  /* a start was tried since the last stop: parks only wake it */
     atomic_bool sleeping; /* it waits for a park with every queue empty */
     atomic_bool closed;   /* the process exits: no thread any more */
@@ -75,13 +78,13 @@ void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev)
     r->synced_gen = 0;
     r->synced_any = false;
     r->head = r->tail = NULL;
+    r->served_next = NULL;
     vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
-    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
-        if (!bg.queues[i]) {
-            bg.queues[i] = r;
-            break;
-        }
-    }
+    vmh_reclaim_t **end = &bg.queues;
+    while (*end)
+        end = &(*end)->served_next;
+    *end = r;
+    bg.nqueues++;
     vmh_unlock(&bg.lock);
 }
 
@@ -410,9 +413,13 @@ void vmh_reclaim_destroy(vmh_reclaim_t *r)
      * the heap stops it before destroying queues that held anything (vmh_heap_reset); a queue
      * that never held anything (a device whose setup failed) may go at any time. */
     vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
-    for (int i = 0; i < VMH_MAX_DEVICES; i++)
-        if (bg.queues[i] == r)
-            bg.queues[i] = NULL;
+    for (vmh_reclaim_t **at = &bg.queues; *at; at = &(*at)->served_next) {
+        if (*at == r) {
+            *at = r->served_next;
+            bg.nqueues--;
+            break;
+        }
+    }
     vmh_unlock(&bg.lock);
     pthread_mutex_destroy(&r->lock);
     pthread_mutex_destroy(&r->wait_lock);
@@ -420,16 +427,22 @@ void vmh_reclaim_destroy(vmh_reclaim_t *r)
 
 /* ---- the reclaim thread --------------------------------------------------------------------- */
 
-/* The next queue with something parked, round robin from *next; bg.lock held. */
-static vmh_reclaim_t *pick_locked(int *next)
+/* The next queue with something parked, round robin from position *next of the list; bg.lock
+ * held. */
+static vmh_reclaim_t *pick_locked(unsigned *next)
 {
-    for (int k = 0; k < VMH_MAX_DEVICES; k++) {
-        int i = (*next + k) % VMH_MAX_DEVICES;
-        vmh_reclaim_t *r = bg.queues[i];
-        if (r && atomic_load(&r->pending) != 0) {
-            *next = (i + 1) % VMH_MAX_DEVICES;
+    if (!bg.nqueues)
+        return NULL;
+    unsigned start = *next % bg.nqueues;
+    vmh_reclaim_t *r = bg.queues;
+    for (unsigned i = 0; i < start; i++)
+        r = r->served_next;
+    for (unsigned k = 0; k < bg.nqueues; k++) {
+        if (atomic_load(&r->pending) != 0) {
+            *next = (start + k + 1) % bg.nqueues;
             return r;
         }
+        r = r->served_next ? r->served_next : bg.queues;
     }
     return NULL;
 }
@@ -450,13 +463,17 @@ static void nap_locked(long ns)
 /* Every device's tidy (device.h), from the thread with bg.lock held on entry and exit. */
 static void tidy_all_locked(void)
 {
-    vmh_reclaim_t *qs[VMH_MAX_DEVICES];
-    memcpy(qs, bg.queues, sizeof qs);
+    /* The devices are read under the lock and tidied outside it: the list may change while a
+     * tidy runs, the devices may not (they live as long as the heap). */
+    vmh_dev_t *devs[VMH_MAX_DEVICES];
+    size_t n = 0;
+    for (vmh_reclaim_t *r = bg.queues; r && n < VMH_MAX_DEVICES; r = r->served_next)
+        if (r->dev && r->dev->tidy)
+            devs[n++] = r->dev;
     bg.busy = true;
     vmh_unlock(&bg.lock);
-    for (int i = 0; i < VMH_MAX_DEVICES; i++)
-        if (qs[i] && qs[i]->dev && qs[i]->dev->tidy)
-            qs[i]->dev->tidy(qs[i]->dev);
+    for (size_t i = 0; i < n; i++)
+        devs[i]->tidy(devs[i]);
     vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     bg.busy = false;
 }
@@ -472,7 +489,7 @@ static void *reclaim_main(void *unused)
     CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
     if (vmh_drv.cuThreadExchangeStreamCaptureMode(&relaxed) == CUDA_SUCCESS)
         vmh_capture_thread_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
-    int next = 0;
+    unsigned next = 0;
     vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     while (!bg.stopping) {
         vmh_reclaim_t *r = pick_locked(&next);
@@ -596,8 +613,8 @@ bool vmh_reclaim_settle(unsigned timeout_ms)
     for (unsigned waited = 0;; waited++) {
         vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
         bool busy = bg.busy;
-        for (int i = 0; i < VMH_MAX_DEVICES; i++)
-            busy |= bg.queues[i] && atomic_load(&bg.queues[i]->pending) != 0;
+        for (vmh_reclaim_t *r = bg.queues; r; r = r->served_next)
+            busy |= atomic_load(&r->pending) != 0;
         vmh_unlock(&bg.lock);
         if (!busy || vmh_capture_any())
             return true;

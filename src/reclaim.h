@@ -92,6 +92,9 @@ typedef struct vmh_reclaim {
     /* 1 + the generation the last successful wait released (0: none yet): read without the
      * wait lock by a trim deciding what it may unmap (vmh_reclaim_passed). */
     _Atomic uint64_t passed;
+    /* The next queue the reclaim thread serves (its lock): the thread keeps no table of
+     * devices, each device's queue links itself in at init. */
+    struct vmh_reclaim *served_next;
 } vmh_reclaim_t;
 
 /* Who is waiting: an application thread (counted as a blocking synchronization) or the reclaim
@@ -106,7 +109,7 @@ typedef struct vmh_reclaim_settings {
 /* Takes a copy of *s, before any device is used (until then the budget has no cap). */
 void vmh_reclaim_configure(const vmh_reclaim_settings_t *s);
 
-/* Also makes r known to the reclaim thread (one queue per device ordinal). */
+/* Also makes r known to the reclaim thread (links it into the queues it serves). */
 void vmh_reclaim_init(vmh_reclaim_t *r, vmh_dev_t *dev);
 
 /* The generation to tag a free with now. */

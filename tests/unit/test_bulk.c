@@ -165,7 +165,7 @@ static vmh_alloc_t *host_chunk(void)
     p.location.id = 0;
     CUmemAccessDesc acc = tu_rw(0);
     vmh_alloc_t *a = NULL;
-    assert_int_equal(vmh_alloc_create(GRAN, &p, &acc, 1, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &p, &acc, 1, &a), CUDA_SUCCESS);
     return a;
 }
 

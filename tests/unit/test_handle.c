@@ -58,7 +58,7 @@ static vmh_alloc_t *chunk(size_t size, const CUmemAccessDesc *acc, int nacc)
 {
     CUmemAllocationProp p = prop(0);
     vmh_alloc_t *a = NULL;
-    assert_int_equal(vmh_alloc_create(size, &p, acc, nacc, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_alloc_create(NULL, size, &p, acc, nacc, &a), CUDA_SUCCESS);
     assert_non_null(a);
     return a;
 }
@@ -80,19 +80,19 @@ static void alloc_refusals_make_no_call(void **state)
         d[i] = acc_desc(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     vmh_alloc_t *a = NULL;
     unsigned long calls = sim_call_count();
-    assert_int_equal(vmh_alloc_create(GRAN, &p, d, 1, NULL), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_alloc_create(GRAN, NULL, d, 1, &a), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_alloc_create(GRAN, &p, d, -1, &a), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_alloc_create(GRAN, &p, d, VMH_MAX_ACCESS + 1, &a),
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &p, d, 1, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, NULL, d, 1, &a), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &p, d, -1, &a), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &p, d, VMH_MAX_ACCESS + 1, &a),
                      CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_alloc_create(GRAN, &p, NULL, 1, &a), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &p, NULL, 1, &a), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(vmh_resv_create(GRAN, 0, 0, NULL), CUDA_ERROR_INVALID_VALUE);
     assert_int_equal(vmh_map_create(0, NULL, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
     assert_null(a);
     assert_int_equal(sim_call_count(), calls);
     /* The driver's own refusal comes back as is, with nothing held. */
-    assert_int_equal(vmh_alloc_create(GRAN + 4096, &p, d, 1, &a), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_alloc_create(128 * GRAN, &p, d, 1, &a), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN + 4096, &p, d, 1, &a), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(vmh_alloc_create(NULL, 128 * GRAN, &p, d, 1, &a), CUDA_ERROR_OUT_OF_MEMORY);
     assert_null(a);
     /* The unrefs take NULL. */
     vmh_alloc_unref(NULL);
@@ -108,7 +108,7 @@ static void alloc_keeps_what_it_was_made_with(void **state)
     CUmemAccessDesc d[2] = {acc_desc(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
                             acc_desc(0, CU_MEM_ACCESS_FLAGS_PROT_READ)};
     vmh_alloc_t *a = NULL;
-    assert_int_equal(vmh_alloc_create(2 * GRAN, &p, d, 2, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_alloc_create(NULL, 2 * GRAN, &p, d, 2, &a), CUDA_SUCCESS);
     assert_int_equal(a->size, 2 * GRAN);
     assert_int_equal(a->device, 1);
     assert_int_equal(a->handle_type, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
@@ -206,7 +206,7 @@ static void failures_unwind(void **state)
     CUmemAllocationProp p = prop(0);
     vmh_alloc_t *a = NULL;
     sim_fail_function("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
-    assert_int_equal(vmh_alloc_create(GRAN, &p, NULL, 0, &a), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &p, NULL, 0, &a), CUDA_ERROR_OUT_OF_MEMORY);
     assert_null(a);
     vmh_resv_t *r = NULL;
     sim_fail_function("cuMemAddressReserve", 1, CUDA_ERROR_OUT_OF_MEMORY);

@@ -269,6 +269,53 @@ static void peer_access_reaches_existing_and_new_buffers(void **state)
     assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
 }
 
+/* ---- the per-GPU record before the device's first allocation (issue 31) ---- */
+
+/* A grant made before the owner's first allocation (most programs enable peer access first) is
+ * kept in the owner's record and reaches the buffers its heap makes later, once it is set up; a
+ * grant of another owner does not. */
+static void peer_grant_before_the_first_allocation_reaches_it(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 3};
+    tu_reset(&cfg);
+    assert_int_equal(vmh_heap_set_peer_access(0, 1, true), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_set_peer_access(1, 2, true), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_set_peer_access(VMH_MAX_DEVICES, 1, true),
+                     CUDA_ERROR_INVALID_DEVICE);
+    CUdeviceptr a, s;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(100, &s), CUDA_SUCCESS);
+    assert_int_equal(sim_access_flags(a, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(sim_access_flags(s, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    assert_int_equal(sim_access_flags(a, 2), 0);
+    assert_int_equal(sim_access_flags(s, 2), 0);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(s, NULL, false), CUDA_SUCCESS);
+}
+
+/* The program's primary context, as the interposer reports it retained, is kept in the device's
+ * record from before its heap is set up to after; a device never mentioned has none. */
+static void primary_context_kept_across_the_heap_setup(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.devices = 2};
+    tu_reset(&cfg);
+    CUcontext primary = NULL;
+    assert_int_equal(sim_table()->cuDevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+    assert_null(vmh_heap_primary(0));
+    vmh_heap_primary_retained(0, primary);
+    vmh_heap_primary_retained(VMH_MAX_DEVICES, primary); /* past the table: dropped */
+    assert_ptr_equal(vmh_heap_primary(0), primary);
+    assert_null(vmh_heap_primary(1));
+    assert_null(vmh_heap_primary(VMH_MAX_DEVICES));
+    CUdeviceptr a;
+    assert_int_equal(vmh_heap_alloc(4 * MiB, &a), CUDA_SUCCESS);
+    assert_ptr_equal(vmh_heap_primary(0), primary);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_table()->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}
+
 /* ---- peer access while a buffer is being made (issue 16) ---- */
 
 static CUresult (*real_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
@@ -337,6 +384,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(peer_access_reaches_existing_and_new_buffers, tu_setup,
                                         tu_teardown),
         cmocka_unit_test_setup_teardown(peer_grant_during_a_new_buffer_reaches_it, tu_setup,
+                                        tu_teardown),
+        cmocka_unit_test_setup_teardown(peer_grant_before_the_first_allocation_reaches_it,
+                                        tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(primary_context_kept_across_the_heap_setup, tu_setup,
                                         tu_teardown),
     };
     return cmocka_run_group_tests_name("heap_devices", tests, NULL, NULL);

@@ -128,7 +128,7 @@ static void spills_when_the_device_is_full(void **state)
     assert_true(served_while_spilled(a));
     assert_int_equal(vmh_counter_get(VMH_STAT_spills), 2);
     assert_int_equal(vmh_gauge_get(VMH_STAT_bytes_spilled), (int64_t)(4 * MiB + GRAN));
-    assert_int_equal(vmh_overflow_bytes(0), 4 * MiB + GRAN);
+    assert_int_equal(vmh_heap_spilled_bytes(0), 4 * MiB + GRAN);
     assert_int_equal(captured("served from host memory"), 1);
     tu_fill(a, 3 * MiB, 7);
     assert_true(tu_check(a, 3 * MiB, 7));
@@ -141,7 +141,7 @@ static void spills_when_the_device_is_full(void **state)
     assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
     vmh_heap_trim();
     assert_int_equal(sim_host_used(), 0); /* never cached: the cache serves device memory */
-    assert_int_equal(vmh_overflow_bytes(0), 0);
+    assert_int_equal(vmh_heap_spilled_bytes(0), 0);
     free_all(p, 16);
 }
 

@@ -128,7 +128,7 @@ static void segments_follow_reservations_and_access(void **state)
     CUmemAllocationProp pr = prop0();
     CUmemAccessDesc both[2] = {tu_rw(0), tu_rw(1)};
     vmh_alloc_t *shared;
-    assert_int_equal(vmh_alloc_create(GRAN, &pr, both, 2, &shared), CUDA_SUCCESS);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &pr, both, 2, &shared), CUDA_SUCCESS);
     vmh_range_t *g = NULL;
     vmh_grow_kind_t kind;
     assert_int_equal(vmh_range_grow(r, &shared, 1, 0, 0, false, &g, &kind, NULL), CUDA_SUCCESS);
@@ -297,7 +297,7 @@ static void pfix_running(pfix_t *f)
     CUmemAllocationProp pr = prop0();
     CUmemAccessDesc both[2] = {tu_rw(0), tu_rw(1)};
     vmh_alloc_t *a[2];
-    assert_int_equal(vmh_alloc_create(GRAN, &pr, both, 2, &a[0]), CUDA_SUCCESS);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &pr, both, 2, &a[0]), CUDA_SUCCESS);
     a[1] = tu_chunk(GRAN);
     vmh_grow_kind_t kind;
     assert_int_equal(vmh_range_grow(r, a, 2, 0, 0, false, &f->r, &kind, NULL), CUDA_SUCCESS);

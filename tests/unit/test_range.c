@@ -153,8 +153,8 @@ static void move_keeps_every_chunks_access(void **state)
     CUmemAccessDesc ro = tu_rw(0);
     ro.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
     vmh_alloc_t *a[2];
-    assert_int_equal(vmh_alloc_create(GRAN, &p, rw, 2, &a[0]), CUDA_SUCCESS);
-    assert_int_equal(vmh_alloc_create(GRAN, &p, &ro, 1, &a[1]), CUDA_SUCCESS);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &p, rw, 2, &a[0]), CUDA_SUCCESS);
+    assert_int_equal(vmh_alloc_create(NULL, GRAN, &p, &ro, 1, &a[1]), CUDA_SUCCESS);
     vmh_range_t *r = NULL, *m = NULL;
     assert_int_equal(vmh_range_create(a, 2, 0, 0, 0, &r, NULL), CUDA_SUCCESS);
     vmh_alloc_unref(a[0]);

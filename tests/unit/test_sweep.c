@@ -65,7 +65,7 @@ static CUresult run_create(fixture_t *f)
     CUmemAccessDesc d = tu_rw(0);
     CUresult rc = CUDA_SUCCESS;
     for (int i = 0; i < 3 && rc == CUDA_SUCCESS; i++)
-        rc = vmh_alloc_create(GRAN, &p, &d, 1, &a[i]);
+        rc = vmh_alloc_create(NULL, GRAN, &p, &d, 1, &a[i]);
     if (rc == CUDA_SUCCESS)
         rc = vmh_range_create(a, 3, 0, 0, 0, &f->out, NULL);
     for (int i = 0; i < 3; i++)
@@ -78,7 +78,7 @@ static CUresult run_grow(fixture_t *f)
     CUmemAllocationProp p = tu_prop(0);
     CUmemAccessDesc d = tu_rw(0);
     vmh_alloc_t *a;
-    CUresult rc = vmh_alloc_create(GRAN, &p, &d, 1, &a);
+    CUresult rc = vmh_alloc_create(NULL, GRAN, &p, &d, 1, &a);
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_grow_kind_t kind;

@@ -167,7 +167,7 @@ static inline vmh_alloc_t *tu_chunk(size_t size)
     CUmemAllocationProp p = tu_prop(0);
     CUmemAccessDesc d = tu_rw(0);
     vmh_alloc_t *a = NULL;
-    assert_int_equal(vmh_alloc_create(size, &p, &d, 1, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_alloc_create(NULL, size, &p, &d, 1, &a), CUDA_SUCCESS);
     return a;
 }
 
