@@ -118,6 +118,20 @@ def main(argv):
         targets.append(("pair.%s.within_2x_of_async" % s, verdict(None if ra is None else ra <= 2.0),
                         fmt(ra) + "x", "<= 2x"))
     P("")
+    # The hook's pairs before the program made a stream (bench.cu's workload a says why).
+    if any(get(res, "hook", "pair_nostream.%s.p50" % s) is not None for s in SIZES):
+        P("Hook pairs before the program has made a stream (a free reused without a wait):")
+        P("")
+        P("| size | hook, no stream yet | hook/async |")
+        P("| --- | --- | --- |")
+        for s in SIZES:
+            h = get(res, "hook", "pair_nostream.%s.p50" % s)
+            ra = ratio(h, get(res, "async", "pair.%s.p50" % s))
+            ratios.append(("pair_nostream.%s.p50.hook_over_async" % s, ra))
+            P("| %s | %s (%s-%s) | %s |" % (s, fmt(h), fmt(get(res, "hook", "pair_nostream.%s.p10" % s)),
+                                           fmt(get(res, "hook", "pair_nostream.%s.p90" % s)),
+                                           fmt(ra, 2) if ra is not None else "n/a"))
+        P("")
 
     # (b), (c)
     P("## (b, c) Churn: 1000 live blocks of mixed sizes (step = one free + one alloc)")
