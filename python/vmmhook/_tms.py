@@ -31,6 +31,7 @@ How TMS's meanings map onto the library:
 
 import contextlib
 import ctypes
+import functools
 import os
 
 import vmmhook as _vm
@@ -453,6 +454,7 @@ class _Internals:
         return self._saver._in_tag(library_tag(tag, kind), tag)
 
 
+@functools.lru_cache(maxsize=1)
 def _cudart():
     """The libcudart this process has loaded (PyTorch's), else the system's."""
     with open("/proc/self/maps") as maps:
