@@ -146,13 +146,34 @@ VMM_NODISCARD vmm_status vmm_pause(const char *tag, unsigned flags);
  * (nothing done; with NULL, running tags are skipped); VMM_ERR_UNKNOWN_TAG. */
 VMM_NODISCARD vmm_status vmm_resume(const char *tag);
 
-/* Copies len bytes of the host backup of a paused buffer, from ptr on (the start of a served
- * buffer or inside one, with the len bytes), into host memory at dst: what the device memory held
- * when its tag was paused with VMM_PAUSE_BACKUP (torch_memory_saver's get_cpu_backup).
- * VMM_ERR_NOT_PAUSED: the buffer is running, or was paused without a backup (nothing kept);
+/* vmm_resume_flags flag: each buffer's backup stays attached to it after the resume instead of
+ * going back (torch_memory_saver's retain_cpu_backup): vmm_backup_read and vmm_backup_host read
+ * it while the buffer runs, and the buffer's next VMM_PAUSE_BACKUP pause of the same kind writes
+ * the fresh bytes into the same host memory (same address). It goes back at a later resume
+ * without this flag, at a pause without a backup (or of another kind), when its buffer is freed,
+ * paused or running, and may go at a pause of its tag that fails. Buffers packed together
+ * (docs/SLEEP.md) share one backup: freeing one of them gives back the kept backup of all. A
+ * VMM_PAUSE_DISK backup is never kept. */
+#define VMM_RESUME_KEEP_BACKUP 1u
+
+/* vmm_resume with flags (0 is vmm_resume). VMM_ERR_INVALID: unknown flags. */
+VMM_NODISCARD vmm_status vmm_resume_flags(const char *tag, unsigned flags);
+
+/* Copies len bytes of the host backup of a buffer, from ptr on (the start of a served buffer or
+ * inside one, with the len bytes), into host memory at dst: what the device memory held when its
+ * tag was last paused with VMM_PAUSE_BACKUP, while paused, or while running with the backup kept
+ * (VMM_RESUME_KEEP_BACKUP) (torch_memory_saver's get_cpu_backup).
+ * VMM_ERR_NOT_PAUSED: the buffer has no backup (running without a kept one, or paused without);
  * VMM_ERR_FOREIGN: ptr is not in a served buffer; VMM_ERR_INVALID: ptr NULL, dst NULL with len
  * > 0, or the bytes run past the buffer. */
 VMM_NODISCARD vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len);
+
+/* The same without a copy: *host = where ptr's bytes are in the backup (torch_memory_saver's
+ * get_cpu_backup(zero_copy=True)). The memory is the library's: valid until the backup goes (a
+ * resume that does not keep it, a pause without one, the buffer's free), and rewritten by the
+ * buffer's next backup pause. *host is NULL on failure; the codes are vmm_backup_read's
+ * (VMM_ERR_INVALID also for host NULL). */
+VMM_NODISCARD vmm_status vmm_backup_host(const void *ptr, size_t len, void **host);
 
 /* The directory of VMM_PAUSE_DISK backups (NULL: none; a disk pause then fails with
  * VMM_ERR_NO_MEMORY, as when a file cannot be made). Files are named vmmhook-backup-XXXXXX.

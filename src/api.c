@@ -135,14 +135,19 @@ VMM_API vmm_status vmm_pause(const char *tag, unsigned flags)
     return tags_status(st, driver_rc);
 }
 
-VMM_API vmm_status vmm_resume(const char *tag)
+VMM_API vmm_status vmm_resume_flags(const char *tag, unsigned flags)
 {
     if (!vmh_lifetime_ready())
         return VMM_ERR_NO_DRIVER;
     CUresult driver_rc = CUDA_ERROR_UNKNOWN;
     vmh_heap_trim_paused(); /* packed memory freed while paused does not come back */
-    vmm_status st = vmh_resume_tags(tag, &driver_rc);
+    vmm_status st = vmh_resume_tags(tag, flags, &driver_rc);
     return tags_status(st, driver_rc);
+}
+
+VMM_API vmm_status vmm_resume(const char *tag)
+{
+    return vmm_resume_flags(tag, 0);
 }
 
 /* vmm_prefetch and vmm_prefetch_tag: heap_upkeep.c moves; here the codes. */
@@ -180,17 +185,38 @@ VMM_API vmm_status vmm_prefetch_tag(const char *tag)
     return prefetch_status(vmh_heap_prefetch_tag(t, &moved));
 }
 
+/* vmm_backup_read and vmm_backup_host: ptr inside a served buffer, with the len bytes. */
+static vmm_status backup_span(const void *ptr, size_t len, CUdeviceptr *p)
+{
+    vmh_buffer_info_t info;
+    *p = (CUdeviceptr)(uintptr_t)ptr;
+    if (!vmh_heap_find(*p, &info))
+        return VMM_ERR_FOREIGN;
+    return len > info.base + info.size - *p ? VMM_ERR_INVALID : VMM_OK;
+}
+
 VMM_API vmm_status vmm_backup_read(const void *ptr, void *dst, size_t len)
 {
     if (!ptr || (!dst && len))
         return VMM_ERR_INVALID;
-    vmh_buffer_info_t info;
-    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
-    if (!vmh_heap_find(p, &info))
-        return VMM_ERR_FOREIGN;
-    if (len > info.base + info.size - p)
-        return VMM_ERR_INVALID;
+    CUdeviceptr p;
+    vmm_status st = backup_span(ptr, len, &p);
+    if (st != VMM_OK)
+        return st;
     return vmh_heap_backup_read(p, len, dst) ? VMM_OK : VMM_ERR_NOT_PAUSED;
+}
+
+VMM_API vmm_status vmm_backup_host(const void *ptr, size_t len, void **host)
+{
+    if (!ptr || !host)
+        return VMM_ERR_INVALID;
+    *host = NULL;
+    CUdeviceptr p;
+    vmm_status st = backup_span(ptr, len, &p);
+    if (st != VMM_OK)
+        return st;
+    *host = (void *)vmh_heap_backup_host(p, len);
+    return *host ? VMM_OK : VMM_ERR_NOT_PAUSED;
 }
 
 VMM_API vmm_status vmm_backup_dir(const char *dir)

@@ -285,6 +285,7 @@ CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req, vmh_pa
     }
     if (b->state != BIG_LIVE || p != b->range->base)
         return CUDA_ERROR_INVALID_VALUE; /* interior pointer, double free, or being resized */
+    vmh_backup_release(&b->range->kept); /* a kept backup goes with its buffer (no driver call) */
     if (b->export_serial || vmh_range_host_bytes(b->range)) {
         /* Its export dies here (vmh_bigbuf_export_alive_locked), and its chunks are never
          * served again: as natively, memory freed by its exporter stays an importer's. The
@@ -332,13 +333,17 @@ bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info
     return true;
 }
 
-bool vmh_bigbuf_backup_locked(vmh_big_t *b, CUdeviceptr p, size_t n, void *dst)
+const void *vmh_bigbuf_backup_locked(vmh_big_t *b, CUdeviceptr p, size_t n)
 {
-    if (b->state != BIG_PAUSED || !b->paused->host || p < b->paused->base ||
-        p >= b->paused->base + b->req || n > b->paused->base + b->req - p)
-        return false;
-    memcpy(dst, (const char *)b->paused->host + (p - b->paused->base), n);
-    return true;
+    CUdeviceptr base = b->state == BIG_PAUSED ? b->paused->base
+                       : b->state == BIG_LIVE ? b->range->base
+                                              : 0;
+    const char *host = b->state == BIG_PAUSED ? b->paused->host
+                       : b->state == BIG_LIVE ? b->range->kept.host
+                                              : NULL;
+    if (!host || p < base || p >= base + b->req || n > base + b->req - p)
+        return NULL;
+    return host + (p - base);
 }
 
 CUresult vmh_bigbuf_export_locked(vmh_big_t *b, vmh_export_t *out, const vmh_range_t **range)

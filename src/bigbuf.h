@@ -73,9 +73,9 @@ CUresult vmh_bigbuf_alloc(vmh_bigbufs_t *bb, size_t size, bool growable, void *s
  * and backup go, driver calls) once it has unlocked; NULL otherwise. */
 CUresult vmh_bigbuf_park_locked(vmh_big_t *b, CUdeviceptr p, size_t *req, vmh_paused_t **gone);
 bool vmh_bigbuf_find_locked(vmh_big_t *b, CUdeviceptr p, vmh_buffer_info_t *info);
-/* Copies n bytes of the backup of the paused buffer b from device address p on into dst; false
- * when b is not paused, was paused without a backup, or the bytes are not inside it. */
-bool vmh_bigbuf_backup_locked(vmh_big_t *b, CUdeviceptr p, size_t n, void *dst);
+/* Where device address p's bytes (n of them) are in b's backup: paused with one, or running
+ * with one kept (pause.c); NULL when there is none or the bytes are not inside b. */
+const void *vmh_bigbuf_backup_locked(vmh_big_t *b, CUdeviceptr p, size_t n);
 /* Fills base, size, offset, serial and the range for an export. A freed exported buffer is
  * not cached: its range is destroyed once queued work is done (its chunks are never served
  * again to this process), and its serial dies with it. */

@@ -250,15 +250,28 @@ bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)
     return found;
 }
 
-bool vmh_heap_backup_read(CUdeviceptr p, size_t n, void *dst)
+/* dst NULL: no copy, the address only. */
+static const void *backup_at(CUdeviceptr p, size_t n, void *dst)
 {
     vmh_owner_t *o = owner_lock(p);
     if (!o)
-        return false;
-    bool ok = o->kind == VMH_OWN_EXTENT ? vmh_packing_backup_locked((vmh_ext_t *)o, p, n, dst)
-                                        : vmh_bigbuf_backup_locked((vmh_big_t *)o, p, n, dst);
+        return NULL;
+    const void *host = o->kind == VMH_OWN_EXTENT ? vmh_packing_backup_locked((vmh_ext_t *)o, p, n)
+                                                 : vmh_bigbuf_backup_locked((vmh_big_t *)o, p, n);
+    if (host && dst)
+        memcpy(dst, host, n); /* under the lock: a free or a resume cannot take it meanwhile */
     vmh_owner_unlock(o);
-    return ok;
+    return host;
+}
+
+bool vmh_heap_backup_read(CUdeviceptr p, size_t n, void *dst)
+{
+    return backup_at(p, n, dst) != NULL;
+}
+
+const void *vmh_heap_backup_host(CUdeviceptr p, size_t n)
+{
+    return backup_at(p, n, NULL);
 }
 
 /* ---- realloc ------------------------------------------------------------------------------- */

@@ -69,10 +69,13 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async);
  * the device. false when p is not in a live served buffer. Lock-free on a miss. */
 bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info);
 
-/* Copies n bytes of the host backup of a paused served buffer, from device address p on, into
- * dst (vmm_backup_read). false when p's buffer is not paused with a backup, or the n bytes are
- * not inside it. */
+/* Copies n bytes of the host backup of a served buffer (paused with one, or running with one
+ * kept: pause.c), from device address p on, into dst (vmm_backup_read). false when p's buffer
+ * has no backup, or the n bytes are not inside it. */
 bool vmh_heap_backup_read(CUdeviceptr p, size_t n, void *dst);
+/* The same without a copy: where p's bytes are in the backup (vmm_backup_host), NULL as false
+ * above. Valid until the backup goes (a resume that keeps none, a free, a pause without one). */
+const void *vmh_heap_backup_host(CUdeviceptr p, size_t n);
 
 /* True when p lies in address space the library holds, live or idle (a freed buffer kept for
  * reuse is still mapped: the driver would answer for it, a native allocator would not). */

@@ -381,6 +381,10 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size
     vmh_packing_t *pk = s->pack;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
+    /* A backup kept for the extent (pause.c) no longer describes its blocks: it goes (no driver
+     * call), so that the freed buffer's host memory does too. */
+    if (e->range)
+        vmh_backup_release(&e->range->kept);
     /* An exported block's export dies here, and its memory is never served again: another
      * process may still map the extent's chunk (an import holds the whole chunk), as natively
      * memory freed by its exporter stays the importer's. The extent serves nothing more and
@@ -426,15 +430,16 @@ bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *inf
     return true;
 }
 
-bool vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n, void *dst)
+const void *vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n)
 {
     vmh_block_info_t bi;
-    const vmh_paused_t *ps = e->paused;
-    if (!ps || !ps->host || !vmh_arena_find(e->extent, p, &bi) || p < bi.base ||
-        n > bi.base + bi.size - p || p < ps->base || p + n > ps->base + ps->size)
-        return false;
-    memcpy(dst, (const char *)ps->host + (p - ps->base), n);
-    return true;
+    CUdeviceptr base = e->paused ? e->paused->base : e->range->base;
+    size_t size = e->paused ? e->paused->size : e->range->size;
+    const char *host = e->paused ? e->paused->host : e->range->kept.host;
+    if (!host || !vmh_arena_find(e->extent, p, &bi) || p < bi.base ||
+        n > bi.base + bi.size - p || p < base || p + n > base + size)
+        return NULL;
+    return host + (p - base);
 }
 
 CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size)

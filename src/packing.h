@@ -106,10 +106,10 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
 CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req);
 /* The live block containing p. */
 bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info);
-/* Copies n bytes of the backup of the paused extent e, from where device address p (inside one
- * of its live blocks, with the n bytes) was, into dst; false when e is running, was paused
- * without a backup, or the bytes are not inside one block. */
-bool vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n, void *dst);
+/* Where device address p's bytes (n of them, inside one of e's live blocks) are in e's backup:
+ * paused with one, or running with one kept (pause.c); NULL when there is none or the bytes are
+ * not inside one block. */
+const void *vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n);
 /* Resizes the live block at p in place when the following space allows (within
  * VMMHOOK_MEM_LIMIT); CUDA_ERROR_NOT_FOUND when p is not a block's start, OUT_OF_MEMORY when it
  * does not fit in place. *old_size: the size asked for before. */

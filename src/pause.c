@@ -82,6 +82,7 @@ typedef struct job {
     bool backup;
     vmh_backup_kind_t kind; /* of the backups' host memory (staging.h) */
     bool stage; /* pageable backups go through the ring (false again if it cannot open) */
+    bool keep;  /* a resume's commit: backups stay attached to their records (kept) */
     bool staging_open;
     vmh_staging_t staging;
 } job_t;
@@ -119,7 +120,8 @@ typedef struct run_work {
     vmh_paused_t **paused;
     void **host;
     size_t *len;  /* bytes of each backup */
-    bool *pinned; /* the backup is a kept pinned buffer */
+    bool *pinned; /* the backup is a kept pinned buffer, or one kept attached (copied directly) */
+    bool *reused; /* the backup was kept attached to the record: it goes back there on failure */
     size_t *rec;  /* index into the run */
 } run_work_t;
 
@@ -130,8 +132,9 @@ static bool run_work_get(run_work_t *w, size_t n)
     w->host = calloc(n, sizeof *w->host);
     w->len = calloc(n, sizeof *w->len);
     w->pinned = calloc(n, sizeof *w->pinned);
+    w->reused = calloc(n, sizeof *w->reused);
     w->rec = calloc(n, sizeof *w->rec);
-    return w->ranges && w->paused && w->host && w->len && w->pinned && w->rec;
+    return w->ranges && w->paused && w->host && w->len && w->pinned && w->reused && w->rec;
 }
 
 static void run_work_put(run_work_t *w)
@@ -141,6 +144,7 @@ static void run_work_put(run_work_t *w)
     free(w->host);
     free(w->len);
     free(w->pinned);
+    free(w->reused);
     free(w->rec);
 }
 
@@ -174,6 +178,20 @@ static CUresult copy_backups(job_t *j, run_work_t *w, size_t k)
     return rc;
 }
 
+/* The backup kept attached to r since a resume (VMM_RESUME_KEEP_BACKUP), taken off r for this
+ * pause to write the fresh bytes into (the same host memory, at the same address: what
+ * torch_memory_saver's retained backups promise) when it fits: same size, same kind of memory.
+ * One that does not fit is given back now. NULL when none is taken. */
+static void *kept_take(const job_t *j, vmh_range_t *r)
+{
+    vmh_backup_t *kb = &r->kept;
+    if (kb->host && (kb->size != r->size || kb->kind != (unsigned)j->kind))
+        vmh_backup_release(kb);
+    void *host = kb->host;
+    *kb = (vmh_backup_t){0};
+    return host;
+}
+
 /* Pauses every record of a run it may (pausable): the backups first, a stretch at a time
  * (copy_backups), then the records together, so that their mappings go with one cuMemUnmap per
  * stretch in one reservation (range.h's vmh_range_pause_run). On failure every record stays
@@ -190,7 +208,12 @@ static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
         w.ranges[k] = *recs[i].range;
         w.rec[k] = i;
         w.len[k] = w.ranges[k]->size;
-        if (j->backup && !(w.host[k] = vmh_staging_backup_get(w.len[k], j->kind, &w.pinned[k])))
+        /* A kept backup's pages are touched already: one direct copy (the ring's parallel
+         * faulting gains nothing), pinned or not. */
+        if (j->backup && (w.host[k] = kept_take(j, w.ranges[k])))
+            w.pinned[k] = w.reused[k] = true;
+        else if (j->backup &&
+                 !(w.host[k] = vmh_staging_backup_get(w.len[k], j->kind, &w.pinned[k])))
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         k += rc == CUDA_SUCCESS;
     }
@@ -200,7 +223,10 @@ static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
         rc = vmh_range_pause_run(w.ranges, k, w.paused);
     for (size_t i = 0; i < k; i++) {
         if (rc != CUDA_SUCCESS) {
-            if (w.host[i])
+            if (w.reused[i]) /* the range is still mapped: its kept backup goes back on it */
+                w.ranges[i]->kept = (vmh_backup_t){w.host[i], w.len[i], (unsigned)j->kind,
+                                                   vmh_staging_backup_put};
+            else if (w.host[i])
                 vmh_staging_backup_put(w.host[i], w.len[i]);
             continue;
         }
@@ -209,6 +235,7 @@ static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
             vmh_staging_backup_settle(w.host[i], w.len[i]);
         p->host = w.host[i];
         p->host_release = p->host ? vmh_staging_backup_put : NULL;
+        p->host_kind = (unsigned)j->kind;
         *recs[w.rec[i]].range = NULL;
         *recs[w.rec[i]].paused = p;
     }
@@ -272,11 +299,18 @@ static CUresult visit_abort(vmh_visit_rec_t *recs, size_t n, void *arg)
 
 static CUresult visit_commit(vmh_visit_rec_t *recs, size_t n, void *arg)
 {
-    (void)arg;
+    const job_t *j = arg;
     for (size_t i = 0; i < n; i++) {
         vmh_paused_t *p = *recs[i].paused;
         if (!p || !p->resumed)
             continue;
+        /* Kept: the backup stays attached to the running record (readable, reused by its next
+         * pause, given back with it). A file backup is never kept: its point is to hold no
+         * host memory, and it is read back already. */
+        if (j->keep && p->host && p->host_kind != VMH_BACKUP_FILE) {
+            p->resumed->kept = (vmh_backup_t){p->host, p->size, p->host_kind, p->host_release};
+            p->host = NULL;
+        }
         *recs[i].range = p->resumed;
         p->resumed = NULL;
         *recs[i].paused = NULL;
@@ -316,13 +350,13 @@ static CUresult visit_tag(unsigned tag, vmh_visit_run_fn fn, job_t *j, bool with
 /* Both steps of a resume; on failure nothing of the tag is left mapped by the call. Out of
  * memory first gives back the library's idle memory (cached buffers of any tag, empty packing
  * chunks) and tries once more: memory held idle must not keep a tag paused. */
-static CUresult resume_records(unsigned tag)
+static CUresult resume_records(unsigned tag, bool keep)
 {
     CUresult rc;
     for (int attempt = 0;; attempt++) {
         job_t j = {0};
         rc = visit_tag(tag, visit_prepare, &j, true);
-        job_t k = {0};
+        job_t k = {.keep = keep};
         /* Neither step can fail: they only swap pointers and undo (unmap, release, free). */
         visit_tag(tag, rc == CUDA_SUCCESS ? visit_commit : visit_abort, &k, false);
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0 || vmh_heap_trim() == 0)
@@ -373,7 +407,7 @@ static CUresult pause_tag(unsigned tag, unsigned flags, bool *stays_paused)
             vmh_staging_close(&j.staging); /* before any resume below: nothing pinned stays */
         vmh_staging_region_close();
     }
-    if (rc != CUDA_SUCCESS && resume_records(tag) != CUDA_SUCCESS) {
+    if (rc != CUDA_SUCCESS && resume_records(tag, false) != CUDA_SUCCESS) {
         /* Back to running failed too (out of memory after a failed copy): the tag stays
          * paused, and vmm_resume can be tried again. */
         vmh_log("pause of tag %s failed (CUDA error %d) and so did giving back what it had "
@@ -462,11 +496,10 @@ static vmm_status pause_one(unsigned tag, unsigned flags, CUresult *driver_rc)
 
 static vmm_status resume_one(unsigned tag, unsigned flags, CUresult *driver_rc)
 {
-    (void)flags;
     if (!vmh_tag_transition(tag, VMH_TAG_PAUSED, VMH_TAG_RESUMING))
         return VMM_ERR_NOT_PAUSED;
     uint64_t t0 = vmh_now_ns();
-    CUresult rc = resume_records(tag);
+    CUresult rc = resume_records(tag, flags & VMM_RESUME_KEEP_BACKUP);
     if (rc == CUDA_SUCCESS) {
         vmh_tag_transition(tag, VMH_TAG_RESUMING, VMH_TAG_RUNNING);
         vmh_heap_tag_freeze(tag, false);
@@ -517,9 +550,11 @@ vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc)
     return for_tags(tag, flags, pause_one, VMM_ERR_PAUSED, driver_rc);
 }
 
-vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc)
+vmm_status vmh_resume_tags(const char *tag, unsigned flags, CUresult *driver_rc)
 {
-    return for_tags(tag, 0, resume_one, VMM_ERR_NOT_PAUSED, driver_rc);
+    if (flags & ~VMM_RESUME_KEEP_BACKUP)
+        return VMM_ERR_INVALID;
+    return for_tags(tag, flags, resume_one, VMM_ERR_NOT_PAUSED, driver_rc);
 }
 
 #ifdef VMH_TESTING

@@ -11,11 +11,11 @@
  * statistics to tags.h. Called by the front at start (tests call it again). */
 void vmh_pause_configure(size_t pin_limit);
 
-/* vmm_pause / vmm_resume (include/vmmhook.h) under the entry points (api.c), which check first
+/* vmm_pause / vmm_resume_flags (include/vmmhook.h) under the entry points (api.c), which check first
  * that the library serves and keep the thread's last driver error: *driver_rc is set to the
  * driver's code when the result is VMM_ERR_DRIVER, and left alone otherwise. */
 vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc);
-vmm_status vmh_resume_tags(const char *tag, CUresult *driver_rc);
+vmm_status vmh_resume_tags(const char *tag, unsigned flags, CUresult *driver_rc);
 
 #ifdef VMH_TESTING
 /* Tests: gives back the host memory kept for backups, zeroes the count below and restores the

@@ -19,10 +19,18 @@ static vmh_range_t *range_alloc(size_t nmaps)
     return calloc(1, sizeof(vmh_range_t) + nmaps * sizeof(vmh_map_t *));
 }
 
+void vmh_backup_release(vmh_backup_t *b)
+{
+    if (b->host && b->release)
+        b->release(b->host, b->size);
+    *b = (vmh_backup_t){0};
+}
+
 void vmh_range_destroy(vmh_range_t *r)
 {
     if (!r)
         return;
+    vmh_backup_release(&r->kept);
     vmh_maps_unref_run(r->maps, r->nmaps); /* one unmap per stretch in one reservation */
     free(r);
 }
@@ -52,8 +60,11 @@ void vmh_ranges_destroy(vmh_range_t *const *rs, size_t n)
     qsort(all, k, sizeof *all, map_order); /* the ranges may come in any order */
     vmh_maps_unref_run(all, k);
     free(all);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        if (rs[i])
+            vmh_backup_release(&rs[i]->kept);
         free(rs[i]);
+    }
 }
 
 size_t vmh_range_headroom(const vmh_range_t *r)

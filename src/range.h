@@ -17,9 +17,28 @@
 
 #include <stdbool.h>
 
+/* Gives back host memory a backup lives in (the pause layer's, as data). */
+typedef void (*vmh_host_release_fn)(void *host, size_t size);
+
+/* A backup's host memory, held as data for the pause layer: host (NULL: none), its size, the
+ * pause layer's kind of memory, and how to give it back. */
+typedef struct vmh_backup {
+    void *host;
+    size_t size;
+    unsigned kind;
+    vmh_host_release_fn release;
+} vmh_backup_t;
+
+/* Gives b's host memory back (nothing when none) and clears b. */
+void vmh_backup_release(vmh_backup_t *b);
+
 typedef struct vmh_range {
     CUdeviceptr base;
     size_t size; /* bytes mapped: the sum of the mappings' sizes */
+    /* A backup kept attached after a resume (vmm_resume_flags' VMM_RESUME_KEEP_BACKUP, pause.c):
+     * released with the range, unless the pause layer takes it back first. Never carried into a
+     * range built from this one (grown, moved, shrunk: the bytes changed place). */
+    vmh_backup_t kept;
     size_t nmaps;
     vmh_map_t *maps[];
 } vmh_range_t;
@@ -124,9 +143,6 @@ typedef struct vmh_paused_seg {
 
 typedef struct vmh_paused vmh_paused_t;
 
-/* Gives back host memory a paused range's backup lives in (the pause layer's, as data). */
-typedef void (*vmh_host_release_fn)(void *host, size_t size);
-
 struct vmh_paused {
     CUdeviceptr base;
     size_t size;
@@ -136,6 +152,7 @@ struct vmh_paused {
      * commits any, so that running out of memory leaves the whole tag paused). */
     void *host;
     vmh_host_release_fn host_release;
+    unsigned host_kind; /* the pause layer's kind of the backup's memory */
     vmh_range_t *resumed;
     size_t nsegs;
     vmh_paused_seg_t segs[];

@@ -30,6 +30,7 @@ __all__ = [
     "resume",
     "backup_dir",
     "backup_trim",
+    "backup_host",
     "prefetch",
     "prefetch_tag",
     "stats",
@@ -43,6 +44,7 @@ __all__ = [
 PAUSE_BACKUP = 1  # VMM_PAUSE_BACKUP
 PAUSE_PAGEABLE = 2  # VMM_PAUSE_PAGEABLE: with PAUSE_BACKUP, never pinned
 PAUSE_DISK = 4  # VMM_PAUSE_DISK: with PAUSE_BACKUP, in files of backup_dir()
+RESUME_KEEP_BACKUP = 1  # VMM_RESUME_KEEP_BACKUP: resume(keep_backup=True)
 
 # vmm_status codes (include/vmmhook.h); the text comes from vmm_status_string.
 OK = 0
@@ -191,6 +193,12 @@ def _load():
     if hasattr(lib, "vmm_backup_read"):  # newer libraries: TMS's get_cpu_backup
         lib.vmm_backup_read.restype = ctypes.c_int
         lib.vmm_backup_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    if hasattr(lib, "vmm_resume_flags"):  # newer libraries: TMS's retained backups
+        lib.vmm_resume_flags.restype = ctypes.c_int
+        lib.vmm_resume_flags.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+        lib.vmm_backup_host.restype = ctypes.c_int
+        lib.vmm_backup_host.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.POINTER(ctypes.c_void_p)]
     _lib = lib
     return lib
 
@@ -261,11 +269,35 @@ def backup_trim():
     return _need().vmm_backup_trim()
 
 
-def resume(tag=None):
+def resume(tag=None, keep_backup=False):
     """Maps memory again at the same addresses (None: every paused tag). Raises VmmError;
-    out of memory leaves the tag paused, and the call can be retried."""
+    out of memory leaves the tag paused, and the call can be retried. keep_backup: each
+    buffer's backup stays attached to it (backup_host() answers while it runs, its next backup
+    pause writes into the same host memory) until a resume without it, or the buffer's free."""
     lib = _need()
-    _check(lib, "vmm_resume", lib.vmm_resume(_name(tag)))
+    if not keep_backup:
+        _check(lib, "vmm_resume", lib.vmm_resume(_name(tag)))
+        return
+    if not hasattr(lib, "vmm_resume_flags"):
+        raise NotImplementedError("resume(keep_backup=True) needs a libvmmhook with "
+                                  "vmm_resume_flags")
+    _check(lib, "vmm_resume_flags", lib.vmm_resume_flags(_name(tag), RESUME_KEEP_BACKUP))
+
+
+def backup_host(address, nbytes):
+    """The host address of the backup of device memory [address, address + nbytes) (one
+    buffer's: paused with a backup, or running with one kept), or None when it has none. The
+    memory is the library's, valid until the backup goes (a resume without keep_backup, the
+    buffer's free, a pause without backup)."""
+    lib = _need()
+    if not hasattr(lib, "vmm_backup_host"):
+        raise NotImplementedError("backup_host needs a libvmmhook with vmm_backup_host")
+    host = ctypes.c_void_p()
+    st = lib.vmm_backup_host(ctypes.c_void_p(address), nbytes, ctypes.byref(host))
+    if st == ERR_NOT_PAUSED:
+        return None
+    _check(lib, "vmm_backup_host", st)
+    return host.value
 
 
 def prefetch(buffer):

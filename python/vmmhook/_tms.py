@@ -17,7 +17,8 @@ How TMS's meanings map onto the library:
   ("default"), which this object pauses only when TMS_INIT_ENABLE says that memory allocated
   outside regions is a region's (preload mode), as TMS does.
 - Backups are given back after each resume (vmm_backup_trim: the library otherwise keeps pinned
-  ones for the next pause) unless retain_cpu_backup is set, as TMS frees them.
+  ones for the next pause) unless retain_cpu_backup is set, as TMS frees them; retained, each
+  stays attached to its buffer (vmm_resume_flags' VMM_RESUME_KEEP_BACKUP), as in TMS.
 - Like TMS, each region allocates through a PyTorch MemPool of its own per (tag, backup,
   device), so that PyTorch's caching allocator never hands a region's cached block to a tensor
   outside it, nor the reverse. hook_mode "preload": the pool's memory comes from cudaMalloc,
@@ -30,6 +31,7 @@ How TMS's meanings map onto the library:
 
 import contextlib
 import ctypes
+import functools
 import os
 
 import vmmhook as _vm
@@ -113,15 +115,24 @@ class _Torch:
         return self.torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
                                      capture_error_mode=capture_error_mode)
 
-    def cpu_backup(self, x, read):
-        """A CPU tensor like x filled by read(address, nbytes) -> bytes, or None."""
-        torch = self.torch
+    def cpu_backup(self, x, backup_of):
+        """(x's device address, x's bytes): backup_of(address, nbytes) gives the host address
+        of the backup, or None."""
         assert x.is_cuda, f"{x.device=}"
         assert x.is_contiguous(), f"{x.shape=} {x.stride()=} {x.dtype=}"
-        out = torch.empty(x.shape, dtype=x.dtype, device="cpu")
-        if not read(x.data_ptr(), out.data_ptr(), x.nbytes):
-            return None
-        return out
+        return backup_of(x.data_ptr(), x.nbytes)
+
+    def host_tensor(self, x, host, zero_copy):
+        """A CPU tensor shaped as x over the library's host memory at `host` (TMS's
+        zero_copy), or a copy of it."""
+        torch = self.torch
+        if x.nbytes == 0:
+            return torch.empty(x.shape, dtype=x.dtype)
+        # The tensor holds the ctypes array, which names the memory without owning it (as
+        # TMS's numpy view does): it is valid while the backup lives.
+        raw = (ctypes.c_uint8 * x.nbytes).from_address(host)
+        out = torch.frombuffer(raw, dtype=torch.uint8).view(x.dtype).view(x.shape)
+        return out if zero_copy else out.clone()
 
 
 class TorchMemorySaver:
@@ -172,8 +183,9 @@ class TorchMemorySaver:
     @property
     def retain_cpu_backup(self):
         """False (the default, or TMS_RETAIN_CPU_BACKUP): a resume gives the host memory of
-        the backups back. True: pinned backups stay for the next pause (faster, at the cost of
-        host memory held while running)."""
+        the backups back. True at a resume: each backup stays attached to its tensor
+        (get_cpu_backup answers while running, the next pause writes into the same host memory)
+        until a resume without it or the tensor's free."""
         return self._retain
 
     @retain_cpu_backup.setter
@@ -268,7 +280,9 @@ class TorchMemorySaver:
         self._ensure_initialized()
         if kind == "disk":
             self._give_disk_dir()
-        pool = self._pool((tag, kind, self._torch().current_device()))
+        # TMS's key (its tests pop pools by it: _Internals)
+        pool = self._pool((tag, kind in _BACKENDS, kind == "disk", kind if kind in _BACKENDS
+                           else "", self._torch().current_device()))
         with self._torch().use_mem_pool(pool):
             with self._in_tag(name, tag):
                 yield
@@ -371,8 +385,8 @@ class TorchMemorySaver:
             for n in todo:
                 if pausing:
                     _vm.pause(n, backup=self._backup_of(n))
-                else:
-                    _vm.resume(n)
+                else:  # retained: the backups stay attached to the buffers (TMS's meaning)
+                    _vm.resume(n, keep_backup=self._retain)
                 done.append(n)
         except _vm.VmmError:
             # All or nothing over the library tags of this call: undo the ones done.
@@ -402,20 +416,53 @@ class TorchMemorySaver:
 
     # ---- backups ----
     def get_cpu_backup(self, x, zero_copy=False):
-        """A CPU copy of tensor x's backup while its tag is paused with enable_cpu_backup; None
-        otherwise (running, or no backup). Always a copy (zero_copy is accepted and ignored:
-        the library's backup may move or go away with the buffer)."""
+        """A CPU copy of tensor x's backup while its tag is paused with enable_cpu_backup, or
+        while it runs with the backup retained (retain_cpu_backup at the resume); None
+        otherwise. zero_copy: the backup's own host memory, as TMS (valid until the backup
+        goes: a resume without retain, the tensor's free; the next pause rewrites it)."""
         self._ensure_initialized()
-        return self._torch().cpu_backup(x, read_backup)
+        host = self._torch().cpu_backup(x, _vm.backup_host)
+        return None if host is None else self._torch().host_tensor(x, host, zero_copy)
+
+    @property
+    def _impl(self):
+        """What torch_memory_saver's own tests reach inside TMS (its private _impl), answered
+        over this object's pools and tags; not an API."""
+        self._ensure_initialized()
+        return _Internals(self)
 
 
-def read_backup(address, host, nbytes):
-    """Copies nbytes of the backup of the paused buffer at device address `address` into host
-    memory at `host`. True when copied; False when that memory is not paused with a backup."""
-    lib = _vm._need()
-    if not hasattr(lib, "vmm_backup_read"):
-        raise NotImplementedError("get_cpu_backup needs a libvmmhook with vmm_backup_read")
-    return lib.vmm_backup_read(ctypes.c_void_p(address), ctypes.c_void_p(host), nbytes) == _vm.OK
+class _Internals:
+    """TMS's examples (test/examples/cpu_backup.py) reach TMS's private parts: the MemPools by
+    TMS's key (tag, enable_cpu_backup, enable_disk_backup, backend, device), the region
+    configuration as a context manager, and cudart's calls (cudaHostGetFlags) through
+    _binary_wrapper.cdll. The same names here, over the drop-in's own pools, tags and the
+    process's libcudart (TMS's tms_* symbols are not answered)."""
+
+    def __init__(self, saver):
+        self._saver = saver
+        self._mem_pools = saver._pools
+        self._binary_wrapper = self  # ._binary_wrapper.cdll
+
+    @property
+    def cdll(self):
+        return _cudart()
+
+    def _with_region_config(self, tag, enable_cpu_backup, cpu_backup_backend,
+                            enable_disk_backup=False):
+        kind = self._saver._kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        return self._saver._in_tag(library_tag(tag, kind), tag)
+
+
+@functools.lru_cache(maxsize=1)
+def _cudart():
+    """The libcudart this process has loaded (PyTorch's), else the system's."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libcudart.so"):
+                return ctypes.CDLL(path)
+    return ctypes.CDLL("libcudart.so")
 
 
 @contextlib.contextmanager

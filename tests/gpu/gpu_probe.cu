@@ -3,6 +3,33 @@
  * passed. */
 #include "gpu_common.h"
 
+/* Which host memory cudaHostGetFlags accepts (torch_memory_saver's cpu_backup example asks it of
+ * a backup's address, docs/PYTORCH.md): allocated pinned, registered (the library's kept pinned
+ * backups are registered pageable memory), pageable, registered then unregistered. INFO only. */
+static void host_flags_probe(void)
+{
+    const size_t n = 2 * MiB;
+    unsigned flags = 0;
+    void *alloc = NULL;
+    if (cudaHostAlloc(&alloc, n, cudaHostAllocDefault) == cudaSuccess) {
+        INFO("cudaHostGetFlags of cudaHostAlloc memory: %d", (int)cudaHostGetFlags(&flags, alloc));
+        cudaFreeHost(alloc);
+    }
+    char *page = (char *)aligned_alloc(4096, n);
+    if (!page)
+        return;
+    memset(page, 1, n);
+    INFO("cudaHostGetFlags of pageable memory: %d", (int)cudaHostGetFlags(&flags, page + 4096));
+    if (cudaHostRegister(page, n, cudaHostRegisterDefault) == cudaSuccess) {
+        INFO("cudaHostGetFlags of registered memory (inside it): %d",
+             (int)cudaHostGetFlags(&flags, page + 4096));
+        cudaHostUnregister(page);
+        INFO("cudaHostGetFlags after unregistering: %d", (int)cudaHostGetFlags(&flags, page));
+    }
+    (void)cudaGetLastError(); /* the refusals above are expected answers, not errors */
+    free(page);
+}
+
 int main(void)
 {
     gt_init("gpu_probe");
@@ -22,5 +49,6 @@ int main(void)
         CHECK(gt_verify(d, 4096, 42) == 0, "probe kernel round trip");
         CK(cudaFree(d));
     }
+    host_flags_probe();
     return gt_finish();
 }

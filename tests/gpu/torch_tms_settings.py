@@ -8,7 +8,9 @@ One section per setting, each printing "PASS <setting>" or "FAIL <setting>: why"
 with the figures (resident host memory, VmRSS, before and after; backup rates):
   retain_off    retain_cpu_backup False (the default): after the resume the process's resident
                 host memory is within 64 MiB of before the pause, get_cpu_backup is None;
-  retain_on     True: TMS_BENCH_GIB (8) GiB in 22.7 MiB tensors, three cycles: contents kept;
+  retain_on     True: TMS_BENCH_GIB (8) GiB in 22.7 MiB tensors, three cycles: contents kept,
+                after each resume get_cpu_backup(zero_copy=True) of a tensor holds its contents
+                at one host address (None after the last resume, without retain);
                 rates: the first pause >= 8 GiB/s, later pauses and resumes >= 40 GiB/s
                 (targets of the drop-in, checked for IMPL vmmhook only); then False again and
                 one cycle: the host memory is given back (within 64 MiB of before the section);
@@ -115,7 +117,18 @@ class Run:
         self.tms.retain_cpu_backup = True
         if self.tms.retain_cpu_backup is not True:
             p.append("retain_cpu_backup did not become True")
-        rates = [self.cycle("bench", nbytes)[:2] for _ in range(3)]
+        rates, hosts = [], set()
+        for _ in range(3):
+            rates.append(self.cycle("bench", nbytes)[:2])
+            # Retained as TMS keeps it: on the running tensor, at the same host address.
+            kept = self.tms.get_cpu_backup(bench[0], zero_copy=True)
+            if kept is None or not bool((kept == 0).all().item()):
+                p.append("no retained backup with the contents after a retained resume")
+                break
+            hosts.add(kept.data_ptr())
+            del kept
+        if len(hosts) > 1:
+            p.append(f"the retained backup moved between cycles ({len(hosts)} addresses)")
         if not all(bool((t == (i & 255)).all().item()) for i, t in enumerate(bench)):
             p.append("contents lost")
         if self.impl == "vmmhook":
@@ -127,6 +140,8 @@ class Run:
                 p.append(f"a later pause or resume {min(later):.2f} GiB/s (target 40)")
         self.tms.retain_cpu_backup = False
         r2 = self.cycle("bench", nbytes)[4]
+        if self.tms.get_cpu_backup(bench[0]) is not None:
+            p.append("get_cpu_backup is not None after a resume without retain")
         grown = (r2 - r_start) >> 20
         print(f"I retain_on: after retain off and one more cycle VmRSS {grown:+} MiB from before "
               "the section")

@@ -795,6 +795,101 @@ static void freed_while_paused_keeps_buffer(void **state)
     assert_int_equal(sim_hazards(), 0);
 }
 
+/* Where each buffer of "w" has its backup now (vmm_backup_host); NULL when it has none. */
+static void w_hosts(const wfix_t *f, void *h[4])
+{
+    for (int i = 0; i < 4; i++) {
+        vmm_status st = vmm_backup_host((void *)(uintptr_t)f->p[i], f->n[i], &h[i]);
+        assert_true(st == VMM_OK || (st == VMM_ERR_NOT_PAUSED && !h[i]));
+    }
+}
+
+static bool w_backups_hold(const wfix_t *f, void *const h[4], unsigned seed)
+{
+    for (int i = 0; i < 4; i++)
+        if (!h[i] || !pattern_in_host(h[i], f->n[i], seed + (unsigned)i))
+            return false;
+    return true;
+}
+
+/* VMM_RESUME_KEEP_BACKUP (torch_memory_saver's retain_cpu_backup): the backups stay attached to
+ * the running buffers at the same host addresses, readable, out of the free pool; the next pause
+ * of the same kind writes the fresh bytes into them (direct copies, same addresses); a resume
+ * without the flag, a pause of another kind or without a backup, and a free give them back. */
+static void kept_backups_stay_attached(void **state)
+{
+    (void)state;
+    wfix_t f;
+    wfix_make(&f);
+    set_pin_limit(256 * MiB);
+    void *first[4], *now[4];
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    w_hosts(&f, first);
+    assert_true(w_backups_hold(&f, first, 70));
+    assert_int_equal(vmm_resume_flags("w", 4u), VMM_ERR_INVALID); /* unknown flag: nothing done */
+    assert_int_equal(vmm_resume_flags("w", VMM_RESUME_KEEP_BACKUP), VMM_OK);
+    assert_true(wfix_intact(&f));
+    w_hosts(&f, now);
+    assert_memory_equal(now, first, sizeof now);
+    assert_true(w_backups_hold(&f, now, 70));
+    unsigned char head[64];
+    assert_int_equal(vmm_backup_read((void *)(uintptr_t)f.p[1], head, sizeof head), VMM_OK);
+    assert_true(pattern_in_host(head, sizeof head, 71));
+    assert_int_equal(vmh_staging_pinned_free(), 0); /* attached: nobody else's */
+    assert_int_equal(vmm_backup_trim(), 0);
+    /* New contents: the next pause writes them into the same host memory, one direct copy
+     * each, nothing new mapped or pinned; kept again, and then given back by a plain resume. */
+    for (int i = 0; i < 4; i++)
+        pattern_fill(f.p[i], f.n[i], 90u + (unsigned)i);
+    sim_reset_counters();
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(sim_calls("cuMemcpyDtoH"), 4);
+    assert_int_equal(sim_calls("cuMemHostRegister"), 0);
+    w_hosts(&f, now);
+    assert_memory_equal(now, first, sizeof now);
+    assert_true(w_backups_hold(&f, now, 90));
+    assert_int_equal(vmm_resume_flags("w", VMM_RESUME_KEEP_BACKUP), VMM_OK);
+    assert_int_equal(vmm_resume_flags("w", VMM_RESUME_KEEP_BACKUP), VMM_ERR_NOT_PAUSED);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmm_resume("w"), VMM_OK);
+    w_hosts(&f, now);
+    for (int i = 0; i < 4; i++)
+        assert_null(now[i]);
+    assert_int_equal(vmh_staging_pinned_free(), W_BYTES); /* back in the pool */
+    /* Another kind, or no backup, at the next pause: the kept one goes at that pause. */
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmm_resume_flags("w", VMM_RESUME_KEEP_BACKUP), VMM_OK);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP | VMM_PAUSE_PAGEABLE), VMM_OK);
+    assert_int_equal(vmh_staging_pinned_free(), W_BYTES);
+    w_hosts(&f, now);
+    assert_true(w_backups_hold(&f, now, 90));
+    assert_int_equal(vmm_resume_flags("w", VMM_RESUME_KEEP_BACKUP), VMM_OK);
+    assert_int_equal(vmm_pause("w", 0), VMM_OK);
+    w_hosts(&f, now);
+    for (int i = 0; i < 4; i++)
+        assert_null(now[i]);
+    assert_int_equal(vmm_resume_flags("w", VMM_RESUME_KEEP_BACKUP), VMM_OK); /* none to keep */
+    /* Freed while running with a kept backup: it goes with the buffer (back to the pool). */
+    for (int i = 0; i < 4; i++)
+        pattern_fill(f.p[i], f.n[i], 70u + (unsigned)i);
+    assert_int_equal(vmm_pause("w", VMM_PAUSE_BACKUP), VMM_OK);
+    assert_int_equal(vmm_resume_flags("w", VMM_RESUME_KEEP_BACKUP), VMM_OK);
+    assert_int_equal(vmh_staging_pinned_free(), 0);
+    w_hosts(&f, first);
+    assert_int_equal(vmh_heap_free(f.p[2], NULL, false), CUDA_SUCCESS); /* the 20 MiB one */
+    assert_int_equal(vmh_staging_pinned_free(), 20 * MiB);
+    assert_int_equal(vmh_heap_free(f.p[3], NULL, false), CUDA_SUCCESS); /* packed: its extent's */
+    assert_int_equal(vmh_staging_pinned_free(), 22 * MiB);
+    for (int i = 0; i < 2; i++) { /* the others keep theirs */
+        assert_int_equal(vmm_backup_host((void *)(uintptr_t)f.p[i], f.n[i], &now[i]), VMM_OK);
+        assert_ptr_equal(now[i], first[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(vmh_heap_free(f.p[i], NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_staging_pinned_free(), W_BYTES);
+    assert_int_equal(sim_hazards(), 0);
+}
+
 /* The pinner's registration refused (each of the four in turn, and all of them): the pause
  * succeeds, the refused backup stays pageable (and the room it claimed is free again), so the
  * resume registers it before its copy back. */
@@ -1088,6 +1183,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(pageable_backups_never_pinned, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(disk_backups_in_files, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(freed_while_paused_keeps_buffer, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(kept_backups_stay_attached, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(pinner_refused_stays_pageable, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(small_totals_copy_directly, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(refused_copy_fails_the_pause, setup, tt_teardown),

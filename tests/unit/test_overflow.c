@@ -471,7 +471,7 @@ static void resume_spills_what_does_not_fit(void **state)
     assert_int_equal(vmh_pause_tags("w", VMM_PAUSE_BACKUP, &drc), VMM_OK);
     for (int i = 0; i < 14; i++) /* 28 of 32 MiB: room for one of the four on the device */
         assert_int_equal(vmh_heap_alloc(GRAN, &p[i]), CUDA_SUCCESS);
-    assert_int_equal(vmh_resume_tags("w", &drc), VMM_OK);
+    assert_int_equal(vmh_resume_tags("w", 0, &drc), VMM_OK);
     assert_int_equal(sim_host_used(), 3 * 2 * GRAN);
     for (int i = 0; i < 4; i++)
         assert_true(tu_check(w[i], 2 * GRAN, 40 + i));
@@ -480,9 +480,9 @@ static void resume_spills_what_does_not_fit(void **state)
     /* Off: the same resume is refused and the tag stays paused. */
     assert_int_equal(vmh_pause_tags("w", VMM_PAUSE_BACKUP, &drc), VMM_OK);
     vmh_overflow_configure(false, 0);
-    assert_int_equal(vmh_resume_tags("w", &drc), VMM_ERR_NO_MEMORY);
+    assert_int_equal(vmh_resume_tags("w", 0, &drc), VMM_ERR_NO_MEMORY);
     vmh_overflow_configure(true, (size_t)64 << 40);
-    assert_int_equal(vmh_resume_tags("w", &drc), VMM_OK);
+    assert_int_equal(vmh_resume_tags("w", 0, &drc), VMM_OK);
     for (int i = 0; i < 4; i++)
         assert_true(tu_check(w[i], 2 * GRAN, 40 + i));
     free_all(w, 4);

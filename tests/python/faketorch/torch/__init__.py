@@ -187,7 +187,24 @@ class Tensor:
         return self
 
     def bytes(self):
-        return _read(self._p, self.nbytes) if self.is_cuda else self._buf.raw[:self.nbytes]
+        if self.is_cuda:
+            return _read(self._p, self.nbytes)
+        return ctypes.string_at(self._p, self.nbytes)
+
+    def view(self, how):
+        """A dtype (the same bytes as that type) or a shape; shares the memory."""
+        t = Tensor.__new__(Tensor)
+        t.__dict__.update(self.__dict__)
+        t._free = None  # the memory stays the viewed tensor's
+        t._base = self
+        if isinstance(how, dtype):
+            t.shape, t.dtype = (self.nbytes // how.itemsize,), how
+        else:
+            t.shape = tuple(how)
+        return t
+
+    def clone(self):
+        return Tensor(self.shape, self.dtype, self.bytes(), on_cuda=self.is_cuda)
 
     def cpu(self):
         return Tensor(self.shape, self.dtype, self.bytes(), on_cuda=False)
@@ -254,6 +271,15 @@ def full(size, fill_value, dtype=float32, device=None):
 def zeros(*size, dtype=float32, device=None):
     shape = _shape(size)
     return Tensor(shape, dtype, bytes(_prod(shape) * dtype.itemsize))
+
+
+def frombuffer(buffer, dtype=uint8):
+    """A CPU tensor over a ctypes array's memory (kept alive with it)."""
+    t = Tensor.__new__(Tensor)
+    t.shape, t.dtype = (ctypes.sizeof(buffer) // dtype.itemsize,), dtype
+    t.is_cuda, t._free = False, None
+    t._buf, t._p = buffer, ctypes.addressof(buffer)
+    return t
 
 
 def empty(size, dtype=float32, device=None):
