@@ -3,6 +3,7 @@
  * failure only has to drop what it created: destroying the partial new range does exactly that. */
 #include "range.h"
 
+#include "clock.h"
 #include "driver.h"
 #include "log.h"
 #include "witness.h"
@@ -700,7 +701,9 @@ CUresult vmh_range_rehome_finish(vmh_rehome_t *j, CUresult waited, vmh_range_t *
         slots[i].resv = vmh_resv_ref(m->resv);
         slots[i].ptr = m->ptr;
     }
+    uint64_t t0 = vmh_now_ns();
     vmh_range_destroy(r);
+    uint64_t t1 = vmh_now_ns();
     j->r = nr; /* what slots_drop reads the count from */
     CUresult swap_rc = CUDA_SUCCESS, rc;
     size_t k = 0;
@@ -714,7 +717,14 @@ CUresult vmh_range_rehome_finish(vmh_rehome_t *j, CUresult waited, vmh_range_t *
         }
     }
     nr->nmaps = n;
+    uint64_t t2 = vmh_now_ns();
     rehome_free(j); /* the scratch mappings go; the new ones hold the chunks */
+    /* The swap's parts (VMMHOOK_VERBOSE): the host mappings' unmap, the device chunks mapped in
+     * their place, the scratch mappings' unmap (a GPU run tells which part costs). */
+    vmh_debug("move back of [0x%llx, +%zu): host mappings unmapped %.1f ms, device chunks mapped "
+              "%.1f ms, scratch unmapped %.1f ms",
+              (unsigned long long)nr->base, nr->size, (double)(t1 - t0) / 1e6,
+              (double)(t2 - t1) / 1e6, (double)(vmh_now_ns() - t2) / 1e6);
     *out = nr;
     /* A mapping the driver refused even for the old chunk is a hole in the buffer: said by
      * the caller; the range holds what could be mapped, the old chunk where the new one failed,

@@ -49,7 +49,7 @@ exclusive_run() {
         "VMMHOOK_OVERFLOW=host" VMMHOOK_OVERFLOW=host VMMHOOK_VERBOSE=1; then
         info_row "overflow_gpu timings (targets of issues 23, 29)" static "-" \
             "$(rcname "$(rc_of overflow_gpu.static.hooked)")" \
-            "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)$(grep -o 'moved [0-9]* bytes of .*' "$LOG/overflow_gpu.static.hooked.err" 2>/dev/null | tr '\n' ';')"
+            "$(awk '/^T /{printf "%s=%s%s (%s %s); ", $2, $3, $4, $5, $6}' "$LOG/overflow_gpu.static.hooked.out" 2>/dev/null)$(grep -o 'moved [0-9]* bytes of .*\|move back of .*' "$LOG/overflow_gpu.static.hooked.err" 2>/dev/null | tr '\n' ';')"
     fi
 
     if ! skipped torch && [ -f tests/gpu/torch_overflow.py ] && [ -x "$ov" ]; then
