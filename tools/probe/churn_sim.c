@@ -43,6 +43,7 @@
  */
 #include "simprobe.h"
 
+#include "heap_internal.h" /* the devices' packing shards, for the slack's breakdown */
 #include "optparse.h"
 
 #include <pthread.h>
@@ -81,6 +82,77 @@ static size_t churn_size(rng_t *r)
     if (c < 95)
         return rng_range(r, 64 * KiB, 8 * MiB);
     return rng_range(r, 8 * MiB, 256 * MiB);
+}
+
+/* ---- what the mapped bytes are made of -------------------------------------------------- */
+
+/* At one time: bytes mapped (the gauge) split into what the program asked for and the slack
+ * (issue 27): rounding (block usable sizes over requests), free space beside live blocks inside
+ * extents, whole extents holding no live block (free or parked, what a trim gives back), parked
+ * blocks in extents that hold live ones, and what is mapped outside the packing extents (big
+ * buffers, idle ranges of the cache). */
+typedef struct slack {
+    int64_t mapped, requested;
+    size_t live, rounding, free_inside, idle_extents, parked_inside, outside, extents;
+} slack_t;
+
+static void slack_read(slack_t *sl)
+{
+    *sl = (slack_t){.mapped = vmh_gauge_get(VMH_STAT_bytes_mapped),
+                    .requested = vmh_gauge_get(VMH_STAT_bytes_requested)};
+    size_t ext_bytes = 0, parked = 0, free_bytes = 0;
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = hdev_at(i);
+        if (!h)
+            continue;
+        FOR_EACH_PART(h, part)
+        for (int k = 0; k < VMH_SHARDS; k++) {
+            vmh_shard_t *s = &part->pack.shards[k];
+            vmh_arena_stats_t st;
+            pthread_mutex_lock(&s->lock);
+            vmh_arena_stats(s->arena, &st);
+            sl->idle_extents += vmh_arena_unused_extent_bytes(s->arena, NULL);
+            pthread_mutex_unlock(&s->lock);
+            sl->live += st.live;
+            parked += st.parked;
+            free_bytes += st.free + st.retired;
+            ext_bytes += st.extents_bytes;
+            sl->extents += st.extents;
+        }
+    }
+    /* Whole idle extents hold free and parked bytes; the rest of each is inside used extents.
+     * Parked bytes in idle extents are counted as idle extents. */
+    sl->rounding = sl->live > (size_t)sl->requested ? sl->live - (size_t)sl->requested : 0;
+    size_t busy_nonlive = ext_bytes - sl->live - sl->idle_extents;
+    sl->parked_inside = parked < busy_nonlive ? parked : busy_nonlive;
+    sl->free_inside = busy_nonlive - sl->parked_inside;
+    (void)free_bytes;
+    sl->outside = (size_t)sl->mapped > ext_bytes ? (size_t)sl->mapped - ext_bytes : 0;
+}
+
+static void slack_print(const char *when, const slack_t *sl, int64_t peak_requested)
+{
+    double r = (double)peak_requested;
+    printf("slack at %s: mapped %.0f MiB = %.3f x peak requested %.0f MiB; requested now %.0f "
+           "MiB (%.3f); rounding %.0f MiB (%.3f); free beside live blocks %.0f MiB (%.3f); whole "
+           "idle extents %.0f MiB (%.3f); parked beside live blocks %.0f MiB (%.3f); outside "
+           "extents %.0f MiB (%.3f); %zu extents\n",
+           when, (double)sl->mapped / MiB, (double)sl->mapped / r, r / MiB,
+           (double)sl->requested / MiB, (double)sl->requested / r, (double)sl->rounding / MiB,
+           (double)sl->rounding / r, (double)sl->free_inside / MiB, (double)sl->free_inside / r,
+           (double)sl->idle_extents / MiB, (double)sl->idle_extents / r,
+           (double)sl->parked_inside / MiB, (double)sl->parked_inside / r,
+           (double)sl->outside / MiB, (double)sl->outside / r, sl->extents);
+}
+
+/* The slack when the mapped bytes last reached a new peak (bench (d)'s window, one thread). */
+static slack_t slack_at_peak;
+
+static void slack_track(void)
+{
+    int64_t mapped = vmh_gauge_get(VMH_STAT_bytes_mapped);
+    if (mapped > slack_at_peak.mapped)
+        slack_read(&slack_at_peak);
 }
 
 /* ---- one thread's live set ---------------------------------------------------------------- */
@@ -162,12 +234,18 @@ static void *worker_main(void *arg)
     run_t *run = w->run;
     churner_t *c = &run->ch[w->t];
     sim_set_current_device(0); /* as cudart makes the primary context current on each thread */
-    for (int i = 0; i < c->nlive; i++)
+    bool track = run->threads == 1;
+    for (int i = 0; i < c->nlive; i++) {
         fill_one(c, i);
+        if (track)
+            slack_track();
+    }
     worker_pause(run);
-    long window = run->threads == 1 ? MEM_WINDOW_STEPS : 0;
-    for (long k = 0; k < window; k++)
+    long window = track ? MEM_WINDOW_STEPS : 0;
+    for (long k = 0; k < window; k++) {
         step(c);
+        slack_track();
+    }
     worker_pause(run);
     for (long k = share(run->warmup, run->threads, w->t) - window; k > 0; k--)
         step(c);
@@ -201,6 +279,7 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
 {
     result_t res = {.pack_below = pack_below, .threads = threads};
     probe_heap_reset("churn_sim", reclaim_thread);
+    slack_at_peak = (slack_t){0};
     tu_opt.pack_below = pack_below; /* the threshold tried */
     tu_configure();
 
@@ -232,6 +311,8 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     pthread_barrier_wait(&run.phase); /* bench (d)'s window done (1 thread) */
     run.window_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
     run.window_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
+    if (threads == 1)
+        slack_print("the window's peak mapped", &slack_at_peak, run.window_requested);
     pthread_barrier_wait(&run.phase);
     pthread_barrier_wait(&run.phase); /* warmed up */
     probe_snap(&before);
