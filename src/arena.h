@@ -120,6 +120,15 @@ void *vmh_extent_owner(const vmh_extent_t *e);
 uintptr_t vmh_extent_base(const vmh_extent_t *e);
 size_t vmh_extent_size(const vmh_extent_t *e);
 
+/* The free runs of extent e (free blocks: neither live nor parked, so nothing the GPU may still
+ * use), each cut to its `align`-aligned interior, offsets counted from the extent's base and
+ * the extent's end counting as aligned (a chunk at the end may be shorter): what could be
+ * unmapped inside the extent if it were backed by chunks of `align` bytes (issue 27's holes).
+ * cb(base, size, arg) for each non-empty interior, in address order; returns their bytes. A
+ * retired extent's free space is left out (another process may map its chunk). O(blocks of e).
+ * cb must not change the arena. */
+size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
+                           void (*cb)(uintptr_t base, size_t size, void *arg), void *arg);
 /* Walks every live block (leak report). cb must not change the arena. */
 void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
                              void *arg);

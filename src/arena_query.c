@@ -74,6 +74,28 @@ size_t vmh_extent_size(const vmh_extent_t *e)
     return e->size;
 }
 
+size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
+                           void (*cb)(uintptr_t base, size_t size, void *arg), void *arg)
+{
+    if (!e || !align || e->retired)
+        return 0;
+    size_t bytes = 0;
+    const uintptr_t end = e->base + e->size;
+    for (const blk_t *b = e->first; b; b = b->phys_next) {
+        if (blk_state(b) != B_FREE)
+            continue;
+        size_t off = b->base - e->base, off_end = off + blk_size(b);
+        size_t lo = off % align ? off + (align - off % align) : off;
+        size_t hi = e->base + off_end == end ? off_end : off_end - off_end % align;
+        if (lo >= hi)
+            continue;
+        bytes += hi - lo;
+        if (cb)
+            cb(e->base + lo, hi - lo, arg);
+    }
+    return bytes;
+}
+
 void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
                              void *arg)
 {
