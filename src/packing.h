@@ -14,6 +14,14 @@
  * size, up to 1 GiB; a shared extent is also at most 1/16 of the device's live bytes (at least 32
  * MiB), and a request over 1/8 of it gets an extent of its own size. 20480 x 2 MiB in one tag: 101
  * extents in 5 spans, 315 driver calls to allocate (tests/unit/test_geometry.c prints each phase).
+ * Free space beside live blocks inside an extent stays mapped (issue 27's holes, not done): a
+ * chunk maps only whole, so a hole is whole chunks of an extent backed by several, and on bench
+ * (d)'s churn, where that space is 0.25x of the peak request (tools/probe/churn_sim, the slack),
+ * holes reach 1.05x only with chunks of at most 16 MiB, which cost about 0.8 driver calls per
+ * step on the allocating thread (to map a hole a block lands in again) and 2560 releases to
+ * pause 40 GiB; chunks large enough for the pause bound (about 128 MiB) leave 1.19x
+ * (BENCHMARKS.md, "Holes inside extents, modelled"). vmh_arena_free_runs gives what such a hole
+ * could be (free blocks only: never parked memory the GPU may still use).
  * A thread allocates in the shard it picked at its first allocation and looks at other shards' free
  * space only when its own has none; a free goes to the shard that owns the extent. An exported
  * block is listed with its export serial until it is freed; then its export is dead and its memory
