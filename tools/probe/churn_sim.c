@@ -213,8 +213,8 @@ static model_ext_t *model_ext(hole_model_t *m, uintptr_t base, size_t size)
     size_t chunk = chunk_div ? size / chunk_div : 0;
     chunk = chunk < m->chunk_min ? m->chunk_min : chunk;
     chunk = (chunk + SIM_GRAN - 1) / SIM_GRAN * SIM_GRAN;
-    *x = (model_ext_t){.base = base, .size = size, .chunk = chunk,
-                       .nchunks = (size + chunk - 1) / chunk};
+    *x = (model_ext_t){
+        .base = base, .size = size, .chunk = chunk, .nchunks = (size + chunk - 1) / chunk};
     x->released = calloc(x->nchunks, sizeof(bool));
     x->free_now = calloc(x->nchunks, sizeof(bool));
     assert(x->released && x->free_now);
@@ -248,8 +248,8 @@ static void model_step(hole_model_t *m)
             for (vmh_ext_t *e = s->exts; e; e = e->next) {
                 if (!e->extent || !e->range)
                     continue;
-                model_ext_t *x = model_ext(m, vmh_extent_base(e->extent),
-                                           vmh_extent_size(e->extent));
+                model_ext_t *x =
+                    model_ext(m, vmh_extent_base(e->extent), vmh_extent_size(e->extent));
                 x->seen = true;
                 memset(x->free_now, 0, x->nchunks);
                 vmh_arena_free_runs(e->extent, x->chunk, on_free_run, x);
@@ -486,8 +486,7 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     pthread_barrier_wait(&run.phase); /* bench (d)'s window done (1 thread) */
     run.window_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
     run.window_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
-    if (threads == 1)
-    {
+    if (threads == 1) {
         slack_print("the window's peak mapped", &slack_at_peak, run.window_requested);
         models_print(run.window_requested, LIVE_BLOCKS + MEM_WINDOW_STEPS);
     }
