@@ -101,6 +101,7 @@ typedef struct slack {
     int64_t mapped, requested;
     size_t live, rounding, free_inside, idle_extents, parked_inside, outside, extents;
     size_t big_parked, cached; /* of outside: parked big buffers, the cache's idle ranges */
+    long at; /* operations of the window before it (fill allocations, then steps) */
 } slack_t;
 
 static void slack_read(slack_t *sl)
@@ -147,7 +148,8 @@ static void slack_print(const char *when, const slack_t *sl, int64_t peak_reques
            "MiB (%.3f); rounding %.0f MiB (%.3f); free beside live blocks %.0f MiB (%.3f); whole "
            "idle extents %.0f MiB (%.3f); parked beside live blocks %.0f MiB (%.3f); outside "
            "extents %.0f MiB (%.3f), of it parked big buffers %.0f MiB (%.3f) and cached idle "
-           "ranges %.0f MiB (%.3f); %zu extents\n",
+           "ranges %.0f MiB (%.3f); %zu extents; after %ld of the window's %d allocations and "
+           "steps\n",
            when, (double)sl->mapped / MiB, (double)sl->mapped / r, r / MiB,
            (double)sl->requested / MiB, (double)sl->requested / r, (double)sl->rounding / MiB,
            (double)sl->rounding / r, (double)sl->free_inside / MiB, (double)sl->free_inside / r,
@@ -155,17 +157,21 @@ static void slack_print(const char *when, const slack_t *sl, int64_t peak_reques
            (double)sl->parked_inside / MiB, (double)sl->parked_inside / r,
            (double)sl->outside / MiB, (double)sl->outside / r, (double)sl->big_parked / MiB,
            (double)sl->big_parked / r, (double)sl->cached / MiB, (double)sl->cached / r,
-           sl->extents);
+           sl->extents, sl->at, LIVE_BLOCKS + MEM_WINDOW_STEPS);
 }
 
 /* The slack when the mapped bytes last reached a new peak (bench (d)'s window, one thread). */
 static slack_t slack_at_peak;
+static long slack_ops; /* operations of the window so far */
 
 static void slack_track(void)
 {
     int64_t mapped = vmh_gauge_get(VMH_STAT_bytes_mapped);
-    if (mapped > slack_at_peak.mapped)
+    slack_ops++;
+    if (mapped > slack_at_peak.mapped) {
         slack_read(&slack_at_peak);
+        slack_at_peak.at = slack_ops;
+    }
 }
 
 static double per_k(uint64_t n, long steps)
@@ -461,6 +467,7 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     result_t res = {.pack_below = pack_below, .threads = threads};
     probe_heap_reset("churn_sim", reclaim_thread);
     slack_at_peak = (slack_t){0};
+    slack_ops = 0;
     models_reset();
     tu_opt.pack_below = pack_below; /* the threshold tried */
     tu_configure();
