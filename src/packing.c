@@ -24,6 +24,12 @@
  * VMMHOOK_VA_LIMIT budget bounds it). */
 #define SPAN_MIN ((size_t)4 << 30)
 #define SPAN_MAX ((size_t)64 << 30)
+/* An extent's backing (issue 27): chunks of max(CHUNK_MIN, extent / CHUNK_SPLIT), so that a
+ * stretch of whole free chunks inside it can go back (the tidy's holes) while a tag's pause
+ * still releases few chunks (20480 x 2 MiB: 101 extents, tests/unit/test_geometry.c); extents
+ * up to CHUNK_MIN are one chunk. */
+#define CHUNK_MIN ((size_t)128 << 20)
+#define CHUNK_SPLIT 3
 
 #ifdef VMH_TESTING
 void (*vmh_packing_test_extent_published)(void);
@@ -157,7 +163,16 @@ static void span_give(vmh_shard_t *s, CUdeviceptr at, size_t size)
     vmh_resv_unref(emptied); /* NULL is allowed */
 }
 
-/* A range of `size` bytes, one chunk, in shard s's spans. */
+/* The chunk size of an extent of `size` bytes (a multiple of gran): see CHUNK_MIN. */
+static size_t extent_chunk(size_t size, size_t gran)
+{
+    if (size <= CHUNK_MIN)
+        return size;
+    size_t chunk = size / CHUNK_SPLIT < CHUNK_MIN ? CHUNK_MIN : size / CHUNK_SPLIT;
+    return chunk - chunk % gran;
+}
+
+/* A range of `size` bytes in chunks of extent_chunk, in shard s's spans. */
 static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out, bool *no_address)
 {
     vmh_resv_t *resv;
@@ -166,7 +181,8 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out,
     CUresult rc = span_take(s, size, &resv, &at, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
-    rc = vmh_dev_range_in(s->pack->dev, size, resv, at, out);
+    vmh_dev_t *d = s->pack->dev;
+    rc = vmh_dev_range_in(d, size, extent_chunk(size, d->gran), resv, at, out);
     if (rc != CUDA_SUCCESS)
         span_give(s, at, size);
     return rc;

@@ -71,7 +71,7 @@ static void many_2mib_buffers_cost_calls_per_extent(void **state)
         printf("  %6zu %8lu %8lu %8lu %8lu %9lu %6lu\n", n, c.alloc, c.pause, c.resume, c.free,
                c.reserves, c.maps);
         assert_true(c.alloc <= 1024);
-        /* one chunk per extent, mapped once: a few hundred extents at most */
+        /* at most 3 chunks per extent (packing.c's CHUNK_SPLIT), each mapped once */
         assert_true(c.maps <= 300);
         assert_true(c.reserves <= 8);
         tt_teardown(state);
