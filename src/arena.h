@@ -100,15 +100,15 @@ bool vmh_extent_retired(const vmh_extent_t *e);
 void *vmh_arena_take_retired_extent(vmh_arena_t *a, uintptr_t *base, size_t *size);
 
 /* Bytes in live blocks (usable sizes), bytes parked, bytes free (not parked, servable), free
- * bytes of retired extents, bytes in extents and their number.
- * live + parked + free + retired == extents_bytes. */
+ * bytes of retired extents, bytes in holes, bytes in extents and their number.
+ * live + parked + free + retired + holes == extents_bytes. */
 typedef struct vmh_arena_stats {
-    size_t live, parked, free, retired, extents_bytes, extents;
+    size_t live, parked, free, retired, holes, extents_bytes, extents;
 } vmh_arena_stats_t;
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s);
 
-/* Bytes of the extents that hold no live block (free, or parked blocks a wait frees): what a
- * trim can give back whole. Free space inside an extent that still holds a live block is not
+/* Bytes of the extents that hold no live block (free, or parked blocks a wait frees; holes
+ * left out: nothing is behind them): what a trim can give back whole. Free space inside an extent that still holds a live block is not
  * counted: no allocation of another kind can use it. The arena does not know whether an
  * extent's addresses have memory behind them (a paused one has none: nothing to give back), so
  * it asks the owner's layer: holds_memory(owner) false leaves the extent out (NULL: every
@@ -129,6 +129,20 @@ size_t vmh_extent_size(const vmh_extent_t *e);
  * cb must not change the arena. */
 size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
                            void (*cb)(uintptr_t base, size_t size, void *arg), void *arg);
+/* Holes (issue 27): space inside an extent that its owner took out of service (packing.c
+ * unmaps it). vmh_arena_hole makes [base, base + size) of e, which must lie inside one free
+ * block of e (not retired), a hole: neither free, live nor parked, never served, found or
+ * merged; an extent whose other blocks are free is still empty (trimmable, its holes go with
+ * it). vmh_arena_unhole makes the hole starting at base free again (merged with free
+ * neighbours). 0, EINVAL (not a free block's interior, not a hole's start), ENOMEM (host
+ * memory for the records: nothing changed). O(blocks of e) to find the block. */
+int vmh_arena_hole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base, size_t size);
+int vmh_arena_unhole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base);
+/* Bytes in e's holes; its holes in address order, cb(base, size, arg) each (cb may be NULL),
+ * returning how many (O(blocks of e), nothing walked when it has none). */
+size_t vmh_extent_holes(const vmh_extent_t *e);
+size_t vmh_arena_holes(const vmh_extent_t *e, void (*cb)(uintptr_t base, size_t size, void *arg),
+                       void *arg);
 /* Walks every live block (leak report). cb must not change the arena. */
 void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
                              void *arg);

@@ -655,6 +655,54 @@ static void test_free_runs(void **state)
     vmh_arena_delete(a, NULL, NULL);
 }
 
+/* A hole is out of service: never served, found or merged; unholed it is free space again,
+ * merged with its free neighbours; an extent whose other blocks are free is empty and its
+ * take gives every byte back. */
+static void test_holes(void **state)
+{
+    (void)state;
+    vmh_arena_t *a = vmh_arena_new();
+    const uintptr_t base = 0x7f0000000000;
+    vmh_extent_t *e = vmh_arena_add_extent(a, base, 32 * MiB, NULL);
+    uintptr_t p0, p1;
+    assert_int_equal(vmh_arena_alloc(a, 1 * MiB, &p0), 0);
+    /* [8M, 16M) and [16M, 24M) out of service: two holes side by side, free space around. */
+    assert_int_equal(vmh_arena_hole(a, e, base + 8 * MiB, 8 * MiB), 0);
+    assert_int_equal(vmh_arena_hole(a, e, base + 16 * MiB, 8 * MiB), 0);
+    assert_int_equal(vmh_arena_hole(a, e, base + 12 * MiB, 1 * MiB), EINVAL); /* not free */
+    assert_int_equal(vmh_arena_hole(a, e, base, 1 * MiB), EINVAL);            /* live */
+    assert_consistent(a);
+    vmh_arena_stats_t st;
+    vmh_arena_stats(a, &st);
+    assert_int_equal(st.holes, 16 * MiB);
+    assert_int_equal(st.free, 15 * MiB);
+    assert_int_equal(vmh_extent_holes(e), 16 * MiB);
+    assert_int_equal(vmh_arena_holes(e, NULL, NULL), 2);
+    /* Free runs skip the holes: [1M, 8M) and [24M, 32M). */
+    assert_int_equal(vmh_arena_free_runs(e, 1 * MiB, NULL, NULL), 15 * MiB);
+    /* 10 MiB fits only across the holes: not served. */
+    assert_int_equal(vmh_arena_alloc(a, 10 * MiB, &p1), ENOMEM);
+    assert_false(vmh_arena_find(e, base + 9 * MiB, &(vmh_block_info_t){0}));
+    /* The extent with no live block is empty (its holes hold nothing): counted without them. */
+    assert_int_equal(vmh_arena_release(a, e, p0, NULL), 0);
+    assert_int_equal(vmh_arena_unused_extent_bytes(a, NULL), 16 * MiB);
+    assert_int_equal(vmh_arena_unhole(a, e, base + 12 * MiB), EINVAL); /* not a hole's start */
+    assert_int_equal(vmh_arena_unhole(a, e, base + 8 * MiB), 0);
+    assert_consistent(a);
+    /* [0, 16M) is one free block now: 10 MiB is served from it. */
+    assert_int_equal(vmh_arena_alloc(a, 10 * MiB, &p1), 0);
+    assert_true(p1 + 10 * MiB <= base + 16 * MiB);
+    assert_int_equal(vmh_arena_release(a, e, p1, NULL), 0);
+    uintptr_t tb;
+    size_t ts;
+    assert_null(vmh_arena_take_empty_extent(a, &tb, &ts));
+    assert_int_equal(ts, 32 * MiB);
+    vmh_arena_stats(a, &st);
+    assert_int_equal(st.holes + st.free + st.extents_bytes, 0);
+    assert_consistent(a);
+    vmh_arena_delete(a, NULL, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -672,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_resize),
         cmocka_unit_test(test_take_empty_extent),
         cmocka_unit_test(test_free_runs),
+        cmocka_unit_test(test_holes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
