@@ -94,6 +94,8 @@ void *vmh_arena_take_empty_extent_where(vmh_arena_t *a, bool (*which)(const void
  * a freed exported block: another process may still map that memory. Idempotent. */
 void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e);
 bool vmh_extent_retired(const vmh_extent_t *e);
+/* Whether e holds a live or a parked block. */
+bool vmh_extent_busy(const vmh_extent_t *e);
 
 /* Removes one retired extent that holds no live and no parked block, like
  * vmh_arena_take_empty_extent (NULL when there is none). O(idle extents). */

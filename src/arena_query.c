@@ -32,6 +32,11 @@ bool vmh_extent_retired(const vmh_extent_t *e)
     return e->retired;
 }
 
+bool vmh_extent_busy(const vmh_extent_t *e)
+{
+    return e->nlive || e->nparked;
+}
+
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
 {
     if (!s)

@@ -73,6 +73,7 @@ typedef struct vmh_shard {
     _Atomic size_t nparked; /* parked blocks */
     _Atomic size_t free;    /* free bytes (not parked): a shard with less is not tried */
     _Atomic size_t extents; /* extents in the arena */
+    _Atomic size_t holes;   /* bytes in holes (unmapped inside extents) */
     char pad[64];           /* keeps shards off each other's cache lines */
 } vmh_shard_t;
 
@@ -83,12 +84,22 @@ struct vmh_packing {
     vmh_shard_t shards[VMH_SHARDS];
 };
 
+/* A stretch of an extent's backing between holes: a range, or while paused (range NULL;
+ * pause.c) its addresses and backup. */
+typedef struct vmh_ext_piece {
+    vmh_range_t *range;
+    vmh_paused_t *paused;
+} vmh_ext_piece_t;
+
 /* An extent's owner record (registry.h): the owner's lock is its shard's. */
 struct vmh_ext {
     vmh_owner_t o;
     vmh_shard_t *shard; /* never changes once set: records are recycled within their shard */
-    vmh_range_t *range;
-    vmh_paused_t *paused; /* while paused (range NULL; pause.c): its addresses and backup */
+    /* Its backing: pieces[0..npieces), ascending, holes between them (the arena's holes: what
+     * the tidy unmapped); one piece (&one) until the tidy makes a hole. */
+    vmh_ext_piece_t *pieces;
+    size_t npieces, pieces_cap;
+    vmh_ext_piece_t one;
     vmh_extent_t *extent;
     CUdeviceptr va; /* its address space, taken from the shard's spans while the record */
     size_t va_size; /* serves an extent */
@@ -126,6 +137,8 @@ CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, siz
  * export (the serial is kept until the block is freed; the free retires the extent). */
 CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
                                    const vmh_range_t **range);
+/* Whether any of e's backing is paused (its block may not be resized or exported). */
+bool vmh_packing_paused_locked(const vmh_ext_t *e);
 /* Whether the block at base is still the live one exported with serial. */
 bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
 
@@ -145,6 +158,17 @@ size_t vmh_packing_trim_upto(vmh_packing_t *pk, size_t bytes);
 /* Gives back the reservations of the paused extents whose blocks were all freed while paused
  * (they hold no memory: no wait is needed), so that a resume does not map them again. */
 void vmh_packing_trim_paused(vmh_packing_t *pk);
+
+/* Holes (issue 27): unmaps, from the tidy (outside any paused tag: none while frozen), the
+ * chunks inside extents that lie in free space (not parked, freed before the last completed
+ * wait, in no retired or exported extent, in an extent that holds a live or parked block:
+ * empty ones are the trim's), until at least `bytes` (or all there are); the space stays
+ * the arena's hole, never served until an allocation maps it again. One cuMemUnmap per stretch,
+ * one cuMemRelease per chunk, under the shard's lock at OWNER_VISIT (a rare background call;
+ * a fill cannot meet a half-made hole). Returns the bytes unmapped. */
+size_t vmh_packing_punch_upto(vmh_packing_t *pk, size_t bytes);
+/* Free bytes inside the shards' extents (a hint, no lock): what holes could take at most. */
+size_t vmh_packing_free_hint(vmh_packing_t *pk);
 
 /* Bytes of whole extents that hold no live block: what an allocation of any size could get
  * after a trim. Free space beside live blocks is not counted (see heap.h's idle bytes). */

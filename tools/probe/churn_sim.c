@@ -259,7 +259,7 @@ static void model_step(hole_model_t *m)
             vmh_arena_stats(s->arena, &st);
             live += st.live;
             for (vmh_ext_t *e = s->exts; e; e = e->next) {
-                if (!e->extent || !e->range)
+                if (!e->extent || !e->npieces || vmh_packing_paused_locked(e))
                     continue;
                 model_ext_t *x =
                     model_ext(m, vmh_extent_base(e->extent), vmh_extent_size(e->extent));
