@@ -110,11 +110,11 @@ typedef struct vmh_arena_stats {
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s);
 
 /* Bytes of the extents that hold no live block (free, or parked blocks a wait frees; holes
- * left out: nothing is behind them): what a trim can give back whole. Free space inside an extent that still holds a live block is not
- * counted: no allocation of another kind can use it. The arena does not know whether an
- * extent's addresses have memory behind them (a paused one has none: nothing to give back), so
- * it asks the owner's layer: holds_memory(owner) false leaves the extent out (NULL: every
- * extent counts). O(extents). */
+ * left out: nothing is behind them): what a trim can give back whole. Free space inside an extent
+ * that still holds a live block is not counted: no allocation of another kind can use it. The arena
+ * does not know whether an extent's addresses have memory behind them (a paused one has none:
+ * nothing to give back), so it asks the owner's layer: holds_memory(owner) false leaves the extent
+ * out (NULL: every extent counts). O(extents). */
 size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a, bool (*holds_memory)(const void *owner));
 
 /* The extent's owner and range. */

@@ -313,8 +313,8 @@ static CUresult chunks_make(vmh_dev_t *d, size_t size, size_t chunk, vmh_alloc_t
 /* `size` bytes in chunks of `chunk` (0: one chunk) mapped at `at` inside resv when resv is
  * given, else in a new reservation of `reserve` bytes; the relieve-and-retry of
  * vmh_dev_range_new. */
-static CUresult range_new(vmh_dev_t *d, size_t size, size_t chunk, size_t reserve,
-                          vmh_resv_t *resv, CUdeviceptr at, vmh_range_t **out, bool *no_address)
+static CUresult range_new(vmh_dev_t *d, size_t size, size_t chunk, size_t reserve, vmh_resv_t *resv,
+                          CUdeviceptr at, vmh_range_t **out, bool *no_address)
 {
     *no_address = false;
     size_t most = chunk && chunk < size ? (size + chunk - 1) / chunk : 1;
@@ -357,8 +357,8 @@ CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_
     return range_new(d, size, 0, reserve, NULL, 0, out, no_address);
 }
 
-CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv,
-                          CUdeviceptr at, vmh_range_t **out)
+CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv, CUdeviceptr at,
+                          vmh_range_t **out)
 {
     bool no_address;
     return range_new(d, size, chunk, 0, resv, at, out, &no_address);

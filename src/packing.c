@@ -407,8 +407,7 @@ static vmh_range_t *maps_list(size_t n)
  * references; the old pieces' ranges go into old[*nold...] (room for e->npieces) for the caller
  * to destroy, which unmaps the mappings that `list` left out. No driver call. False without
  * host memory (nothing changed). The shard is locked. */
-static bool ext_pieces_from(vmh_ext_t *e, const vmh_range_t *list, vmh_range_t **old,
-                            size_t *nold)
+static bool ext_pieces_from(vmh_ext_t *e, const vmh_range_t *list, vmh_range_t **old, size_t *nold)
 {
     size_t stretches = 0;
     for (size_t i = 0; i < list->nmaps; i++)
@@ -484,8 +483,8 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
     vmh_ext_t *e = NULL;
     hole_pick_t h = {.want = want};
     for (vmh_ext_t *x = s->exts; x && !atomic_load(&s->pack->frozen) && !h.size; x = x->next)
-        if (vmh_extent_holes(x->extent) >= want && !vmh_extent_retired(x->extent) &&
-            x->npieces && x->pieces[0].range && vmh_arena_holes(x->extent, hole_seen, &h))
+        if (vmh_extent_holes(x->extent) >= want && !vmh_extent_retired(x->extent) && x->npieces &&
+            x->pieces[0].range && vmh_arena_holes(x->extent, hole_seen, &h))
             e = x;
     CUresult rc = h.size ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
     vmh_range_t *r = NULL;
@@ -894,8 +893,8 @@ static void free_run_seen(uintptr_t base, size_t size, void *arg)
  * it was freed before the last completed wait (else the GPU may still touch it). */
 static bool ext_punchable(const vmh_shard_t *s, const vmh_ext_t *e)
 {
-    if (!e->extent || !e->npieces || !vmh_extent_busy(e->extent) ||
-        vmh_extent_retired(e->extent) || vmh_packing_paused_locked(e) || !ext_passed(e))
+    if (!e->extent || !e->npieces || !vmh_extent_busy(e->extent) || vmh_extent_retired(e->extent) ||
+        vmh_packing_paused_locked(e) || !ext_passed(e))
         return false;
     for (size_t x = 0; x < s->nexported; x++)
         if (s->exported[x].base - vmh_extent_base(e->extent) < vmh_extent_size(e->extent))

@@ -5,8 +5,8 @@
 #ifndef VMH_TESTING
 #define VMH_TESTING 1 /* vmh_tags_reset, vmh_pause_reset, vmh_heap_tidy_now */
 #endif
-#include "testutil.h"
 #include "testtags.h"
+#include "testutil.h"
 
 #include "heap_internal.h" /* the shards' hints: extents and bytes in holes */
 #include "lifetime.h"
@@ -147,8 +147,8 @@ static void a_block_in_a_hole_is_mapped_again(void **state)
     assert_int_equal(vmh_heap_alloc(size, &p), CUDA_SUCCESS);
     assert_int_equal(vmm_tag_pop(), VMM_OK);
     print_message("  340 MiB into a hole: %lu creates, %lu maps, %lu reserves, +%zu MiB\n",
-                  sim_calls("cuMemCreate"), sim_calls("cuMemMap"),
-                  sim_calls("cuMemAddressReserve"), (sim_device_used(0) - used) / MiB);
+                  sim_calls("cuMemCreate"), sim_calls("cuMemMap"), sim_calls("cuMemAddressReserve"),
+                  (sim_device_used(0) - used) / MiB);
     assert_int_equal(sim_calls("cuMemAddressReserve"), 0);
     assert_int_equal(sim_calls("cuMemCreate"), 1);
     assert_int_equal(sim_calls("cuMemMap"), 1);
@@ -164,6 +164,33 @@ static void a_block_in_a_hole_is_mapped_again(void **state)
     survivors_intact();
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(small, NULL, false), CUDA_SUCCESS);
+}
+
+/* The driver out of memory for a hole goes on as a new extent does: nothing of the hole is left
+ * mapped (it stays a hole), the allocation is served by the new-extent path (which relieves the
+ * device and retries once before failing), and without memory at all it fails cleanly. */
+static void out_of_memory_in_a_hole_goes_the_new_extent_way(void **state)
+{
+    (void)state;
+    punch_around_survivors();
+    size_t extents, holes, extents_after, holes_after;
+    shards_count(&extents, &holes);
+    CUdeviceptr p;
+    sim_fail_function("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY); /* the hole's chunk */
+    assert_int_equal(vmm_tag_push("holes"), VMM_OK);
+    assert_int_equal(vmh_heap_alloc(340 * MiB, &p), CUDA_SUCCESS);
+    shards_count(&extents_after, &holes_after);
+    assert_int_equal(holes_after, holes);
+    assert_int_equal(extents_after, extents + 1);
+    mark(p, 340 * MiB, 3);
+    assert_true(marked(p, 340 * MiB, 3));
+    assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim(); /* the new extent goes: nothing mapped fits 340 MiB any more */
+    sim_fail_function_repeat("cuMemCreate", 1, 0, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(vmh_heap_alloc(340 * MiB, &p), CUDA_ERROR_OUT_OF_MEMORY);
+    sim_clear_faults();
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    survivors_intact();
 }
 
 /* A tag whose extents have holes pauses (releasing only its mapped chunks) and resumes (mapping
@@ -197,6 +224,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(idle_chunks_inside_extents_are_unmapped, setup, teardown),
         cmocka_unit_test_setup_teardown(a_block_in_a_hole_is_mapped_again, setup, teardown),
+        cmocka_unit_test_setup_teardown(out_of_memory_in_a_hole_goes_the_new_extent_way, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(a_tag_with_holes_pauses_and_resumes, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
