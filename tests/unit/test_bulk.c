@@ -5,9 +5,9 @@
 #ifndef VMH_TESTING
 #define VMH_TESTING 1
 #endif
+#include "testutil.h"
 #include "phase_calls.h"
 #include "testtags.h"
-#include "testutil.h"
 
 #include "range.h"
 
@@ -205,7 +205,8 @@ static void rehome_keeps_contents_and_device_chunks(void **state)
     assert_int_equal(sim_calls("cuMemcpyDtoDAsync"), 3);
     assert_int_equal(sim_calls("cuMemCreate"), 3);
     CUresult waited = vmh_drv.cuStreamSynchronize(NULL);
-    assert_int_equal(vmh_range_rehome_finish(job, waited, &nr, &unfinished, old), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_rehome_finish(job, waited, &nr, &unfinished, old),
+                     CUDA_SUCCESS);
     assert_null(unfinished);
     assert_int_equal(nr->base, base);
     assert_ptr_equal(nr->maps[2], kept);
