@@ -2,7 +2,8 @@
  * host-side sub-allocator of arena.h).
  *
  * Packed buffers live in VMH_SHARDS shards per device, each with its own mutex, arena, extents
- * (one range each), registry entries of those extents and set of exported packed buffers.
+ * (each backed by a range, or by pieces between holes), registry entries of those extents and
+ * set of exported packed buffers.
  *
  * Geometry (issue 27). A shard's extents are carved from its spans (span.h): large
  * reservations (the first 4 GiB of address space, each next one as large as the shard holds,
@@ -13,15 +14,20 @@
  * dropped. The size of a shard's next shared extent doubles with every new extent, whatever its
  * size, up to 1 GiB; a shared extent is also at most 1/16 of the device's live bytes (at least 32
  * MiB), and a request over 1/8 of it gets an extent of its own size. 20480 x 2 MiB in one tag: 101
- * extents in 5 spans, 315 driver calls to allocate (tests/unit/test_geometry.c prints each phase).
- * Free space beside live blocks inside an extent stays mapped (issue 27's holes, not done): a
- * chunk maps only whole, so a hole is whole chunks of an extent backed by several, and on bench
- * (d)'s churn, where that space is 0.25x of the peak request (tools/probe/churn_sim, the slack),
- * holes reach 1.05x only with chunks of at most 16 MiB, which cost about 0.8 driver calls per
- * step on the allocating thread (to map a hole a block lands in again) and 2560 releases to
- * pause 40 GiB; chunks large enough for the pause bound (about 128 MiB) leave 1.19x
- * (BENCHMARKS.md, "Holes inside extents, modelled"). vmh_arena_free_runs gives what such a hole
- * could be (free blocks only: never parked memory the GPU may still use).
+ * extents in 5 spans (tests/unit/test_geometry.c prints each phase's driver calls).
+ * Holes (issue 27): an extent is backed by chunks of max(128 MiB, extent / 3) (one chunk up to
+ * 128 MiB: packing.c's extent_chunk; larger chunks than holes would want, smaller ones break the
+ * pause bound of 256 calls for 20480 x 2 MiB: 595 calls to allocate, 248 to pause). Once a window
+ * the tidy (heap_upkeep.c) unmaps the chunks that lie wholly in free space inside extents that
+ * hold live blocks, beyond what the recent peak keeps (vmh_packing_punch_upto); the space stays
+ * the arena's hole (arena.h), never served, its addresses kept. An extent's backing is then a
+ * list of pieces (vmh_ext_piece_t), the ranges between its holes, each a record of the heap's
+ * visit (pause, resume and backups per piece; an export hands over its block's piece). An
+ * allocation that no mapped free space fits maps a hole again before a new extent is made
+ * (one chunk of the hole's size on the allocating thread; out of memory there goes the new-extent
+ * way). Bench (d)'s churn keeps its free space mapped (its live bytes stay near their peak, and
+ * chunks are large): 1.24x on the simulated driver, as before (BENCHMARKS.md, "Holes inside
+ * extents, built").
  * A thread allocates in the shard it picked at its first allocation and looks at other shards' free
  * space only when its own has none; a free goes to the shard that owns the extent. An exported
  * block is listed with its export serial until it is freed; then its export is dead and its memory
@@ -34,7 +40,8 @@
  *
  * Lock order (witness.h, OWNER): the reclaim wait lock, then one shard lock, then the reclaim
  * queue lock; never two shard locks at once; no driver call under a shard lock but pause.c's
- * visit (OWNER_VISIT).
+ * visit, the tidy's holes and an allocation's mapping of a hole (OWNER_VISIT: rare, and nothing
+ * meets a record or a hole half-changed).
  */
 #ifndef VMH_PACKING_H
 #define VMH_PACKING_H
