@@ -8,22 +8,12 @@
 #include "testutil.h"
 #include "testtags.h"
 
-#include "lifetime.h"
 
 #include <stdlib.h>
 
 static int setup(void **state)
 {
-    (void)state;
-    tu_reset(NULL);
-    assert_true(vmh_lifetime_ready());
-    tu_opt.pack_below = (size_t)1 << 40; /* the product's default: every size carved */
-    tu_opt.pin_limit = 0;
-    tu_configure();
-    vmh_pause_configure(tu_opt.pin_limit);
-    vmh_tags_reset();
-    vmh_pause_reset();
-    return 0;
+    return tt_setup_carved(state);
 }
 
 /* Driver calls of each phase for n buffers of `size` in one tag. */

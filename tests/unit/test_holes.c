@@ -10,7 +10,6 @@
 #include "testtags.h"
 
 #include "heap_internal.h" /* the shards' hints: extents and bytes in holes */
-#include "lifetime.h"
 
 #include <stdlib.h>
 
@@ -48,16 +47,7 @@ static void shards_count(size_t *extents, size_t *holes)
 
 static int setup(void **state)
 {
-    (void)state;
-    tu_reset(NULL);
-    assert_true(vmh_lifetime_ready());
-    tu_opt.pack_below = (size_t)1 << 40; /* the product's default: every size carved */
-    tu_opt.pin_limit = 0;
-    tu_configure();
-    vmh_pause_configure(tu_opt.pin_limit);
-    vmh_tags_reset();
-    vmh_pause_reset();
-    return 0;
+    return tt_setup_carved(state);
 }
 
 static int teardown(void **state)
