@@ -84,8 +84,8 @@ int main(int argc, char **argv)
     void *big = nullptr;
     auto t0 = std::chrono::steady_clock::now();
     CK(cudaMalloc(&big, 340 * MiB));
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     size_t refilled = used_bytes() - base_used;
     INFO("holes: 340 MiB allocated in %.3f ms, %zu MiB used after", ms, refilled / MiB);
     unsigned long long bad = 0;

@@ -11,6 +11,8 @@
 
 #include "heap_internal.h" /* the shards' hints: extents and bytes in holes */
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #define N 10240 /* 2 MiB buffers: 20 GiB, in extents of up to 1 GiB (3 chunks each) */
@@ -223,6 +225,70 @@ static void a_tag_with_holes_pauses_and_resumes(void **state)
     assert_true(sim_device_used(0) <= used);
 }
 
+/* Holes made and mapped again while other threads allocate and free in the same tag: each
+ * thread's blocks keep their marks (a hole is never unmapped under a live block, a block is never
+ * served in a hole still unmapped), and the ledger is clean at the end. */
+#define CHURN_THREADS 3
+#define CHURN_LIVE 16
+#define CHURN_STEPS 300
+static atomic_int churn_running;
+static atomic_int churn_bad;
+
+static void *churn(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    CUdeviceptr live[CHURN_LIVE] = {0};
+    size_t sz[CHURN_LIVE] = {0};
+    sim_set_current_device(0);
+    if (vmm_tag_push("holes") != VMM_OK)
+        atomic_fetch_add(&churn_bad, 1);
+    for (unsigned step = 0; step < CHURN_STEPS; step++) {
+        unsigned k = (seed * 2654435761u + step * 40503u) % CHURN_LIVE;
+        if (live[k]) {
+            if (!tu_check(live[k], MARK, seed + k) ||
+                vmh_heap_free(live[k], NULL, false) != CUDA_SUCCESS)
+                atomic_fetch_add(&churn_bad, 1);
+            live[k] = 0;
+        }
+        sz[k] = (size_t)(1 + (seed * 7 + step * 13) % 320) * MiB; /* some fit only holes */
+        if (vmh_heap_alloc(sz[k], &live[k]) != CUDA_SUCCESS ||
+            !tu_fill_try(live[k], MARK, seed + k))
+            atomic_fetch_add(&churn_bad, 1);
+    }
+    for (int k = 0; k < CHURN_LIVE; k++)
+        if (live[k] && (!tu_check(live[k], MARK, seed + (unsigned)k) ||
+                        vmh_heap_free(live[k], NULL, false) != CUDA_SUCCESS))
+            atomic_fetch_add(&churn_bad, 1);
+    vmm_tag_pop();
+    atomic_fetch_sub(&churn_running, 1);
+    return NULL;
+}
+
+static void holes_while_others_allocate(void **state)
+{
+    (void)state;
+    punch_around_survivors();
+    atomic_store(&churn_running, CHURN_THREADS);
+    atomic_store(&churn_bad, 0);
+    pthread_t t[CHURN_THREADS];
+    for (uintptr_t i = 0; i < CHURN_THREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, churn, (void *)(i + 11)), 0);
+    size_t extents, holes, most = 0;
+    sim_reset_counters();
+    while (atomic_load(&churn_running)) {
+        vmh_heap_tidy_now(0, true); /* a new window each time: holes where the budget allows */
+        shards_count(&extents, &holes);
+        most = holes > most ? holes : most;
+    }
+    for (int i = 0; i < CHURN_THREADS; i++)
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+    assert_int_equal(atomic_load(&churn_bad), 0);
+    print_message("  most in holes %zu MiB, %lu chunks made and %lu released meanwhile\n",
+                  most / MiB, sim_calls("cuMemCreate"), sim_calls("cuMemRelease"));
+    assert_true(most > 0);
+    survivors_intact();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,6 +297,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(out_of_memory_in_a_hole_goes_the_new_extent_way, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(a_tag_with_holes_pauses_and_resumes, setup, teardown),
+        cmocka_unit_test_setup_teardown(holes_while_others_allocate, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
