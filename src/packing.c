@@ -484,7 +484,7 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
     hole_pick_t h = {.want = want};
     for (vmh_ext_t *x = s->exts; x && !atomic_load(&s->pack->frozen) && !h.size; x = x->next)
         if (vmh_extent_holes(x->extent) >= want && !vmh_extent_retired(x->extent) && x->npieces &&
-            x->pieces[0].range && vmh_arena_holes(x->extent, hole_seen, &h))
+            !vmh_packing_paused_locked(x) && vmh_arena_holes(x->extent, hole_seen, &h))
             e = x;
     CUresult rc = h.size ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
     vmh_range_t *r = NULL;
