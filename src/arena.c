@@ -541,16 +541,20 @@ int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
 /* Takes idle extent e out of the arena and destroys its bookkeeping; returns its owner. */
 static void *take_idle(vmh_arena_t *a, vmh_extent_t *e, uintptr_t *base, size_t *size)
 {
-    /* Idle means no live and no parked block; eager coalescing left one free block. */
-    blk_t *b = e->first;
-    if (!e->retired)
-        free_remove(a, b);
-    rec_put(a, b);
+    /* Idle means no live and no parked block: free blocks (one between holes, eager
+     * coalescing) and holes. */
+    for (blk_t *b = e->first, *next; b; b = next) {
+        next = b->phys_next;
+        if (blk_state(b) == B_FREE && !e->retired)
+            free_remove(a, b);
+        rec_put(a, b);
+    }
     ext_unlink(&a->idle, e);
     if (e->retired)
-        a->retired -= e->size;
+        a->retired -= e->size - e->holes;
     else
-        a->free -= e->size;
+        a->free -= e->size - e->holes;
+    a->holes -= e->holes;
     a->extents_bytes -= e->size;
     a->extents--;
     if (base)
@@ -603,4 +607,69 @@ void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e)
         }
     }
     e->retired = true;
+}
+
+int vmh_arena_hole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base, size_t size)
+{
+    if (!a || !e || e->arena != a || e->retired || !size ||
+        ((base | size) & (VMH_ARENA_ALIGN - 1)) || base < e->base || base - e->base >= e->size ||
+        size > e->size - (base - e->base))
+        return EINVAL;
+    blk_t *b = e->first;
+    while (b && b->base + blk_size(b) <= base)
+        b = b->phys_next;
+    if (!b || blk_state(b) != B_FREE || base + size > b->base + blk_size(b))
+        return EINVAL;
+    size_t head = base - b->base, tail = b->base + blk_size(b) - (base + size);
+    /* Records first (a head and a tail may each need one), so that failing changes nothing. */
+    blk_t *h = NULL;
+    if (head) {
+        if (!rec_reserve(a))
+            return ENOMEM;
+        h = rec_take(a);
+    }
+    if (tail && !rec_reserve(a)) {
+        if (h)
+            rec_put(a, h);
+        return ENOMEM;
+    }
+    free_remove(a, b);
+    if (head) {
+        blk_set(b, head, B_FREE);
+        free_insert(a, b);
+        h->ext = e;
+        h->base = base;
+        h->phys_prev = b;
+        h->phys_next = b->phys_next;
+        if (h->phys_next)
+            h->phys_next->phys_prev = h;
+        b->phys_next = h;
+    } else {
+        h = b;
+    }
+    if (tail)
+        split_tail(a, h, size, tail);
+    blk_set(h, size, B_HOLE);
+    h->next = NULL;
+    a->free -= size;
+    a->holes += size;
+    e->holes += size;
+    return 0;
+}
+
+int vmh_arena_unhole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base)
+{
+    if (!a || !e || e->arena != a)
+        return EINVAL;
+    blk_t *b = e->first;
+    while (b && b->base < base)
+        b = b->phys_next;
+    if (!b || b->base != base || blk_state(b) != B_HOLE)
+        return EINVAL;
+    size_t size = blk_size(b);
+    a->holes -= size;
+    e->holes -= size;
+    make_free(a, b);
+    freed_bytes(a, e, size);
+    return 0;
 }

@@ -94,25 +94,27 @@ void *vmh_arena_take_empty_extent_where(vmh_arena_t *a, bool (*which)(const void
  * a freed exported block: another process may still map that memory. Idempotent. */
 void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e);
 bool vmh_extent_retired(const vmh_extent_t *e);
+/* Whether e holds a live or a parked block. */
+bool vmh_extent_busy(const vmh_extent_t *e);
 
 /* Removes one retired extent that holds no live and no parked block, like
  * vmh_arena_take_empty_extent (NULL when there is none). O(idle extents). */
 void *vmh_arena_take_retired_extent(vmh_arena_t *a, uintptr_t *base, size_t *size);
 
 /* Bytes in live blocks (usable sizes), bytes parked, bytes free (not parked, servable), free
- * bytes of retired extents, bytes in extents and their number.
- * live + parked + free + retired == extents_bytes. */
+ * bytes of retired extents, bytes in holes, bytes in extents and their number.
+ * live + parked + free + retired + holes == extents_bytes. */
 typedef struct vmh_arena_stats {
-    size_t live, parked, free, retired, extents_bytes, extents;
+    size_t live, parked, free, retired, holes, extents_bytes, extents;
 } vmh_arena_stats_t;
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s);
 
-/* Bytes of the extents that hold no live block (free, or parked blocks a wait frees): what a
- * trim can give back whole. Free space inside an extent that still holds a live block is not
- * counted: no allocation of another kind can use it. The arena does not know whether an
- * extent's addresses have memory behind them (a paused one has none: nothing to give back), so
- * it asks the owner's layer: holds_memory(owner) false leaves the extent out (NULL: every
- * extent counts). O(extents). */
+/* Bytes of the extents that hold no live block (free, or parked blocks a wait frees; holes
+ * left out: nothing is behind them): what a trim can give back whole. Free space inside an extent
+ * that still holds a live block is not counted: no allocation of another kind can use it. The arena
+ * does not know whether an extent's addresses have memory behind them (a paused one has none:
+ * nothing to give back), so it asks the owner's layer: holds_memory(owner) false leaves the extent
+ * out (NULL: every extent counts). O(extents). */
 size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a, bool (*holds_memory)(const void *owner));
 
 /* The extent's owner and range. */
@@ -120,6 +122,29 @@ void *vmh_extent_owner(const vmh_extent_t *e);
 uintptr_t vmh_extent_base(const vmh_extent_t *e);
 size_t vmh_extent_size(const vmh_extent_t *e);
 
+/* The free runs of extent e (free blocks: neither live nor parked, so nothing the GPU may still
+ * use), each cut to its `align`-aligned interior, offsets counted from the extent's base and
+ * the extent's end counting as aligned (a chunk at the end may be shorter): what could be
+ * unmapped inside the extent if it were backed by chunks of `align` bytes (issue 27's holes).
+ * cb(base, size, arg) for each non-empty interior, in address order; returns their bytes. A
+ * retired extent's free space is left out (another process may map its chunk). O(blocks of e).
+ * cb must not change the arena. */
+size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
+                           void (*cb)(uintptr_t base, size_t size, void *arg), void *arg);
+/* Holes (issue 27): space inside an extent that its owner took out of service (packing.c
+ * unmaps it). vmh_arena_hole makes [base, base + size) of e, which must lie inside one free
+ * block of e (not retired), a hole: neither free, live nor parked, never served, found or
+ * merged; an extent whose other blocks are free is still empty (trimmable, its holes go with
+ * it). vmh_arena_unhole makes the hole starting at base free again (merged with free
+ * neighbours). 0, EINVAL (not a free block's interior, not a hole's start), ENOMEM (host
+ * memory for the records: nothing changed). O(blocks of e) to find the block. */
+int vmh_arena_hole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base, size_t size);
+int vmh_arena_unhole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base);
+/* Bytes in e's holes; its holes in address order, cb(base, size, arg) each (cb may be NULL),
+ * returning how many (O(blocks of e), nothing walked when it has none). */
+size_t vmh_extent_holes(const vmh_extent_t *e);
+size_t vmh_arena_holes(const vmh_extent_t *e, void (*cb)(uintptr_t base, size_t size, void *arg),
+                       void *arg);
 /* Walks every live block (leak report). cb must not change the arena. */
 void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
                              void *arg);

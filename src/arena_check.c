@@ -18,7 +18,7 @@
 int vmh_arena_check(const vmh_arena_t *a)
 {
     size_t live = 0, parked = 0, freeb = 0, retired = 0, ext_bytes = 0, exts = 0, nfree = 0,
-           nparked = 0;
+           nparked = 0, holes = 0;
     const vmh_extent_t *lists[2] = {a->busy, a->idle};
     for (int li = 0; li < 2; li++) {
         for (const vmh_extent_t *e = lists[li]; e; e = e->next) {
@@ -26,7 +26,7 @@ int vmh_arena_check(const vmh_arena_t *a)
             CHECK(!e->next || e->next->prev == e);
             exts++;
             ext_bytes += e->size;
-            size_t elive = 0, eparked = 0, nstarts = 0;
+            size_t elive = 0, eparked = 0, nstarts = 0, eholes = 0;
             uintptr_t at = e->base;
             const blk_t *prev = NULL;
             CHECK(e->first && !e->first->phys_prev && e->first->base == e->base);
@@ -53,6 +53,10 @@ int vmh_arena_check(const vmh_arena_t *a)
                     parked += sz;
                     eparked++;
                     break;
+                case B_HOLE:
+                    CHECK(!started && !tab_get(e, b->base));
+                    eholes += sz;
+                    break;
                 case B_FREE: {
                     CHECK(!started && !tab_get(e, b->base));
                     CHECK(!prev || blk_state(prev) != B_FREE);
@@ -75,7 +79,8 @@ int vmh_arena_check(const vmh_arena_t *a)
                 }
             }
             CHECK(at == e->base + e->size);
-            CHECK(elive == e->nlive && eparked == e->nparked);
+            CHECK(elive == e->nlive && eparked == e->nparked && eholes == e->holes);
+            holes += eholes;
             CHECK((li == 1) == (elive == 0 && eparked == 0));
             CHECK(e->tab_n == elive);
             size_t bits = 0;
@@ -109,7 +114,8 @@ int vmh_arena_check(const vmh_arena_t *a)
     CHECK(tail == a->park_tail);
     CHECK(nparked == a->nparked);
     CHECK(live == a->live && parked == a->parked && freeb == a->free && retired == a->retired);
-    CHECK(ext_bytes == a->extents_bytes && exts == a->extents);
+    CHECK(ext_bytes == a->extents_bytes && exts == a->extents && holes == a->holes);
+    CHECK(live + parked + freeb + retired + holes == ext_bytes);
     return 0;
 }
 

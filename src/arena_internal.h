@@ -35,7 +35,8 @@ _Static_assert((1u << ALIGN_SHIFT) == VMH_ARENA_ALIGN, "ALIGN_SHIFT must match V
 #define SLAB_BYTES 16384u
 #define TAB_MIN_SHIFT 4u
 
-enum { B_FREE = 0, B_LIVE = 1, B_PARKED = 2 };
+/* B_HOLE: space the owner took out of service (vmh_arena_hole: unmapped, packing.h). */
+enum { B_FREE = 0, B_LIVE = 1, B_PARKED = 2, B_HOLE = 3 };
 
 typedef struct blk blk_t;
 struct blk {
@@ -62,6 +63,7 @@ struct vmh_extent {
     blk_t *first;          /* the block at base: its record lives as long as the extent */
     size_t nlive, nparked; /* the extent is idle (trimmable) when both are 0 */
     bool retired;          /* serves no new block: its free blocks are in no free list */
+    size_t holes;          /* bytes in B_HOLE blocks */
     blk_t **tab;           /* live blocks by start, open addressing, linear probing */
     size_t tab_n;
     unsigned tab_shift; /* capacity is 1 << tab_shift (0: no table yet) */
@@ -88,6 +90,7 @@ struct vmh_arena {
     size_t nslabs;
     size_t live, parked, free, extents_bytes, extents;
     size_t retired; /* free bytes of retired extents (never served) */
+    size_t holes;   /* bytes in B_HOLE blocks */
 };
 
 /* ---- Records ------------------------------------------------------------------------------ */

@@ -32,6 +32,11 @@ bool vmh_extent_retired(const vmh_extent_t *e)
     return e->retired;
 }
 
+bool vmh_extent_busy(const vmh_extent_t *e)
+{
+    return e->nlive || e->nparked;
+}
+
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
 {
     if (!s)
@@ -43,6 +48,7 @@ void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
     s->parked = a->parked;
     s->free = a->free;
     s->retired = a->retired;
+    s->holes = a->holes;
     s->extents_bytes = a->extents_bytes;
     s->extents = a->extents;
 }
@@ -52,10 +58,10 @@ size_t vmh_arena_unused_extent_bytes(const vmh_arena_t *a, bool (*holds_memory)(
     size_t bytes = 0;
     for (const vmh_extent_t *e = a->idle; e; e = e->next)
         if (!holds_memory || holds_memory(e->owner))
-            bytes += e->size;
+            bytes += e->size - e->holes;
     for (const vmh_extent_t *e = a->busy; e; e = e->next)
         if (e->nlive == 0 && (!holds_memory || holds_memory(e->owner)))
-            bytes += e->size;
+            bytes += e->size - e->holes;
     return bytes;
 }
 
@@ -72,6 +78,49 @@ uintptr_t vmh_extent_base(const vmh_extent_t *e)
 size_t vmh_extent_size(const vmh_extent_t *e)
 {
     return e->size;
+}
+
+size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
+                           void (*cb)(uintptr_t base, size_t size, void *arg), void *arg)
+{
+    if (!e || !align || e->retired)
+        return 0;
+    size_t bytes = 0;
+    const uintptr_t end = e->base + e->size;
+    for (const blk_t *b = e->first; b; b = b->phys_next) {
+        if (blk_state(b) != B_FREE)
+            continue;
+        size_t off = b->base - e->base, off_end = off + blk_size(b);
+        size_t lo = off % align ? off + (align - off % align) : off;
+        size_t hi = e->base + off_end == end ? off_end : off_end - off_end % align;
+        if (lo >= hi)
+            continue;
+        bytes += hi - lo;
+        if (cb)
+            cb(e->base + lo, hi - lo, arg);
+    }
+    return bytes;
+}
+
+size_t vmh_extent_holes(const vmh_extent_t *e)
+{
+    return e->holes;
+}
+
+size_t vmh_arena_holes(const vmh_extent_t *e, void (*cb)(uintptr_t base, size_t size, void *arg),
+                       void *arg)
+{
+    if (!e->holes)
+        return 0;
+    size_t n = 0;
+    for (const blk_t *b = e->first; b; b = b->phys_next) {
+        if (blk_state(b) == B_HOLE) {
+            n++;
+            if (cb)
+                cb(b->base, blk_size(b), arg);
+        }
+    }
+    return n;
 }
 
 void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),

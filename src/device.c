@@ -290,47 +290,78 @@ CUresult vmh_dev_chunk(vmh_dev_t *d, size_t size, vmh_alloc_t **out)
     return vmh_alloc_create(d->grants, size, &d->prop, &d->access, 1, out);
 }
 
-/* One chunk of `size` bytes mapped at `at` inside resv when resv is given, else in a new
- * reservation of `reserve` bytes; the relieve-and-retry of vmh_dev_range_new. */
-static CUresult range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_resv_t *resv,
+/* Chunks of `chunk` bytes (the last one shorter; chunk 0 or >= size: one chunk) for `size`
+ * bytes, made into allocs[0..*n): all or nothing. */
+static CUresult chunks_make(vmh_dev_t *d, size_t size, size_t chunk, vmh_alloc_t **allocs,
+                            size_t *n)
+{
+    if (!chunk || chunk > size)
+        chunk = size;
+    CUresult rc = CUDA_SUCCESS;
+    *n = 0;
+    for (size_t done = 0; done < size && rc == CUDA_SUCCESS; done += chunk) {
+        size_t len = size - done < chunk ? size - done : chunk;
+        if ((rc = vmh_dev_chunk(d, len, &allocs[*n])) == CUDA_SUCCESS)
+            ++*n;
+    }
+    if (rc != CUDA_SUCCESS)
+        while (*n)
+            vmh_alloc_unref(allocs[--*n]);
+    return rc;
+}
+
+/* `size` bytes in chunks of `chunk` (0: one chunk) mapped at `at` inside resv when resv is
+ * given, else in a new reservation of `reserve` bytes; the relieve-and-retry of
+ * vmh_dev_range_new. */
+static CUresult range_new(vmh_dev_t *d, size_t size, size_t chunk, size_t reserve, vmh_resv_t *resv,
                           CUdeviceptr at, vmh_range_t **out, bool *no_address)
 {
     *no_address = false;
+    size_t most = chunk && chunk < size ? (size + chunk - 1) / chunk : 1;
+    vmh_alloc_t *one, **allocs = most == 1 ? &one : calloc(most, sizeof *allocs);
+    if (!allocs)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc;
     for (int attempt = 0;; attempt++) {
         if (!resv && vmh_dev_va_exhausted(reserve)) {
             *no_address = true;
-            return CUDA_ERROR_OUT_OF_MEMORY;
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
         }
-        vmh_alloc_t *a;
+        size_t n;
         bool resv_failed = false;
-        CUresult rc = vmh_dev_chunk(d, size, &a);
+        rc = chunks_make(d, size, chunk, allocs, &n);
         if (rc == CUDA_SUCCESS) {
-            rc = resv ? vmh_range_create_in(&a, 1, resv, at, out)
-                      : vmh_range_create(&a, 1, reserve, 0, 0, out, &resv_failed);
-            vmh_alloc_unref(a);
+            rc = resv ? vmh_range_create_in(allocs, n, resv, at, out)
+                      : vmh_range_create(allocs, n, reserve, 0, 0, out, &resv_failed);
+            while (n)
+                vmh_alloc_unref(allocs[--n]); /* the mappings hold them now (or nothing does) */
         }
         if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
             *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY && resv_failed;
-            return rc;
+            break;
         }
         vmh_count(VMH_STAT_oom_retries, 1);
         assert(d->relieve && "the front sets relieve before publishing the device");
         if (!d->relieve(d))
-            return rc; /* nothing was idle: the device really is full */
+            break; /* nothing was idle: the device really is full */
     }
+    if (allocs != &one)
+        free(allocs);
+    return rc;
 }
 
 CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out,
                            bool *no_address)
 {
-    return range_new(d, size, reserve, NULL, 0, out, no_address);
+    return range_new(d, size, 0, reserve, NULL, 0, out, no_address);
 }
 
-CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, vmh_resv_t *resv, CUdeviceptr at,
+CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv, CUdeviceptr at,
                           vmh_range_t **out)
 {
     bool no_address;
-    return range_new(d, size, 0, resv, at, out, &no_address);
+    return range_new(d, size, chunk, 0, resv, at, out, &no_address);
 }
 
 void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_address)

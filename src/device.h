@@ -126,9 +126,10 @@ CUresult vmh_dev_chunk(vmh_dev_t *d, size_t size, vmh_alloc_t **out);
 CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out,
                            bool *no_address);
 
-/* As vmh_dev_range_new, the chunk mapped at `at` inside resv (a span the caller holds, span.h)
- * instead of in a reservation of its own. */
-CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, vmh_resv_t *resv, CUdeviceptr at,
+/* As vmh_dev_range_new, mapped at `at` inside resv (a span the caller holds, span.h) instead of
+ * in a reservation of its own, in chunks of `chunk` bytes (the last one shorter; 0: one chunk),
+ * mapped with one cuMemSetAccess for the stretch (a packing extent's backing, packing.h). */
+CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv, CUdeviceptr at,
                           vmh_range_t **out);
 
 /* The one line VMMHOOK_VERBOSE prints when a served allocation of `size` bytes on the device

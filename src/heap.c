@@ -343,7 +343,7 @@ static CUresult realloc_packed(CUdeviceptr *p, size_t size, CUstream stream, boo
         vmh_owner_unlock(o);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (e->paused) {
+    if (vmh_packing_paused_locked(e)) {
         vmh_owner_unlock(o);
         return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
     }

@@ -1,6 +1,7 @@
 /* Internal to the heap front (heap.c, heap_devices.c, heap_upkeep.c): the per-GPU record and
  * its tag parts, the records' table and the front's mode, shared by the three files of the layer.
- * Nothing else includes this. */
+ * Nothing else includes this but tools/probe/churn_sim.c and tests/unit/test_holes.c (test
+ * builds: they read the shards). */
 #ifndef VMH_HEAP_INTERNAL_H
 #define VMH_HEAP_INTERNAL_H
 

@@ -51,10 +51,24 @@ bool vmh_hdev_relieve(vmh_dev_t *d)
  * slack of 1/TIDY_SLACK of that peak; the rest goes back, from the reclaim thread, so no
  * application thread waits. "Recent": the larger of the peaks of the current window and the
  * one before (TIDY_WINDOW_NS each), so a program whose steps repeat keeps its steps' memory
- * and one that shrank for good gives it back within two windows. */
+ * and one that shrank for good gives it back within two windows. Once a window, free space
+ * inside extents that hold live blocks counts too: whole free chunks of it beyond that budget
+ * are unmapped (holes, packing.h), after whole idle extents and cached buffers. */
 #define TIDY_WINDOW_NS 1000000000ull
 #define TIDY_EVERY_NS 50000000ull
 #define TIDY_SLACK 16
+
+/* Free bytes inside the device's extents beside live blocks (a hint): what holes could take. */
+static size_t free_inside_extents(hdev_t *h)
+{
+    size_t free_bytes = 0, whole = 0;
+    FOR_EACH_PART(h, p)
+    {
+        free_bytes += vmh_packing_free_hint(&p->pack);
+        whole += vmh_packing_idle_bytes(&p->pack);
+    }
+    return free_bytes > whole ? free_bytes - whole : 0;
+}
 
 void vmh_hdev_tidy(vmh_dev_t *d)
 {
@@ -68,7 +82,8 @@ void vmh_hdev_tidy(vmh_dev_t *d)
     }
     h->tidy_ns = now;
     size_t peak = vmh_dev_usable_peak(d);
-    if (now - h->window_ns >= TIDY_WINDOW_NS) {
+    bool new_window = now - h->window_ns >= TIDY_WINDOW_NS;
+    if (new_window) {
         h->window_ns = now;
         h->peak_before = peak;
         vmh_dev_usable_peak_reset(d);
@@ -78,13 +93,21 @@ void vmh_hdev_tidy(vmh_dev_t *d)
     size_t live = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
     size_t keep = (peak > live ? peak - live : 0) + peak / TIDY_SLACK;
     size_t idle = vmh_heap_idle_bytes(d->ordinal);
-    if (idle > keep + d->gran &&
+    size_t inside = new_window ? free_inside_extents(h) : 0;
+    if (idle + inside > keep + d->gran &&
         vmh_reclaim_pass(&h->reclaim, VMH_WAIT_BACKGROUND) == CUDA_SUCCESS) {
-        /* Memory freed at once may still be touched by queued work: passed first (above). */
-        size_t excess = idle - keep, given = vmh_cache_trim_upto(&h->cache, excess);
+        /* Memory freed at once may still be touched by queued work: passed first (above). The
+         * pass freed the blocks parked up to it: what lies inside extents is counted again. */
+        if (new_window)
+            inside = free_inside_extents(h);
+        size_t excess = idle + inside > keep ? idle + inside - keep : 0;
+        size_t given = vmh_cache_trim_upto(&h->cache, excess);
         FOR_EACH_PART(h, p)
         if (given < excess)
             given += vmh_packing_trim_upto(&p->pack, excess - given);
+        FOR_EACH_PART(h, p)
+        if (new_window && given < excess)
+            given += vmh_packing_punch_upto(&p->pack, excess - given);
         if (given)
             vmh_count(VMH_STAT_tidy_bytes, given);
     }

@@ -24,6 +24,12 @@
  * VMMHOOK_VA_LIMIT budget bounds it). */
 #define SPAN_MIN ((size_t)4 << 30)
 #define SPAN_MAX ((size_t)64 << 30)
+/* An extent's backing (issue 27): chunks of max(CHUNK_MIN, extent / CHUNK_SPLIT), so that a
+ * stretch of whole free chunks inside it can go back (the tidy's holes) while a tag's pause
+ * still releases few chunks (20480 x 2 MiB: 101 extents, tests/unit/test_geometry.c); extents
+ * up to CHUNK_MIN are one chunk. */
+#define CHUNK_MIN ((size_t)128 << 20)
+#define CHUNK_SPLIT 3
 
 #ifdef VMH_TESTING
 void (*vmh_packing_test_extent_published)(void);
@@ -57,6 +63,47 @@ static void shard_note(vmh_shard_t *s)
     atomic_store_explicit(&s->nparked, vmh_arena_parked(s->arena), memory_order_relaxed);
     atomic_store_explicit(&s->free, st.free, memory_order_relaxed);
     atomic_store_explicit(&s->extents, st.extents, memory_order_relaxed);
+    atomic_store_explicit(&s->holes, st.holes, memory_order_relaxed);
+}
+
+/* ---- an extent's pieces (issue 27's holes; packing.h) ---- */
+
+static CUdeviceptr piece_base(const vmh_ext_piece_t *pc)
+{
+    return pc->range ? pc->range->base : pc->paused->base;
+}
+
+static size_t piece_size(const vmh_ext_piece_t *pc)
+{
+    return pc->range ? pc->range->size : pc->paused->size;
+}
+
+/* e's backing becomes the one range r (NULL: none); the pieces' ranges are the caller's. */
+static void ext_pieces_set(vmh_ext_t *e, vmh_range_t *r)
+{
+    if (e->pieces != &e->one)
+        free(e->pieces);
+    e->pieces = &e->one;
+    e->pieces_cap = 1;
+    e->one = (vmh_ext_piece_t){r, NULL};
+    e->npieces = r != NULL;
+}
+
+/* The piece holding address p, or NULL (p in a hole). */
+static vmh_ext_piece_t *ext_piece_at(const vmh_ext_t *e, CUdeviceptr p)
+{
+    for (size_t i = 0; i < e->npieces; i++)
+        if (p - piece_base(&e->pieces[i]) < piece_size(&e->pieces[i]))
+            return &e->pieces[i];
+    return NULL;
+}
+
+bool vmh_packing_paused_locked(const vmh_ext_t *e)
+{
+    for (size_t i = 0; i < e->npieces; i++)
+        if (e->pieces[i].paused)
+            return true;
+    return false;
 }
 
 /* Which empty extents unlink_empty_locked takes. */
@@ -157,7 +204,16 @@ static void span_give(vmh_shard_t *s, CUdeviceptr at, size_t size)
     vmh_resv_unref(emptied); /* NULL is allowed */
 }
 
-/* A range of `size` bytes, one chunk, in shard s's spans. */
+/* The chunk size of an extent of `size` bytes (a multiple of gran): see CHUNK_MIN. */
+static size_t extent_chunk(size_t size, size_t gran)
+{
+    if (size <= CHUNK_MIN)
+        return size;
+    size_t chunk = size / CHUNK_SPLIT < CHUNK_MIN ? CHUNK_MIN : size / CHUNK_SPLIT;
+    return chunk - chunk % gran;
+}
+
+/* A range of `size` bytes in chunks of extent_chunk, in shard s's spans. */
 static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out, bool *no_address)
 {
     vmh_resv_t *resv;
@@ -166,7 +222,8 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out,
     CUresult rc = span_take(s, size, &resv, &at, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
-    rc = vmh_dev_range_in(s->pack->dev, size, resv, at, out);
+    vmh_dev_t *d = s->pack->dev;
+    rc = vmh_dev_range_in(d, size, extent_chunk(size, d->gran), resv, at, out);
     if (rc != CUDA_SUCCESS)
         span_give(s, at, size);
     return rc;
@@ -231,7 +288,7 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
     uintptr_t p = 0;
     /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
     if (e && !atomic_load(&pk->frozen)) {
-        e->range = r;
+        ext_pieces_set(e, r);
         e->va = r->base;
         e->va_size = r->size;
         e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
@@ -250,7 +307,7 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
                 assert(back == e);
                 (void)back;
             }
-            e->range = NULL;
+            ext_pieces_set(e, NULL);
             e->extent = NULL;
             e->prev = NULL;
             e->next = s->spare;
@@ -320,6 +377,165 @@ static bool others_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t w
     return false;
 }
 
+/* ---- holes: mapped again when an allocation needs them ---- */
+
+/* The first hole of e with at least `want` bytes (in *base, *size). */
+typedef struct hole_pick {
+    size_t want;
+    uintptr_t base;
+    size_t size;
+} hole_pick_t;
+
+static void hole_seen(uintptr_t base, size_t size, void *arg)
+{
+    hole_pick_t *h = arg;
+    if (!h->size && size >= h->want) {
+        h->base = base;
+        h->size = size;
+    }
+}
+
+/* A list of mappings in address order, with no references of its own (a range's layout, so
+ * that vmh_range_pick can take stretches of it); free() it. */
+static vmh_range_t *maps_list(size_t n)
+{
+    return calloc(1, sizeof(vmh_range_t) + (n ? n : 1) * sizeof(vmh_map_t *));
+}
+
+/* e's pieces become one range per stretch of adjacent mappings of `list` (every one of them
+ * held by e's pieces or by a range the caller holds): each new range takes its own
+ * references; the old pieces' ranges go into old[*nold...] (room for e->npieces) for the caller
+ * to destroy, which unmaps the mappings that `list` left out. No driver call. False without
+ * host memory (nothing changed). The shard is locked. */
+static bool ext_pieces_from(vmh_ext_t *e, const vmh_range_t *list, vmh_range_t **old, size_t *nold)
+{
+    size_t stretches = 0;
+    for (size_t i = 0; i < list->nmaps; i++)
+        stretches += !i || list->maps[i - 1]->ptr + list->maps[i - 1]->size != list->maps[i]->ptr;
+    vmh_ext_piece_t *np = stretches ? malloc(stretches * sizeof *np) : NULL;
+    size_t made = 0;
+    bool ok = np != NULL;
+    for (size_t i = 0; ok && i < list->nmaps;) {
+        size_t j = i + 1;
+        CUdeviceptr end = list->maps[i]->ptr + list->maps[i]->size;
+        while (j < list->nmaps && list->maps[j]->ptr == end)
+            end += list->maps[j++]->size;
+        ok = vmh_range_pick(&list, 1, list->maps[i]->ptr, end - list->maps[i]->ptr,
+                            &np[made].range) == CUDA_SUCCESS;
+        if (ok)
+            np[made++].paused = NULL;
+        i = j;
+    }
+    if (!ok) {
+        while (made)
+            vmh_range_destroy(np[--made].range); /* references only: the old ones hold them */
+        free(np);
+        return false;
+    }
+    for (size_t i = 0; i < e->npieces; i++)
+        old[(*nold)++] = e->pieces[i].range;
+    ext_pieces_set(e, NULL);
+    if (made == 1) {
+        e->one = np[0];
+        free(np);
+    } else {
+        e->pieces = np;
+        e->pieces_cap = made;
+    }
+    e->npieces = made;
+    return true;
+}
+
+/* Every mapping of e's pieces and of `add` (NULL: none), in address order. */
+static vmh_range_t *ext_maps_with(const vmh_ext_t *e, const vmh_range_t *add)
+{
+    size_t n = add ? add->nmaps : 0;
+    for (size_t i = 0; i < e->npieces; i++)
+        n += e->pieces[i].range->nmaps;
+    vmh_range_t *l = maps_list(n);
+    for (size_t i = 0; l && i <= e->npieces; i++) {
+        const vmh_range_t *r = i < e->npieces ? e->pieces[i].range : NULL;
+        if (add && (!r || add->base < r->base)) {
+            memcpy(&l->maps[l->nmaps], add->maps, add->nmaps * sizeof add->maps[0]);
+            l->nmaps += add->nmaps;
+            add = NULL;
+        }
+        if (r) {
+            memcpy(&l->maps[l->nmaps], r->maps, r->nmaps * sizeof r->maps[0]);
+            l->nmaps += r->nmaps;
+        }
+    }
+    return l;
+}
+
+/* Maps a hole of shard s large enough for `want` bytes again and serves `size` from the space
+ * it frees (the same hold of the lock, as a new extent is served: no other thread takes it
+ * first). NOT_FOUND when s has no such hole (or is frozen); the driver's code when it has no
+ * memory (nothing changed: the caller goes on as for a new extent, whose path relieves the
+ * device, spills or fails). Driver calls (create, map, set access) under the shard's lock at
+ * OWNER_VISIT: rare (only after the tidy unmapped idle space), and no trim or other fill can
+ * meet the hole half-mapped. */
+static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUdeviceptr *out)
+{
+    if (atomic_load_explicit(&s->holes, memory_order_relaxed) < want)
+        return CUDA_ERROR_NOT_FOUND;
+    vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
+    vmh_ext_t *e = NULL;
+    hole_pick_t h = {.want = want};
+    for (vmh_ext_t *x = s->exts; x && !atomic_load(&s->pack->frozen) && !h.size; x = x->next)
+        if (vmh_extent_holes(x->extent) >= want && !vmh_extent_retired(x->extent) && x->npieces &&
+            !vmh_packing_paused_locked(x) && vmh_arena_holes(x->extent, hole_seen, &h))
+            e = x;
+    CUresult rc = h.size ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    vmh_range_t *r = NULL;
+    vmh_alloc_t *a = NULL;
+    if (rc == CUDA_SUCCESS && (rc = vmh_dev_chunk(s->pack->dev, h.size, &a)) == CUDA_SUCCESS) {
+        rc = vmh_range_create_in(&a, 1, e->pieces[0].range->maps[0]->resv, h.base, &r);
+        vmh_alloc_unref(a); /* the mapping holds it (or nothing does) */
+    }
+    vmh_range_t **old = NULL;
+    size_t nold = 0;
+    if (rc == CUDA_SUCCESS) {
+        old = malloc(e->npieces * sizeof *old);
+        vmh_range_t *all = ext_maps_with(e, r);
+        if (!old || !all || !ext_pieces_from(e, all, old, &nold))
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        free(all);
+    }
+    uintptr_t p;
+    if (rc == CUDA_SUCCESS) {
+        int unholed = vmh_arena_unhole(s->arena, e->extent, h.base);
+        assert(unholed == 0);
+        (void)unholed;
+        idle_gauge((int64_t)h.size);
+        /* The space just mapped fits: the arena serves it, or another fit it finds first. */
+        if (vmh_arena_alloc(s->arena, size, &p) != 0)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        shard_note(s);
+    }
+    vmh_unlock(&s->lock);
+    for (size_t i = 0; i < nold; i++)
+        vmh_range_destroy(old[i]); /* references only: the new pieces hold the mappings */
+    free(old);
+    /* Its references: the pieces hold the mapping now, or nothing does (then it is unmapped
+     * and its chunk released). */
+    vmh_range_destroy(r);
+    if (rc == CUDA_SUCCESS)
+        *out = p;
+    return rc;
+}
+
+/* Serves size bytes from a hole of any shard, the thread's own first. */
+static bool holes_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t want,
+                        CUdeviceptr *out)
+{
+    for (unsigned i = 0; i < VMH_SHARDS; i++)
+        if (hole_fill_serving(&pk->shards[(home + i) % VMH_SHARDS], size, want, out) ==
+            CUDA_SUCCESS)
+            return true;
+    return false;
+}
+
 bool vmh_packing_has_parked(vmh_packing_t *pk)
 {
     for (int i = 0; i < VMH_SHARDS; i++)
@@ -353,6 +569,10 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
         if (!served && (attempt > 0 || !vmh_reclaim_throttle(pk->reclaim)))
             break;
     }
+    /* Space the tidy unmapped inside extents (holes) is mapped again before a new extent is
+     * made: it costs a chunk too, and no new address space. */
+    if (!served)
+        served = holes_alloc(pk, home, size, want, out);
     if (!served) {
         CUresult rc = extent_add_serving(pk, mine, size, no_address, out);
         if (rc != CUDA_SUCCESS) {
@@ -381,10 +601,11 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size
     vmh_packing_t *pk = s->pack;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
-    /* A backup kept for the extent (pause.c) no longer describes its blocks: it goes (no driver
-     * call), so that the freed buffer's host memory does too. */
-    if (e->range)
-        vmh_backup_release(&e->range->kept);
+    /* A backup kept for the block's piece (pause.c) no longer describes its blocks: it goes (no
+     * driver call), so that the freed buffer's host memory does too. */
+    vmh_ext_piece_t *pc = ext_piece_at(e, p);
+    if (pc && pc->range)
+        vmh_backup_release(&pc->range->kept);
     /* An exported block's export dies here, and its memory is never served again: another
      * process may still map the extent's chunk (an import holds the whole chunk), as natively
      * memory freed by its exporter stays the importer's. The extent serves nothing more and
@@ -433,9 +654,12 @@ bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *inf
 const void *vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n)
 {
     vmh_block_info_t bi;
-    CUdeviceptr base = e->paused ? e->paused->base : e->range->base;
-    size_t size = e->paused ? e->paused->size : e->range->size;
-    const char *host = e->paused ? e->paused->host : e->range->kept.host;
+    const vmh_ext_piece_t *pc = ext_piece_at(e, p);
+    if (!pc || (!pc->paused && !pc->range))
+        return NULL;
+    CUdeviceptr base = pc->paused ? pc->paused->base : pc->range->base;
+    size_t size = pc->paused ? pc->paused->size : pc->range->size;
+    const char *host = pc->paused ? pc->paused->host : pc->range->kept.host;
     if (!host || !vmh_arena_find(e->extent, p, &bi) || p < bi.base ||
         n > bi.base + bi.size - p || p < base || p + n > base + size)
         return NULL;
@@ -450,7 +674,7 @@ CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, siz
     if (!vmh_arena_find(e->extent, p, &info) || info.base != p)
         return CUDA_ERROR_NOT_FOUND;
     *old_size = info.size;
-    if (e->paused)
+    if (vmh_packing_paused_locked(e))
         return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
     /* The growth's usable bytes are taken first (VMMHOOK_MEM_LIMIT). */
     size_t want = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
@@ -478,7 +702,13 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
     vmh_block_info_t bi;
     if (!vmh_arena_find(e->extent, p, &bi))
         return CUDA_ERROR_INVALID_VALUE;
-    if (e->paused)
+    if (vmh_packing_paused_locked(e))
+        return CUDA_ERROR_NOT_PERMITTED;
+    /* The piece of backing the block lies in (a live block never lies in a hole, and pieces
+     * are joined when a hole is mapped again: one piece holds it but when host memory for the
+     * join ran out, then the export is refused). While exported its extent gets no hole. */
+    const vmh_ext_piece_t *pc = ext_piece_at(e, bi.base);
+    if (!pc || !pc->range || bi.base + bi.usable - pc->range->base > pc->range->size)
         return CUDA_ERROR_NOT_PERMITTED;
     vmh_packed_export_t *x = exported_find_locked(s, bi.base); /* exported twice: listed once */
     if (!x) {
@@ -496,8 +726,8 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
     out->serial = x->serial;
     out->base = bi.base;
     out->size = bi.size;
-    out->offset = bi.base - e->range->base;
-    *range = e->range;
+    out->offset = bi.base - pc->range->base;
+    *range = pc->range;
     return CUDA_SUCCESS;
 }
 
@@ -562,29 +792,32 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
     size_t bytes = 0, n = 0, k = 0;
     vmh_ext_t *last = NULL;
     for (vmh_ext_t *e = list; e; e = e->next)
-        n++;
+        n += e->npieces;
     /* The ranges go together: adjacent extents of one reservation are unmapped with one call
      * (range.h's vmh_ranges_destroy); without memory for the list, one by one. */
-    vmh_range_t **ranges = calloc(n, sizeof *ranges);
+    vmh_range_t **ranges = calloc(n ? n : 1, sizeof *ranges);
     for (vmh_ext_t *e = list; e; e = e->next) {
-        if (e->range) {
-            bytes += e->range->size;
-            idle_gauge(-(int64_t)e->range->size);
+        for (size_t i = 0; i < e->npieces; i++) {
+            vmh_range_t *r = e->pieces[i].range;
+            if (r) {
+                bytes += r->size;
+                idle_gauge(-(int64_t)r->size);
+            }
+            if (ranges)
+                ranges[k++] = r;
+            else
+                vmh_range_destroy(r);
         }
-        if (ranges)
-            ranges[k++] = e->range;
-        else
-            vmh_range_destroy(e->range);
     }
     /* Unmapped before their address space goes back to the spans: another thread may take
      * it and map there at once. */
     vmh_ranges_destroy(ranges, k);
     free(ranges);
     for (vmh_ext_t *e = list; e; e = e->next) {
-        vmh_paused_destroy(e->paused); /* emptied while paused: its addresses go */
+        for (size_t i = 0; i < e->npieces; i++)
+            vmh_paused_destroy(e->pieces[i].paused); /* emptied while paused: its addresses go */
         span_give(s, e->va, e->va_size);
-        e->paused = NULL;
-        e->range = NULL;
+        ext_pieces_set(e, NULL);
         e->extent = NULL;
         e->freed_mark = 0; /* the record serves a new extent next */
         last = e;
@@ -629,6 +862,144 @@ void vmh_packing_trim_paused(vmh_packing_t *pk)
     trim_kind(pk, EMPTY_PAUSED, NULL);
 }
 
+/* ---- holes: idle chunks inside extents unmapped (the tidy's) ---- */
+
+/* The free runs of an extent, granule-aligned (vmh_arena_free_runs), in address order. */
+typedef struct free_runs {
+    uintptr_t *base;
+    size_t *size;
+    size_t n, cap;
+    bool failed; /* out of host memory: the extent is left alone */
+} free_runs_t;
+
+static void free_run_seen(uintptr_t base, size_t size, void *arg)
+{
+    free_runs_t *f = arg;
+    if (f->failed)
+        return;
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 16;
+        uintptr_t *b = realloc(f->base, cap * sizeof *b);
+        if (b)
+            f->base = b;
+        size_t *z = b ? realloc(f->size, cap * sizeof *z) : NULL;
+        if (z)
+            f->size = z;
+        if (!b || !z) {
+            f->failed = true;
+            return;
+        }
+        f->cap = cap;
+    }
+    f->base[f->n] = base;
+    f->size[f->n++] = size;
+}
+
+/* Whether shard s may make holes in e now (s locked): it holds a live or parked block (empty
+ * extents are the trim's, and so e keeps a piece), serves blocks (not retired), is shared with
+ * no process (no live export in it), runs (no piece paused), and every block freed at once in
+ * it was freed before the last completed wait (else the GPU may still touch it). */
+static bool ext_punchable(const vmh_shard_t *s, const vmh_ext_t *e)
+{
+    if (!e->extent || !e->npieces || !vmh_extent_busy(e->extent) || vmh_extent_retired(e->extent) ||
+        vmh_packing_paused_locked(e) || !ext_passed(e))
+        return false;
+    for (size_t x = 0; x < s->nexported; x++)
+        if (s->exported[x].base - vmh_extent_base(e->extent) < vmh_extent_size(e->extent))
+            return false;
+    return true;
+}
+
+/* Makes holes of e's mappings that lie wholly in its free runs and that it alone holds (one
+ * chunk each: extents are made of chunks, extent_chunk), until at least *budget bytes (then
+ * lowered); the pieces' old ranges go into *old (grown as needed) for the caller to destroy,
+ * which unmaps and releases what the new pieces left out. Returns the bytes. s locked. */
+static size_t ext_punch_locked(vmh_shard_t *s, vmh_ext_t *e, size_t *budget, free_runs_t *runs,
+                               vmh_range_t ***old, size_t *nold, size_t *oldcap)
+{
+    runs->n = 0;
+    if (!vmh_arena_free_runs(e->extent, s->pack->dev->gran, free_run_seen, runs) || runs->failed)
+        return 0;
+
+    if (*nold + e->npieces > *oldcap) {
+        size_t cap = (*nold + e->npieces) * 2;
+        vmh_range_t **grown = realloc(*old, cap * sizeof *grown);
+        if (!grown)
+            return 0;
+        *old = grown;
+        *oldcap = cap;
+    }
+    vmh_range_t *all = ext_maps_with(e, NULL), *kept = all ? maps_list(all->nmaps) : NULL;
+    uintptr_t *holes = all ? malloc(all->nmaps * sizeof *holes) : NULL;
+    size_t punched = 0, nholes = 0;
+    for (size_t i = 0, r = 0; holes && kept && i < all->nmaps; i++) {
+        vmh_map_t *m = all->maps[i];
+        while (r < runs->n && runs->base[r] + runs->size[r] <= m->ptr)
+            r++;
+        bool in_run = r < runs->n && runs->base[r] <= m->ptr &&
+                      m->ptr + m->size <= runs->base[r] + runs->size[r];
+        /* Another holder of the mapping or of its chunk (an export being made) keeps it. */
+        bool alone = atomic_load(&m->refs) == 1 && atomic_load(&m->alloc->refs) == 1;
+        if (in_run && alone && punched < *budget &&
+            vmh_arena_hole(s->arena, e->extent, m->ptr, m->size) == 0) {
+            holes[nholes++] = m->ptr;
+            punched += m->size;
+        } else {
+            kept->maps[kept->nmaps++] = m;
+        }
+    }
+    /* The kept mappings become the pieces; without host memory for them the holes are undone
+     * (free space again: nothing was unmapped). */
+    if (punched && !ext_pieces_from(e, kept, *old, nold)) {
+        while (nholes)
+            vmh_arena_unhole(s->arena, e->extent, holes[--nholes]);
+        punched = 0;
+    }
+    free(all);
+    free(kept);
+    free(holes);
+    *budget -= punched < *budget ? punched : *budget;
+    return punched;
+}
+
+size_t vmh_packing_punch_upto(vmh_packing_t *pk, size_t bytes)
+{
+    size_t punched = 0;
+    free_runs_t runs = {0};
+    for (int i = 0; i < VMH_SHARDS && bytes > 0; i++) {
+        vmh_shard_t *s = &pk->shards[i];
+        if (atomic_load_explicit(&s->free, memory_order_relaxed) < pk->dev->gran)
+            continue;
+        vmh_range_t **old = NULL;
+        size_t nold = 0, cap = 0, here = 0;
+        /* At OWNER_VISIT: the unmapping below is done under the lock, so that no trim gives the
+         * addresses away and no fill maps them before they are unmapped. */
+        vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
+        for (vmh_ext_t *e = s->exts; e && bytes > 0 && !atomic_load(&pk->frozen); e = e->next)
+            if (ext_punchable(s, e))
+                here += ext_punch_locked(s, e, &bytes, &runs, &old, &nold, &cap);
+        if (here) {
+            shard_note(s);
+            idle_gauge(-(int64_t)here);
+        }
+        vmh_ranges_destroy(old, nold); /* one cuMemUnmap per stretch, one release per chunk */
+        vmh_unlock(&s->lock);
+        free(old);
+        punched += here;
+    }
+    free(runs.base);
+    free(runs.size);
+    return punched;
+}
+
+size_t vmh_packing_free_hint(vmh_packing_t *pk)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < VMH_SHARDS && !atomic_load(&pk->frozen); i++)
+        bytes += atomic_load_explicit(&pk->shards[i].free, memory_order_relaxed);
+    return bytes;
+}
+
 CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
 {
     CUresult rc = CUDA_SUCCESS;
@@ -637,9 +1008,9 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
         vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
         size_t n = 0;
         for (vmh_ext_t *e = s->exts; e; e = e->next)
-            n++;
-        /* The shard's extents as records, for runs of adjacent ones (one reservation can hold
-         * many of a shard's extents: packing.h). */
+            n += e->npieces;
+        /* The shard's extents' pieces as records, for runs of adjacent ones (one reservation
+         * can hold many of a shard's extents: packing.h). */
         vmh_visit_rec_t *recs = n ? malloc(n * sizeof *recs) : NULL;
         if (n && !recs)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -650,12 +1021,14 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
             for (size_t x = 0; x < s->nexported && !exported; x++)
                 exported =
                     s->exported[x].base - vmh_extent_base(e->extent) < vmh_extent_size(e->extent);
-            recs[k++] = (vmh_visit_rec_t){&e->range, &e->paused, exported};
+            for (size_t j = 0; j < e->npieces; j++)
+                recs[k++] = (vmh_visit_rec_t){&e->pieces[j].range, &e->pieces[j].paused, exported};
         }
         if (recs)
             rc = vmh_visit_runs(recs, n, fn, arg);
         for (vmh_ext_t *e = s->exts; e; e = e->next)
-            assert(!e->range != !e->paused);
+            for (size_t j = 0; j < e->npieces; j++)
+                assert(!e->pieces[j].range != !e->pieces[j].paused);
         free(recs);
         vmh_unlock(&s->lock);
     }
@@ -666,7 +1039,11 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
  * one (pause.c) has given its memory back already. */
 static bool ext_holds_memory(const void *owner)
 {
-    return ((const vmh_ext_t *)owner)->range != NULL;
+    const vmh_ext_t *e = owner;
+    for (size_t i = 0; i < e->npieces; i++)
+        if (e->pieces[i].range)
+            return true;
+    return false;
 }
 
 size_t vmh_packing_idle_bytes(vmh_packing_t *pk)
@@ -697,13 +1074,17 @@ void vmh_packing_destroy(vmh_packing_t *pk)
         for (vmh_ext_t *e = s->exts, *next; e; e = next) {
             next = e->next;
             vmh_registry_set(vmh_extent_base(e->extent), vmh_extent_size(e->extent), NULL);
-            vmh_range_destroy(e->range);
-            vmh_paused_destroy(e->paused);
+            for (size_t i = 0; i < e->npieces; i++) {
+                vmh_range_destroy(e->pieces[i].range);
+                vmh_paused_destroy(e->pieces[i].paused);
+            }
+            ext_pieces_set(e, NULL);
             span_give(s, e->va, e->va_size);
             free(e);
         }
         for (vmh_ext_t *e = s->spare, *next; e; e = next) {
             next = e->next;
+            ext_pieces_set(e, NULL);
             free(e);
         }
         vmh_spans_destroy(&s->spans);

@@ -2,7 +2,8 @@
  * host-side sub-allocator of arena.h).
  *
  * Packed buffers live in VMH_SHARDS shards per device, each with its own mutex, arena, extents
- * (one range each), registry entries of those extents and set of exported packed buffers.
+ * (each backed by a range, or by pieces between holes), registry entries of those extents and
+ * set of exported packed buffers.
  *
  * Geometry (issue 27). A shard's extents are carved from its spans (span.h): large
  * reservations (the first 4 GiB of address space, each next one as large as the shard holds,
@@ -13,7 +14,20 @@
  * dropped. The size of a shard's next shared extent doubles with every new extent, whatever its
  * size, up to 1 GiB; a shared extent is also at most 1/16 of the device's live bytes (at least 32
  * MiB), and a request over 1/8 of it gets an extent of its own size. 20480 x 2 MiB in one tag: 101
- * extents in 5 spans, 315 driver calls to allocate (tests/unit/test_geometry.c prints each phase).
+ * extents in 5 spans (tests/unit/test_geometry.c prints each phase's driver calls).
+ * Holes (issue 27): an extent is backed by chunks of max(128 MiB, extent / 3) (one chunk up to
+ * 128 MiB: packing.c's extent_chunk; larger chunks than holes would want, smaller ones break the
+ * pause bound of 256 calls for 20480 x 2 MiB: 595 calls to allocate, 248 to pause). Once a window
+ * the tidy (heap_upkeep.c) unmaps the chunks that lie wholly in free space inside extents that
+ * hold live blocks, beyond what the recent peak keeps (vmh_packing_punch_upto); the space stays
+ * the arena's hole (arena.h), never served, its addresses kept. An extent's backing is then a
+ * list of pieces (vmh_ext_piece_t), the ranges between its holes, each a record of the heap's
+ * visit (pause, resume and backups per piece; an export hands over its block's piece). An
+ * allocation that no mapped free space fits maps a hole again before a new extent is made
+ * (one chunk of the hole's size on the allocating thread; out of memory there goes the new-extent
+ * way). Bench (d)'s churn keeps its free space mapped (its live bytes stay near their peak, and
+ * chunks are large): 1.24x on the simulated driver, as before (BENCHMARKS.md, "Holes inside
+ * extents, built").
  * A thread allocates in the shard it picked at its first allocation and looks at other shards' free
  * space only when its own has none; a free goes to the shard that owns the extent. An exported
  * block is listed with its export serial until it is freed; then its export is dead and its memory
@@ -26,7 +40,8 @@
  *
  * Lock order (witness.h, OWNER): the reclaim wait lock, then one shard lock, then the reclaim
  * queue lock; never two shard locks at once; no driver call under a shard lock but pause.c's
- * visit (OWNER_VISIT).
+ * visit, the tidy's holes and an allocation's mapping of a hole (OWNER_VISIT: rare, and nothing
+ * meets a record or a hole half-changed).
  */
 #ifndef VMH_PACKING_H
 #define VMH_PACKING_H
@@ -65,6 +80,7 @@ typedef struct vmh_shard {
     _Atomic size_t nparked; /* parked blocks */
     _Atomic size_t free;    /* free bytes (not parked): a shard with less is not tried */
     _Atomic size_t extents; /* extents in the arena */
+    _Atomic size_t holes;   /* bytes in holes (unmapped inside extents) */
     char pad[64];           /* keeps shards off each other's cache lines */
 } vmh_shard_t;
 
@@ -75,12 +91,22 @@ struct vmh_packing {
     vmh_shard_t shards[VMH_SHARDS];
 };
 
+/* A stretch of an extent's backing between holes: a range, or while paused (range NULL;
+ * pause.c) its addresses and backup. */
+typedef struct vmh_ext_piece {
+    vmh_range_t *range;
+    vmh_paused_t *paused;
+} vmh_ext_piece_t;
+
 /* An extent's owner record (registry.h): the owner's lock is its shard's. */
 struct vmh_ext {
     vmh_owner_t o;
     vmh_shard_t *shard; /* never changes once set: records are recycled within their shard */
-    vmh_range_t *range;
-    vmh_paused_t *paused; /* while paused (range NULL; pause.c): its addresses and backup */
+    /* Its backing: pieces[0..npieces), ascending, holes between them (the arena's holes: what
+     * the tidy unmapped); one piece (&one) until the tidy makes a hole. */
+    vmh_ext_piece_t *pieces;
+    size_t npieces, pieces_cap;
+    vmh_ext_piece_t one;
     vmh_extent_t *extent;
     CUdeviceptr va; /* its address space, taken from the shard's spans while the record */
     size_t va_size; /* serves an extent */
@@ -118,6 +144,8 @@ CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, siz
  * export (the serial is kept until the block is freed; the free retires the extent). */
 CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
                                    const vmh_range_t **range);
+/* Whether any of e's backing is paused (its block may not be resized or exported). */
+bool vmh_packing_paused_locked(const vmh_ext_t *e);
 /* Whether the block at base is still the live one exported with serial. */
 bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
 
@@ -137,6 +165,17 @@ size_t vmh_packing_trim_upto(vmh_packing_t *pk, size_t bytes);
 /* Gives back the reservations of the paused extents whose blocks were all freed while paused
  * (they hold no memory: no wait is needed), so that a resume does not map them again. */
 void vmh_packing_trim_paused(vmh_packing_t *pk);
+
+/* Holes (issue 27): unmaps, from the tidy (outside any paused tag: none while frozen), the
+ * chunks inside extents that lie in free space (not parked, freed before the last completed
+ * wait, in no retired or exported extent, in an extent that holds a live or parked block:
+ * empty ones are the trim's), until at least `bytes` (or all there are); the space stays
+ * the arena's hole, never served until an allocation maps it again. One cuMemUnmap per stretch,
+ * one cuMemRelease per chunk, under the shard's lock at OWNER_VISIT (a rare background call;
+ * a fill cannot meet a half-made hole). Returns the bytes unmapped. */
+size_t vmh_packing_punch_upto(vmh_packing_t *pk, size_t bytes);
+/* Free bytes inside the shards' extents (a hint, no lock): what holes could take at most. */
+size_t vmh_packing_free_hint(vmh_packing_t *pk);
 
 /* Bytes of whole extents that hold no live block: what an allocation of any size could get
  * after a trim. Free space beside live blocks is not counted (see heap.h's idle bytes). */

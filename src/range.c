@@ -278,6 +278,39 @@ CUresult vmh_range_grow(const vmh_range_t *r, vmh_alloc_t *const *allocs, size_t
     return rc;
 }
 
+CUresult vmh_range_pick(const vmh_range_t *const *rs, size_t n, CUdeviceptr from, size_t bytes,
+                        vmh_range_t **out)
+{
+    if (!out || !bytes || from + bytes < from)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; rs[i] && j < rs[i]->nmaps; j++)
+            k += rs[i]->maps[j]->ptr - from < bytes;
+    vmh_range_t *c = k ? range_alloc(k) : NULL;
+    if (!c)
+        return k ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+    c->base = from;
+    bool ok = true;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; rs[i] && j < rs[i]->nmaps; j++) {
+            vmh_map_t *m = rs[i]->maps[j];
+            if (m->ptr - from >= bytes)
+                continue;
+            ok = ok && m->ptr == from + c->size && m->size <= bytes - c->size;
+            c->maps[c->nmaps++] = vmh_map_ref(m);
+            c->size += m->size;
+        }
+    }
+    if (!ok || c->size != bytes) {
+        vmh_range_destroy(c); /* drops only the references taken here */
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    vmh_assert_internal(range_well_formed(c));
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
 CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out)
 {
     if (!r || !out || keep == 0 || keep > r->size)

@@ -78,6 +78,13 @@ CUresult vmh_range_move(const vmh_range_t *r, size_t reserve, size_t align, CUde
  * the old range to release the trailing ones. No driver call. */
 CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out);
 
+/* New range of the mappings of rs[0..n) (ascending; NULL entries allowed) that lie inside
+ * [from, from + bytes), which they must cover exactly, contiguous: references taken, no driver
+ * call (packing.c cuts an extent's backing around holes and joins it again). INVALID_VALUE when
+ * they do not cover it, OUT_OF_MEMORY without host memory. */
+CUresult vmh_range_pick(const vmh_range_t *const *rs, size_t n, CUdeviceptr from, size_t bytes,
+                        vmh_range_t **out);
+
 /* Drops every mapping reference (one cuMemUnmap per stretch of adjacent mappings in one
  * reservation, handle.h). NULL is allowed. */
 void vmh_range_destroy(vmh_range_t *r);

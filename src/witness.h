@@ -46,7 +46,8 @@
     X(OWNER_VISIT, true,                                                                           \
       "the same lock taken for pause.c's visit of its records: held across "                       \
       "the pause's driver calls, so that no other thread sees a record "                           \
-      "half-changed (docs/SLEEP.md)")                                                              \
+      "half-changed (docs/SLEEP.md); also across a packing extent's holes "                        \
+      "made or mapped again (packing.h)")                                                          \
     X(SPILL, true, "overflow.c spill_lock: the host-memory budget, across the spill's creation")   \
     X(KEPT, false,                                                                                 \
       "staging.c kept_lock: the kept pinned backups (pause.c's visit gives one "                   \

@@ -632,7 +632,7 @@ if [ "$lib_ok" = 1 ]; then
     for src in "${PROGS[@]}"; do
         name=$(basename "${src%.*}")
         # 5b runs the IPC ones; 4b the ones that need the GPU alone.
-        case $name in gpu_probe | ipc_gpu | peer_gpu | ipc_cost | mallocasync_after_free | pause_resume | overflow_gpu) continue ;; esac
+        case $name in gpu_probe | ipc_gpu | peer_gpu | ipc_cost | mallocasync_after_free | pause_resume | overflow_gpu | holes_gpu) continue ;; esac
         cap=$(cap_of "$name")
         t=$(tmo "$cap" 60)
         if [ "$t" = 0 ]; then

@@ -65,7 +65,7 @@ static inline void assert_consistent(const vmh_arena_t *a)
     assert_int_equal(vmh_arena_check(a), 0);
     vmh_arena_stats_t s;
     vmh_arena_stats(a, &s);
-    assert_int_equal(s.live + s.parked + s.free + s.retired, s.extents_bytes);
+    assert_int_equal(s.live + s.parked + s.free + s.retired + s.holes, s.extents_bytes);
 }
 
 #endif

@@ -590,6 +590,119 @@ static void test_take_empty_extent(void **state)
     assert_int_equal(sum, 24);
 }
 
+/* ---- Free runs (issue 27's holes) ---------------------------------------------------------- */
+
+typedef struct runs_seen {
+    uintptr_t base[8];
+    size_t size[8];
+    int n;
+} runs_seen_t;
+
+static void on_run(uintptr_t base, size_t size, void *arg)
+{
+    runs_seen_t *r = arg;
+    assert_true(r->n < 8);
+    r->base[r->n] = base;
+    r->size[r->n++] = size;
+}
+
+/* Only free blocks count (a parked block may still be used by the GPU), each cut to its aligned
+ * interior from the extent's base, the extent's end counting as aligned. */
+static void test_free_runs(void **state)
+{
+    (void)state;
+    vmh_arena_t *a = vmh_arena_new();
+    const uintptr_t base = 0x7f0000000000;
+    const size_t chunk = 8 * MiB;
+    /* 30 MiB: three chunks of 8 MiB and a last one of 6 MiB. */
+    vmh_extent_t *e = vmh_arena_add_extent(a, base, 30 * MiB, NULL);
+    assert_non_null(e);
+    runs_seen_t r = {0};
+    assert_int_equal(vmh_arena_free_runs(e, chunk, on_run, &r), 30 * MiB);
+    assert_int_equal(r.n, 1);
+
+    /* [0, 1M) live, [1M, 12M) to be parked, [12M, 13M) live, the rest free. */
+    uintptr_t p0, p1, p2;
+    assert_int_equal(vmh_arena_alloc(a, 1 * MiB, &p0), 0);
+    assert_int_equal(vmh_arena_alloc(a, 11 * MiB, &p1), 0);
+    assert_int_equal(vmh_arena_alloc(a, 1 * MiB, &p2), 0);
+    assert_int_equal(p0, base);
+    assert_int_equal(p1, base + 1 * MiB);
+    assert_int_equal(p2, base + 12 * MiB);
+    assert_int_equal(vmh_arena_park(a, e, p1, 5, NULL), 0);
+    r = (runs_seen_t){0};
+    /* Free [13M, 30M): chunks [16M, 24M) and the short last one [24M, 30M). */
+    assert_int_equal(vmh_arena_free_runs(e, chunk, on_run, &r), 14 * MiB);
+    assert_int_equal(r.n, 1);
+    assert_int_equal(r.base[0], base + 16 * MiB);
+    assert_int_equal(r.size[0], 14 * MiB);
+
+    /* Unparked, [1M, 12M) is free: its chunk [8M, 16M) is not (the block at 12M is live). */
+    assert_int_equal(vmh_arena_unpark_upto(a, 5), 1);
+    r = (runs_seen_t){0};
+    assert_int_equal(vmh_arena_free_runs(e, chunk, on_run, &r), 14 * MiB);
+    assert_int_equal(vmh_arena_free_runs(e, 1 * MiB, NULL, NULL), 11 * MiB + 17 * MiB);
+    assert_int_equal(vmh_arena_release(a, e, p2, NULL), 0);
+    r = (runs_seen_t){0};
+    assert_int_equal(vmh_arena_free_runs(e, chunk, on_run, &r), 22 * MiB);
+    assert_int_equal(r.n, 1);
+    assert_int_equal(r.base[0], base + 8 * MiB);
+
+    /* A retired extent's free space may be another process's: none is offered. */
+    vmh_arena_retire_extent(a, e);
+    assert_int_equal(vmh_arena_free_runs(e, chunk, NULL, NULL), 0);
+    assert_consistent(a);
+    vmh_arena_delete(a, NULL, NULL);
+}
+
+/* A hole is out of service: never served, found or merged; unholed it is free space again,
+ * merged with its free neighbours; an extent whose other blocks are free is empty and its
+ * take gives every byte back. */
+static void test_holes(void **state)
+{
+    (void)state;
+    vmh_arena_t *a = vmh_arena_new();
+    const uintptr_t base = 0x7f0000000000;
+    vmh_extent_t *e = vmh_arena_add_extent(a, base, 32 * MiB, NULL);
+    uintptr_t p0, p1;
+    assert_int_equal(vmh_arena_alloc(a, 1 * MiB, &p0), 0);
+    /* [8M, 16M) and [16M, 24M) out of service: two holes side by side, free space around. */
+    assert_int_equal(vmh_arena_hole(a, e, base + 8 * MiB, 8 * MiB), 0);
+    assert_int_equal(vmh_arena_hole(a, e, base + 16 * MiB, 8 * MiB), 0);
+    assert_int_equal(vmh_arena_hole(a, e, base + 12 * MiB, 1 * MiB), EINVAL); /* not free */
+    assert_int_equal(vmh_arena_hole(a, e, base, 1 * MiB), EINVAL);            /* live */
+    assert_consistent(a);
+    vmh_arena_stats_t st;
+    vmh_arena_stats(a, &st);
+    assert_int_equal(st.holes, 16 * MiB);
+    assert_int_equal(st.free, 15 * MiB);
+    assert_int_equal(vmh_extent_holes(e), 16 * MiB);
+    assert_int_equal(vmh_arena_holes(e, NULL, NULL), 2);
+    /* Free runs skip the holes: [1M, 8M) and [24M, 32M). */
+    assert_int_equal(vmh_arena_free_runs(e, 1 * MiB, NULL, NULL), 15 * MiB);
+    /* 10 MiB fits only across the holes: not served. */
+    assert_int_equal(vmh_arena_alloc(a, 10 * MiB, &p1), ENOMEM);
+    assert_false(vmh_arena_find(e, base + 9 * MiB, &(vmh_block_info_t){0}));
+    /* The extent with no live block is empty (its holes hold nothing): counted without them. */
+    assert_int_equal(vmh_arena_release(a, e, p0, NULL), 0);
+    assert_int_equal(vmh_arena_unused_extent_bytes(a, NULL), 16 * MiB);
+    assert_int_equal(vmh_arena_unhole(a, e, base + 12 * MiB), EINVAL); /* not a hole's start */
+    assert_int_equal(vmh_arena_unhole(a, e, base + 8 * MiB), 0);
+    assert_consistent(a);
+    /* [0, 16M) is one free block now: 10 MiB is served from it. */
+    assert_int_equal(vmh_arena_alloc(a, 10 * MiB, &p1), 0);
+    assert_true(p1 + 10 * MiB <= base + 16 * MiB);
+    assert_int_equal(vmh_arena_release(a, e, p1, NULL), 0);
+    uintptr_t tb;
+    size_t ts;
+    assert_null(vmh_arena_take_empty_extent(a, &tb, &ts));
+    assert_int_equal(ts, 32 * MiB);
+    vmh_arena_stats(a, &st);
+    assert_int_equal(st.holes + st.free + st.extents_bytes, 0);
+    assert_consistent(a);
+    vmh_arena_delete(a, NULL, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -606,6 +719,8 @@ int main(void)
         cmocka_unit_test(test_park_out_of_order),
         cmocka_unit_test(test_resize),
         cmocka_unit_test(test_take_empty_extent),
+        cmocka_unit_test(test_free_runs),
+        cmocka_unit_test(test_holes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,8 +24,10 @@ static int teardown(void **state)
 
 /* Calls per buffer would be at least N a phase, and 16 times as many at 20480 as at 1280.
  * Per extent, they grow with the number of extents, which grows with the log of the bytes while
- * extents grow geometrically (and linearly past their cap): every phase costs at most N / 8
- * calls, and less than 4 times at 20480 what it costs at 1280. The unmaps of a pause and the
+ * extents grow geometrically (and linearly past their cap), times the chunks of an extent (at
+ * most 3 past 128 MiB: packing.c's CHUNK_SPLIT, so that idle chunks inside an extent can go
+ * back): every phase costs at most N / 8 calls, and less than 8 times at 20480 what it costs
+ * at 1280. The unmaps of a pause and the
  * access calls of a resume go per run: at most one per reservation the tag's extents were
  * carved from. Trim gives everything back. */
 static void calls_follow_extents_not_buffers(void **state)
@@ -54,7 +56,7 @@ static void calls_follow_extents_not_buffers(void **state)
     }
     const pc_counts_t *lo = &c[0], *hi = &c[NN - 1];
     for (int ph = 0; ph < PC_PHASES; ph++)
-        assert_true(hi->calls[ph][PC_ALL] < 4 * lo->calls[ph][PC_ALL] ||
+        assert_true(hi->calls[ph][PC_ALL] < 8 * lo->calls[ph][PC_ALL] ||
                     hi->calls[ph][PC_ALL] == 0);
     assert_true(hi->calls[PC_ALLOC][PC_ALL] <= TARGET_ALLOC);
     assert_true(hi->calls[PC_PAUSE][PC_ALL] <= TARGET_PAUSE);

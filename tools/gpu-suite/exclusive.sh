@@ -16,7 +16,9 @@
 #                           natively out of memory, under the hook with VMMHOOK_OVERFLOW=host
 #                           the same R lines as a run on the whole GPU;
 #   torch_overflow_sum.py   (issue 29) the whole GPU filled to about 1.3x with tensors, each
-#                           summed on the GPU, caching on and off: exact sums, the rate.
+#                           summed on the GPU, caching on and off: exact sums, the rate;
+#   holes_gpu               (issue 27) chunks inside extents unmapped by the tidy after the
+#                           frees, one mapped again; its "I holes:" lines join an INFO row.
 # Natively pause_resume and torch_sleep only skip (the API is the hook's): pause_resume's native
 # run checks that (a second); torch_sleep's native run is left out (a PyTorch start for a skip).
 
@@ -41,6 +43,12 @@ exclusive_run() {
     if hooked_only pause_resume "pause_resume [defaults]" 150 "the defaults"; then
         pause_table
         backup_probe
+    fi
+
+    if hooked_only holes_gpu "holes_gpu [defaults]" 60 "the defaults"; then
+        info_row "holes_gpu (issue 27: mapped bytes after the tidy, a hole mapped again)" static "-" \
+            "$(rcname "$(rc_of holes_gpu.static.hooked)")" \
+            "$(grep -E '^I holes:' "$LOG/holes_gpu.static.hooked.out" 2>/dev/null | cut -c10- | tr '\n' ';')"
     fi
 
     local ov=$W/bin/overflow_gpu.static

@@ -41,7 +41,7 @@ json() { # what the hook's exit report would say: served, nothing left
 echo "I device 0: STAND-IN H200"
 case $name in
 gpu_probe) echo "PASS: gpu_probe"; exit 0 ;;
-realloc_gpu | pause_resume)
+realloc_gpu | pause_resume | holes_gpu)
     [ "$hooked" = 1 ] || { echo "SKIP: needs the hook"; exit 77; } ;;
 overflow_gpu)
     [ "$hooked" = 1 ] && [ "${VMMHOOK_OVERFLOW:-}" = host ] || { echo "SKIP: needs the hook and VMMHOOK_OVERFLOW=host"; exit 77; } ;;
@@ -74,6 +74,9 @@ pause_resume)
     echo "T pr40m.pause.cycle0 80.000 ms <=100.000 MET"
     echo "T backup.first_pause_rate 5.000 GiB/s >=8.000 MISS"
     echo "I pinned cudaMemcpy 1 GiB: device to host 50.0 GiB/s, host to device 51.0 GiB/s" ;;
+holes_gpu)
+    echo "I holes: 10240 x 2 MiB, 1 in 512 kept: 20480 MiB used before the frees, 4072 MiB 3.5 s after (0.199)"
+    echo "R idle chunks inside extents unmapped: yes" ;;
 overflow_gpu)
     echo "R vmm_prefetch -> 0"
     echo "T spilled_kernel_read 47.00 GiB/s 40 MET"
@@ -186,6 +189,8 @@ want "capture passes" '^\| capture \| static \| 0 \| 0 \| \*\*PASS\*\*'
 want "fork_churn passes" '^\| fork_churn \| static \| 0 \| 0 \| \*\*PASS\*\*'
 want "mallocasync_after_free passes" '^\| mallocasync_after_free \| static \| 0 \| 0 \| \*\*PASS\*\*'
 want "pause_resume passes (native skips)" '^\| pause_resume \[defaults\] \| static \| 77 \| 0 \| \*\*PASS\*\*'
+want "holes_gpu passes (native skips)" '^\| holes_gpu \[defaults\] \| static \| 77 \| 0 \| \*\*PASS\*\*'
+want "holes_gpu row" '^\| holes_gpu \(issue 27.* INFO \| 10240 x 2 MiB'
 want "pause_resume timings row" '^\| pause_resume timings .* INFO \| 1 met; misses: backup.first_pause_rate'
 want "overflow_gpu passes (native skips)" '^\| overflow_gpu \[VMMHOOK_OVERFLOW=host\] \| static \| 77 \| 0 \| \*\*PASS\*\*'
 want "overflow_gpu timings row" '^\| overflow_gpu timings .* INFO \| spilled_kernel_read=47.00GiB/s \(40 MET\); prefetch_back=30.00GiB/s \(40 MISS\)'

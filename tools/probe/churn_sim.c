@@ -21,7 +21,12 @@
  *     cuMemCreate, cuMemMap, ...;
  *   - the library's gauges: peak bytes mapped / peak bytes requested, at the end of bench (d)'s
  *     window (fill + 4000 steps, one thread only: the GPU figure it compares with) and over the
- *     whole run; peak bytes reserved.
+ *     whole run; peak bytes reserved;
+ *   - (one thread) what the mapped bytes were made of when they last peaked in bench (d)'s
+ *     window (issue 27's slack: rounding, free space beside live blocks, whole idle extents,
+ *     parked, outside extents), and with --holes C,... a model of holes inside extents per
+ *     chunk size C (see "a model of holes" below; --chunk-div D: chunks of max(C, extent / D),
+ *     0: of C; --hole-budget P: mapped free bytes kept, in % of live bytes, default 2).
  *
  * Timing is not the GPU's. The simulated driver's synchronizations return at once, and a step
  * here costs well under a microsecond of CPU (6.6-13.9 us on the H200, BENCHMARKS.md), so the
@@ -37,12 +42,14 @@
  * suites' set-up, hence cmocka); run:
  *   build/tools/probe/churn_sim [--pack 8M,16M,...] [--threads 1,16] [--steps N] [--warmup N]
  *                               [--repeat N] [--no-reclaim-thread] [--quiet]
+ *                               [--holes 8M,32M] [--chunk-div 4] [--hole-budget 2]
  * With --repeat N every setting runs N times (a fresh heap each) and a figure that differs is
  * printed as its min-max.
  * Exit 0, or 1 when an allocation failed or the driver's ledger was not empty at the end.
  */
 #include "simprobe.h"
 
+#include "heap_internal.h" /* the devices' packing shards, for the slack's breakdown */
 #include "optparse.h"
 
 #include <pthread.h>
@@ -81,6 +88,260 @@ static size_t churn_size(rng_t *r)
     if (c < 95)
         return rng_range(r, 64 * KiB, 8 * MiB);
     return rng_range(r, 8 * MiB, 256 * MiB);
+}
+
+/* ---- what the mapped bytes are made of -------------------------------------------------- */
+
+/* At one time: bytes mapped (the gauge) split into what the program asked for and the slack
+ * (issue 27): rounding (block usable sizes over requests), free space beside live blocks inside
+ * extents, whole extents holding no live block (free or parked, what a trim gives back), parked
+ * blocks in extents that hold live ones, and what is mapped outside the packing extents (big
+ * buffers, idle ranges of the cache). */
+typedef struct slack {
+    int64_t mapped, requested;
+    size_t live, rounding, free_inside, idle_extents, parked_inside, outside, extents;
+    size_t big_parked, cached; /* of outside: parked big buffers, the cache's idle ranges */
+    long at; /* operations of the window before it (fill allocations, then steps) */
+} slack_t;
+
+static void slack_read(slack_t *sl)
+{
+    *sl = (slack_t){.mapped = vmh_gauge_get(VMH_STAT_bytes_mapped),
+                    .requested = vmh_gauge_get(VMH_STAT_bytes_requested)};
+    size_t ext_bytes = 0, parked = 0, free_bytes = 0;
+    for (int i = 0; i < VMH_MAX_DEVICES; i++) {
+        hdev_t *h = hdev_at(i);
+        if (!h)
+            continue;
+        sl->cached += vmh_cache_bytes(&h->cache);
+        FOR_EACH_PART(h, part)
+        sl->big_parked += vmh_bigbuf_parked_bytes(&part->big);
+        FOR_EACH_PART(h, part)
+        for (int k = 0; k < VMH_SHARDS; k++) {
+            vmh_shard_t *s = &part->pack.shards[k];
+            vmh_arena_stats_t st;
+            pthread_mutex_lock(&s->lock);
+            vmh_arena_stats(s->arena, &st);
+            sl->idle_extents += vmh_arena_unused_extent_bytes(s->arena, NULL);
+            pthread_mutex_unlock(&s->lock);
+            sl->live += st.live;
+            parked += st.parked;
+            free_bytes += st.free + st.retired;
+            ext_bytes += st.extents_bytes;
+            sl->extents += st.extents;
+        }
+    }
+    /* Whole idle extents hold free and parked bytes; the rest of each is inside used extents.
+     * Parked bytes in idle extents are counted as idle extents. */
+    sl->rounding = sl->live > (size_t)sl->requested ? sl->live - (size_t)sl->requested : 0;
+    size_t busy_nonlive = ext_bytes - sl->live - sl->idle_extents;
+    sl->parked_inside = parked < busy_nonlive ? parked : busy_nonlive;
+    sl->free_inside = busy_nonlive - sl->parked_inside;
+    (void)free_bytes;
+    sl->outside = (size_t)sl->mapped > ext_bytes ? (size_t)sl->mapped - ext_bytes : 0;
+}
+
+static void slack_print(const char *when, const slack_t *sl, int64_t peak_requested)
+{
+    double r = (double)peak_requested;
+    printf("slack at %s: mapped %.0f MiB = %.3f x peak requested %.0f MiB; requested now %.0f "
+           "MiB (%.3f); rounding %.0f MiB (%.3f); free beside live blocks %.0f MiB (%.3f); whole "
+           "idle extents %.0f MiB (%.3f); parked beside live blocks %.0f MiB (%.3f); outside "
+           "extents %.0f MiB (%.3f), of it parked big buffers %.0f MiB (%.3f) and cached idle "
+           "ranges %.0f MiB (%.3f); %zu extents; after %ld of the window's %d allocations and "
+           "steps\n",
+           when, (double)sl->mapped / MiB, (double)sl->mapped / r, r / MiB,
+           (double)sl->requested / MiB, (double)sl->requested / r, (double)sl->rounding / MiB,
+           (double)sl->rounding / r, (double)sl->free_inside / MiB, (double)sl->free_inside / r,
+           (double)sl->idle_extents / MiB, (double)sl->idle_extents / r,
+           (double)sl->parked_inside / MiB, (double)sl->parked_inside / r,
+           (double)sl->outside / MiB, (double)sl->outside / r, (double)sl->big_parked / MiB,
+           (double)sl->big_parked / r, (double)sl->cached / MiB, (double)sl->cached / r,
+           sl->extents, sl->at, LIVE_BLOCKS + MEM_WINDOW_STEPS);
+}
+
+/* The slack when the mapped bytes last reached a new peak (bench (d)'s window, one thread). */
+static slack_t slack_at_peak;
+static long slack_ops; /* operations of the window so far */
+
+static void slack_track(void)
+{
+    int64_t mapped = vmh_gauge_get(VMH_STAT_bytes_mapped);
+    slack_ops++;
+    if (mapped > slack_at_peak.mapped) {
+        slack_read(&slack_at_peak);
+        slack_at_peak.at = slack_ops;
+    }
+}
+
+static double per_k(uint64_t n, long steps)
+{
+    return 1000.0 * (double)n / (double)steps;
+}
+
+/* ---- a model of holes inside extents (issue 27) ------------------------------------------ */
+
+/* What design (a) of issue 27 would give on this workload, modelled beside the product without
+ * changing it: every extent backed by chunks of max(C, extent / --chunk-div) bytes (a chunk maps
+ * only whole, so a hole is whole chunks); after each step, chunks that a block now uses again
+ * are mapped back (on the allocating thread: cuMemCreate and cuMemMap per chunk, one
+ * cuMemSetAccess per run of them), and while the mapped bytes beside live blocks pass a budget
+ * (a fraction of the live bytes) fully free chunks are released (in the background: cuMemUnmap
+ * and cuMemRelease per chunk), first found first. Free means free in the arena: parked blocks
+ * are never released (vmh_arena_free_runs). Placement is the product's (the arena does not
+ * know which free space is mapped), so the figures are what the policy alone would change. */
+#define MODEL_EXTENTS 4096
+#define MAX_MODELS 8
+#define SIM_GRAN (2 * MiB)
+
+typedef struct model_ext {
+    uintptr_t base;
+    size_t size, chunk, nchunks;
+    bool *released, *free_now;
+    bool seen;
+} model_ext_t;
+
+typedef struct hole_model {
+    size_t chunk_min;
+    double budget; /* mapped bytes beside live blocks allowed, over live bytes */
+    model_ext_t ext[MODEL_EXTENTS];
+    size_t next;
+    int64_t peak_mapped;
+    uint64_t remapped, released, map_calls, release_calls, steps;
+    size_t chunks_at_peak;
+} hole_model_t;
+
+static hole_model_t models[MAX_MODELS];
+static int nmodels;
+static double hole_budget = 0.02;
+static size_t chunk_div = 4; /* 0: chunks of the size given, whatever the extent */
+
+static model_ext_t *model_ext(hole_model_t *m, uintptr_t base, size_t size)
+{
+    for (size_t i = 0; i < m->next; i++)
+        if (m->ext[i].base == base && m->ext[i].size == size)
+            return &m->ext[i];
+    assert(m->next < MODEL_EXTENTS);
+    model_ext_t *x = &m->ext[m->next++];
+    size_t chunk = chunk_div ? size / chunk_div : 0;
+    chunk = chunk < m->chunk_min ? m->chunk_min : chunk;
+    chunk = (chunk + SIM_GRAN - 1) / SIM_GRAN * SIM_GRAN;
+    *x = (model_ext_t){
+        .base = base, .size = size, .chunk = chunk, .nchunks = (size + chunk - 1) / chunk};
+    x->released = calloc(x->nchunks, sizeof(bool));
+    x->free_now = calloc(x->nchunks, sizeof(bool));
+    assert(x->released && x->free_now);
+    return x;
+}
+
+static void on_free_run(uintptr_t base, size_t size, void *arg)
+{
+    model_ext_t *x = arg;
+    for (size_t off = base - x->base; off < base - x->base + size; off += x->chunk)
+        x->free_now[off / x->chunk] = true; /* runs are chunk-aligned: whole chunks */
+}
+
+/* One step of the model after a step of the workload (one thread: nothing changes meanwhile). */
+static void model_step(hole_model_t *m)
+{
+    for (size_t i = 0; i < m->next; i++)
+        m->ext[i].seen = false;
+    size_t live = 0;
+    for (int d = 0; d < VMH_MAX_DEVICES; d++) {
+        hdev_t *h = hdev_at(d);
+        if (!h)
+            continue;
+        FOR_EACH_PART(h, part)
+        for (int k = 0; k < VMH_SHARDS; k++) {
+            vmh_shard_t *s = &part->pack.shards[k];
+            pthread_mutex_lock(&s->lock);
+            vmh_arena_stats_t st;
+            vmh_arena_stats(s->arena, &st);
+            live += st.live;
+            for (vmh_ext_t *e = s->exts; e; e = e->next) {
+                if (!e->extent || !e->npieces || vmh_packing_paused_locked(e))
+                    continue;
+                model_ext_t *x =
+                    model_ext(m, vmh_extent_base(e->extent), vmh_extent_size(e->extent));
+                x->seen = true;
+                memset(x->free_now, 0, x->nchunks);
+                vmh_arena_free_runs(e->extent, x->chunk, on_free_run, x);
+                /* Released chunks a block uses again are mapped back. */
+                for (size_t c = 0; c < x->nchunks; c++)
+                    if (x->released[c] && !x->free_now[c]) {
+                        x->released[c] = false;
+                        m->remapped++;
+                        m->map_calls += 2 + (c == 0 || !x->released[c - 1] ? 1 : 0);
+                    }
+            }
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
+    size_t released_bytes = 0, chunks = 0;
+    for (size_t i = 0; i < m->next;) {
+        model_ext_t *x = &m->ext[i];
+        if (!x->seen) { /* given back whole by the product */
+            free(x->released);
+            free(x->free_now);
+            *x = m->ext[--m->next];
+            continue;
+        }
+        chunks += x->nchunks;
+        for (size_t c = 0; c < x->nchunks; c++)
+            if (x->released[c])
+                released_bytes += c + 1 == x->nchunks ? x->size - c * x->chunk : x->chunk;
+        i++;
+    }
+    int64_t mapped = vmh_gauge_get(VMH_STAT_bytes_mapped) - (int64_t)released_bytes;
+    const int64_t allowed = (int64_t)(m->budget * (double)live);
+    for (size_t i = 0; i < m->next && mapped - (int64_t)live > allowed; i++) {
+        model_ext_t *x = &m->ext[i];
+        for (size_t c = 0; c < x->nchunks && mapped - (int64_t)live > allowed; c++)
+            if (x->free_now[c] && !x->released[c]) {
+                x->released[c] = true;
+                m->released++;
+                m->release_calls += 2;
+                mapped -= (int64_t)(c + 1 == x->nchunks ? x->size - c * x->chunk : x->chunk);
+            }
+    }
+    m->steps++;
+    if (mapped > m->peak_mapped) {
+        m->peak_mapped = mapped;
+        m->chunks_at_peak = chunks;
+    }
+}
+
+static void models_step(void)
+{
+    for (int i = 0; i < nmodels; i++)
+        model_step(&models[i]);
+}
+
+static void models_reset(void)
+{
+    for (int i = 0; i < nmodels; i++) {
+        hole_model_t *m = &models[i];
+        for (size_t k = 0; k < m->next; k++) {
+            free(m->ext[k].released);
+            free(m->ext[k].free_now);
+        }
+        *m = (hole_model_t){.chunk_min = m->chunk_min, .budget = hole_budget};
+    }
+}
+
+static void models_print(int64_t peak_requested, long window_steps)
+{
+    for (int i = 0; i < nmodels; i++) {
+        const hole_model_t *m = &models[i];
+        printf("holes model, chunks of max(%zu MiB, extent/%zu), budget %.0f%% of live: peak "
+               "mapped %.0f MiB = %.3f x peak requested; per 1000 window steps (fill "
+               "included): %.1f chunks mapped back (%.1f calls, allocating thread), %.1f "
+               "released (%.1f calls, background); %zu chunks at the peak\n",
+               m->chunk_min / MiB, chunk_div, 100 * m->budget, (double)m->peak_mapped / MiB,
+               (double)m->peak_mapped / (double)peak_requested, per_k(m->remapped, window_steps),
+               per_k(m->map_calls, window_steps), per_k(m->released, window_steps),
+               per_k(m->release_calls, window_steps), m->chunks_at_peak);
+    }
 }
 
 /* ---- one thread's live set ---------------------------------------------------------------- */
@@ -162,12 +423,21 @@ static void *worker_main(void *arg)
     run_t *run = w->run;
     churner_t *c = &run->ch[w->t];
     sim_set_current_device(0); /* as cudart makes the primary context current on each thread */
-    for (int i = 0; i < c->nlive; i++)
+    bool track = run->threads == 1;
+    for (int i = 0; i < c->nlive; i++) {
         fill_one(c, i);
+        if (track) {
+            slack_track();
+            models_step();
+        }
+    }
     worker_pause(run);
-    long window = run->threads == 1 ? MEM_WINDOW_STEPS : 0;
-    for (long k = 0; k < window; k++)
+    long window = track ? MEM_WINDOW_STEPS : 0;
+    for (long k = 0; k < window; k++) {
         step(c);
+        slack_track();
+        models_step();
+    }
     worker_pause(run);
     for (long k = share(run->warmup, run->threads, w->t) - window; k > 0; k--)
         step(c);
@@ -177,11 +447,6 @@ static void *worker_main(void *arg)
     worker_pause(run);
     free_all(c);
     return NULL;
-}
-
-static double per_k(uint64_t n, long steps)
-{
-    return 1000.0 * (double)n / (double)steps;
 }
 
 typedef struct result {
@@ -201,6 +466,9 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
 {
     result_t res = {.pack_below = pack_below, .threads = threads};
     probe_heap_reset("churn_sim", reclaim_thread);
+    slack_at_peak = (slack_t){0};
+    slack_ops = 0;
+    models_reset();
     tu_opt.pack_below = pack_below; /* the threshold tried */
     tu_configure();
 
@@ -232,6 +500,10 @@ static result_t run_one(size_t pack_below, int threads, long warmup, long steps)
     pthread_barrier_wait(&run.phase); /* bench (d)'s window done (1 thread) */
     run.window_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
     run.window_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
+    if (threads == 1) {
+        slack_print("the window's peak mapped", &slack_at_peak, run.window_requested);
+        models_print(run.window_requested, LIVE_BLOCKS + MEM_WINDOW_STEPS);
+    }
     pthread_barrier_wait(&run.phase);
     pthread_barrier_wait(&run.phase); /* warmed up */
     probe_snap(&before);
@@ -366,7 +638,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: churn_sim [--pack 8M,16M,32M,64M,128M,512M] [--threads 1,16] "
                     "[--steps 200000] [--warmup 20000] [--repeat 1] [--no-reclaim-thread] "
-                    "[--quiet]\n");
+                    "[--holes 32M,128M] [--chunk-div 4] [--hole-budget PERCENT] [--quiet]\n");
     exit(2);
 }
 
@@ -396,6 +668,20 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--no-reclaim-thread") == 0) {
             reclaim_thread = false;
+        } else if (strcmp(a, "--holes") == 0 && v) {
+            size_t chunks[MAX_MODELS];
+            nmodels = parse_sizes(v, chunks, MAX_MODELS);
+            if (nmodels < 0)
+                usage();
+            for (int k = 0; k < nmodels; k++)
+                models[k].chunk_min = chunks[k];
+            i++;
+        } else if (strcmp(a, "--chunk-div") == 0 && v) {
+            chunk_div = (size_t)strtoul(v, NULL, 10);
+            i++;
+        } else if (strcmp(a, "--hole-budget") == 0 && v) {
+            hole_budget = strtod(v, NULL) / 100;
+            i++;
         } else if (strcmp(a, "--quiet") == 0) {
             quiet = true;
         } else {
