@@ -357,7 +357,7 @@ static void idle_memory_goes_back_in_the_background(void **state)
     assert_true(vmh_counter_get(VMH_STAT_tidy_bytes) >= 1024 * MiB - 64 * MiB);
     assert_true(sim_device_used(0) <= 64 * MiB);
     assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), blocking);
-    vmh_reclaim_stop(false);
+    vmh_reclaim_stop();
     vmh_reclaim_background(false);
     assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
 }
