@@ -10,8 +10,7 @@ static bool move_stage(unsigned from, int to)
     do {
         if (!(from & 1u << (old & VMH_PHASE_STAGE)))
             return false;
-    } while (!atomic_compare_exchange_weak(&vmh_phase_now, &old,
-                                           (old & ~VMH_PHASE_STAGE) | to));
+    } while (!atomic_compare_exchange_weak(&vmh_phase_now, &old, (old & ~VMH_PHASE_STAGE) | to));
     return true;
 }
 

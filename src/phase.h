@@ -44,10 +44,13 @@ enum {
 
 extern __attribute__((visibility("hidden"))) atomic_int vmh_phase_now;
 
-/* The phase: the stage and the FORKED bit, in one load. */
+/* The phase: the stage and the FORKED bit, in one load. Relaxed (the heap reads it on every
+ * call): it orders nothing else. A layer that must know that none of its calls is in flight
+ * after a change, or that every later call sees it, reads it under its own lock, which its
+ * step takes after lifetime.c moved the phase (ipc_export.c; the reclaim thread's start). */
 static inline int vmh_phase(void)
 {
-    return atomic_load_explicit(&vmh_phase_now, memory_order_acquire);
+    return atomic_load_explicit(&vmh_phase_now, memory_order_relaxed);
 }
 
 /* The stage alone (VMH_PHASE_RUNNING ... VMH_PHASE_CHILD). */
