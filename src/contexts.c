@@ -17,9 +17,9 @@
  * file also holds the layer's lock wrapper and its fork and reset steps, which call the others'.
  *
  * Lock order: ctx_lock, cap_lock and gate_lock are never held together, nor across a driver
- * call (the last ranks of witness.h). All are made anew in a forked child
- * (vmh_contexts_after_fork_child, called by lifetime.c's fork handler, registered at their first
- * use).
+ * call (the last ranks of witness.h). All are made anew in a forked child (the layer's child
+ * step, ctx_wait.c's vmh_contexts_steps, walked by lifetime.c's fork handler, registered at
+ * their first use).
  */
 #include "contexts_internal.h"
 

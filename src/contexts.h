@@ -23,6 +23,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "phase.h"
+
 /* --- reported by the interposer (after the real call succeeded) --- */
 
 /* A context exists on `device`: cuCtxCreate*, cuDevicePrimaryCtxRetain, or a context first seen
@@ -176,19 +178,19 @@ const char *vmh_work_split_reason(void);
 
 /* --- fork --- */
 
-/* In the child of a fork, before anything else runs there: the locks are made anew (another
- * thread of the parent may have held one at the fork) and the waits and captures of the
+/* The layer's process-event steps (phase.h; ctx_wait.c): in the child of a fork, before any
+ * higher layer's step runs there, the locks are made anew (another thread of the parent may
+ * have held one at the fork) and the waits (contexts.c) and captures (captures.c) of the
  * parent's other threads, which do not exist in the child, are dropped, so that no report made
  * in the child can block. The contexts are kept (CUDA is not usable in the child anyway; the
- * driver answers its calls). lifetime.c's fork handler calls both, once, in every child:
- * reports arrive from the program's first CUDA calls, before the library's start, so that
- * handler is registered at the first use of this layer's locks (first_use.h), after the
- * driver's first successful call. This layer registers no handler of its own. */
-void vmh_contexts_after_fork_child(void);
-void vmh_captures_after_fork_child(void);
+ * driver answers its calls). lifetime.c's fork handler walks it, once, in every child: reports
+ * arrive from the program's first CUDA calls, before the library's start, so that handler is
+ * registered at the first use of this layer's locks (first_use.h), after the driver's first
+ * successful call. This layer registers no handler of its own. */
+extern const vmh_steps_t vmh_contexts_steps;
 
 #ifdef VMH_TESTING
-/* Tests: how many times vmh_contexts_after_fork_child ran in this process (a child inherits its
+/* Tests: how many times the layer's child step ran in this process (a child inherits its
  * parent's count: 0 unless the parent itself is a forked child). */
 unsigned vmh_contexts_after_fork_runs(void);
 /* Tests: forget every context and capture; the work is in one queue again. */

@@ -42,6 +42,11 @@ CUresult vmh_ctx_scope_enter(CUcontext ctx, CUcontext current, vmh_ctx_scope_t *
 bool vmh_capture_gate_sync_enter(void);
 void vmh_capture_gate_sync_leave(void);
 
+/* Each file's part of the child step of a fork, called by ctx_wait.c's vmh_contexts_steps
+ * (contexts.h says what they do). */
+void vmh_contexts_after_fork_child(void);
+void vmh_captures_after_fork_child(void);
+
 /* Each file's step in the tests' reset, called by ctx_wait.c's vmh_contexts_reset. */
 #ifdef VMH_TESTING
 void vmh_contexts_known_reset(void);

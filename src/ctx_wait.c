@@ -111,6 +111,16 @@ void vmh_work_split_wait(void)
     }
 }
 
+/* The child of a fork: each file's locks anew, the other threads' waits and captures dropped
+ * (contexts.h). */
+static void contexts_child(void)
+{
+    vmh_contexts_after_fork_child();
+    vmh_captures_after_fork_child();
+}
+
+const vmh_steps_t vmh_contexts_steps = {.letter = 'C', .child = contexts_child};
+
 #ifdef VMH_TESTING
 void vmh_contexts_reset(void)
 {

@@ -163,18 +163,17 @@ size_t vmh_heap_idle_bytes(int device);
  * heap, the host bytes serving it and its spills, small ones apart (VMMHOOK_OVERFLOW=host). */
 void vmh_heap_stats_devices(vmh_jbuf_t *b);
 
-/* Exit (lifetime.c): reports leaks when report_leaks, then serves nothing more and forgets
- * without calling the driver (the driver may already be gone). Entry points stay safe
- * afterwards and pass through. */
+/* Exit (lifetime.c's destructor, once, after the phase became EXITED, phase.h): stops the
+ * reclaim thread (when the exit handler has not) and reports leaks when report_leaks. From
+ * EXITED on the heap serves nothing more and forgets late frees without calling the driver
+ * (the driver may already be gone); in a forked child (phase CHILD) every entry point passes
+ * through, without taking any lock (another thread of the parent may have held one at the
+ * fork) and without a driver call. Entry points stay safe in both. */
 void vmh_heap_shutdown(bool report_leaks);
 
-/* In a forked child of a process that used the heap (lifetime.c's fork handler): every entry
- * point passes through from now on, without taking any lock (another thread of the parent may
- * have held one at the fork) and without a driver call. */
-void vmh_heap_forked_child(void);
-
 /* Tests: destroys every buffer and cache of every device through the driver (so that the
- * simulated driver's ledger can be checked empty), and serves again. */
+ * simulated driver's ledger can be checked empty; the tests' reset then sets the phase back to
+ * RUNNING, vmh_phase_reset, to serve again). */
 void vmh_heap_reset(void);
 
 #ifdef VMH_TESTING

@@ -1,9 +1,9 @@
 /* Layer "heap front", its per-GPU records (heap_internal.h's hdev_t): one per device, made at
  * the device's first mention, its heap set up at the device's first allocation, each with a part
- * per tag made at the tag's first allocation there; the front's mode (running, exited, forked
- * child) and the steps that change it (shutdown with its leak report, the forked child, the
- * tests' reset); the tags' parts as pause.c sees them. The entry points that route allocations
- * and pointers are in heap.c, what gives idle memory back in heap_upkeep.c.
+ * per tag made at the tag's first allocation there; the exit's leak report and the tests' reset
+ * (the front's mode is the process's phase, phase.h); the tags' parts as pause.c sees them. The
+ * entry points that route allocations and pointers are in heap.c, what gives idle memory back
+ * in heap_upkeep.c.
  *
  * Records and parts are never freed while the process runs (only the tests' reset frees them),
  * so a reader that loaded one may use it without a lock.
@@ -27,7 +27,6 @@
 
 vmh_heap_settings_t vmh_heap_settings;
 _Atomic(hdev_t *) vmh_heap_devs[VMH_MAX_DEVICES];
-atomic_int vmh_heap_mode = HEAP_RUNNING;
 
 /* Guards making tag parts and freezing them (vmh_heap_tag_freeze). */
 static pthread_mutex_t parts_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -166,11 +165,9 @@ static void report_packed_leak(const vmh_block_info_t *b, void *arg)
 
 void vmh_heap_shutdown(bool report_leaks)
 {
-    int expected = HEAP_RUNNING;
-    if (!atomic_compare_exchange_strong(&vmh_heap_mode, &expected, HEAP_EXITED))
-        return;
-    /* No driver call after this returns: the driver may be torn down next. */
-    vmh_reclaim_stop(true);
+    /* No driver call after this returns: the driver may be torn down next (the phase is
+     * EXITED already: no thread starts again). */
+    vmh_reclaim_stop();
     if (!report_leaks)
         return;
     vmh_leak_report_begin();
@@ -294,20 +291,13 @@ void vmh_heap_tag_freeze(unsigned tag, bool frozen)
     vmh_unlock(&parts_lock);
 }
 
-void vmh_heap_forked_child(void)
-{
-    atomic_store(&vmh_heap_mode,
-                 HEAP_CHILD); /* the reclaim thread's step is lifetime.c's own call */
-}
-
 void vmh_heap_reset(void)
 {
-    vmh_reclaim_stop(false); /* its waits use the queues destroyed here */
+    vmh_reclaim_stop(); /* its waits use the queues destroyed here */
     for (int i = 0; i < VMH_MAX_DEVICES; i++) {
         hdev_t *h = atomic_exchange(&vmh_heap_devs[i], NULL);
         if (h && atomic_load(&h->ready))
             hdev_teardown(h);
         free(h); /* its grants and primary context with it */
     }
-    atomic_store(&vmh_heap_mode, HEAP_RUNNING);
 }

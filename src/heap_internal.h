@@ -1,7 +1,7 @@
 /* Internal to the heap front (heap.c, heap_devices.c, heap_upkeep.c): the per-GPU record and
- * its tag parts, the records' table and the front's mode, shared by the three files of the layer.
- * Nothing else includes this but tools/probe/churn_sim.c and tests/unit/test_holes.c (test
- * builds: they read the shards). */
+ * its tag parts and the records' table (the front's mode is the process's phase: phase.h), shared
+ * by the three files of the layer. Nothing else includes this but tools/probe/churn_sim.c and
+ * tests/unit/test_holes.c (test builds: they read the shards). */
 #ifndef VMH_HEAP_INTERNAL_H
 #define VMH_HEAP_INTERNAL_H
 
@@ -11,6 +11,7 @@
 #include "cache.h"
 #include "device.h"
 #include "packing.h"
+#include "phase.h"
 #include "reclaim.h"
 #include "vmmhook.h"
 
@@ -61,14 +62,11 @@ typedef struct hdev {
         for (tagpart_t *p = atomic_load_explicit(&(h)->part[part_i_], memory_order_acquire); p;    \
              p = NULL)
 
-enum { HEAP_RUNNING, HEAP_EXITED, HEAP_CHILD };
-
 /* The records (heap_devices.c), the one table by device ordinal. Settings are written by the
  * front's configure before any allocation and read without a lock after; a record is published
  * once, and its heap parts once, whole (ready). */
 extern vmh_heap_settings_t vmh_heap_settings;
 extern _Atomic(hdev_t *) vmh_heap_devs[VMH_MAX_DEVICES];
-extern atomic_int vmh_heap_mode; /* HEAP_RUNNING, then HEAP_EXITED or HEAP_CHILD */
 
 static inline hdev_t *hdev_of(vmh_dev_t *d)
 {
@@ -86,16 +84,18 @@ static inline hdev_t *hdev_at(int i)
  * set up. NULL when out of host memory. */
 hdev_t *vmh_hdev_record(int i);
 
+/* The front's mode is the process's phase (phase.h, lifetime.c's): it serves while RUNNING or
+ * EXITING; after EXITED it forgets late frees without a driver call. */
 static inline bool heap_running(void)
 {
-    return atomic_load_explicit(&vmh_heap_mode, memory_order_relaxed) == HEAP_RUNNING;
+    return vmh_phase_serving();
 }
 
-/* In a forked child: the parent's locks may be held by threads that are gone, so no entry point
- * takes one. */
+/* In a pass-through forked child: the parent's locks may be held by threads that are gone, so
+ * no entry point takes one. */
 static inline bool heap_in_child(void)
 {
-    return atomic_load_explicit(&vmh_heap_mode, memory_order_relaxed) == HEAP_CHILD;
+    return vmh_phase_stage() == VMH_PHASE_CHILD;
 }
 
 /* Device `ordinal`'s heap, made at its first use with ctx as the context to wait on

@@ -118,6 +118,28 @@ CUresult vmh_ipc_open(const CUipcMemHandle *hp, unsigned int flags, CUdeviceptr 
     return vmh_ipc_import(&h, ctx, out);
 }
 
+/* ---- process events (phase.h; the order: ipc.h) ------------------------------------------- */
+
+static void ipc_prefork(void)
+{
+    vmh_ipc_import_prefork();
+    vmh_ipc_listener_prefork();
+    vmh_ipc_export_prefork();
+}
+
+static void ipc_postfork(void)
+{
+    vmh_ipc_export_postfork();
+    vmh_ipc_listener_postfork();
+    vmh_ipc_import_postfork();
+}
+
+const vmh_steps_t vmh_ipc_steps = {.letter = 'I',
+                                   .prefork = ipc_prefork,
+                                   .parent = ipc_postfork,
+                                   .child = ipc_postfork,
+                                   .exit = vmh_ipc_export_exit};
+
 /* ---- peer access ---------------------------------------------------------------------------- */
 
 CUresult vmh_ipc_peer_changed(CUcontext peer, bool grant)

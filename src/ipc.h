@@ -60,6 +60,7 @@
 #include "ipc_import.h"
 #include "ipc_wire.h"
 #include "options.h" /* the values of VMMHOOK_HANDLE_TYPE */
+#include "phase.h"
 
 /* ---- what the layer above (lifetime.c) hands down ---------------------------------------- */
 
@@ -74,8 +75,17 @@ typedef struct vmh_ipc_settings {
  * what it needs from its lifetime comes down as this data. */
 void vmh_ipc_configure(const vmh_ipc_settings_t *s, void (*before_export)(void));
 
-/* vmh_ipc_stop (lifetime.c) and vmh_ipc_close (interpose.c) are ipc_import.c's, declared in
- * ipc_import.h, which this header includes; vmh_ipc_prune is ipc_export.c's: ipc_export.h. */
+/* The layer's process-event steps (phase.h), walked by lifetime.c; no file of IPC registers a
+ * handler. prefork takes the three locks top down (import table, listener, export table: a
+ * thread of a higher one may hold its lock while it calls a lower one, never the reverse; the
+ * three are never held together), parent and child release them in reverse order. exit (after
+ * the phase left RUNNING: the listener stops at its next wake, the table refuses exports) waits
+ * for the export table's driver call in flight, if any: none follows. From the phase EXITED on,
+ * or CHILD, an import's last close forgets its mapping without a driver call. */
+extern const vmh_steps_t vmh_ipc_steps;
+
+/* vmh_ipc_close (interpose.c) is ipc_import.c's, declared in ipc_import.h, which this header
+ * includes; vmh_ipc_prune is ipc_export.c's: ipc_export.h. */
 
 /* ---- the entry points' work (interpose.c) ----------------------------------------------- */
 

@@ -1,12 +1,14 @@
 /* CUDA IPC, the export table (see ipc_export.h).
  *
- * Owns: the entries (token -> the buffer's chunks, with references), and the flag, set when
- * lifetime.c says exit began, after which nothing of the exporting side calls the driver (no
- * handler of its own: lifetime.c decides start, fork and exit).
+ * Owns: the entries (token -> the buffer's chunks, with references). Once exit began (the
+ * process's phase past RUNNING, phase.h: lifetime.c's exit handler moves it) nothing of the
+ * exporting side calls the driver (no handler of its own: lifetime.c decides start, fork and
+ * exit).
  *
- * Locks: table_lock guards the table and the exit flag. It is held across every driver call of
- * the table (exports, releases), never across socket I/O or a wait, so that the exit handler,
- * which takes it, knows no such call is in flight when it sets the flag. The heap's locks are
+ * Locks: table_lock guards the table, and the phase is read under it (table_shut). It is held
+ * across every driver call of the table (exports, releases), never across socket I/O or a wait,
+ * so that the exit step, which takes it after the phase moved, knows no such call is in flight
+ * and none follows. The heap's locks are
  * taken inside it (export release, find); the heap never calls here with one of its own held
  * (its pressure hook runs unlocked).
  */
@@ -16,6 +18,7 @@
 #include "driver.h"
 #include "heap.h"
 #include "log.h"
+#include "phase.h"
 #include "stats.h"
 #include "witness.h"
 
@@ -34,15 +37,20 @@ typedef struct export_entry {
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static export_entry_t *exports;
 static size_t nexports, exports_cap;
-static bool table_shut; /* lifetime.c said exit began: no more driver calls from here */
+/* Exit began (or this is a pass-through child, where nothing reaches the table): no more
+ * driver calls from here. table_lock held. */
+static bool table_shut(void)
+{
+    return vmh_phase_stage() != VMH_PHASE_RUNNING;
+}
 
-/* lifetime.c's exit handler: it runs before libcuda's own teardown (lifetime registers it once
- * IPC began, after the driver was initialized; atexit handlers run in reverse order). Taking
- * the lock means no driver call of the table is in flight once the flag is set. */
-void vmh_ipc_export_shutdown(void)
+/* lifetime.c's exit handler, after the phase moved: it runs before libcuda's own teardown
+ * (lifetime registers it once IPC began, after the driver was initialized; atexit handlers run
+ * in reverse order). Taking the lock means no driver call of the table is in flight on return,
+ * and every later holder reads the phase moved. */
+void vmh_ipc_export_exit(void)
 {
     vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
-    table_shut = true;
     vmh_unlock(&table_lock);
 }
 
@@ -71,7 +79,7 @@ bool vmh_ipc_buffer_live(const vmh_export_t *ex)
  * one the memory. table_lock held. */
 static size_t prune_locked(void)
 {
-    if (table_shut)
+    if (table_shut())
         return 0;
     size_t w = 0, dropped = 0;
     for (size_t i = 0; i < nexports; i++) {
@@ -112,7 +120,7 @@ CUresult vmh_ipc_export_record(vmh_export_t *ex, CUcontext ctx, vmh_ipc_token_t 
 {
     vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
     CUresult rc = CUDA_SUCCESS;
-    if (table_shut) {
+    if (table_shut()) {
         rc = CUDA_ERROR_DEINITIALIZED;
         goto out;
     }
@@ -158,7 +166,7 @@ vmh_ipc_status_t vmh_ipc_export_take(const vmh_ipc_token_t *token, vmh_export_t 
     for (size_t i = 0; i < nexports; i++) /* every entry compared: no early exit to time */
         if (vmh_ipc_token_equal(&exports[i].token, token))
             e = &exports[i];
-    if (table_shut) {
+    if (table_shut()) {
         st = VMH_IPC_SHUT_DOWN;
     } else if (e && !vmh_ipc_buffer_live(&e->ex)) {
         prune_locked(); /* freed: the entry goes now, not at the next idle second */
@@ -188,7 +196,7 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
 {
     assert(count <= VMH_IPC_BATCH && first + count <= ex->nchunks);
     vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
-    CUresult rc = table_shut ? CUDA_ERROR_DEINITIALIZED : CUDA_SUCCESS;
+    CUresult rc = table_shut() ? CUDA_ERROR_DEINITIALIZED : CUDA_SUCCESS;
     size_t done = 0;
     while (rc == CUDA_SUCCESS && done < count) {
         CUmemGenericAllocationHandle h = ex->chunks[first + done]->handle;
@@ -222,7 +230,7 @@ void vmh_ipc_export_untake(vmh_export_t *ex)
     vmh_export_t described = *ex;
     described.chunks = NULL;
     vmh_lock(&table_lock, VMH_RANK_IPC_EXPORT);
-    if (!table_shut)
+    if (!table_shut())
         vmh_heap_export_release(ex);
     else
         free(ex->chunks);
@@ -237,7 +245,6 @@ void vmh_ipc_export_reset(void)
     for (size_t i = 0; i < nexports; i++)
         vmh_heap_export_release(&exports[i].ex);
     nexports = 0;
-    table_shut = false;
     vmh_unlock(&table_lock);
 }
 

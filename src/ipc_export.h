@@ -45,10 +45,12 @@ CUresult vmh_ipc_export_fds(const vmh_export_t *ex, CUcontext ctx, size_t first,
  * offset, device, nchunks) with chunks NULL; a second call does nothing. */
 void vmh_ipc_export_untake(vmh_export_t *ex);
 
-/* Lifetime (lifetime.c calls these; the table registers no handler of its own): exit began, so no
- * driver call from the table from now on (none is in flight on return); and the table's lock taken
- * before a fork and released after it in parent and child. */
-void vmh_ipc_export_shutdown(void);
+/* The table's part of the IPC layer's steps (ipc.c's vmh_ipc_steps; the table registers no
+ * handler of its own): at exit, after the phase left RUNNING (phase.h), the lock taken and
+ * released once, so that no driver call of the table is in flight on return and none follows
+ * (each reads the phase under it); the lock taken before a fork and released after it in
+ * parent and child. */
+void vmh_ipc_export_exit(void);
 void vmh_ipc_export_prefork(void);
 void vmh_ipc_export_postfork(void);
 

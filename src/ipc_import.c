@@ -12,6 +12,7 @@
 #include "handle.h"
 #include "heap.h"
 #include "log.h"
+#include "phase.h"
 #include "range.h"
 #include "stats.h"
 #include "testable.h"
@@ -24,15 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* Set by lifetime.c at exit and in a forked child (vmh_ipc_stop): closes then make no driver
- * call. */
-static atomic_bool stopped;
-
-void vmh_ipc_stop(void)
-{
-    atomic_store(&stopped, true);
-}
 
 VMH_TESTABLE _Atomic int vmh_ipc_exchange_timeout_ms = 10000;
 
@@ -398,7 +390,7 @@ CUresult vmh_ipc_close(CUdeviceptr p)
     /* The last reference: wait (without the lock) before anything changes, so that a close
      * refused during a capture leaves the import open, to be closed after the capture. At exit
      * the driver may be gone: the mapping is forgotten (the process ends with it). */
-    bool ready = !atomic_load(&stopped) && vmh_driver_ready();
+    bool ready = vmh_phase_stage() < VMH_PHASE_EXITED && vmh_driver_ready();
     if (ready) {
         rc = wait_before_unmap(device);
         if (rc != CUDA_SUCCESS)

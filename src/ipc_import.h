@@ -19,20 +19,15 @@
  * (one more reference). Codes: see vmh_ipc_open in ipc.h. */
 CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *out);
 
-/* fork (lifetime.c's handlers; this file registers none): the import table's lock is taken
- * before a fork and released after it, in parent and child. It is never held with another
- * lock, nor across a driver call or socket call. */
+/* fork (the IPC layer's steps, ipc.c's vmh_ipc_steps; no file of IPC registers a handler):
+ * the import table's lock is taken before a fork and released after it, in parent and child.
+ * It is never held with another lock, nor across a driver call or socket call. */
 void vmh_ipc_import_prefork(void);
 void vmh_ipc_import_postfork(void);
 
-/* The process exited, or this is a forked child (lifetime.c, which owns both): from now on a
- * last close forgets its mapping without a driver call. Only an atomic store: callable in a
- * child right after fork(). */
-void vmh_ipc_stop(void);
-
 /* cuIpcCloseMemHandle: drops one reference of a pointer vmh_ipc_open returned; the last one
  * waits for the context's queued work and unmaps. CUDA_ERROR_NOT_FOUND when p was not opened
- * here (the caller passes to the driver). After vmh_ipc_stop (exit, a forked child) the mapping
+ * here (the caller passes to the driver). From the phase EXITED on (or CHILD, phase.h) the mapping
  * is forgotten without a driver call: the driver may be gone, and the process ends with it. */
 CUresult vmh_ipc_close(CUdeviceptr p);
 

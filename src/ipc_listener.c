@@ -11,6 +11,7 @@
 #include "ipc_wire.h"
 
 #include "log.h"
+#include "phase.h"
 #include "testable.h"
 #include "thread_state.h"
 #include "witness.h"
@@ -53,13 +54,6 @@ static atomic_bool listener_stop;
 static atomic_flag warned_refusal = ATOMIC_FLAG_INIT;
 static atomic_flag warned_fd_limit = ATOMIC_FLAG_INIT;
 
-/* At exit (lifetime.c's handler) the listener stops taking connections (the
- * export table makes no driver call after exit began either way). */
-void vmh_ipc_listener_shutdown(void)
-{
-    atomic_store(&listener_stop, true);
-}
-
 /* fork (lifetime.c's handlers): the child must not inherit listen_lock held by a thread
  * starting the listener. */
 void vmh_ipc_listener_prefork(void)
@@ -70,6 +64,14 @@ void vmh_ipc_listener_prefork(void)
 void vmh_ipc_listener_postfork(void)
 {
     vmh_unlock(&listen_lock);
+}
+
+/* The thread ends at its next wake once asked (the tests' stop) or once exit began (the phase
+ * past RUNNING, lifetime.c's exit handler: the export table makes no driver call after that
+ * either way). */
+static bool listener_stopping(void)
+{
+    return atomic_load(&listener_stop) || vmh_phase_stage() != VMH_PHASE_RUNNING;
 }
 
 /* ---- one connection ------------------------------------------------------------------------ */
@@ -337,7 +339,7 @@ static void *listener_main(void *arg)
         return NULL;
     }
     int64_t next_prune = vmh_ipc_now_ms() + IPC_PRUNE_EVERY_MS;
-    while (!atomic_load(&listener_stop)) {
+    while (!listener_stopping()) {
         struct pollfd p[2 + VMH_IPC_MAX_PEERS];
         int64_t now = vmh_ipc_now_ms();
         bool slots = st->npeers < VMH_IPC_MAX_PEERS;
@@ -354,7 +356,7 @@ static void *listener_main(void *arg)
                 wake = pr->deadline_ms;
         }
         int n = poll(p, 2 + st->npeers, wake > now ? (int)(wake - now) : 0);
-        if (atomic_load(&listener_stop))
+        if (listener_stopping())
             break;
         if (n < 0 && errno != EINTR) {
             vmh_log("CUDA IPC listener: poll failed (%s); no more imports from this process",

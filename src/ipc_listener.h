@@ -26,9 +26,10 @@ CUresult vmh_ipc_listener_start(uint32_t *pid, uint64_t *socket_token);
  * gets the driver's answer for a same-process open. */
 bool vmh_ipc_listener_is_own(uint32_t pid, uint64_t socket_token);
 
-/* Lifetime (lifetime.c calls these; the listener registers no handler of its own): at exit the
- * listener stops taking connections; its lock is taken before a fork and released after it. */
-void vmh_ipc_listener_shutdown(void);
+/* fork (the IPC layer's steps, ipc.c's vmh_ipc_steps; the listener registers no handler of
+ * its own): its lock is taken before a fork and released after it. Once exit began (the phase
+ * past RUNNING, phase.h) the thread stops taking connections at its next wake: nothing to do
+ * at exit. A child gets its own listener (the pid tells it). */
 void vmh_ipc_listener_prefork(void);
 void vmh_ipc_listener_postfork(void);
 

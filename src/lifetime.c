@@ -1,28 +1,36 @@
 /* The library's lifetime: start, exit, fork (see lifetime.h). The only owner of "what happens
- * after": the layers below are told (vmh_heap_shutdown, vmh_heap_forked_child, ...) and keep no
- * flags of their own about it.
+ * after": it alone moves the process's phase (phase.h: RUNNING, EXITING, EXITED, CHILD, and
+ * the FORKED bit), which every layer reads; no layer keeps a flag of its own about exit or fork.
  *
  * Process events have one owner, this file: it alone registers fork handlers (pthread_atfork)
- * and an exit handler (atexit), once each, and calls each layer's step in one order:
+ * and an exit handler (atexit), once each, and walks the layers' step sets (phase.h's
+ * vmh_steps_t; the table `layers` below, bottom up: contexts, reclaim, IPC) in one order:
  *
- *   prefork (the fork's prepare)  top down: the IPC import table's lock, the listener's, the
- *       export table's. A thread of a higher layer may hold its lock while it calls a lower one
- *       (an export under the table lock calls the driver and the heap), never the reverse, so
- *       taking the higher lock first never waits for a thread that waits for a lock already
- *       taken here. The three IPC locks are never held together, so their own order is free.
- *       No lower layer's lock is taken: contexts.c makes its locks anew in the child and the
- *       heap and the reclaim thread are never used in a child (pass-through); taking them
- *       here would wait for a context synchronize of the reclaim thread.
- *   parent                        the prefork locks released, in reverse order.
- *   child                         the prefork locks released, then each layer bottom up:
- *       contexts (locks anew; the parent's other threads' waits and captures dropped), the
- *       reclaim thread (it does not exist here), then, if the parent used the driver through
- *       the library, the heap (pass-through) and IPC (stopped). Lower layers first, as at start:
- *       a higher layer's step may then rely on the layers below being usable in the child.
- *       Each runs once, atomics and lock initialization only.
- *   exit                          top down: IPC (the listener stops taking connections, the
- *       export table stops calling the driver), then the reclaim thread (stopped and joined).
- *       Users stop before what they use: the listener's last prunes may park frees.
+ *   prefork (the fork's prepare)  top down: IPC takes its import table's lock, the listener's,
+ *       the export table's (ipc.c). A thread of a higher layer may hold its lock while it calls
+ *       a lower one (an export under the table lock calls the driver and the heap), never the
+ *       reverse, so taking the higher lock first never waits for a thread that waits for a lock
+ *       already taken here. No lower layer's lock is taken: contexts.c makes its locks anew in
+ *       the child and the heap and the reclaim thread are never used in a child (pass-through,
+ *       or no thread); taking them here would wait for a context synchronize of the reclaim
+ *       thread.
+ *   parent                        bottom up: the prefork locks released (IPC, in reverse order).
+ *   child                         the phase first (FORKED, and CHILD when the parent started the
+ *       library: the heap passes through, IPC's last closes forget their mappings, the reclaim
+ *       thread is not here and none starts), then each layer bottom up: contexts (locks anew;
+ *       the parent's other threads' waits and captures dropped), IPC (its prefork locks
+ *       released). Lower layers first, as at start: a higher layer's step may then rely on the
+ *       layers below being usable in the child. Each runs once, atomics and lock
+ *       initialization only.
+ *   exit                          the phase first (EXITING: no background thread starts, the
+ *       IPC listener stops at its next wake, the export table refuses), then top down: IPC
+ *       (the export table's driver call in flight, if any, ends), then the reclaim thread
+ *       (stopped and joined). Users stop before what they use: the listener's last prunes may
+ *       park frees.
+ *
+ * The library's other threads need no event: the copy pool's workers and the pinner live
+ * inside one pause call, which starts and joins them (staging.c); every thread is started by
+ * thread_state.c.
  *
  * When: the fork handlers at the first of: the first use of contexts.c's locks (a context or
  * capture report, or the first served allocation asking for its context), the reclaim thread's
@@ -38,8 +46,8 @@
  * thread's start, IPC's first export; both come after the CUDA runtime and the driver were
  * initialized, so it is registered after their own exit handlers and runs before them (atexit
  * handlers run in reverse order of registration): no driver call of ours after their
- * teardown. The destructor (vmh_lifetime_exit) reports afterwards; it is not an exit handler
- * of the C library.
+ * teardown. The destructor (vmh_lifetime_exit) moves the phase to EXITED and reports
+ * afterwards; it is not an exit handler of the C library.
  */
 #include "lifetime.h"
 #include "contexts.h"
@@ -50,12 +58,10 @@
 #include "first_use.h"
 #include "heap.h"
 #include "ipc.h"
-#include "ipc_export.h"
-#include "ipc_import.h"
-#include "ipc_listener.h"
 #include "log.h"
 #include "overflow.h"
 #include "pause.h"
+#include "phase.h"
 #include "reclaim.h"
 #include "stats.h"
 #include "tags.h"
@@ -67,11 +73,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { LIFE_RUNNING, LIFE_EXITED, LIFE_CHILD };
-
 static pthread_once_t started = PTHREAD_ONCE_INIT;
 static atomic_bool start_done; /* the once above completed (the fork handler reads it) */
-static atomic_int phase = LIFE_RUNNING;
 /* The options the layers were configured from: the snapshot (a test's own options in the
  * tests). Read for VMMHOOK_DISABLE, VMMHOOK_LEAKS, and to name a refused value. */
 static const vmh_options_t *opts;
@@ -164,11 +167,10 @@ static void start(void)
 bool vmh_lifetime_ready(void)
 {
     /* A child never runs the once: another thread of the parent may have been inside it. */
-    if (atomic_load_explicit(&phase, memory_order_relaxed) == LIFE_CHILD)
+    if (vmh_phase_stage() == VMH_PHASE_CHILD)
         return false;
     pthread_once(&started, start);
-    return !opts->disable && atomic_load_explicit(&phase, memory_order_relaxed) == LIFE_RUNNING &&
-           vmh_driver_ready();
+    return !opts->disable && vmh_phase_serving() && vmh_driver_ready();
 }
 
 const vmh_options_t *vmh_lifetime_options(void)
@@ -178,10 +180,35 @@ const vmh_options_t *vmh_lifetime_options(void)
 
 /* ---- process events ------------------------------------------------------------------------ */
 
-static atomic_bool ipc_begun; /* IPC exported once: its part of the exit step runs */
+/* The layers with process-event steps (phase.h), bottom up as in docs/DESIGN.md's table; the
+ * order of each walk is written in this file's header comment. */
+static const vmh_steps_t *const layers[] = {
+    &vmh_contexts_steps, /* 1b. contexts: its locks, the other threads' waits and captures */
+    &vmh_reclaim_steps,  /* 4b. reclaim: the reclaim thread */
+    &vmh_ipc_steps,      /* 8. sharing: its three locks, the export table's calls */
+};
+enum { NLAYERS = sizeof layers / sizeof layers[0] };
+
+enum event { PREFORK, PARENT, CHILD, EXIT };
+
+static void (*step_of(const vmh_steps_t *l, enum event e))(void)
+{
+    switch (e) {
+    case PREFORK:
+        return l->prefork;
+    case PARENT:
+        return l->parent;
+    case CHILD:
+        return l->child;
+    case EXIT:
+        return l->exit;
+    }
+    return NULL;
+}
 
 #ifdef VMH_TESTING
-/* Each step, as it runs, appends its letter (tests read it in the child and the parent). */
+/* Each event, as it begins, appends its letter (f, p, c, x: prefork, parent, child, exit), and
+ * each step as it runs its layer's (tests read it in the child and the parent). */
 static char step_log[64];
 static atomic_uint step_len;
 
@@ -212,21 +239,33 @@ void vmh_lifetime_steps_clear(void)
 #define step(c) ((void)0)
 #endif
 
-/* IPC's part of the exit step: the listener and the export table stop calling the driver. */
-VMH_TESTABLE void vmh_lifetime_ipc_exit(void)
+/* Runs the event's step of every layer that has one: bottom up, or top down. */
+static void walk(enum event e, bool top_down)
 {
-    step('L');
-    vmh_ipc_listener_shutdown();
-    step('E');
-    vmh_ipc_export_shutdown(); /* on return no driver call of the table is in flight */
+    for (size_t k = 0; k < NLAYERS; k++) {
+        const vmh_steps_t *l = layers[top_down ? NLAYERS - 1 - k : k];
+        void (*fn)(void) = step_of(l, e);
+        if (fn) {
+            step(l->letter);
+            fn();
+        }
+    }
+}
+
+/* The exit handler: the phase first (no background thread starts, the export table and the
+ * listener stop), then each layer top down: users stop before what they use (the listener's last
+ * prunes may park frees: the export table waits for its calls in flight, then the reclaim
+ * thread is stopped and joined). */
+VMH_TESTABLE void vmh_lifetime_at_exit(void)
+{
+    step('x');
+    vmh_phase_exit_begins();
+    walk(EXIT, true);
 }
 
 static void at_exit(void)
 {
-    if (atomic_load(&ipc_begun))
-        vmh_lifetime_ipc_exit();
-    step('R');
-    vmh_reclaim_stop(true); /* frees after this stay parked or wait on the allocating thread */
+    vmh_lifetime_at_exit();
 }
 
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
@@ -262,45 +301,25 @@ static void process_events_needed(void)
 
 static void prefork(void)
 {
-    step('i');
-    vmh_ipc_import_prefork();
-    step('l');
-    vmh_ipc_listener_prefork();
-    step('e');
-    vmh_ipc_export_prefork();
-}
-
-static void release_prefork_locks(void)
-{
-    vmh_ipc_export_postfork();
-    vmh_ipc_listener_postfork();
-    vmh_ipc_import_postfork();
+    step('f');
+    walk(PREFORK, true);
 }
 
 static void postfork_parent(void)
 {
     step('p');
-    release_prefork_locks();
+    walk(PARENT, false);
 }
 
 /* In the child, right after fork(): only atomics and lock initialization, no driver call, no
- * allocation. */
+ * allocation. The phase first, so that every step sees the child's. */
 VMH_TESTABLE void vmh_lifetime_fork_child(void)
 {
     step('c');
-    release_prefork_locks();
-    step('C');
-    vmh_contexts_after_fork_child(); /* no context or capture report may block the child */
-    vmh_captures_after_fork_child();
-    step('R');
-    vmh_reclaim_forked_child();
-    if (!atomic_load(&start_done) || !vmh_driver_loaded())
-        return; /* the parent never used the driver: the child may, natively or through us */
-    atomic_store(&phase, LIFE_CHILD);
-    step('H');
-    vmh_heap_forked_child();
-    step('I');
-    vmh_ipc_stop();
+    /* A parent that used the driver through the library: the child passes everything through.
+     * Otherwise the child may use it, natively or through us (without a reclaim thread). */
+    vmh_phase_forked(atomic_load(&start_done) && vmh_driver_loaded());
+    walk(CHILD, false);
 }
 
 /* At load: the layers that say when the handlers are needed are handed the functions that
@@ -314,7 +333,6 @@ __attribute__((constructor)) static void lifetime_load(void)
 /* IPC calls this before each export (vmh_ipc_configure). */
 static void ipc_began(void)
 {
-    atomic_store(&ipc_begun, true);
     process_events_needed();
 }
 
@@ -323,11 +341,8 @@ static void ipc_began(void)
  * nor in a forked child (its parent reports). */
 VMH_TESTABLE void vmh_lifetime_exit(void)
 {
-    int expected = LIFE_RUNNING;
-    if (!vmh_driver_loaded() || !opts ||
-        !atomic_compare_exchange_strong(&phase, &expected, LIFE_EXITED))
+    if (!vmh_driver_loaded() || !opts || !vmh_phase_exited())
         return;
-    vmh_ipc_stop();
     vmh_heap_shutdown(opts->leaks);
     vmh_stats_report();
 }

@@ -7,6 +7,7 @@
 #include "driver.h"
 #include "list.h"
 #include "log.h"
+#include "phase.h"
 #include "stats.h"
 #include "thread_state.h"
 #include "witness.h"
@@ -40,8 +41,6 @@ static struct {
     unsigned nqueues;
     atomic_bool started;  /* a start was tried since the last stop: parks only wake it */
     atomic_bool sleeping; /* it waits for a park with every queue empty */
-    atomic_bool closed;   /* the process exits: no thread any more */
-    atomic_bool in_child; /* a forked child: the thread does not exist here */
     atomic_bool enabled;  /* tests may turn it off */
 } bg = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -142,9 +141,9 @@ static void bg_start(void);
  * before (the thread may be running). */
 static bool bg_started(void)
 {
-    if (atomic_load(&bg.in_child) || atomic_load(&bg.closed))
-        return false; /* no thread here, and its lock may have been held by a thread of the parent
-                       */
+    if (!vmh_phase_threads_may_start())
+        return false; /* exiting, or a forked child: no thread here, and its lock may have been
+                       * held by a thread of the parent */
     if (!atomic_load_explicit(&bg.started, memory_order_acquire)) {
         bg_start();
         return false;
@@ -545,7 +544,7 @@ static void bg_start(void)
 {
     vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     if (!atomic_load(&bg.started) && !bg.running && atomic_load(&bg.enabled) &&
-        !atomic_load(&bg.closed) && !atomic_load(&bg.in_child)) {
+        vmh_phase_threads_may_start()) {
         int err = vmh_thread_start(&bg.thread, reclaim_main, NULL);
         if (err == 0) {
             bg.running = true;
@@ -562,13 +561,12 @@ static void bg_start(void)
     vmh_unlock(&bg.lock);
 }
 
-void vmh_reclaim_stop(bool for_good)
+void vmh_reclaim_stop(void)
 {
-    if (atomic_load(&bg.in_child))
+    if (vmh_phase_forked_child())
         return; /* the thread is the parent's */
     vmh_lock(&bg.stop_lock, VMH_RANK_RECLAIM_STOP);
     vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
-    atomic_store(&bg.closed, for_good);
     bool running = bg.running;
     pthread_t t = bg.thread;
     if (running) {
@@ -587,14 +585,11 @@ void vmh_reclaim_stop(bool for_good)
     vmh_unlock(&bg.stop_lock);
 }
 
-void vmh_reclaim_forked_child(void)
-{
-    atomic_store(&bg.in_child, true);
-}
+const vmh_steps_t vmh_reclaim_steps = {.letter = 'R', .exit = vmh_reclaim_stop};
 
 bool vmh_reclaim_thread_running(void)
 {
-    if (atomic_load(&bg.in_child))
+    if (vmh_phase_forked_child())
         return false;
     vmh_lock(&bg.lock, VMH_RANK_RECLAIM_THREAD);
     bool running = bg.running;

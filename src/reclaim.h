@@ -34,6 +34,7 @@
 #define VMH_RECLAIM_H
 
 #include "device.h"
+#include "phase.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -199,16 +200,17 @@ void vmh_reclaim_destroy(vmh_reclaim_t *r);
 /* --- the reclaim thread --- */
 
 /* Stops the reclaim thread and waits until it has ended (it makes no driver call once this
- * returns). for_good: at exit, no thread is started again; otherwise (tests' reset, also after
- * an exit) the next park starts one again. */
-void vmh_reclaim_stop(bool for_good);
+ * returns). The next park starts one again while the phase allows it (phase.h: RUNNING, not a
+ * forked child): after exit began none is; in the tests' reset one is. In a forked child it
+ * does nothing (the thread is the parent's, and its lock may have been held there). */
+void vmh_reclaim_stop(void);
 
-/* In a forked child (atomics only, no lock): the parent's reclaim thread does not exist here
- * and none is started. lifetime.c's fork handler calls it, in every child. */
-void vmh_reclaim_forked_child(void);
+/* The reclaim layer's process-event steps (phase.h, walked by lifetime.c): exit stops the
+ * thread (vmh_reclaim_stop). A fork needs none: in a child the phase says no thread runs. */
+extern const vmh_steps_t vmh_reclaim_steps;
 
 /* fn is called each time the thread starts (once in practice), after it started: lifetime.c
- * registers its exit handler there, which stops the thread (vmh_reclaim_stop(true)) before the
+ * registers its exit handler there, which stops the thread (vmh_reclaim_steps) before the
  * CUDA runtime's and the driver's own exit handlers run (the thread starts at the first park or
  * free released at once, after the driver is initialized; an exit handler registered after theirs
  * runs before theirs). This file registers no handler of its own. */

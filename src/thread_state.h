@@ -73,11 +73,20 @@ typedef struct vmh_thread_state {
 extern __attribute__((visibility("hidden"))) __thread vmh_thread_state_t vmh_thread
     __attribute__((tls_model("initial-exec")));
 
-/* Starts one of the library's own threads (the reclaim thread, the IPC listener, the copy pool's
- * workers, the pinner): fn(arg) runs with every signal blocked (the program's signals are never
- * delivered to the library's threads; a new thread inherits its creator's mask, so the mask is
- * blocked around the creation) and with its state's `background` set. The only pthread_create
- * of the library. Answers pthread_create's error (0: started). */
+/* Starts one of the library's own threads: fn(arg) runs with every signal blocked (the
+ * program's signals are never delivered to the library's threads; a new thread inherits its
+ * creator's mask, so the mask is blocked around the creation) and with its state's `background`
+ * set. The only pthread_create of the library. Answers pthread_create's error (0: started).
+ *
+ * The threads, and what stops them at the process's events (phase.h; lifetime.c walks the
+ * steps, in the order its header comment gives):
+ *   the reclaim thread (reclaim.c)  one per process, at the first park; starts only while the
+ *       phase is RUNNING in a process that is not a forked child; exit: the reclaim layer's
+ *       step stops and joins it; a fork: none in the child (the phase's FORKED bit).
+ *   the IPC listener (ipc_listener.c)  one per process, at the first export; exit: it ends at
+ *       its next wake once the phase left RUNNING; a fork: the child starts its own (by pid).
+ *   the copy pool's workers (copypool.c), the pinner (staging.c)  inside one pause, started
+ *       and joined by it: no process event concerns them. */
 int vmh_thread_start(pthread_t *thread, void *(*fn)(void *), void *arg);
 
 #endif

@@ -548,7 +548,7 @@ static void child_after_fork_never_blocks(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         alarm(10); /* a hang ends the child with SIGALRM */
-        /* vmh_contexts_after_fork_child has run (lifetime.c's fork handler) */
+        /* the contexts layer's child steps have run (lifetime.c's fork handler) */
         vmh_ctx_forget(ctx1);
         int code = 0;
         if (vmh_capture_begins_pending() != 0 || vmh_capture_any())

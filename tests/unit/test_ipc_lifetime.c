@@ -36,7 +36,8 @@ static void lifetime_exit_stops_exports(void **state)
     int status = 0;
     assert_int_equal(waitpid(child, &status, 0), child);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    vmh_lifetime_ipc_exit();
+    vmh_lifetime_at_exit();
+    assert_int_equal(vmh_phase_stage(), VMH_PHASE_EXITING);
     sim_reset_counters();
     CUipcMemHandle h;
     assert_int_equal(vmh_ipc_get_handle(r, &h), CUDA_ERROR_DEINITIALIZED);
@@ -44,16 +45,17 @@ static void lifetime_exit_stops_exports(void **state)
     assert_int_equal(vmh_ipc_export_count(), 1);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(r, NULL, false), CUDA_SUCCESS);
-    vmh_ipc_reset(); /* (tests only) the table serves again */
+    vmh_ipc_reset();
+    vmh_phase_reset(); /* (tests only) the table serves again */
 }
 
-/* Issue 20: one owner of process events. lifetime.c alone registers fork handlers; a child
- * forked while the listener runs (IPC began) ran each fork step exactly once, in lifetime.c's
- * order: the prefork locks top down (import, listener, export), then in the child their
- * release, contexts, the reclaim thread, the heap, IPC (bottom up); contexts.c's own step
- * (which once ran twice: it registered a handler of its own too) is counted where it runs.
- * The parent ran the prefork and its release, once per fork, and exports again afterwards
- * (nothing was left locked).
+/* Issues 20 and 31: one owner of process events. lifetime.c alone registers fork handlers; a
+ * child forked while the listener runs (IPC began) ran each fork step exactly once, in
+ * lifetime.c's order: the prefork top down (IPC's locks), then in the child the phase (a
+ * pass-through child: the parent started) and the child steps bottom up (contexts, then IPC
+ * releasing its locks); contexts.c's own step (which once ran twice: it registered a handler
+ * of its own too) is counted where it runs. The parent ran the prefork and its release, once
+ * per fork, and exports again afterwards (nothing was left locked).
  *
  * With the reclaim thread running (a parked free) and a thread exporting during the forks: the
  * test found a use-after-free there (an exported buffer's free read its range's size after
@@ -111,9 +113,12 @@ static void fork_runs_each_step_once(void **state)
             unsigned mine = vmh_contexts_after_fork_runs() - runs;
             CUipcMemHandle h;
             bool stopped = vmh_ipc_get_handle(p, &h) != CUDA_SUCCESS; /* pass-through now */
-            if (strcmp(steps, "ilecCRHI") != 0 || mine != 1 || !stopped) {
-                fprintf(stderr, "child: steps \"%s\" (want \"ilecCRHI\"), contexts step ran %u "
-                        "times, IPC %s\n", steps, mine, stopped ? "stopped" : "still serves");
+            int phase = vmh_phase();
+            if (strcmp(steps, "fIcCI") != 0 || mine != 1 || !stopped ||
+                phase != (VMH_PHASE_CHILD | VMH_PHASE_FORKED)) {
+                fprintf(stderr, "child: steps \"%s\" (want \"fIcCI\"), contexts step ran %u "
+                        "times, IPC %s, phase %d\n", steps, mine,
+                        stopped ? "stopped" : "still serves", phase);
                 _exit(1);
             }
             _exit(0);
@@ -122,7 +127,8 @@ static void fork_runs_each_step_once(void **state)
         assert_int_equal(waitpid(child, &status, 0), child);
         assert_true(WIFEXITED(status));
         assert_int_equal(WEXITSTATUS(status), 0);
-        assert_string_equal(vmh_lifetime_steps(), "ilep");
+        assert_string_equal(vmh_lifetime_steps(), "fIpI");
+        assert_int_equal(vmh_phase(), VMH_PHASE_RUNNING);
         assert_int_equal(vmh_contexts_after_fork_runs(), runs); /* the parent's own: none */
     }
     if (race) {

@@ -63,7 +63,7 @@ static void reset(const sim_config_t *cfg, bool background, size_t park_limit)
 static int teardown(void **state)
 {
     (void)state;
-    vmh_reclaim_stop(false);
+    vmh_reclaim_stop();
     vmh_reclaim_background(false);
     vmh_contexts_reset();
     vmh_heap_trim();
@@ -146,7 +146,7 @@ static void late_write_run(bool background)
         assert_int_equal(vmh_heap_free(t[i], NULL, false), CUDA_SUCCESS);
     }
     assert_int_equal(sim_hazards(), 0);
-    vmh_reclaim_stop(false);
+    vmh_reclaim_stop();
     vmh_ctx_forget(other);
     assert_int_equal(F.ctx_destroy(other), CUDA_SUCCESS);
 }
@@ -567,6 +567,7 @@ static void reclaim_thread_stops_at_exit(void **state)
         assert_true(vmh_reclaim_thread_running());
         if (round % 2)
             sleep_ms(1); /* sometimes inside a wait, sometimes before the first */
+        assert_true(vmh_phase_exited()); /* what lifetime.c's destructor does */
         vmh_heap_shutdown(false);
         assert_false(vmh_reclaim_thread_running());
         unsigned long calls = sim_call_count();
@@ -574,13 +575,15 @@ static void reclaim_thread_stops_at_exit(void **state)
         sleep_ms(5);
         assert_int_equal(sim_call_count(), calls);
         assert_false(vmh_reclaim_thread_running()); /* the late free started none */
-        vmh_heap_reset(); /* serves again; the next test's driver is fresh */
+        vmh_heap_reset();
+        vmh_phase_reset(); /* serves again; the next test's driver is fresh */
     }
 }
 
 /* A forked child has no reclaim thread and starts none; its exit (which runs the library's exit
- * handler) does not wait for the parent's thread. With and without the lifetime's fork handler
- * telling the heap. */
+ * handler) does not wait for the parent's thread. With the phase the lifetime's fork handler
+ * sets here (the suite never ran the library's start: FORKED, the heap serves) and with that of
+ * a child of a started library (CHILD: pass-through). */
 static void forked_child_has_no_reclaim_thread(void **state)
 {
     (void)state;
@@ -596,8 +599,10 @@ static void forked_child_has_no_reclaim_thread(void **state)
         if (pid == 0) {
             tu_forked_child();
             alarm(10); /* a join of the parent's thread would hang: the alarm ends it */
+            if (!vmh_phase_forked_child())
+                exit(2);
             if (told)
-                vmh_heap_forked_child();                /* what lifetime.c's fork handler does */
+                vmh_phase_forked(true); /* lifetime.c's fork handler after a start */
             exit(vmh_reclaim_thread_running() ? 1 : 0); /* runs the exit handlers */
         }
         int status = 0;
@@ -735,7 +740,7 @@ static void background_wait_failures_are_retried(void **state)
         sim_flush();
         assert_int_equal(late_bytes(q, 4 * MiB), 0);
         assert_int_equal(vmh_heap_free(q, NULL, false), CUDA_SUCCESS);
-        vmh_reclaim_stop(false);
+        vmh_reclaim_stop();
         vmh_ctx_forget(other);
         assert_int_equal(F.ctx_destroy(other), CUDA_SUCCESS);
         teardown(NULL);

@@ -357,7 +357,7 @@ static void idle_memory_goes_back_in_the_background(void **state)
     assert_true(vmh_counter_get(VMH_STAT_tidy_bytes) >= 1024 * MiB - 64 * MiB);
     assert_true(sim_device_used(0) <= 64 * MiB);
     assert_int_equal(vmh_counter_get(VMH_STAT_syncs_blocking), blocking);
-    vmh_reclaim_stop(false);
+    vmh_reclaim_stop();
     vmh_reclaim_background(false);
     assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
 }
@@ -403,7 +403,7 @@ static void warm_big_pairs_make_no_driver_call(void **state)
         assert_int_equal(app_calls() - calls, 0);
         assert_int_equal(vmh_reclaim_wakes() - wakes, 0);
     }
-    vmh_reclaim_stop(false);
+    vmh_reclaim_stop();
     vmh_reclaim_background(false);
 }
 
@@ -441,7 +441,7 @@ static void warm_big_pairs_after_a_stream_wait_once(void **state)
         pair(64 * MiB);
     assert_int_equal(vmm_calls() - vmm, 0);
     assert_true(app_calls() - calls <= 2 * (1000 / 2 + 1));
-    vmh_reclaim_stop(false);
+    vmh_reclaim_stop();
     vmh_reclaim_background(false);
 }
 

@@ -21,6 +21,7 @@
 #include "heap.h"
 #include "lifetime.h"
 #include "options.h"
+#include "phase.h"
 #include "range.h"
 #include "reclaim.h"
 #include "simdrv.h"
@@ -74,6 +75,7 @@ static inline void tu_configure(void)
 static inline void tu_reset(const sim_config_t *cfg)
 {
     vmh_heap_reset();
+    vmh_phase_reset(); /* serves again after a test's exit */
     vmh_contexts_reset(); /* the contexts of the previous simulated driver are gone */
     sim_reset(cfg);
     vmh_ctx_current_changed(); /* the contexts the thread knew are gone */

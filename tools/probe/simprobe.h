@@ -36,7 +36,7 @@ static inline void probe_heap_reset(const char *tool, bool reclaim_thread)
  * left in the driver. Returns false, having said so, when something is. */
 static inline bool probe_heap_finish(const char *tool)
 {
-    vmh_reclaim_stop(false);
+    vmh_reclaim_stop();
     vmh_reclaim_background(false);
     vmh_heap_trim();
     if (!sim_ledger_empty()) {
