@@ -660,8 +660,8 @@ const void *vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n)
     CUdeviceptr base = pc->paused ? pc->paused->base : pc->range->base;
     size_t size = pc->paused ? pc->paused->size : pc->range->size;
     const char *host = pc->paused ? pc->paused->host : pc->range->kept.host;
-    if (!host || !vmh_arena_find(e->extent, p, &bi) || p < bi.base ||
-        n > bi.base + bi.size - p || p < base || p + n > base + size)
+    if (!host || !vmh_arena_find(e->extent, p, &bi) || p < bi.base || n > bi.base + bi.size - p ||
+        p < base || p + n > base + size)
         return NULL;
     return host + (p - base);
 }

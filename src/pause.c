@@ -224,8 +224,8 @@ static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
     for (size_t i = 0; i < k; i++) {
         if (rc != CUDA_SUCCESS) {
             if (w.reused[i]) /* the range is still mapped: its kept backup goes back on it */
-                w.ranges[i]->kept = (vmh_backup_t){w.host[i], w.len[i], (unsigned)j->kind,
-                                                   vmh_staging_backup_put};
+                w.ranges[i]->kept =
+                    (vmh_backup_t){w.host[i], w.len[i], (unsigned)j->kind, vmh_staging_backup_put};
             else if (w.host[i])
                 vmh_staging_backup_put(w.host[i], w.len[i]);
             continue;

@@ -11,8 +11,8 @@
  * statistics to tags.h. Called by the front at start (tests call it again). */
 void vmh_pause_configure(size_t pin_limit);
 
-/* vmm_pause / vmm_resume_flags (include/vmmhook.h) under the entry points (api.c), which check first
- * that the library serves and keep the thread's last driver error: *driver_rc is set to the
+/* vmm_pause / vmm_resume_flags (include/vmmhook.h) under the entry points (api.c), which check
+ * first that the library serves and keep the thread's last driver error: *driver_rc is set to the
  * driver's code when the result is VMM_ERR_DRIVER, and left alone otherwise. */
 vmm_status vmh_pause_tags(const char *tag, unsigned flags, CUresult *driver_rc);
 vmm_status vmh_resume_tags(const char *tag, unsigned flags, CUresult *driver_rc);
