@@ -255,17 +255,24 @@ static inline size_t gt_free_bytes(void)
     return fr;
 }
 
+/* Pinned device memory of device 0, as a program's own cuMemCreate asks for it. */
+static inline CUmemAllocationProp gt_device_prop(void)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    return prop;
+}
+
 /* Fills the device in 1 GiB handles until about keep bytes (at least) are free. */
 static inline void gt_ballast_fill(size_t keep)
 {
     gt_mem_create_fn create = gt_entry<gt_mem_create_fn>("cuMemCreate", 12000);
     if (!create)
         return;
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = gt_device_prop();
     gt_trim();
     size_t fr = gt_free_bytes();
     while (fr > keep + 1 * GiB) {

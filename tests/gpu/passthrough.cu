@@ -77,11 +77,7 @@ static void app_vmm(void *served, size_t served_n, uint64_t served_seed)
     if (!granf || !createf || !reservef || !mapf || !accessf || !unmapf || !releasef || !vafreef)
         return;
 
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = gt_device_prop();
     size_t g = 0;
     if (CKD(granf(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) || g == 0)
         return;

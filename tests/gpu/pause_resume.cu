@@ -250,11 +250,7 @@ static void driver_remake(const char *tag, size_t bytes, double resume_ms)
     CK(cudaDeviceSynchronize());
     if (p_pause(tag, 0) != 0)
         return;
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = gt_device_prop();
     std::vector<CUmemGenericAllocationHandle> h;
     auto t0 = clk::now();
     for (size_t done = 0; done < bytes; done += 1 * GiB) {
