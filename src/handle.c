@@ -14,9 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A driver call; vmh_drv counts it (driver.h). */
-#define CALL(expr) (expr)
-
 /* An undo call that fails leaves the driver object alive: there is nothing better to do than
  * say so once per failure (the program goes on; the leak is visible). */
 void vmh_handle_report_failure(const char *call, CUresult rc)
@@ -77,7 +74,7 @@ CUresult vmh_alloc_create(const vmh_grants_t *grants, size_t size, const CUmemAl
     vmh_alloc_t *a = calloc(1, sizeof *a);
     if (!a)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL(vmh_drv.cuMemCreate(&a->handle, size, prop, 0));
+    CUresult rc = vmh_drv.cuMemCreate(&a->handle, size, prop, 0);
     if (rc != CUDA_SUCCESS) {
         free(a);
         return rc;
@@ -108,7 +105,7 @@ void vmh_alloc_unref(vmh_alloc_t *a)
 {
     if (!a || !ref_drop_last(&a->refs))
         return;
-    undo_checked("cuMemRelease", CALL(vmh_drv.cuMemRelease(a->handle)));
+    undo_checked("cuMemRelease", vmh_drv.cuMemRelease(a->handle));
     host_bytes_add(a, -(int64_t)a->size);
     free(a);
 }
@@ -120,7 +117,7 @@ CUresult vmh_resv_create(size_t size, size_t align, CUdeviceptr hint, vmh_resv_t
     vmh_resv_t *r = calloc(1, sizeof *r);
     if (!r)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL(vmh_drv.cuMemAddressReserve(&r->ptr, size, align, hint, 0));
+    CUresult rc = vmh_drv.cuMemAddressReserve(&r->ptr, size, align, hint, 0);
     if (rc != CUDA_SUCCESS) {
         free(r);
         return rc;
@@ -143,7 +140,7 @@ void vmh_resv_unref(vmh_resv_t *r)
     if (!r || !ref_drop_last(&r->refs))
         return;
     /* The exact pair the driver returned: cuMemAddressFree accepts nothing else. */
-    undo_checked("cuMemAddressFree", CALL(vmh_drv.cuMemAddressFree(r->ptr, r->size)));
+    undo_checked("cuMemAddressFree", vmh_drv.cuMemAddressFree(r->ptr, r->size));
     vmh_gauge_add(VMH_STAT_bytes_reserved, -(int64_t)r->size);
     free(r);
 }
@@ -215,7 +212,7 @@ CUresult vmh_access_set_peer(vmh_grants_t *owner, int ordinal, int peer, bool gr
     vmh_lock(&maps_lock, VMH_RANK_MAPS);
     for (vmh_map_t *m = maps; m && rc == CUDA_SUCCESS; m = m->next)
         if (m->alloc->grants == owner)
-            rc = CALL(vmh_drv.cuMemSetAccess(m->ptr, m->size, &desc, 1));
+            rc = vmh_drv.cuMemSetAccess(m->ptr, m->size, &desc, 1);
     vmh_unlock(&maps_lock);
     vmh_rwunlock(&access_lock);
     return rc;
@@ -227,13 +224,13 @@ CUresult vmh_access_set_peer(vmh_grants_t *owner, int ordinal, int peer, bool gr
  * mapping if the driver refused the run (each refusal reported: that mapping stays). */
 static void unmap_run(CUdeviceptr ptr, size_t bytes, const size_t *sizes, size_t n)
 {
-    CUresult rc = CALL(vmh_drv.cuMemUnmap(ptr, bytes));
+    CUresult rc = vmh_drv.cuMemUnmap(ptr, bytes);
     if (rc == CUDA_SUCCESS || n == 1) {
         undo_checked("cuMemUnmap", rc);
         return;
     }
     for (size_t i = 0; i < n; ptr += sizes[i++])
-        undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(ptr, sizes[i])));
+        undo_checked("cuMemUnmap", vmh_drv.cuMemUnmap(ptr, sizes[i]));
 }
 
 CUresult vmh_maps_create_run(CUdeviceptr ptr, vmh_alloc_t *const *allocs, size_t n,
@@ -267,8 +264,8 @@ CUresult vmh_maps_create_run(CUdeviceptr ptr, vmh_alloc_t *const *allocs, size_t
     size_t mapped = 0, mapped_bytes = 0;
     vmh_rdlock(&access_lock, VMH_RANK_ACCESS);
     for (; mapped < n; mapped++) {
-        rc = CALL(vmh_drv.cuMemMap(ptr + mapped_bytes, allocs[mapped]->size, 0,
-                                   allocs[mapped]->handle, 0));
+        rc = vmh_drv.cuMemMap(ptr + mapped_bytes, allocs[mapped]->size, 0, allocs[mapped]->handle,
+                              0);
         if (rc != CUDA_SUCCESS)
             break;
         sizes[mapped] = allocs[mapped]->size;
@@ -287,7 +284,7 @@ CUresult vmh_maps_create_run(CUdeviceptr ptr, vmh_alloc_t *const *allocs, size_t
                memcmp(acc[0], acc[1], (size_t)nacc * sizeof acc[0][0]) == 0)
             bytes += allocs[j++]->size;
         if (nacc)
-            rc = CALL(vmh_drv.cuMemSetAccess(at, bytes, acc[0], (size_t)nacc));
+            rc = vmh_drv.cuMemSetAccess(at, bytes, acc[0], (size_t)nacc);
         at += bytes;
         i = j;
     }
@@ -347,7 +344,7 @@ static void maps_gone(vmh_map_t *const *run, size_t n)
         unmap_run(run[0]->ptr, bytes, sizes, n);
     else /* no memory for the fallback list: one call each, as before runs */
         for (size_t i = 0; i < n; i++)
-            undo_checked("cuMemUnmap", CALL(vmh_drv.cuMemUnmap(run[i]->ptr, run[i]->size)));
+            undo_checked("cuMemUnmap", vmh_drv.cuMemUnmap(run[i]->ptr, run[i]->size));
     if (sizes != &one)
         free(sizes);
     for (size_t i = 0; i < n; i++) {
@@ -396,8 +393,8 @@ CUresult vmh_alloc_import(const vmh_grants_t *grants, int fd, size_t size, int d
     vmh_alloc_t *a = calloc(1, sizeof *a);
     if (!a)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL(vmh_drv.cuMemImportFromShareableHandle(
-        &a->handle, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CUresult rc = vmh_drv.cuMemImportFromShareableHandle(&a->handle, (void *)(intptr_t)fd,
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (rc != CUDA_SUCCESS) {
         free(a);
         return rc;
