@@ -182,7 +182,7 @@ leaks = j.get("leaks")
 lc = leaks.get("count") if isinstance(leaks, dict) else None
 MiB = 1 << 20
 pm = peak("bytes_mapped")
-# Who waited (src/stats.h, when the library has the counters): an application thread
+# Who waited (src/util/stats.h, when the library has the counters): an application thread
 # (syncs_blocking) or the reclaim thread (syncs_background).
 split = "" if "syncs_blocking" not in c else \
     f" ({c.get('syncs_blocking')} blocking, {c.get('syncs_background')} background)"
@@ -235,7 +235,8 @@ if [ -z "$commit" ] && git -C "$root" rev-parse HEAD >/dev/null 2>&1; then
         commit="$commit (+ uncommitted changes)"
 fi
 [ -z "$commit" ] && commit="unknown (no .git in this copy; pass GIT_COMMIT=...)"
-digest=$(cat include/*.h src/*.c src/*.h src/*.map tests/gpu/* 2>/dev/null | sha256sum | cut -c1-16)
+digest=$(cat include/*.h src/*/*.c src/*/*.h src/*.map tests/gpu/* 2>/dev/null | sha256sum |
+    cut -c1-16)
 if command -v nvidia-smi >/dev/null 2>&1; then
     gpuinfo=$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4)
     [ -n "$gpuinfo" ] || gpuinfo="nvidia-smi answered nothing"
@@ -394,9 +395,12 @@ for t in json.load(sys.stdin):
         echo "gpu-suite: meson or ninja missing; building with gcc directly" >>"$mlog"
     fi
     mkdir -p "$B/src"
-    if gcc -shared -fPIC -O2 -g -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden -Iinclude -Isrc \
-        -I"$CUDA_HOME/include" src/*.c -Wl,--version-script=src/vmmhook.map -Wl,-z,nodelete \
-        -o "$LIB" -lpthread -ldl >>"$mlog" 2>&1; then
+    # One directory per layer (docs/DESIGN.md), each on the include path as src/meson.build does.
+    local layer_inc=() d
+    for d in src/*/; do layer_inc+=("-I${d%/}"); done
+    if gcc -shared -fPIC -O2 -g -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden -Iinclude \
+        "${layer_inc[@]}" -I"$CUDA_HOME/include" src/*/*.c -Wl,--version-script=src/vmmhook.map \
+        -Wl,-z,nodelete -o "$LIB" -lpthread -ldl >>"$mlog" 2>&1; then
         echo "$B/src/libvmmhook.so (gcc directly: meson failed, see build-lib.log)" >"$W/libdesc"
         return 0
     fi

@@ -1,4 +1,4 @@
-/* libFuzzer target for the VMMHOOK_* option parser (src/options.c) and the log line writer.
+/* libFuzzer target for the VMMHOOK_* option parser (src/util/options.c) and the log line writer.
  *
  * Input: NUL-separated values; value i is the environment value of table row i (an environment
  * value cannot hold a NUL, so NUL is the one byte that needs no escaping).

@@ -1,6 +1,6 @@
 /* Interpose test: the symbols libvmmhook.so exports are exactly the hooked symbols of
- * src/hooked.h (the one list) among the driver's names, and each of them is what the dynamic
- * loader finds first when the library is preloaded.
+ * src/interpose/hooked.h (the one list) among the driver's names, and each of them is what the
+ * dynamic loader finds first when the library is preloaded.
  *
  * The exported set is read from the library file's dynamic symbol table (ELF .dynsym: defined,
  * global or weak, default visibility), so a symbol the version script (src/vmmhook.map) or a

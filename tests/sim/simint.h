@@ -40,8 +40,8 @@
 /* Every entry point the simulation implements: X(plain cuda.h name, params); cuda.h's
  * versioning macros turn the name into the versioned one (cuMemAlloc -> cuMemAlloc_v2) wherever
  * it is not stringified. This is the simulation's own list, a superset of the library's
- * driver table (src/driver.h VMH_DRIVER_FUNCS): sim_table() fills the table by name from it, so
- * a row added to VMH_DRIVER_FUNCS compiles as soon as it is listed here (and fails to compile,
+ * driver table (src/driver/driver.h VMH_DRIVER_FUNCS): sim_table() fills the table by name from it,
+ * so a row added to VMH_DRIVER_FUNCS compiles as soon as it is listed here (and fails to compile,
  * naming the missing sim_ function, when it is not). */
 #define SIM_FUNCS(X)                                                                               \
     /* initialisation and devices */                                                              \

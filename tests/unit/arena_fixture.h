@@ -1,6 +1,6 @@
 /* Shared by the arena's suites (test_arena_blocks.c, test_arena_stress.c, test_arena_fit.c):
  * sizes, deterministic randomness (so that a failure can be replayed from its seed), and the
- * arena's own invariant check with the statistics adding up. The arena (src/arena.c) is pure
+ * arena's own invariant check with the statistics adding up. The arena (src/arena/arena.c) is pure
  * host bookkeeping: the extents are made-up address ranges, nothing is mapped. Header-only
  * (static) like testutil.h, so that each suite stays one program of one file; include it
  * first. */

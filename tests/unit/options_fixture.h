@@ -1,5 +1,5 @@
-/* Shared by the suites of the options table (src/options.c) and the log line writer
- * (src/log.c): test_options_parse.c, test_options_strict.c, test_log.c.
+/* Shared by the suites of the options table (src/util/options.c) and the log line writer
+ * (src/util/log.c): test_options_parse.c, test_options_strict.c, test_log.c.
  *
  * The parser is driven through a fake environment (vmh_options_parse/apply take a lookup
  * function), the log sink is replaced to capture the exact warning text, and strict mode's exit

@@ -1,4 +1,4 @@
-/* Shared by the suites of src/stats.c (test_stats_counters.c, test_stats_trace.c,
+/* Shared by the suites of src/util/stats.c (test_stats_counters.c, test_stats_trace.c,
  * test_stats_files.c, test_stats_reports.c): the log captured, options::exit replaced by a
  * counter, a temporary directory for the output files (made once per program), the options
  * the tests configure stats.c with, and small file helpers. Header-only (static) like

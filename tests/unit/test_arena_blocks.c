@@ -1,4 +1,4 @@
-/* Unit tests for the arena (src/arena.c), the packing of small device buffers into shared
+/* Unit tests for the arena (src/arena/arena.c), the packing of small device buffers into shared
  * extents, block by block: alignment, empty and exactly filled extents, retired extents, find,
  * misuse (double and interior frees), coalescing, parking generations, resize, trimming and
  * deletion. */

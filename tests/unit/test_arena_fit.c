@@ -1,4 +1,4 @@
-/* The arena's fit (src/arena.c): a block deep in its size class is still found, low addresses
+/* The arena's fit (src/arena/arena.c): a block deep in its size class is still found, low addresses
  * are preferred, and fit quality (device bytes per live byte on a churn) is asserted against a
  * measured bound; a micro-benchmark prints ns per operation (printed only, never asserted)
  * and checks a loose bound on the arena's host memory. */

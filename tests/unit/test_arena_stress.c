@@ -1,4 +1,4 @@
-/* The arena (src/arena.c) run against a shadow model: a randomized stress test checks, after
+/* The arena (src/arena/arena.c) run against a shadow model: a randomized stress test checks, after
  * every batch, that live and parked blocks never overlap, stay inside their extents and that
  * the statistics add up; vmh_arena_check() verifies the arena's internal invariants at the same
  * time. */

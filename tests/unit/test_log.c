@@ -1,4 +1,4 @@
-/* Unit tests of the log line writer (src/log.c): the prefix, errno kept, the verbose switch,
+/* Unit tests of the log line writer (src/util/log.c): the prefix, errno kept, the verbose switch,
  * truncation, vmh_fmt_bytes. The set-up (the captured log): options_fixture.h. */
 #include "options_fixture.h"
 

@@ -1,5 +1,5 @@
-/* Unit tests of the options table's values (src/options.c, src/optparse.c): the defaults and
- * docs/OPTIONS.md's table of them, the value parsers, every variable's good and bad values,
+/* Unit tests of the options table's values (src/util/options.c, src/util/optparse.c): the defaults
+ * and docs/OPTIONS.md's table of them, the value parsers, every variable's good and bad values,
  * formatting round trips, the bounds of single rows. Strict, verbose and refusals:
  * test_options_strict.c; the set-up: options_fixture.h. */
 #include "options_fixture.h"

@@ -1,5 +1,5 @@
 /* Unit tests of what the options do with a bad or unknown value and what they print
- * (src/options.c): the strict stop (the hook, and the real one in a child), verbose, unknown
+ * (src/util/options.c): the strict stop (the hook, and the real one in a child), verbose, unknown
  * names and their suggestions, the check's form of the warnings, values the machine refuses
  * later (lifetime.c's policy), the VMMHOOK_VERBOSE load line. The values themselves:
  * test_options_parse.c; the set-up: options_fixture.h. */

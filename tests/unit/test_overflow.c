@@ -1,5 +1,5 @@
-/* Overflow to host memory (VMMHOOK_OVERFLOW=host, src/overflow.c): what the device cannot serve
- * is served from host-located memory at device addresses, and moves back at the same address
+/* Overflow to host memory (VMMHOOK_OVERFLOW=host, src/overflow/overflow.c): what the device cannot
+ * serve is served from host-located memory at device addresses, and moves back at the same address
  * when the program asks (vmm_prefetch) or at a resume. Against the simulated driver, whose
  * host-located allocations have their own limit (sim_config.host_memory). */
 #include "testutil.h"

@@ -1,4 +1,4 @@
-/* Unit tests of src/stats.c's counters and gauges: counts, peaks, and both under threads. */
+/* Unit tests of src/util/stats.c's counters and gauges: counts, peaks, and both under threads. */
 #include "stats_fixture.h"
 
 /* ---- counters and gauges -------------------------------------------------------------------- */

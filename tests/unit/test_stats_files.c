@@ -1,5 +1,5 @@
-/* Unit tests of how src/stats.c opens its output files (trace and JSON report): a FIFO does not
- * hang the program, a device or another user's file is refused, and %p expands to the pid. */
+/* Unit tests of how src/util/stats.c opens its output files (trace and JSON report): a FIFO does
+ * not hang the program, a device or another user's file is refused, and %p expands to the pid. */
 #include "stats_fixture.h"
 
 /* ---- output files: FIFOs, other users' files, %p ------------------------------------------- */

@@ -1,4 +1,4 @@
-/* Unit tests of src/stats.c's reports at exit: the JSON report (checked by a small JSON
+/* Unit tests of src/util/stats.c's reports at exit: the JSON report (checked by a small JSON
  * validator written here), the stats table and the leak report. */
 #include "stats_fixture.h"
 

@@ -1,5 +1,5 @@
-/* Unit tests of src/stats.c's RMM-format trace (format, permissions, whole lines under threads,
- * refusal of an unwritable path or a symbolic link, off) and of its gauges companion file. */
+/* Unit tests of src/util/stats.c's RMM-format trace (format, permissions, whole lines under
+ * threads, refusal of an unwritable path or a symbolic link, off) and of its gauges file. */
 #include "stats_fixture.h"
 
 /* ---- trace ------------------------------------------------------------------------------------

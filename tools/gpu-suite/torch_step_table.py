@@ -108,7 +108,7 @@ def verdict(ok):
     return "n/a" if ok is None else ("MET" if ok else "MISS")
 
 
-# The application threads' waits: the library's syncs_blocking counter (src/stats.h: the
+# The application threads' waits: the library's syncs_blocking counter (src/util/stats.h: the
 # synchronizations that blocked an application thread; syncs_background are the reclaim
 # thread's, which no application thread waits for). Without it (an older library), a counter
 # named for blocking or for the foreground; without any, every sync/wait counter together (an

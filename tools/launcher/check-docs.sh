@@ -1,8 +1,8 @@
 #!/bin/sh
 # Mechanical checks of the documentation against the code (meson test --suite tools):
 #   1. docs/OPTIONS.md's options table is exactly `vmmhook-config --markdown` (the table in
-#      src/options_table.c): names, launcher flags, defaults, forms, text; its stats fields are
-#      `vmmhook-config --stats-fields` (src/stats.h's counters and gauges);
+#      src/util/options_table.c): names, launcher flags, defaults, forms, text; its stats fields are
+#      `vmmhook-config --stats-fields` (src/util/stats.h's counters and gauges);
 #   2. every VMMHOOK_* name written anywhere in README.md and docs/*.md is an option of the table
 #      (a renamed or removed option leaves no stale mention);
 #   3. a table row "| `VMMHOOK_X` | `default` |" anywhere else states the table's default;
@@ -53,7 +53,7 @@ section() {
 # 1. The options table.
 "$config" --markdown >"$tmp/table"
 section "$root/docs/OPTIONS.md" "options table" "$tmp/table"
-# ... and the counters and gauges of the stats JSON (src/stats.h's table).
+# ... and the counters and gauges of the stats JSON (src/util/stats.h's table).
 "$config" --stats-fields >"$tmp/stats-fields"
 section "$root/docs/OPTIONS.md" "stats fields" "$tmp/stats-fields"
 
@@ -66,7 +66,7 @@ for f in "$root/README.md" "$root"/docs/*.md; do
         grep -qxF "$n" "$tmp/names" || echo "$f: $n"
     done
 done >"$tmp/unknown"
-[ ! -s "$tmp/unknown" ] || bad "names that are not options of src/options_table.c: $(cat "$tmp/unknown")"
+[ ! -s "$tmp/unknown" ] || bad "names that are not options of src/util/options_table.c: $(cat "$tmp/unknown")"
 
 # 3. Defaults stated in any other table row.
 "$config" --list | while read -r name kind flag; do

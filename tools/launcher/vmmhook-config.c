@@ -1,5 +1,5 @@
-/* vmmhook-config: the options table of libvmmhook (src/options_table.c), presented for people and
- * for the launcher. Built from the library's own options_table.c, options.c and log.c, so that
+/* vmmhook-config: the options table of libvmmhook (src/util/options_table.c), presented for people
+ * and for the launcher. Built from the library's own options_table.c, options.c and log.c, so that
  * there is one table and one parser:
  *
  *   vmmhook-config --check       parse the VMMHOOK_* variables of the environment as the library

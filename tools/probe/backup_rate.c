@@ -12,7 +12,7 @@
  *                  T threads copy each filled one into the fresh memory while the next fills
  *   staging+reg    staging-8/16M, and a thread registers (cuMemHostRegister, portable) each
  *                  40 MiB of the fresh memory as soon as the ring has filled it, as the
- *                  library's pinner does (src/staging.c); the time includes the last
+ *                  library's pinner does (src/staging/staging.c); the time includes the last
  *                  registration. Then reg-copyback: the copy back up from that pinned memory
  *                  (what the first resume does), and reg-free: unregistering it all
  *

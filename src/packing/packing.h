@@ -192,7 +192,7 @@ void vmh_packing_destroy(vmh_packing_t *pk);
 unsigned vmh_packing_thread_shard(void);
 
 #ifdef VMH_TESTING
-/* Test hook (src/testable.h's convention): called on the allocating thread once a new extent
+/* Test hook (src/util/testable.h's convention): called on the allocating thread once a new extent
  * is published and its shard's lock let go, the window in which another thread's trim (a
  * pause's) could meet the extent. NULL: nothing. */
 extern void (*vmh_packing_test_extent_published)(void);

@@ -150,7 +150,7 @@ void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_in
                              void *arg);
 
 #ifdef VMH_TESTING
-/* Test hooks (src/testable.h's convention), compiled only into the test build. */
+/* Test hooks (src/util/testable.h's convention), compiled only into the test build. */
 /* 0 when every internal invariant holds (address chains, free lists and bitmaps, live index,
  * parked FIFO, counters); otherwise prints the failed condition and returns its line. */
 int vmh_arena_check(const vmh_arena_t *a);
