@@ -16,6 +16,7 @@
 
 #include "contexts.h"
 #include "driver.h"
+#include "grow.h"
 #include "heap.h"
 #include "log.h"
 #include "phase.h"
@@ -138,16 +139,12 @@ CUresult vmh_ipc_export_record(vmh_export_t *ex, CUcontext ctx, vmh_ipc_token_t 
         rc = CUDA_ERROR_OPERATING_SYSTEM;
         goto out;
     }
-    if (nexports == exports_cap) {
-        size_t cap = exports_cap ? 2 * exports_cap : 16;
-        export_entry_t *grown = realloc(exports, cap * sizeof *grown);
-        if (!grown) {
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-            goto out;
-        }
-        exports = grown;
-        exports_cap = cap;
+    export_entry_t *grown = vmh_grow(exports, &exports_cap, nexports, sizeof *grown, 16);
+    if (!grown) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
     }
+    exports = grown;
     exports[nexports++] = (export_entry_t){.token = *token, .ex = *ex, .ctx = ctx};
 out:
     vmh_unlock(&table_lock);

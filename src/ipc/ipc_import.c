@@ -9,6 +9,7 @@
 
 #include "contexts.h"
 #include "driver.h"
+#include "grow.h"
 #include "handle.h"
 #include "heap.h"
 #include "log.h"
@@ -300,17 +301,13 @@ CUresult vmh_ipc_import(const vmh_ipc_handle_t *h, CUcontext ctx, CUdeviceptr *o
         vmh_range_destroy(range);
         return CUDA_SUCCESS;
     }
-    if (nimports == imports_cap) {
-        size_t cap = imports_cap ? 2 * imports_cap : 16;
-        import_entry_t *grown = realloc(imports, cap * sizeof *grown);
-        if (!grown) {
-            vmh_unlock(&imp_lock);
-            vmh_range_destroy(range);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        imports = grown;
-        imports_cap = cap;
+    import_entry_t *grown = vmh_grow(imports, &imports_cap, nimports, sizeof *grown, 16);
+    if (!grown) {
+        vmh_unlock(&imp_lock);
+        vmh_range_destroy(range);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    imports = grown;
     imports[nimports++] = (import_entry_t){.pid = h->pid,
                                            .socket_token = h->socket_token,
                                            .export = h->export,

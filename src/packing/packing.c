@@ -1,6 +1,7 @@
 /* Layer "packing": packing small buffers into shared chunks (see packing.h). */
 #include "packing.h"
 
+#include "grow.h"
 #include "list.h"
 #include "registry.h"
 #include "stats.h"
@@ -712,14 +713,11 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
         return CUDA_ERROR_NOT_PERMITTED;
     vmh_packed_export_t *x = exported_find_locked(s, bi.base); /* exported twice: listed once */
     if (!x) {
-        if (s->nexported == s->exported_cap) {
-            size_t cap = s->exported_cap ? 2 * s->exported_cap : 16;
-            vmh_packed_export_t *grown = realloc(s->exported, cap * sizeof *grown);
-            if (!grown)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            s->exported = grown;
-            s->exported_cap = cap;
-        }
+        vmh_packed_export_t *grown =
+            vmh_grow(s->exported, &s->exported_cap, s->nexported, sizeof *grown, 16);
+        if (!grown)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        s->exported = grown;
         x = &s->exported[s->nexported++];
         *x = (vmh_packed_export_t){bi.base, vmh_export_serial_new()};
     }

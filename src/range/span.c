@@ -2,6 +2,8 @@
  * array of intervals: extents are few (they grow geometrically), so a linear walk is enough. */
 #include "span.h"
 
+#include "grow.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,14 +61,10 @@ static bool free_insert(vmh_span_t *sp, CUdeviceptr ptr, size_t size)
         sp->free[i].ptr = ptr;
         sp->free[i].size += size;
     } else {
-        if (sp->nfree == sp->cap) {
-            size_t cap = sp->cap ? 2 * sp->cap : 8;
-            vmh_free_iv_t *grown = realloc(sp->free, cap * sizeof *grown);
-            if (!grown)
-                return false;
-            sp->free = grown;
-            sp->cap = cap;
-        }
+        vmh_free_iv_t *grown = vmh_grow(sp->free, &sp->cap, sp->nfree, sizeof *grown, 8);
+        if (!grown)
+            return false;
+        sp->free = grown;
         memmove(&sp->free[i + 1], &sp->free[i], (sp->nfree - i) * sizeof sp->free[0]);
         sp->free[i] = (vmh_free_iv_t){ptr, size};
         sp->nfree++;
