@@ -325,6 +325,29 @@ void vmh_arena_delete(vmh_arena_t *a, void (*cb)(void *owner, void *arg), void *
     free(a);
 }
 
+/* A new extent record for [base, base + size): its bitmaps (zero) and, for nlive live blocks,
+ * a hash table at most half full. NULL without host memory. */
+static vmh_extent_t *ext_alloc(uintptr_t base, size_t size, size_t nlive)
+{
+    size_t nwords = ((size >> ALIGN_SHIFT) + 63) / 64;
+    size_t nsum = (nwords + 63) / 64;
+    vmh_extent_t *e = calloc(1, sizeof(*e) + (nwords + nsum) * sizeof(uint64_t));
+    if (!e)
+        return NULL;
+    e->base = base;
+    e->size = size;
+    e->nwords = nwords;
+    e->summary = e->starts + nwords;
+    unsigned shift = TAB_MIN_SHIFT;
+    while (((size_t)1 << shift) < 2 * nlive)
+        shift++;
+    if (nlive && !tab_resize(e, shift)) {
+        free(e);
+        return NULL;
+    }
+    return e;
+}
+
 vmh_extent_t *vmh_arena_add_extent(vmh_arena_t *a, uintptr_t base, size_t size, void *owner)
 {
     if (!a || !size || ((base | size) & (VMH_ARENA_ALIGN - 1)) || size > MAX_BLOCK ||
@@ -332,20 +355,13 @@ vmh_extent_t *vmh_arena_add_extent(vmh_arena_t *a, uintptr_t base, size_t size, 
         errno = EINVAL;
         return NULL;
     }
-    size_t granules = size >> ALIGN_SHIFT;
-    size_t nwords = (granules + 63) / 64;
-    size_t nsum = (nwords + 63) / 64;
     if (!rec_reserve(a))
         return NULL;
-    vmh_extent_t *e = calloc(1, sizeof(*e) + (nwords + nsum) * sizeof(uint64_t));
+    vmh_extent_t *e = ext_alloc(base, size, 0);
     if (!e)
         return NULL;
     e->arena = a;
-    e->base = base;
-    e->size = size;
     e->owner = owner;
-    e->nwords = nwords;
-    e->summary = e->starts + nwords;
 
     blk_t *b = rec_take(a);
     memset(b, 0, sizeof(*b));
@@ -607,6 +623,84 @@ void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e)
         }
     }
     e->retired = true;
+}
+
+/* Moves from's blocks into the extent record to (which covers them): their extent pointers,
+ * and the live ones into to's index. */
+static void ext_blocks_move(vmh_extent_t *to, const vmh_extent_t *from)
+{
+    for (blk_t *b = from->first; b; b = b->phys_next) {
+        b->ext = to;
+        if (blk_state(b) == B_LIVE) {
+            tab_put(to, b);
+            start_set(to, granule(to, b->base));
+        }
+    }
+}
+
+void vmh_extent_edges(const vmh_extent_t *e, size_t *head, size_t *tail)
+{
+    const blk_t *b = e->first;
+    *head = blk_state(b) == B_FREE && !e->retired ? blk_size(b) : 0;
+    while (b->phys_next)
+        b = b->phys_next;
+    *tail = blk_state(b) == B_FREE && !e->retired ? blk_size(b) : 0;
+}
+
+vmh_extent_t *vmh_arena_join_new(const vmh_extent_t *lo, const vmh_extent_t *hi)
+{
+    if (!lo || !hi || lo->arena != hi->arena || lo == hi || lo->retired || hi->retired ||
+        lo->base + lo->size != hi->base)
+        return NULL;
+    return ext_alloc(lo->base, lo->size + hi->size, lo->nlive + hi->nlive);
+}
+
+void vmh_arena_join_drop(vmh_extent_t *fresh)
+{
+    if (fresh)
+        ext_destroy(fresh);
+}
+
+vmh_extent_t *vmh_arena_join(vmh_arena_t *a, vmh_extent_t *lo, vmh_extent_t *hi,
+                             vmh_extent_t *fresh)
+{
+    vmh_extent_t *e = fresh;
+    assert(e && lo->arena == a && hi->arena == a && e->base == lo->base &&
+           e->size == lo->size + hi->size && lo->base + lo->size == hi->base);
+    e->arena = a;
+    e->owner = lo->owner;
+    e->first = lo->first;
+    e->nlive = lo->nlive + hi->nlive;
+    e->nparked = lo->nparked + hi->nparked;
+    e->holes = lo->holes + hi->holes;
+    ext_blocks_move(e, lo);
+    ext_blocks_move(e, hi);
+    blk_t *last = lo->first;
+    while (last->phys_next)
+        last = last->phys_next;
+    blk_t *next = hi->first;
+    last->phys_next = next;
+    next->phys_prev = last;
+    if (blk_state(last) == B_FREE && blk_state(next) == B_FREE) {
+        /* The two free edges become one block (make_free's merge, for blocks already free). */
+        free_remove(a, last);
+        free_remove(a, next);
+        last->phys_next = next->phys_next;
+        if (next->phys_next)
+            next->phys_next->phys_prev = last;
+        blk_set(last, blk_size(last) + blk_size(next), B_FREE);
+        rec_put(a, next);
+        free_insert(a, last);
+    }
+    vmh_extent_t *lists[2] = {lo, hi};
+    for (int i = 0; i < 2; i++) {
+        bool busy = lists[i]->nlive || lists[i]->nparked;
+        ext_unlink(busy ? &a->busy : &a->idle, lists[i]);
+        ext_destroy(lists[i]);
+    }
+    ext_push(e->nlive || e->nparked ? &a->busy : &a->idle, e);
+    a->extents--;
+    return e;
 }
 
 int vmh_arena_hole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base, size_t size)

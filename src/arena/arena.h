@@ -145,6 +145,20 @@ int vmh_arena_unhole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base);
 size_t vmh_extent_holes(const vmh_extent_t *e);
 size_t vmh_arena_holes(const vmh_extent_t *e, void (*cb)(uintptr_t base, size_t size, void *arg),
                        void *arg);
+/* Joining extents (issue 27: free space that neighbouring extents would hold only together,
+ * as an expandable segment holds it). vmh_extent_edges gives the free bytes at e's start and
+ * at its end (0 when the block there is live, parked or a hole; both e's size when e is one free
+ * block), O(blocks of e). vmh_arena_join_new makes the record that will replace lo and hi (hi
+ * starting where lo ends, neither retired, one arena): NULL on misuse or without host memory;
+ * vmh_arena_join_drop frees one not used. vmh_arena_join then makes lo and hi that one extent,
+ * which cannot fail (so that the caller can prepare its own side in between): lo's owner, every
+ * block kept (a free block at lo's end and one at hi's start become one); it returns `fresh`,
+ * and lo's and hi's records are gone. O(blocks of lo and hi). */
+void vmh_extent_edges(const vmh_extent_t *e, size_t *head, size_t *tail);
+vmh_extent_t *vmh_arena_join_new(const vmh_extent_t *lo, const vmh_extent_t *hi);
+void vmh_arena_join_drop(vmh_extent_t *fresh);
+vmh_extent_t *vmh_arena_join(vmh_arena_t *a, vmh_extent_t *lo, vmh_extent_t *hi,
+                             vmh_extent_t *fresh);
 /* Walks every live block (leak report). cb must not change the arena. */
 void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
                              void *arg);

@@ -417,15 +417,18 @@ uint64_t vmh_export_serial_new(void)
 
 vmh_owner_t *vmh_owner_lock(CUdeviceptr p)
 {
-    vmh_owner_t *o = vmh_registry_get(p);
-    if (!o || !o->lock)
-        return NULL;
-    vmh_lock(o->lock, VMH_RANK_OWNER);
-    if (vmh_registry_get(p) != o) { /* released meanwhile */
+    for (vmh_owner_t *o = vmh_registry_get(p);;) {
+        if (!o || !o->lock)
+            return NULL;
+        vmh_lock(o->lock, VMH_RANK_OWNER);
+        vmh_owner_t *now = vmh_registry_get(p);
+        if (now == o)
+            return o;
+        /* Released meanwhile (now NULL), or its addresses passed to another owner: packing
+         * joins neighbouring extents (the lower one takes the higher one's addresses). */
         vmh_unlock(o->lock);
-        return NULL;
+        o = now;
     }
-    return o;
 }
 
 void vmh_owner_unlock(vmh_owner_t *o)

@@ -23,7 +23,7 @@
 /* A shard's spans (span.h): the first reserves SPAN_MIN bytes of address space, each next one
  * as much as the shard's spans hold already, up to SPAN_MAX (address space is cheap; the
  * VMMHOOK_VA_LIMIT budget bounds it). */
-#define SPAN_MIN ((size_t)4 << 30)
+#define SPAN_MIN ((size_t)16 << 30)
 #define SPAN_MAX ((size_t)64 << 30)
 /* An extent's backing (issue 27): chunks of max(CHUNK_MIN, extent / CHUNK_SPLIT), so that a
  * stretch of whole free chunks inside it can go back (the tidy's holes) while a tag's pause
@@ -97,6 +97,79 @@ static vmh_ext_piece_t *ext_piece_at(const vmh_ext_t *e, CUdeviceptr p)
         if (p - piece_base(&e->pieces[i]) < piece_size(&e->pieces[i]))
             return &e->pieces[i];
     return NULL;
+}
+
+/* A list of mappings in address order, with no references of its own (a range's layout, so
+ * that vmh_range_pick can take stretches of it); free() it. */
+static vmh_range_t *maps_list(size_t n)
+{
+    return calloc(1, sizeof(vmh_range_t) + (n ? n : 1) * sizeof(vmh_map_t *));
+}
+
+/* e's pieces become one range per stretch of adjacent mappings of `list` (every one of them
+ * held by e's pieces or by a range the caller holds): each new range takes its own
+ * references; the old pieces' ranges go into old[*nold...] (room for e->npieces) for the caller
+ * to destroy, which unmaps the mappings that `list` left out. No driver call. False without
+ * host memory (nothing changed). The shard is locked. */
+static bool ext_pieces_from(vmh_ext_t *e, const vmh_range_t *list, vmh_range_t **old, size_t *nold)
+{
+    size_t stretches = 0;
+    for (size_t i = 0; i < list->nmaps; i++)
+        stretches += !i || list->maps[i - 1]->ptr + list->maps[i - 1]->size != list->maps[i]->ptr;
+    vmh_ext_piece_t *np = stretches ? malloc(stretches * sizeof *np) : NULL;
+    size_t made = 0;
+    bool ok = np != NULL;
+    for (size_t i = 0; ok && i < list->nmaps;) {
+        size_t j = i + 1;
+        CUdeviceptr end = list->maps[i]->ptr + list->maps[i]->size;
+        while (j < list->nmaps && list->maps[j]->ptr == end)
+            end += list->maps[j++]->size;
+        ok = vmh_range_pick(&list, 1, list->maps[i]->ptr, end - list->maps[i]->ptr,
+                            &np[made].range) == CUDA_SUCCESS;
+        if (ok)
+            np[made++].paused = NULL;
+        i = j;
+    }
+    if (!ok) {
+        while (made)
+            vmh_range_destroy(np[--made].range); /* references only: the old ones hold them */
+        free(np);
+        return false;
+    }
+    for (size_t i = 0; i < e->npieces; i++)
+        old[(*nold)++] = e->pieces[i].range;
+    ext_pieces_set(e, NULL);
+    if (made == 1) {
+        e->one = np[0];
+        free(np);
+    } else {
+        e->pieces = np;
+        e->pieces_cap = made;
+    }
+    e->npieces = made;
+    return true;
+}
+
+/* Every mapping of e's pieces and of `add` (NULL: none), in address order. */
+static vmh_range_t *ext_maps_with(const vmh_ext_t *e, const vmh_range_t *add)
+{
+    size_t n = add ? add->nmaps : 0;
+    for (size_t i = 0; i < e->npieces; i++)
+        n += e->pieces[i].range->nmaps;
+    vmh_range_t *l = maps_list(n);
+    for (size_t i = 0; l && i <= e->npieces; i++) {
+        const vmh_range_t *r = i < e->npieces ? e->pieces[i].range : NULL;
+        if (add && (!r || add->base < r->base)) {
+            memcpy(&l->maps[l->nmaps], add->maps, add->nmaps * sizeof add->maps[0]);
+            l->nmaps += add->nmaps;
+            add = NULL;
+        }
+        if (r) {
+            memcpy(&l->maps[l->nmaps], r->maps, r->nmaps * sizeof r->maps[0]);
+            l->nmaps += r->nmaps;
+        }
+    }
+    return l;
 }
 
 bool vmh_packing_paused_locked(const vmh_ext_t *e)
@@ -230,13 +303,219 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out,
     return rc;
 }
 
-/* Adds a packing extent large enough for `size` to shard s and serves `size` from it in the
- * same hold of the shard's lock. So a new extent is never seen empty: a trim on another thread
- * (a pause's) cannot take it between its publication and its use, and nothing of its range is
- * read once the lock is let go (the heap's unit test trim_never_takes_an_extent_being_served
- * checks that a pause's trim never destroys an extent its allocating thread still reads).
- * *out: the block. OUT_OF_MEMORY with nothing left behind when the driver or host memory runs
- * out. */
+/* ---- joins: neighbouring extents made one (issue 27) ---- */
+
+/* Whether e may be joined with a neighbour (s locked): it serves blocks (not retired), runs
+ * (backed, no piece paused) and no piece keeps a retained backup (vmm_resume_flags' KEEP_BACKUP:
+ * attached to its range, which a join replaces). */
+static bool ext_joinable(const vmh_ext_t *e)
+{
+    if (!e->extent || !e->npieces || vmh_extent_retired(e->extent) || vmh_packing_paused_locked(e))
+        return false;
+    for (size_t i = 0; i < e->npieces; i++)
+        if (e->pieces[i].range->kept.host)
+            return false;
+    return true;
+}
+
+/* The reservation e's addresses were carved from (its span's): every piece's mappings are in it. */
+static const vmh_resv_t *ext_resv(const vmh_ext_t *e)
+{
+    return e->pieces[0].range->maps[0]->resv;
+}
+
+/* Whether hi starts where lo ends, in the same reservation (so one extent may hold both). */
+static bool ext_adjacent(const vmh_ext_t *lo, const vmh_ext_t *hi)
+{
+    return lo->va + lo->va_size == hi->va && ext_resv(lo) == ext_resv(hi);
+}
+
+/* Makes hi part of lo (hi starts where lo ends; both joinable; s locked): one arena extent,
+ * whose pieces are the stretches of lo's and hi's mappings (lo's last piece and hi's first one
+ * become one: a block that the joined free space serves may cross their border, and a block's
+ * backup and export are its piece's), hi's addresses registered to lo, hi's record spare. No
+ * driver call: the mappings stay as they are. False without host memory (nothing changed). A
+ * reader that found hi in the registry meanwhile waits for the lock and finds lo
+ * (vmh_owner_lock). */
+static bool ext_join_locked(vmh_shard_t *s, vmh_ext_t *lo, vmh_ext_t *hi)
+{
+    vmh_extent_t *fresh = vmh_arena_join_new(lo->extent, hi->extent);
+    vmh_range_t *all = fresh ? ext_maps_with(lo, NULL) : NULL, *his = NULL;
+    vmh_range_t **old = all ? malloc((lo->npieces + hi->npieces) * sizeof *old) : NULL;
+    if (old) {
+        his = ext_maps_with(hi, NULL);
+        vmh_range_t *both = his ? maps_list(all->nmaps + his->nmaps) : NULL;
+        if (both) {
+            memcpy(both->maps, all->maps, all->nmaps * sizeof all->maps[0]);
+            memcpy(both->maps + all->nmaps, his->maps, his->nmaps * sizeof his->maps[0]);
+            both->nmaps = all->nmaps + his->nmaps;
+        }
+        free(all);
+        all = both;
+    }
+    size_t nold = 0;
+    /* The registry's entries for hi exist: setting them cannot fail past its first check. */
+    if (!all || !ext_pieces_from(lo, all, old, &nold) ||
+        !vmh_registry_set(hi->va, hi->va_size, lo)) {
+        assert(nold == 0);
+        vmh_arena_join_drop(fresh);
+        free(all);
+        free(his);
+        free(old);
+        return false;
+    }
+    free(all);
+    free(his);
+    for (size_t i = 0; i < hi->npieces; i++)
+        old[nold++] = hi->pieces[i].range;
+    lo->extent = vmh_arena_join(s->arena, lo->extent, hi->extent, fresh);
+    lo->va_size += hi->va_size;
+    /* The later mark (marks grow): a trim waits for the last block freed at once in either. */
+    if (hi->freed_mark > lo->freed_mark)
+        lo->freed_mark = hi->freed_mark;
+    VMH_HLIST_REMOVE(s->exts, hi);
+    ext_pieces_set(hi, NULL);
+    hi->extent = NULL;
+    hi->freed_mark = 0;
+    hi->next = s->spare;
+    s->spare = hi;
+    for (size_t i = 0; i < nold; i++)
+        vmh_range_destroy(old[i]); /* references only: lo's new pieces hold the mappings */
+    free(old);
+    return true;
+}
+
+static int ext_by_address(const void *x, const void *y)
+{
+    const vmh_ext_t *a = *(vmh_ext_t *const *)x, *b = *(vmh_ext_t *const *)y;
+    return a->va < b->va ? -1 : a->va > b->va;
+}
+
+/* ---- growth: a new extent that joins the free end of one before it ---- */
+
+/* The extent of shard s whose free end an extent of the request's size would best grow (s
+ * locked): joinable, with a free end and room in its span's address space right after it for
+ * the new extent, the largest free end first. *grow: the new extent's size (`want`, or for a
+ * request that gets an extent of its own, `need` less that free end); NULL: none. */
+static vmh_ext_t *grow_pick_locked(vmh_shard_t *s, size_t need, size_t want, bool own,
+                                   size_t *grow)
+{
+    vmh_ext_t *best = NULL;
+    size_t best_tail = 0, gran = s->pack->dev->gran;
+    for (vmh_ext_t *e = s->exts; e; e = e->next) {
+        size_t head, tail;
+        if (!ext_joinable(e))
+            continue;
+        vmh_extent_edges(e->extent, &head, &tail);
+        if (tail <= best_tail || tail >= need)
+            continue;
+        size_t g = own ? need - tail : want;
+        g = (g + gran - 1) / gran * gran;
+        if (vmh_spans_free_at(&s->spans, e->va + e->va_size) >= g) {
+            best = e;
+            best_tail = tail;
+            *grow = g;
+        }
+    }
+    return best;
+}
+
+/* The extent of s that ends where r starts and whose free end with r holds `need` bytes (s
+ * locked): what a grown extent joins; NULL when it went meanwhile (trimmed, joined, its end
+ * served). */
+static vmh_ext_t *grow_onto_locked(vmh_shard_t *s, const vmh_range_t *r, size_t need)
+{
+    for (vmh_ext_t *e = s->exts; e; e = e->next) {
+        if (e->va + e->va_size != r->base || !ext_joinable(e))
+            continue;
+        size_t head, tail;
+        vmh_extent_edges(e->extent, &head, &tail);
+        return tail + r->size >= need && ext_resv(e) == r->maps[0]->resv ? e : NULL;
+    }
+    return NULL;
+}
+
+/* Adds a packing extent of range r to shard s and serves `size` from it in the same hold of the
+ * shard's lock, joined first to `onto`'s extent when r grows one (r starts where it ends; see
+ * grow_pick_locked). So a new extent is never seen empty: a trim on another thread (a pause's)
+ * cannot take it between its publication and its use, and nothing of its range is read once the
+ * lock is let go (the heap's unit test trim_never_takes_an_extent_being_served checks that a
+ * pause's trim never destroys an extent its allocating thread still reads). OUT_OF_MEMORY with
+ * r destroyed and its addresses given back when host memory runs out, or when the extent r was
+ * to grow went meanwhile and r alone is too small (the caller makes an extent of its own). */
+static CUresult extent_publish_serving(vmh_shard_t *s, vmh_range_t *r, bool onto, size_t size,
+                                       CUdeviceptr *out)
+{
+    vmh_packing_t *pk = s->pack;
+    const size_t mapped = r->size;
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
+    vmh_ext_t *e = s->spare;
+    if (e) {
+        s->spare = e->next;
+    } else if ((e = calloc(1, sizeof *e))) {
+        e->o.kind = VMH_OWN_EXTENT;
+        e->o.dev = pk->dev;
+        e->o.lock = &s->lock;
+        e->shard = s;
+    }
+    uintptr_t p = 0;
+    /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
+    if (e && !atomic_load(&pk->frozen)) {
+        ext_pieces_set(e, r);
+        e->va = r->base;
+        e->va_size = r->size;
+        e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
+    }
+    vmh_ext_t *lo = onto && e && e->extent ? grow_onto_locked(s, r, size) : NULL;
+    bool published = e && e->extent && vmh_registry_set(r->base, r->size, e);
+    if (published)
+        VMH_HLIST_PUSH(s->exts, e);
+    /* Joined, the record that served the request is lo's (e's is spare again). */
+    if (published && lo && ext_join_locked(s, lo, e))
+        e = lo;
+    if (!published || vmh_arena_alloc(s->arena, size, &p) != 0) {
+        /* Nothing of it was served: the arena learnt of it above, under this lock, and forgets
+         * it here (an extent that serves no block is empty); an extent joined to another is
+         * never here (its free end and r hold size). */
+        assert(e != lo || !lo);
+        if (e) {
+            if (published) {
+                VMH_HLIST_REMOVE(s->exts, e);
+                vmh_registry_set(r->base, r->size, NULL);
+            }
+            if (e->extent) {
+                uintptr_t base;
+                size_t bytes;
+                void *back = vmh_arena_take_empty_extent(s->arena, &base, &bytes);
+                assert(back == e);
+                (void)back;
+            }
+            ext_pieces_set(e, NULL);
+            e->extent = NULL;
+            e->prev = NULL;
+            e->next = s->spare;
+            s->spare = e;
+        }
+        vmh_unlock(&s->lock);
+        CUdeviceptr base = r->base;
+        vmh_range_destroy(r);
+        span_give(s, base, mapped);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    shard_note(s);
+    vmh_unlock(&s->lock);
+#ifdef VMH_TESTING
+    if (vmh_packing_test_extent_published)
+        vmh_packing_test_extent_published();
+#endif
+    idle_gauge((int64_t)mapped);
+    *out = p;
+    return CUDA_SUCCESS;
+}
+
+/* Adds a packing extent large enough for `size` to shard s and serves `size` from it
+ * (extent_publish_serving). *out: the block. OUT_OF_MEMORY with nothing left behind when the
+ * driver or host memory runs out. */
 static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool *no_address,
                                    CUdeviceptr *out)
 {
@@ -260,14 +539,37 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
     size_t next = s->extent_next < share ? s->extent_next : share;
     if (s->extent_next < EXTENT_MAX)
         s->extent_next *= 2;
-    vmh_unlock(&s->lock);
     next -= next % d->gran;
     const size_t need = want;
-    if (want <= next / EXTENT_FIT)
+    const bool own = want > next / EXTENT_FIT;
+    if (!own)
         want = next;
+    /* The new extent grows one whose end is free, where the span has room after it: joined,
+     * their free space is one block, and a request of its own size needs only what that end
+     * lacks (as an expandable segment grows by what its free end lacks). */
+    size_t grow = 0;
+    vmh_resv_t *resv = NULL;
+    vmh_ext_t *onto = grow_pick_locked(s, need, want, own, &grow);
+    CUdeviceptr at = onto ? onto->va + onto->va_size : 0;
+    if (onto && !vmh_spans_take_at(&s->spans, at, grow, &resv))
+        onto = NULL;
+    vmh_unlock(&s->lock);
 
     vmh_range_t *r;
-    CUresult rc = extent_range_new(s, want, &r, no_address);
+    CUresult rc;
+    if (onto) {
+        /* The driver's error is the answer (the caller relieves the device, spills or fails):
+         * the whole extent below is no smaller. */
+        rc = vmh_dev_range_in(d, grow, extent_chunk(grow, d->gran), resv, at, &r);
+        if (rc != CUDA_SUCCESS) {
+            span_give(s, at, grow);
+            return rc;
+        }
+        if (extent_publish_serving(s, r, true, size, out) == CUDA_SUCCESS)
+            return CUDA_SUCCESS;
+        /* Its neighbour went meanwhile (or host memory ran out): a whole extent. */
+    }
+    rc = extent_range_new(s, want, &r, no_address);
     /* A device too full for a shared extent may still hold the request: an extent of its own
      * size, before the caller relieves memory or spills to the host (the overflow reserve
      * keeps room for small requests, not for a grown extent). */
@@ -275,61 +577,7 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
         rc = extent_range_new(s, need, &r, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
-    const size_t mapped = r->size;
-    vmh_lock(&s->lock, VMH_RANK_OWNER);
-    vmh_ext_t *e = s->spare;
-    if (e) {
-        s->spare = e->next;
-    } else if ((e = calloc(1, sizeof *e))) {
-        e->o.kind = VMH_OWN_EXTENT;
-        e->o.dev = d;
-        e->o.lock = &s->lock;
-        e->shard = s;
-    }
-    uintptr_t p = 0;
-    /* A paused tag takes no memory (checked under the lock pause.c's visit takes). */
-    if (e && !atomic_load(&pk->frozen)) {
-        ext_pieces_set(e, r);
-        e->va = r->base;
-        e->va_size = r->size;
-        e->extent = vmh_arena_add_extent(s->arena, r->base, r->size, e);
-    }
-    if (!e || !e->extent || vmh_arena_alloc(s->arena, size, &p) != 0 ||
-        !vmh_registry_set(r->base, r->size, e)) {
-        /* Nothing of it was published: the arena learnt of it above, under this lock, and
-         * forgets it here (an extent whose only block is released again is empty). */
-        if (e) {
-            if (e->extent) {
-                if (p)
-                    vmh_arena_release(s->arena, e->extent, p, NULL);
-                uintptr_t base;
-                size_t bytes;
-                void *back = vmh_arena_take_empty_extent(s->arena, &base, &bytes);
-                assert(back == e);
-                (void)back;
-            }
-            ext_pieces_set(e, NULL);
-            e->extent = NULL;
-            e->prev = NULL;
-            e->next = s->spare;
-            s->spare = e;
-        }
-        vmh_unlock(&s->lock);
-        CUdeviceptr base = r->base;
-        vmh_range_destroy(r);
-        span_give(s, base, mapped);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    VMH_HLIST_PUSH(s->exts, e);
-    shard_note(s);
-    vmh_unlock(&s->lock);
-#ifdef VMH_TESTING
-    if (vmh_packing_test_extent_published)
-        vmh_packing_test_extent_published();
-#endif
-    idle_gauge((int64_t)mapped);
-    *out = p;
-    return CUDA_SUCCESS;
+    return extent_publish_serving(s, r, false, size, out);
 }
 
 /* Serves size bytes from shard s: 0, ENOMEM when it has no room, EBUSY when `try` and another
@@ -394,79 +642,6 @@ static void hole_seen(uintptr_t base, size_t size, void *arg)
         h->base = base;
         h->size = size;
     }
-}
-
-/* A list of mappings in address order, with no references of its own (a range's layout, so
- * that vmh_range_pick can take stretches of it); free() it. */
-static vmh_range_t *maps_list(size_t n)
-{
-    return calloc(1, sizeof(vmh_range_t) + (n ? n : 1) * sizeof(vmh_map_t *));
-}
-
-/* e's pieces become one range per stretch of adjacent mappings of `list` (every one of them
- * held by e's pieces or by a range the caller holds): each new range takes its own
- * references; the old pieces' ranges go into old[*nold...] (room for e->npieces) for the caller
- * to destroy, which unmaps the mappings that `list` left out. No driver call. False without
- * host memory (nothing changed). The shard is locked. */
-static bool ext_pieces_from(vmh_ext_t *e, const vmh_range_t *list, vmh_range_t **old, size_t *nold)
-{
-    size_t stretches = 0;
-    for (size_t i = 0; i < list->nmaps; i++)
-        stretches += !i || list->maps[i - 1]->ptr + list->maps[i - 1]->size != list->maps[i]->ptr;
-    vmh_ext_piece_t *np = stretches ? malloc(stretches * sizeof *np) : NULL;
-    size_t made = 0;
-    bool ok = np != NULL;
-    for (size_t i = 0; ok && i < list->nmaps;) {
-        size_t j = i + 1;
-        CUdeviceptr end = list->maps[i]->ptr + list->maps[i]->size;
-        while (j < list->nmaps && list->maps[j]->ptr == end)
-            end += list->maps[j++]->size;
-        ok = vmh_range_pick(&list, 1, list->maps[i]->ptr, end - list->maps[i]->ptr,
-                            &np[made].range) == CUDA_SUCCESS;
-        if (ok)
-            np[made++].paused = NULL;
-        i = j;
-    }
-    if (!ok) {
-        while (made)
-            vmh_range_destroy(np[--made].range); /* references only: the old ones hold them */
-        free(np);
-        return false;
-    }
-    for (size_t i = 0; i < e->npieces; i++)
-        old[(*nold)++] = e->pieces[i].range;
-    ext_pieces_set(e, NULL);
-    if (made == 1) {
-        e->one = np[0];
-        free(np);
-    } else {
-        e->pieces = np;
-        e->pieces_cap = made;
-    }
-    e->npieces = made;
-    return true;
-}
-
-/* Every mapping of e's pieces and of `add` (NULL: none), in address order. */
-static vmh_range_t *ext_maps_with(const vmh_ext_t *e, const vmh_range_t *add)
-{
-    size_t n = add ? add->nmaps : 0;
-    for (size_t i = 0; i < e->npieces; i++)
-        n += e->pieces[i].range->nmaps;
-    vmh_range_t *l = maps_list(n);
-    for (size_t i = 0; l && i <= e->npieces; i++) {
-        const vmh_range_t *r = i < e->npieces ? e->pieces[i].range : NULL;
-        if (add && (!r || add->base < r->base)) {
-            memcpy(&l->maps[l->nmaps], add->maps, add->nmaps * sizeof add->maps[0]);
-            l->nmaps += add->nmaps;
-            add = NULL;
-        }
-        if (r) {
-            memcpy(&l->maps[l->nmaps], r->maps, r->nmaps * sizeof r->maps[0]);
-            l->nmaps += r->nmaps;
-        }
-    }
-    return l;
 }
 
 /* Maps a hole of shard s large enough for `want` bytes again and serves `size` from the space
@@ -537,6 +712,67 @@ static bool holes_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t wa
     return false;
 }
 
+/* ---- joins: free space that neighbouring extents hold only together ---- */
+
+/* Serves size bytes (want rounded) from free space that neighbouring extents of shard s hold
+ * only together: a free end of one, the free start of the next, whole free extents between,
+ * joined into one extent (ext_join_locked), as an expandable segment holds its free space in
+ * one piece (issue 27: a program whose tensors grow a little each step freed extents that the
+ * next, slightly larger, size never fitted). No driver call. */
+static bool joins_alloc_shard(vmh_shard_t *s, size_t size, size_t want, CUdeviceptr *out)
+{
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
+    size_t n = 0;
+    for (vmh_ext_t *e = s->exts; e; e = e->next)
+        n++;
+    vmh_ext_t **x = n > 1 && !atomic_load(&s->pack->frozen) ? malloc(n * sizeof *x) : NULL;
+    n = 0;
+    for (vmh_ext_t *e = x ? s->exts : NULL; e; e = e->next)
+        if (ext_joinable(e))
+            x[n++] = e;
+    qsort(x, n, sizeof *x, ext_by_address);
+    bool served = false;
+    for (size_t i = 0; x && !served && i + 1 < n;) {
+        size_t head, tail;
+        vmh_extent_edges(x[i]->extent, &head, &tail);
+        size_t have = tail, k = i;
+        /* The chain goes on past whole free extents: [tail][free extent]...[head]. */
+        while (have < want && k + 1 < n && ext_adjacent(x[k], x[k + 1])) {
+            vmh_extent_edges(x[++k]->extent, &head, &tail);
+            have += head;
+            if (head != x[k]->va_size)
+                break;
+        }
+        if (!tail || have < want) {
+            i = k > i ? k : i + 1; /* a chain that fell short: the next may start at its end */
+            continue;
+        }
+        size_t joined = i;
+        while (joined < k && ext_join_locked(s, x[i], x[joined + 1]))
+            joined++;
+        uintptr_t p;
+        served = joined == k && vmh_arena_alloc(s->arena, size, &p) == 0;
+        if (served)
+            *out = p;
+        if (joined > i)
+            shard_note(s);
+        break;
+    }
+    vmh_unlock(&s->lock);
+    free(x);
+    return served;
+}
+
+/* Serves size bytes by joining neighbouring extents of any shard, the thread's own first. */
+static bool joins_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t want,
+                        CUdeviceptr *out)
+{
+    for (unsigned i = 0; i < VMH_SHARDS; i++)
+        if (joins_alloc_shard(&pk->shards[(home + i) % VMH_SHARDS], size, want, out))
+            return true;
+    return false;
+}
+
 bool vmh_packing_has_parked(vmh_packing_t *pk)
 {
     for (int i = 0; i < VMH_SHARDS; i++)
@@ -572,6 +808,8 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
     }
     /* Space the tidy unmapped inside extents (holes) is mapped again before a new extent is
      * made: it costs a chunk too, and no new address space. */
+    if (!served)
+        served = joins_alloc(pk, home, size, want, out);
     if (!served)
         served = holes_alloc(pk, home, size, want, out);
     if (!served) {

@@ -20,6 +20,19 @@ struct vmh_span {
     vmh_span_t *next;
 };
 
+/* Takes the first `size` bytes of sp's free interval i (which holds them). */
+static void take_front(vmh_span_t *sp, size_t i, size_t size)
+{
+    vmh_free_iv_t *f = &sp->free[i];
+    f->ptr += size;
+    f->size -= size;
+    if (!f->size) {
+        memmove(f, f + 1, (sp->nfree - i - 1) * sizeof *f);
+        sp->nfree--;
+    }
+    sp->taken += size;
+}
+
 bool vmh_spans_take(vmh_spans_t *ss, size_t size, vmh_resv_t **resv, CUdeviceptr *ptr)
 {
     for (vmh_span_t *sp = ss->list; sp; sp = sp->next) {
@@ -29,17 +42,46 @@ bool vmh_spans_take(vmh_spans_t *ss, size_t size, vmh_resv_t **resv, CUdeviceptr
                 continue;
             *ptr = f->ptr;
             *resv = sp->resv;
-            f->ptr += size;
-            f->size -= size;
-            if (!f->size) {
-                memmove(f, f + 1, (sp->nfree - i - 1) * sizeof *f);
-                sp->nfree--;
-            }
-            sp->taken += size;
+            take_front(sp, i, size);
             return true;
         }
     }
     return false;
+}
+
+/* The free interval of the spans that starts exactly at ptr: its span (NULL: none) and index. */
+static vmh_span_t *free_starting_at(const vmh_spans_t *ss, CUdeviceptr ptr, size_t *at)
+{
+    for (vmh_span_t *sp = ss->list; sp; sp = sp->next) {
+        if (ptr < sp->resv->ptr || ptr - sp->resv->ptr >= sp->resv->size)
+            continue;
+        for (size_t i = 0; i < sp->nfree; i++) {
+            if (sp->free[i].ptr == ptr) {
+                *at = i;
+                return sp;
+            }
+        }
+        return NULL;
+    }
+    return NULL;
+}
+
+size_t vmh_spans_free_at(const vmh_spans_t *ss, CUdeviceptr ptr)
+{
+    size_t i;
+    const vmh_span_t *sp = free_starting_at(ss, ptr, &i);
+    return sp ? sp->free[i].size : 0;
+}
+
+bool vmh_spans_take_at(vmh_spans_t *ss, CUdeviceptr ptr, size_t size, vmh_resv_t **resv)
+{
+    size_t i;
+    vmh_span_t *sp = free_starting_at(ss, ptr, &i);
+    if (!sp || sp->free[i].size < size || !size)
+        return false;
+    *resv = sp->resv;
+    take_front(sp, i, size);
+    return true;
 }
 
 /* Inserts [ptr, +size) into sp's free intervals, merged with its neighbours; false when host

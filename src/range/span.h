@@ -25,6 +25,12 @@ typedef struct vmh_spans {
  * *ptr; false when no span has room. */
 bool vmh_spans_take(vmh_spans_t *ss, size_t size, vmh_resv_t **resv, CUdeviceptr *ptr);
 
+/* The free address space that starts exactly at ptr in the spans (0: none), and taking `size`
+ * bytes of it (at most that many; true with *resv as vmh_spans_take): what lets an extent grow
+ * into the addresses that follow it (packing.c). */
+size_t vmh_spans_free_at(const vmh_spans_t *ss, CUdeviceptr ptr);
+bool vmh_spans_take_at(vmh_spans_t *ss, CUdeviceptr ptr, size_t size, vmh_resv_t **resv);
+
 /* Gives back what vmh_spans_take took (nothing may be mapped there any more); returns the
  * reservation of a span this emptied, for the caller to vmh_resv_unref outside its lock (the
  * driver's cuMemAddressFree), or NULL. */

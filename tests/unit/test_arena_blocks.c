@@ -703,6 +703,102 @@ static void test_holes(void **state)
     vmh_arena_delete(a, NULL, NULL);
 }
 
+/* Two neighbouring extents joined (issue 27): the free edges become one block that serves what
+ * neither held alone; live, parked and hole blocks keep their places and are found, freed and
+ * unparked through the new extent; its owner is the lower one's; misuse changes nothing. */
+static void test_join(void **state)
+{
+    (void)state;
+    vmh_arena_t *a = vmh_arena_new();
+    const uintptr_t base = 0x7f0000000000;
+    int lo_owner, hi_owner, far_owner;
+    vmh_extent_t *lo = vmh_arena_add_extent(a, base, 16 * MiB, &lo_owner);
+    vmh_extent_t *hi = vmh_arena_add_extent(a, base + 16 * MiB, 16 * MiB, &hi_owner);
+    uintptr_t p0, p1, h0, h1, keep, big;
+    /* Best fit, lowest address first: lo [0, 4M) [4M, 16M), hi [16M, 24M) [24M, 28M) [28M, 32M). */
+    assert_int_equal(vmh_arena_alloc(a, 4 * MiB, &p0), 0);
+    assert_int_equal(vmh_arena_alloc(a, 12 * MiB, &p1), 0);
+    assert_int_equal(vmh_arena_alloc(a, 8 * MiB, &h0), 0);
+    assert_int_equal(vmh_arena_alloc(a, 4 * MiB, &h1), 0);
+    assert_int_equal(vmh_arena_alloc(a, 4 * MiB, &keep), 0);
+    assert_int_equal(p0, base);
+    assert_int_equal(p1, base + 4 * MiB);
+    assert_int_equal(h0, base + 16 * MiB);
+    assert_int_equal(h1, base + 24 * MiB);
+    assert_int_equal(keep, base + 28 * MiB);
+    /* lo: live, then 12M free; hi: 8M free, a hole, a parked block. */
+    assert_int_equal(vmh_arena_release(a, lo, p1, NULL), 0);
+    assert_int_equal(vmh_arena_release(a, hi, h0, NULL), 0);
+    assert_int_equal(vmh_arena_release(a, hi, h1, NULL), 0);
+    assert_int_equal(vmh_arena_hole(a, hi, h1, 4 * MiB), 0);
+    assert_int_equal(vmh_arena_park(a, hi, keep, 7, NULL), 0);
+    vmh_extent_t *far = vmh_arena_add_extent(a, base + 64 * MiB, 8 * MiB, &far_owner);
+    size_t head, tail;
+    vmh_extent_edges(lo, &head, &tail);
+    assert_int_equal(head, 0);
+    assert_int_equal(tail, 12 * MiB);
+    vmh_extent_edges(hi, &head, &tail);
+    assert_int_equal(head, 8 * MiB);
+    assert_int_equal(tail, 0);
+    vmh_extent_edges(far, &head, &tail);
+    assert_int_equal(head, 8 * MiB);
+    assert_int_equal(tail, 8 * MiB);
+    /* 20 MiB fits no extent alone. */
+    assert_int_equal(vmh_arena_alloc(a, 20 * MiB, &big), ENOMEM);
+    assert_null(vmh_arena_join_new(hi, lo)); /* hi does not end where lo starts */
+    assert_null(vmh_arena_join_new(lo, far)); /* far does not start where lo ends */
+    assert_null(vmh_arena_join_new(lo, lo));
+    vmh_arena_join_drop(vmh_arena_join_new(lo, hi)); /* made, not used: nothing changes */
+    assert_consistent(a);
+    vmh_arena_stats_t before, after;
+    vmh_arena_stats(a, &before);
+
+    vmh_extent_t *fresh = vmh_arena_join_new(lo, hi);
+    assert_non_null(fresh);
+    vmh_extent_t *j = vmh_arena_join(a, lo, hi, fresh);
+    assert_ptr_equal(j, fresh);
+    assert_consistent(a);
+    vmh_arena_stats(a, &after);
+    assert_int_equal(after.extents, before.extents - 1);
+    assert_int_equal(after.extents_bytes, before.extents_bytes);
+    assert_int_equal(after.free, before.free);
+    assert_int_equal(after.holes, before.holes);
+    assert_int_equal(after.parked, before.parked);
+    assert_ptr_equal(vmh_extent_owner(j), &lo_owner);
+    assert_int_equal(vmh_extent_base(j), base);
+    assert_int_equal(vmh_extent_size(j), 32 * MiB);
+    assert_int_equal(vmh_extent_holes(j), 4 * MiB);
+    vmh_block_info_t info;
+    assert_true(vmh_arena_find(j, p0 + 100, &info));
+    assert_int_equal(info.base, p0);
+    /* [4M, 24M) is one free block now: 20 MiB is served from it. */
+    assert_int_equal(vmh_arena_alloc(a, 20 * MiB, &big), 0);
+    assert_int_equal(big, base + 4 * MiB);
+    assert_true(vmh_arena_find(j, big + 17 * MiB, &info));
+    assert_int_equal(vmh_arena_unpark_upto(a, 7), 1);
+    assert_int_equal(vmh_arena_unhole(a, j, base + 24 * MiB), 0);
+    assert_int_equal(vmh_arena_release(a, j, big, NULL), 0);
+    assert_int_equal(vmh_arena_release(a, j, p0, NULL), 0);
+    assert_consistent(a);
+    /* Empty again: one free block, taken whole. */
+    uintptr_t tb;
+    size_t ts;
+    void *owner;
+    int taken = 0;
+    while ((owner = vmh_arena_take_empty_extent(a, &tb, &ts))) {
+        if (owner == &lo_owner) {
+            assert_int_equal(tb, base);
+            assert_int_equal(ts, 32 * MiB);
+        } else {
+            assert_ptr_equal(owner, &far_owner);
+        }
+        taken++;
+    }
+    assert_int_equal(taken, 2);
+    assert_consistent(a);
+    vmh_arena_delete(a, NULL, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -721,6 +817,7 @@ int main(void)
         cmocka_unit_test(test_take_empty_extent),
         cmocka_unit_test(test_free_runs),
         cmocka_unit_test(test_holes),
+        cmocka_unit_test(test_join),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

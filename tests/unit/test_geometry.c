@@ -7,6 +7,11 @@
 #endif
 #include "testutil.h"
 #include "testtags.h"
+/* after testutil.h */
+#include "heap_internal.h" /* the shards' hints: extents */
+
+#include <pthread.h>
+#include <stdatomic.h>
 
 
 #include <stdlib.h>
@@ -123,7 +128,7 @@ static void a_trimmed_extents_addresses_are_reused(void **state)
 static void a_small_address_budget_gets_spans_of_extent_size(void **state)
 {
     (void)state;
-    tu_opt.va_limit = (size_t)8 << 30; /* a first span of 4 GiB would take half */
+    tu_opt.va_limit = (size_t)8 << 30; /* a first span of 16 GiB would take it all */
     tu_configure();
     CUdeviceptr p[48];
     for (int i = 0; i < 48; i++) /* 96 MiB: some shared extents, none larger than 256 MiB */
@@ -132,6 +137,130 @@ static void a_small_address_budget_gets_spans_of_extent_size(void **state)
     assert_true((size_t)vmh_gauge_get(VMH_STAT_bytes_reserved) < (size_t)1 << 30);
     for (int i = 0; i < 48; i++)
         assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
+}
+
+/* Extents of device 0's packing shards (their hints). */
+static size_t extents_count(void)
+{
+    size_t n = 0;
+    hdev_t *h = hdev_at(0);
+    assert_non_null(h);
+    FOR_EACH_PART(h, part)
+    for (int k = 0; k < VMH_SHARDS; k++)
+        n += atomic_load(&part->pack.shards[k].extents);
+    return n;
+}
+
+/* A program whose tensors grow a little each step (tests/gpu/torch_varlen.py's shape): the
+ * extents its last size freed serve the next, slightly larger size together (joined, no driver
+ * call), the one left short grows by what it lacks, and a block that lived through a join keeps
+ * its contents and is freed by its address (its extent's record changed under it). */
+static void growing_requests_join_freed_neighbours(void **state)
+{
+    (void)state;
+    CUdeviceptr old[4], now[4];
+    /* Four extents of their own size, neighbours (none has a free end to grow). */
+    assert_int_equal(vmm_tag_push("grow"), VMM_OK);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(vmh_heap_alloc(300 * MiB, &old[i]), CUDA_SUCCESS);
+    tu_fill(old[3] + 299 * MiB, 4096, 5);
+    const size_t extents = extents_count(), used = sim_device_used(0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(vmh_heap_free(old[i], NULL, false), CUDA_SUCCESS);
+    sim_reset_counters();
+    /* 2 x 310 MiB fit in the 900 MiB the first three left, only across their borders. */
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(vmh_heap_alloc(310 * MiB, &now[i]), CUDA_SUCCESS);
+    /* (the reclaim thread may wait for the GPU meanwhile: only memory calls count) */
+    assert_int_equal(sim_calls("cuMemCreate") + sim_calls("cuMemMap"), 0);
+    assert_true(extents_count() < extents);
+    assert_true(tu_check(old[3] + 299 * MiB, 4096, 5));
+    tu_fill(now[1] + 309 * MiB, 4096, 6);
+    /* The fourth's neighbour freed too: its old extent joins as well. */
+    assert_int_equal(vmh_heap_free(old[3], NULL, false), CUDA_SUCCESS);
+    for (int i = 2; i < 4; i++)
+        assert_int_equal(vmh_heap_alloc(310 * MiB, &now[i]), CUDA_SUCCESS);
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    print_message("  4 x 300 MiB freed, 4 x 310 MiB served: +%zu MiB, %lu cuMemCreate\n",
+                  (sim_device_used(0) - used) / MiB, sim_calls("cuMemCreate"));
+    assert_true(sim_device_used(0) - used <= 40 * MiB + 2 * MiB);
+    assert_true(sim_calls("cuMemCreate") <= 1);
+    assert_true(tu_check(now[1] + 309 * MiB, 4096, 6));
+    /* now[0] crosses the border of the first two extents joined: its backup is one piece's,
+     * one stretch of host memory (torch_memory_saver's get_cpu_backup). */
+    const CUdeviceptr border = old[1];
+    assert_true(now[0] < border && border < now[0] + 310 * MiB);
+    tu_fill(border - 4096, 8192, 8);
+    assert_int_equal(vmm_pause("grow", VMM_PAUSE_BACKUP), VMM_OK);
+    void *host = NULL;
+    assert_int_equal(vmm_backup_host((const void *)(uintptr_t)now[0], 310 * MiB, &host), VMM_OK);
+    assert_non_null(host);
+    assert_int_equal(vmm_resume("grow"), VMM_OK);
+    assert_true(tu_check(border - 4096, 8192, 8));
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(vmh_heap_free(now[i], NULL, false), CUDA_SUCCESS);
+    vmh_heap_trim();
+    assert_int_equal(sim_device_used(0), 0);
+}
+
+/* A request that no free space fits grows the extent whose end is free by what that end
+ * lacks, when the span has room after it: the new memory is less than the request. */
+static void a_large_request_grows_a_free_end(void **state)
+{
+    (void)state;
+    CUdeviceptr a, b, c;
+    assert_int_equal(vmh_heap_alloc(200 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(60 * MiB, &b), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
+    const size_t used = sim_device_used(0);
+    sim_reset_counters();
+    assert_int_equal(vmh_heap_alloc(100 * MiB, &c), CUDA_SUCCESS);
+    print_message("  100 MiB beside a free end: +%zu MiB\n", (sim_device_used(0) - used) / MiB);
+    assert_true(sim_device_used(0) - used < 100 * MiB);
+    assert_true(sim_device_used(0) > used);
+    assert_int_equal(sim_calls("cuMemAddressReserve"), 0);
+    assert_int_equal(c, b); /* it starts in the free end */
+    tu_fill(c, 100 * MiB, 3);
+    assert_true(tu_check(c, 100 * MiB, 3));
+    assert_int_equal(vmh_heap_free(c, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+}
+
+/* Joins while another thread frees blocks of the extents being joined: every free finds its
+ * block (vmh_owner_lock follows an address to the extent that took it over). */
+#define JOIN_ROUNDS 400
+static _Atomic CUdeviceptr handoff[JOIN_ROUNDS];
+
+static void *free_what_is_handed(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < JOIN_ROUNDS; i++) {
+        CUdeviceptr p;
+        while (!(p = atomic_load(&handoff[i])))
+            ;
+        assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
+    }
+    return NULL;
+}
+
+static void joins_while_another_thread_frees(void **state)
+{
+    (void)state;
+    pthread_t t;
+    for (int i = 0; i < JOIN_ROUNDS; i++)
+        atomic_store(&handoff[i], 0);
+    assert_int_equal(pthread_create(&t, NULL, free_what_is_handed, NULL), 0);
+    for (int i = 0; i < JOIN_ROUNDS; i++) {
+        CUdeviceptr p;
+        /* growing sizes, a small one between: frees leave free ends that the next size needs
+         * joined */
+        size_t size = (i % 3 == 2) ? 1 * MiB : (size_t)(20 + i % 97) * MiB;
+        assert_int_equal(vmh_heap_alloc(size, &p), CUDA_SUCCESS);
+        atomic_store(&handoff[i], p);
+    }
+    assert_int_equal(pthread_join(t, NULL), 0);
+    vmh_heap_trim();
+    assert_int_equal(sim_device_used(0), 0);
 }
 
 int main(void)
@@ -143,6 +272,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_shards_extents_are_adjacent, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(a_trimmed_extents_addresses_are_reused, setup,
                                         tt_teardown),
+        cmocka_unit_test_setup_teardown(growing_requests_join_freed_neighbours, setup,
+                                        tt_teardown),
+        cmocka_unit_test_setup_teardown(a_large_request_grows_a_free_end, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(joins_while_another_thread_frees, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(a_small_address_budget_gets_spans_of_extent_size, setup,
                                         tt_teardown),
     };

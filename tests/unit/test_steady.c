@@ -88,7 +88,7 @@ static void freed_memory_is_reused_at_once(void **state)
 }
 
 /* Many requests of a size larger than a shared extent's eighth each get an extent of their own
- * size: nothing is left beside them that no such request could use (the H200: 1024 requests of
+ * size (or grow one by what its free end lacks): nothing is left beside them that no such request could use (the H200: 1024 requests of
  * 40 MiB mapped 65 GiB in 64 MiB extents before). */
 static void large_requests_map_what_they_ask(void **state)
 {
@@ -99,7 +99,10 @@ static void large_requests_map_what_they_ask(void **state)
     size_t before = sim_device_used(0);
     for (int i = 0; i < 64; i++)
         assert_int_equal(vmh_heap_alloc(40 * MiB, &big[i]), CUDA_SUCCESS);
-    assert_int_equal(sim_device_used(0) - before, 64 * 40 * MiB);
+    /* The first may grow the last shared extent's free end by what it lacks (packing.c's
+     * growth), so the new memory is at most one request short of the requests. */
+    assert_true(sim_device_used(0) - before <= 64 * 40 * MiB);
+    assert_true(sim_device_used(0) - before > 63 * 40 * MiB);
     for (int i = 0; i < 64; i++) {
         assert_int_equal(vmh_heap_free(big[i], NULL, false), CUDA_SUCCESS);
         assert_int_equal(vmh_heap_free(small[i], NULL, false), CUDA_SUCCESS);
