@@ -397,8 +397,7 @@ static int ext_by_address(const void *x, const void *y)
  * locked): joinable, with a free end and room in its span's address space right after it for
  * the new extent, the largest free end first. *grow: the new extent's size (`want`, or for a
  * request that gets an extent of its own, `need` less that free end); NULL: none. */
-static vmh_ext_t *grow_pick_locked(vmh_shard_t *s, size_t need, size_t want, bool own,
-                                   size_t *grow)
+static vmh_ext_t *grow_pick_locked(vmh_shard_t *s, size_t need, size_t want, bool own, size_t *grow)
 {
     vmh_ext_t *best = NULL;
     size_t best_tail = 0, gran = s->pack->dev->gran;
