@@ -1,12 +1,15 @@
 /* Layer "heap front", its entry points: routes each call to the layer that owns it (see heap.h).
  * Picks a device and a tag's part, packing or a buffer of its own by size, serves, frees,
- * resizes, finds and exports by a pointer's owner, and traces each event.
+ * resizes, finds and exports by a pointer's owner (through its kind's operations, heap_owners.c),
+ * and traces each event.
  *
  * What owns what (docs/DESIGN.md has the diagram):
  *   heap.c (this file)  the entry points: picks a device, picks packing or a buffer of its own
  *                       by size, finds a pointer's owner and hands it on
  *   heap_devices.c      the per-GPU records: one per device, a part per tag, the front's mode
  *   heap_upkeep.c       idle memory given back (relieve, tidy, trim), spilled memory brought home
+ *   heap_owners.c       the kinds of owner as one table (ops_of): the one place that tells a
+ *                       carved buffer from one with chunks of its own
  *   bigbuf.c            buffers with their own chunks: make, grow, shrink, move, park
  *   packing.c           small buffers in shared chunks (shards over arena.c)
  *   cache.c             idle ranges kept for reuse
@@ -94,12 +97,7 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
 /* The tag of the part an owner (locked or not: parts never change) belongs to. */
 static unsigned owner_tag(const vmh_owner_t *o)
 {
-    if (o->kind == VMH_OWN_EXTENT) {
-        const vmh_packing_t *pk = ((const vmh_ext_t *)o)->shard->pack;
-        return ((const tagpart_t *)((const char *)pk - offsetof(tagpart_t, pack)))->tag;
-    }
-    const vmh_bigbufs_t *bb = vmh_bigbuf_set_of((const vmh_big_t *)o);
-    return ((const tagpart_t *)((const char *)bb - offsetof(tagpart_t, big)))->tag;
+    return ops_of(o)->part(o)->tag;
 }
 
 /* What both allocation entry points share: the checks before a device is chosen, and serving
@@ -200,7 +198,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
         vmh_owner_unlock(o);
         return CUDA_SUCCESS;
     }
-    assert(o->kind == VMH_OWN_EXTENT || o->kind == VMH_OWN_BIG);
+    const owner_ops_t *ops = ops_of(o); /* a served buffer's owner (asserted there) */
     assert(o->dev && hdev_of(o->dev)->dev.ordinal == o->dev->ordinal);
     size_t req = 0;
     /* Freed memory reused at once while the program's work runs in one queue (contexts.h:
@@ -209,9 +207,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
         vmh_heap_settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
     vmh_paused_t *gone = NULL;
     vmh_reclaim_free_begin(); /* the reclaim thread woken, if at all, at the end */
-    CUresult rc = o->kind == VMH_OWN_EXTENT
-                      ? vmh_packing_park_locked((vmh_ext_t *)o, p, at_once, &req)
-                      : vmh_bigbuf_park_locked((vmh_big_t *)o, p, &req, &gone);
+    CUresult rc = ops->park(o, p, at_once, &req, &gone);
     vmh_owner_unlock(o);
     vmh_paused_destroy(gone); /* a paused buffer's addresses: no driver call under the lock */
     vmh_reclaim_t *r = &hdev_of(o->dev)->reclaim;
@@ -228,7 +224,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     vmh_free_wait_t how = VMH_FREE_NO_WAIT;
     if (vmh_heap_settings.free_sync && !async)
         how = VMH_FREE_WAIT;
-    else if (!async && !(at_once && o->kind == VMH_OWN_EXTENT) && !vmh_capture_any())
+    else if (!async && !(at_once && ops->reuse_at_once) && !vmh_capture_any())
         how = VMH_FREE_THROTTLE;
     vmh_reclaim_free_end(r, req, how);
     return CUDA_SUCCESS;
@@ -244,8 +240,7 @@ bool vmh_heap_find(CUdeviceptr p, vmh_buffer_info_t *info)
     vmh_owner_t *o = owner_lock(p);
     if (!o)
         return false;
-    bool found = o->kind == VMH_OWN_EXTENT ? vmh_packing_find_locked((vmh_ext_t *)o, p, info)
-                                           : vmh_bigbuf_find_locked((vmh_big_t *)o, p, info);
+    bool found = ops_of(o)->find(o, p, info);
     vmh_owner_unlock(o);
     return found;
 }
@@ -256,8 +251,7 @@ static const void *backup_at(CUdeviceptr p, size_t n, void *dst)
     vmh_owner_t *o = owner_lock(p);
     if (!o)
         return NULL;
-    const void *host = o->kind == VMH_OWN_EXTENT ? vmh_packing_backup_locked((vmh_ext_t *)o, p, n)
-                                                 : vmh_bigbuf_backup_locked((vmh_big_t *)o, p, n);
+    const void *host = ops_of(o)->backup(o, p, n);
     if (host && dst)
         memcpy(dst, host, n); /* under the lock: a free or a resume cannot take it meanwhile */
     vmh_owner_unlock(o);
@@ -322,20 +316,20 @@ static CUresult realloc_by_copy(hdev_t *h, unsigned tag, CUdeviceptr *p, size_t 
     return CUDA_SUCCESS;
 }
 
-/* A packed buffer: in place when it stays small and the following space allows, else by copy. */
-static CUresult realloc_packed(CUdeviceptr *p, size_t size, CUstream stream, bool async,
-                               bool *no_address)
+/* A buffer of a kind the heap resizes (ops: a carved one): in place when it stays small and the
+ * following space allows, else by copy. */
+static CUresult realloc_in_heap(const owner_ops_t *ops, CUdeviceptr *p, size_t size,
+                                CUstream stream, bool async, bool *no_address)
 {
     vmh_owner_t *o = vmh_owner_lock(*p);
-    if (!o || o->kind != VMH_OWN_EXTENT) {
+    if (!o || ops_of(o) != ops) {
         if (o)
             vmh_owner_unlock(o);
         return CUDA_ERROR_NOT_FOUND; /* freed meanwhile */
     }
-    vmh_ext_t *e = (vmh_ext_t *)o;
     hdev_t *h = hdev_of(o->dev);
     vmh_buffer_info_t info;
-    if (!vmh_packing_find_locked(e, *p, &info)) {
+    if (!ops->find(o, *p, &info)) {
         vmh_owner_unlock(o);
         return CUDA_ERROR_NOT_FOUND; /* freed (or never served): not a live buffer */
     }
@@ -343,13 +337,12 @@ static CUresult realloc_packed(CUdeviceptr *p, size_t size, CUstream stream, boo
         vmh_owner_unlock(o);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (vmh_packing_paused_locked(e)) {
+    if (ops->paused(o)) {
         vmh_owner_unlock(o);
         return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
     }
     size_t old_size = info.size;
-    if (size < pack_below(h, true) &&
-        vmh_packing_resize_locked(e, *p, size, &old_size) == CUDA_SUCCESS) {
+    if (size < pack_below(h, true) && ops->resize(o, *p, size, &old_size) == CUDA_SUCCESS) {
         vmh_owner_unlock(o);
         vmh_tag_requested_add(owner_tag(o), (int64_t)size - (int64_t)old_size);
         trace_resize(*p, old_size, *p, size, stream);
@@ -391,12 +384,13 @@ CUresult vmh_heap_realloc_ex(CUdeviceptr *p, size_t size, CUstream stream, bool 
     const vmh_owner_t *o = vmh_registry_get(*p);
     if (!o || !o->lock)
         return CUDA_ERROR_NOT_FOUND;
-    if (o->kind == VMH_OWN_EXTENT)
-        return realloc_packed(p, size, stream, async, no_address);
+    const owner_ops_t *ops = ops_of(o);
+    if (!ops->realloc)
+        return realloc_in_heap(ops, p, size, stream, async, no_address);
     CUdeviceptr old = *p;
     size_t old_size = 0;
     unsigned tag = owner_tag(o); /* the record stays the buffer's through a move */
-    CUresult rc = vmh_bigbuf_realloc(p, size, async, &old_size, no_address);
+    CUresult rc = ops->realloc(p, size, async, &old_size, no_address);
     if (rc == CUDA_SUCCESS) {
         vmh_tag_requested_add(tag, (int64_t)size - (int64_t)old_size);
         trace_resize(old, old_size, *p, size, stream);
@@ -414,8 +408,7 @@ CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out)
         return CUDA_ERROR_NOT_FOUND;
     memset(out, 0, sizeof *out);
     const vmh_range_t *r = NULL;
-    CUresult rc = o->kind == VMH_OWN_EXTENT ? vmh_packing_export_locked((vmh_ext_t *)o, p, out, &r)
-                                            : vmh_bigbuf_export_locked((vmh_big_t *)o, out, &r);
+    CUresult rc = ops_of(o)->export(o, p, out, &r);
     if (rc == CUDA_SUCCESS) {
         out->chunks = malloc(r->nmaps * sizeof *out->chunks);
         if (!out->chunks) {
@@ -436,9 +429,7 @@ bool vmh_heap_export_alive(CUdeviceptr base, uint64_t serial)
     vmh_owner_t *o = owner_lock(base);
     if (!o)
         return false;
-    bool alive = o->kind == VMH_OWN_EXTENT
-                     ? vmh_packing_export_alive_locked((vmh_ext_t *)o, base, serial)
-                     : vmh_bigbuf_export_alive_locked((vmh_big_t *)o, base, serial);
+    bool alive = ops_of(o)->export_alive(o, base, serial);
     vmh_owner_unlock(o);
     return alive;
 }

@@ -273,8 +273,13 @@ CUresult vmh_heap_visit_tag(int device, unsigned tag, vmh_visit_run_fn fn, void 
     tagpart_t *p = tag_part(device, tag, &h);
     if (!p)
         return CUDA_SUCCESS;
-    CUresult rc = vmh_bigbuf_visit(&p->big, fn, arg);
-    return rc == CUDA_SUCCESS ? vmh_packing_visit(&p->pack, fn, arg) : rc;
+    CUresult rc = CUDA_SUCCESS;
+    /* The kinds in the table's order: own-chunk buffers, then the packing shards (heap.h). */
+    for (const owner_ops_t *ops = vmh_heap_owner_ops;
+         rc == CUDA_SUCCESS && ops < vmh_heap_owner_ops + OWNER_KINDS; ops++)
+        if (ops->visit)
+            rc = ops->visit(p, fn, arg);
+    return rc;
 }
 
 void vmh_heap_tag_freeze(unsigned tag, bool frozen)

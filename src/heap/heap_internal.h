@@ -15,6 +15,7 @@
 #include "reclaim.h"
 #include "vmmhook.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -61,6 +62,51 @@ typedef struct hdev {
     for (unsigned part_i_ = 0; part_i_ < VMM_TAGS_MAX; part_i_++)                                  \
         for (tagpart_t *p = atomic_load_explicit(&(h)->part[part_i_], memory_order_acquire); p;    \
              p = NULL)
+
+/* What the heap does with an owner of served memory, by its kind (heap_owners.c, the one place
+ * that tells the kinds apart): a block of a packing extent (carved) or a buffer with chunks of
+ * its own. Calls marked "locked" take the owner as vmh_owner_lock gave it (the caller unlocks);
+ * each entry only calls down to its layer (packing.h, bigbuf.h), which knows nothing of this. */
+typedef struct owner_ops {
+    /* The tag's part the owner belongs to (locked or not: parts never change). */
+    const tagpart_t *(*part)(const vmh_owner_t *o);
+    /* Locked: frees the live buffer at p. at_once: its memory may be reused at once (see
+     * reuse_at_once); *gone: what is left of a paused buffer, for vmh_paused_destroy after the
+     * unlock (NULL when nothing). */
+    CUresult (*park)(vmh_owner_t *o, CUdeviceptr p, bool at_once, size_t *req, vmh_paused_t **gone);
+    /* Locked: the live buffer containing p, where p's bytes are in its backup, its export, and
+     * whether it is still the buffer exported at base with serial. */
+    bool (*find)(vmh_owner_t *o, CUdeviceptr p, vmh_buffer_info_t *info);
+    const void *(*backup)(vmh_owner_t *o, CUdeviceptr p, size_t n);
+    CUresult (*export)(vmh_owner_t *o, CUdeviceptr p, vmh_export_t *out, const vmh_range_t **range);
+    bool (*export_alive)(vmh_owner_t *o, CUdeviceptr base, uint64_t serial);
+    /* Resizing: by the layer alone (realloc: it locks, grows in place or by remapping, shrinks);
+     * or, where realloc is NULL, by the heap: in place (resize, locked) when the layer can and
+     * the buffer stays small, else by a copy into a new buffer; a paused one is refused. */
+    CUresult (*realloc)(CUdeviceptr *p, size_t size, bool async, size_t *old_size,
+                        bool *no_address);
+    CUresult (*resize)(vmh_owner_t *o, CUdeviceptr p, size_t size, size_t *old_size);
+    bool (*paused)(vmh_owner_t *o);
+    /* Locked, unlocks: moves a spilled buffer back to the device. NULL: this kind never spills. */
+    CUresult (*prefetch)(vmh_owner_t *o, CUdeviceptr p, CUstream stream, size_t *moved);
+    /* fn on every run of adjacent records of this kind in the tag's part (heap.h's visit). */
+    CUresult (*visit)(tagpart_t *part, vmh_visit_run_fn fn, void *arg);
+    /* A free while the work runs in one queue makes the memory free space again at once
+     * (packing.h), so the freeing thread is not throttled for the park budget (reclaim.h). */
+    bool reuse_at_once;
+} owner_ops_t;
+
+/* Indexed by kind (device.h's vmh_owner_kind_t, VMH_OWN_DEAD its last); only the kinds that
+ * serve buffers have operations. */
+#define OWNER_KINDS (VMH_OWN_DEAD + 1)
+extern const owner_ops_t vmh_heap_owner_ops[OWNER_KINDS];
+
+/* The operations of a served buffer's owner (as vmh_owner_lock or the registry gave it). */
+static inline const owner_ops_t *ops_of(const vmh_owner_t *o)
+{
+    assert((unsigned)o->kind < OWNER_KINDS && vmh_heap_owner_ops[o->kind].find);
+    return &vmh_heap_owner_ops[o->kind];
+}
 
 /* The records (heap_devices.c), the one table by device ordinal. Settings are written by the
  * front's configure before any allocation and read without a lock after; a record is published

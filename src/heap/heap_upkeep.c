@@ -200,8 +200,8 @@ CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
     const vmh_owner_t *seen = vmh_registry_get(p);
     if (!seen || !seen->lock || !vmh_heap_find(p, &info))
         return CUDA_ERROR_NOT_FOUND; /* not a live served buffer */
-    if (seen->kind != VMH_OWN_BIG)
-        return CUDA_SUCCESS; /* packed memory never spills */
+    if (!ops_of(seen)->prefetch)
+        return CUDA_SUCCESS; /* carved memory never spills */
     hdev_t *h;
     CUresult rc = vmh_hdev_current(&h);
     if (rc != CUDA_SUCCESS)
@@ -214,10 +214,10 @@ CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved)
     vmh_owner_t *o = vmh_owner_lock(p);
     if (!o)
         rc = CUDA_ERROR_NOT_FOUND; /* freed meanwhile */
-    else if (o->kind != VMH_OWN_BIG)
-        vmh_owner_unlock(o);
+    else if (!ops_of(o)->prefetch)
+        vmh_owner_unlock(o); /* freed and carved meanwhile */
     else
-        rc = vmh_bigbuf_prefetch_locked((vmh_big_t *)o, p, stream, moved); /* unlocks */
+        rc = ops_of(o)->prefetch(o, p, stream, moved); /* unlocks */
     (void)vmh_drv.cuStreamDestroy(stream);
     return rc;
 }
