@@ -31,6 +31,13 @@
  * up to CHUNK_MIN are one chunk. */
 #define CHUNK_MIN ((size_t)128 << 20)
 #define CHUNK_SPLIT 3
+/* An extent made for one large request (its own size, or what a grown extent's free end lacked)
+ * holds few blocks, so its chunks may be smaller without many chunks per tag: max(OWN_CHUNK_MIN,
+ * extent / OWN_CHUNK_SPLIT). A program's large tensors are what stays scattered after its load
+ * drops (tests/gpu/torch_varlen.py's trace, replayed with trace_sim: 874 MiB still mapped for 193
+ * live with the shared extents' chunks, 300 with these), and each live block keeps its chunk. */
+#define OWN_CHUNK_MIN ((size_t)32 << 20)
+#define OWN_CHUNK_SPLIT 8
 
 #ifdef VMH_TESTING
 void (*vmh_packing_test_extent_published)(void);
@@ -278,17 +285,21 @@ static void span_give(vmh_shard_t *s, CUdeviceptr at, size_t size)
     vmh_resv_unref(emptied); /* NULL is allowed */
 }
 
-/* The chunk size of an extent of `size` bytes (a multiple of gran): see CHUNK_MIN. */
-static size_t extent_chunk(size_t size, size_t gran)
+/* The chunk size of an extent of `size` bytes (a multiple of gran): see CHUNK_MIN, and
+ * OWN_CHUNK_MIN for an extent made for one request (own). */
+static size_t extent_chunk(size_t size, size_t gran, bool own)
 {
-    if (size <= CHUNK_MIN)
+    const size_t min = own ? OWN_CHUNK_MIN : CHUNK_MIN, split = own ? OWN_CHUNK_SPLIT : CHUNK_SPLIT;
+    if (size <= min)
         return size;
-    size_t chunk = size / CHUNK_SPLIT < CHUNK_MIN ? CHUNK_MIN : size / CHUNK_SPLIT;
-    return chunk - chunk % gran;
+    size_t chunk = size / split < min ? min : size / split;
+    chunk -= chunk % gran;
+    return chunk ? chunk : gran;
 }
 
 /* A range of `size` bytes in chunks of extent_chunk, in shard s's spans. */
-static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out, bool *no_address)
+static CUresult extent_range_new(vmh_shard_t *s, size_t size, bool own, vmh_range_t **out,
+                                 bool *no_address)
 {
     vmh_resv_t *resv;
     CUdeviceptr at;
@@ -297,7 +308,7 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, vmh_range_t **out,
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_dev_t *d = s->pack->dev;
-    rc = vmh_dev_range_in(d, size, extent_chunk(size, d->gran), resv, at, out);
+    rc = vmh_dev_range_in(d, size, extent_chunk(size, d->gran, own), resv, at, out);
     if (rc != CUDA_SUCCESS)
         span_give(s, at, size);
     return rc;
@@ -559,7 +570,7 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
     if (onto) {
         /* The driver's error is the answer (the caller relieves the device, spills or fails):
          * the whole extent below is no smaller. */
-        rc = vmh_dev_range_in(d, grow, extent_chunk(grow, d->gran), resv, at, &r);
+        rc = vmh_dev_range_in(d, grow, extent_chunk(grow, d->gran, own), resv, at, &r);
         if (rc != CUDA_SUCCESS) {
             span_give(s, at, grow);
             return rc;
@@ -568,12 +579,12 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
             return CUDA_SUCCESS;
         /* Its neighbour went meanwhile (or host memory ran out): a whole extent. */
     }
-    rc = extent_range_new(s, want, &r, no_address);
+    rc = extent_range_new(s, want, own, &r, no_address);
     /* A device too full for a shared extent may still hold the request: an extent of its own
      * size, before the caller relieves memory or spills to the host (the overflow reserve
      * keeps room for small requests, not for a grown extent). */
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && want > need)
-        rc = extent_range_new(s, need, &r, no_address);
+        rc = extent_range_new(s, need, true, &r, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
     return extent_publish_serving(s, r, false, size, out);

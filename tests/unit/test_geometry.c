@@ -184,7 +184,7 @@ static void growing_requests_join_freed_neighbours(void **state)
     print_message("  4 x 300 MiB freed, 4 x 310 MiB served: +%zu MiB, %lu cuMemCreate\n",
                   (sim_device_used(0) - used) / MiB, sim_calls("cuMemCreate"));
     assert_true(sim_device_used(0) - used <= 40 * MiB + 2 * MiB);
-    assert_true(sim_calls("cuMemCreate") <= 1);
+    assert_true(sim_calls("cuMemCreate") <= 2); /* 40 MiB: chunks of 32 MiB and 8 */
     assert_true(tu_check(now[1] + 309 * MiB, 4096, 6));
     /* now[0] crosses the border of the first two extents joined: its backup is one piece's,
      * one stretch of host memory (torch_memory_saver's get_cpu_backup). */

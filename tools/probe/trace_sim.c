@@ -30,7 +30,10 @@
  * library's counters), and the peaks of the library's gauges bytes_mapped and bytes_requested
  * within the replay, read after every event (the reclaim thread only lowers bytes_mapped, so
  * that is where it peaks unless a call maps and unmaps within itself; the run's peaks from the
- * gauges themselves are printed beside them). Then the simulated driver's calls by entry point
+ * gauges themselves are printed beside them), and the gauges bytes_mapped and bytes_requested
+ * after the last replay's last event once three windows of the tidy ran (vmh_heap_tidy_now, before
+ * the blocks still live are freed: what the reclaim thread gives back within seconds of a
+ * load's end, "settled"). Then the simulated driver's calls by entry point
  * (sim_calls), for the first replay and per later replay, of the first run.
  *
  * Timing is not the GPU's: the simulated driver's synchronizations return at once and a call
@@ -446,6 +449,11 @@ typedef struct replay_figures {
     double driver_calls, vmm_calls, syncs, syncs_blocking, park_waits, cache_hits;
     double app_driver_calls; /* made on the replaying thread: the allocation path's */
     int64_t peak_mapped, peak_requested; /* the gauges read after every event */
+    /* After the last replay's last event, its live blocks still live, three windows of the tidy
+     * run (what the reclaim thread does within seconds of a load's end; vmh_heap_tidy_now; its
+     * calls in no replay's figures); 0 for the other replays (the next replay would start from
+     * the tidied heap): */
+    int64_t settled_mapped, settled_requested;
     bool failed;
 } replay_figures_t;
 
@@ -455,6 +463,7 @@ typedef struct replayer {
     probe_snapshot_t before, after;
     int park_waits; /* counter_index("park_waits") */
     int64_t peak_mapped, peak_requested;
+    bool settle; /* the last replay: the tidy's windows run after it (replay_figures_t) */
     bool failed;
 } replayer_t;
 
@@ -500,7 +509,9 @@ static replay_figures_t replay_once(replayer_t *r)
         }
         note_gauges(r);
     }
-    for (uint32_t s = 0; s < t->nslots; s++)
+    /* The last replay's live blocks are freed after its figures and the tidy's windows
+     * (run_one). */
+    for (uint32_t s = 0; !r->settle && s < t->nslots; s++)
         release(r, s, t->nev);
     probe_snap(&r->after);
     size_t nentries = sim_entry_count();
@@ -564,11 +575,18 @@ static bool run_one(const trace_t *t, int nrep, bool print_calls, replay_figures
     assert(first && later);
     bool ok = true;
     for (int k = 0; k < nrep; k++) {
+        r.settle = k == nrep - 1;
         fig[k] = replay_once(&r);
         ok &= !fig[k].failed;
         for (size_t i = 0; i < nentries; i++)
             (k == 0 ? first : later)[i] += r.after.sim[i] - r.before.sim[i];
     }
+    for (int w = 0; w < 3; w++)
+        vmh_heap_tidy_now(0, true);
+    fig[nrep - 1].settled_mapped = vmh_gauge_get(VMH_STAT_bytes_mapped);
+    fig[nrep - 1].settled_requested = vmh_gauge_get(VMH_STAT_bytes_requested);
+    for (uint32_t s = 0; s < t->nslots; s++)
+        release(&r, s, t->nev);
     *run_peak_mapped = vmh_gauge_peak(VMH_STAT_bytes_mapped);
     *run_peak_requested = vmh_gauge_peak(VMH_STAT_bytes_requested);
     if (print_calls && !quiet)
@@ -597,13 +615,16 @@ static bool run_one(const trace_t *t, int nrep, bool print_calls, replay_figures
     X("cache hits", "%.1f", f->cache_hits)                                                         \
     X("peak mapped MiB", "%.1f", (double)f->peak_mapped / MiB)                                     \
     X("peak requested MiB", "%.1f", (double)f->peak_requested / MiB)                               \
-    X("mapped / requested", "%.3f", (double)f->peak_mapped / (double)f->peak_requested)
+    X("mapped / requested", "%.3f", (double)f->peak_mapped / (double)f->peak_requested)           \
+    X("settled mapped MiB", "%.1f", (double)f->settled_mapped / MiB)                               \
+    X("settled requested MiB", "%.1f", (double)f->settled_requested / MiB)
 
 /* The mean of replays [from, to) of one run, as one replay's figures (peaks: their mean). */
 static replay_figures_t mean_of(const replay_figures_t *fig, int from, int to)
 {
     replay_figures_t m = {0};
     double n = to - from, mapped = 0, requested = 0, events = 0, allocations = 0;
+    double settled_mapped = 0, settled_requested = 0;
     for (int k = from; k < to; k++) {
         const replay_figures_t *f = &fig[k];
         events += (double)f->events;
@@ -617,11 +638,15 @@ static replay_figures_t mean_of(const replay_figures_t *fig, int from, int to)
         m.cache_hits += f->cache_hits / n;
         mapped += (double)f->peak_mapped;
         requested += (double)f->peak_requested;
+        settled_mapped += (double)f->settled_mapped;
+        settled_requested += (double)f->settled_requested;
     }
     m.events = (size_t)(events / n + 0.5);
     m.allocations = (size_t)(allocations / n + 0.5);
     m.peak_mapped = (int64_t)(mapped / n + 0.5);
     m.peak_requested = (int64_t)(requested / n + 0.5);
+    m.settled_mapped = (int64_t)(settled_mapped / n + 0.5);
+    m.settled_requested = (int64_t)(settled_requested / n + 0.5);
     return m;
 }
 
