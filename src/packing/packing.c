@@ -740,7 +740,8 @@ static bool joins_alloc_shard(vmh_shard_t *s, size_t size, size_t want, CUdevice
     for (vmh_ext_t *e = x ? s->exts : NULL; e; e = e->next)
         if (ext_joinable(e))
             x[n++] = e;
-    qsort(x, n, sizeof *x, ext_by_address);
+    if (n > 1)
+        qsort(x, n, sizeof *x, ext_by_address);
     bool served = false;
     for (size_t i = 0; x && !served && i + 1 < n;) {
         size_t head, tail;
