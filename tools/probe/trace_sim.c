@@ -9,25 +9,28 @@
  * replayed); pointers hex ("0x..", "(nil)"), sizes decimal. Each trace pointer maps to a replay
  * slot while live: a free of a pointer that is not live is counted and skipped; an allocate of
  * a pointer still live first frees the older block (counted); an allocate of 0 bytes or of a
- * null pointer is counted and skipped. The Time column is not read (replay.cu only prints the
- * span).
+ * null pointer is counted and skipped. The Time column is read only for --tidy-by-time
+ * (replay.cu only prints the span).
  *
  * Replay, as replay.cu replays under the hook: events in file order on one thread, streams
- * ignored; the calls are those cudaMalloc / cudaFree reach under the hook: vmh_heap_alloc on
- * the thread's current context and vmh_heap_free(p, NULL, async false) (interpose_mem.c).
- * Blocks still live at the end of the trace are freed after it. --repeat-trace N replays the
- * trace N times back to back on the same heap (a training loop repeats its steps): the first
- * replay starts cold, the later ones show the steady state. The heap is set up as churn_sim's
- * (simprobe.h: tests/unit/testutil.h's tu_reset on an H200-sized simulated device, the
- * product's options from the environment, the product's background reclaim thread unless
+ * ignored, each event allocating in the packing shard its trace thread would have taken (the
+ * trace's threads in order of first appearance, shards in order: packing.c's per-thread pick;
+ * PyTorch allocates from its autograd thread too); the calls are those cudaMalloc / cudaFree reach
+ * under the hook: vmh_heap_alloc on the thread's current context and vmh_heap_free(p, NULL, async
+ * false) (interpose_mem.c). Blocks still live at the end of the trace are freed after it.
+ * --repeat-trace N replays the trace N times back to back on the same heap (a training loop repeats
+ * its steps): the first replay starts cold, the later ones show the steady state. The heap is set
+ * up as churn_sim's (simprobe.h: tests/unit/testutil.h's tu_reset on an H200-sized simulated
+ * device, the product's options from the environment, the product's background reclaim thread
+ * unless
  * --no-reclaim-thread). With --runs R the whole thing runs R times from a fresh heap and a
  * figure that differs is printed as its min-max.
  *
  * Printed per replay of the trace: events replayed, allocations made, the library's
  * VMH_STAT_driver_calls, those made on the replaying thread per allocation (the allocation
- * path's: every call but the reclaim thread's), of them the VMM entry points, synchronizations (the simulated
- * driver's count), blocking synchronizations, waits at VMMHOOK_PARK_LIMIT and cache hits (the
- * library's counters), and the peaks of the library's gauges bytes_mapped and bytes_requested
+ * path's: every call but the reclaim thread's), of them the VMM entry points, synchronizations (the
+ * simulated driver's count), blocking synchronizations, waits at VMMHOOK_PARK_LIMIT and cache hits
+ * (the library's counters), and the peaks of the library's gauges bytes_mapped and bytes_requested
  * within the replay, read after every event (the reclaim thread only lowers bytes_mapped, so
  * that is where it peaks unless a call maps and unmaps within itself; the run's peaks from the
  * gauges themselves are printed beside them), and the gauges bytes_mapped and bytes_requested
@@ -46,12 +49,19 @@
  *
  * Build: meson setup build -Dunit_tests=enabled (it links the simulated driver and the unit
  * suites' set-up, hence cmocka); run:
- *   build/tools/probe/trace_sim [--repeat-trace N] [--runs R] [--no-reclaim-thread] [--quiet]
- *                               TRACE.csv
+ *   build/tools/probe/trace_sim [--repeat-trace N] [--runs R] [--no-reclaim-thread]
+ *                               [--tidy-by-time] [--quiet] TRACE.csv
+ * --tidy-by-time runs the reclaim thread's tidy (vmh_heap_tidy_now) at its pace in the trace's
+ * own time (the Time column: every 50 ms of it, a new window every second), so that what the
+ * tidy gives back during a load, and what is then mapped again, is in the figures; its calls
+ * count as the replay's.
  * Exit 0; 1 when the trace cannot be read, an allocation or free failed, or the driver's
  * ledger was not empty after a run; 2 usage.
  */
 #include "simprobe.h"
+
+#include "packing.h"      /* VMH_SHARDS */
+#include "thread_state.h" /* the shard a trace thread allocates in */
 
 #include <ctype.h>
 #include <errno.h>
@@ -185,7 +195,9 @@ static size_t map_count(const u64map_t *m)
 typedef struct event {
     uint32_t slot; /* replay slot: one per live block of the trace */
     bool alloc;
-    size_t size; /* bytes (allocations) */
+    size_t size;     /* bytes (allocations) */
+    uint64_t t_ns;   /* the Time column ("[HH:]MM:SS.frac" or seconds; 0 when unreadable) */
+    unsigned thread; /* the trace's thread, numbered in order of first appearance */
 } event_t;
 
 typedef struct trace {
@@ -272,6 +284,25 @@ static uint64_t hash_name(const char *s)
     return h;
 }
 
+/* The Time column in nanoseconds: "[[HH:]MM:]SS[.frac]" (RMM's logger writes HH:MM:SS.ffffff);
+ * 0 when it does not read as that. */
+static uint64_t parse_time_ns(const char *f)
+{
+    double secs = 0;
+    const char *p = f;
+    for (int part = 0; part < 3; part++) {
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p)
+            return 0;
+        secs = secs * 60 + v;
+        if (*end != ':')
+            return *end ? 0 : (uint64_t)(secs * 1e9);
+        p = end + 1;
+    }
+    return 0;
+}
+
 static bool load_trace(const char *path, trace_t *t)
 {
     FILE *in = fopen(path, "r");
@@ -279,7 +310,7 @@ static bool load_trace(const char *path, trace_t *t)
         fprintf(stderr, "trace_sim: cannot open %s: %s\n", path, strerror(errno));
         return false;
     }
-    int c_thread = 0, c_time = 1, c_action = 2, c_ptr = 3, c_size = 4; /* Time: not read */
+    int c_thread = 0, c_time = 1, c_action = 2, c_ptr = 3, c_size = 4;
     u64map_t live, threads; /* trace pointer -> slot; names */
     map_init(&live, 1024);
     map_init(&threads, 64);
@@ -336,7 +367,12 @@ static bool load_trace(const char *path, trace_t *t)
             WARN("bad pointer or size");
             continue;
         }
-        map_put(&threads, hash_name(f[c_thread]), 0);
+        uint32_t thread;
+        if (!map_get(&threads, hash_name(f[c_thread]), &thread)) {
+            thread = (uint32_t)map_count(&threads);
+            map_put(&threads, hash_name(f[c_thread]), thread);
+        }
+        const uint64_t t_ns = parse_time_ns(f[c_time]);
         const char *action = f[c_action];
         uint32_t slot;
         if (strcasecmp(action, "allocate") == 0) {
@@ -346,7 +382,7 @@ static bool load_trace(const char *path, trace_t *t)
             }
             if (map_get(&live, ptr, &slot)) { /* the free was not logged: free the older first */
                 t->reused_live++;
-                trace_push(t, (event_t){slot, false, 0});
+                trace_push(t, (event_t){slot, false, 0, t_ns, thread});
                 t->frees++;
                 requested -= slot_size[slot];
                 map_remove(&live, ptr);
@@ -366,7 +402,7 @@ static bool load_trace(const char *path, trace_t *t)
             }
             slot_size[slot] = size;
             map_put(&live, ptr, slot);
-            trace_push(t, (event_t){slot, true, size});
+            trace_push(t, (event_t){slot, true, size, t_ns, thread});
             t->allocs++;
             requested += size;
             t->total_requested += size;
@@ -383,7 +419,7 @@ static bool load_trace(const char *path, trace_t *t)
             }
             if (slot_size[slot] != size)
                 t->size_mismatch++;
-            trace_push(t, (event_t){slot, false, 0});
+            trace_push(t, (event_t){slot, false, 0, t_ns, thread});
             t->frees++;
             requested -= slot_size[slot];
             map_remove(&live, ptr);
@@ -444,10 +480,16 @@ static int counter_index(const char *name)
 }
 
 /* What one replay of the trace did. */
+/* --tidy-by-time: the reclaim thread's tidy replayed at the trace's own pace (its Time column),
+ * so that what the tidy gives back during a load, and maps again, is in the figures. */
+static bool tidy_by_time;
+#define TIDY_PACE_NS 50000000ull     /* heap_upkeep.c's TIDY_EVERY_NS */
+#define TIDY_WINDOW_NS 1000000000ull /* and TIDY_WINDOW_NS */
+
 typedef struct replay_figures {
     size_t events, allocations;
     double driver_calls, vmm_calls, syncs, syncs_blocking, park_waits, cache_hits;
-    double app_driver_calls; /* made on the replaying thread: the allocation path's */
+    double app_driver_calls;             /* made on the replaying thread: the allocation path's */
     int64_t peak_mapped, peak_requested; /* the gauges read after every event */
     /* After the last replay's last event, its live blocks still live, three windows of the tidy
      * run (what the reclaim thread does within seconds of a load's end; vmh_heap_tidy_now; its
@@ -493,8 +535,21 @@ static replay_figures_t replay_once(replayer_t *r)
     r->peak_mapped = r->peak_requested = 0;
     note_gauges(r);
     probe_snap(&r->before);
+    uint64_t tidied = t->nev ? t->ev[0].t_ns : 0, window = tidied;
     for (size_t i = 0; i < t->nev; i++) {
         const event_t *e = &t->ev[i];
+        /* The reclaim thread's pace in the trace's own time (heap_upkeep.c: a tidy every 50 ms
+         * at most, a new window of the recent peak every second). */
+        if (tidy_by_time && e->t_ns >= tidied + TIDY_PACE_NS) {
+            bool new_window = e->t_ns >= window + TIDY_WINDOW_NS;
+            if (new_window)
+                window = e->t_ns;
+            tidied = e->t_ns;
+            vmh_heap_tidy_now(0, new_window);
+        }
+        /* The packing shard the trace's thread would have taken (packing.c picks one per
+         * thread, in order of their first allocations). */
+        vmh_thread.shard_mine = e->thread % VMH_SHARDS + 1;
         if (e->alloc) {
             CUresult res = vmh_heap_alloc(e->size, &r->slot[e->slot]);
             f.allocations++;
@@ -607,7 +662,7 @@ static bool run_one(const trace_t *t, int nrep, bool print_calls, replay_figures
     X("events", "%.0f", (double)f->events)                                                         \
     X("allocations", "%.0f", (double)f->allocations)                                               \
     X("driver calls", "%.1f", f->driver_calls)                                                     \
-    X("app calls / alloc", "%.3f", f->app_driver_calls / (double)f->allocations)                  \
+    X("app calls / alloc", "%.3f", f->app_driver_calls / (double)f->allocations)                   \
     X("of them VMM", "%.1f", f->vmm_calls)                                                         \
     X("syncs", "%.1f", f->syncs)                                                                   \
     X("blocking syncs", "%.1f", f->syncs_blocking)                                                 \
@@ -615,7 +670,7 @@ static bool run_one(const trace_t *t, int nrep, bool print_calls, replay_figures
     X("cache hits", "%.1f", f->cache_hits)                                                         \
     X("peak mapped MiB", "%.1f", (double)f->peak_mapped / MiB)                                     \
     X("peak requested MiB", "%.1f", (double)f->peak_requested / MiB)                               \
-    X("mapped / requested", "%.3f", (double)f->peak_mapped / (double)f->peak_requested)           \
+    X("mapped / requested", "%.3f", (double)f->peak_mapped / (double)f->peak_requested)            \
     X("settled mapped MiB", "%.1f", (double)f->settled_mapped / MiB)                               \
     X("settled requested MiB", "%.1f", (double)f->settled_requested / MiB)
 
@@ -697,7 +752,7 @@ static void print_table(const replay_figures_t *fig, int runs, int nrep)
 static void usage(void)
 {
     fprintf(stderr, "usage: trace_sim [--repeat-trace 1] [--runs 1] [--no-reclaim-thread] "
-                    "[--quiet] TRACE.csv\n");
+                    "[--tidy-by-time] [--quiet] TRACE.csv\n");
     exit(2);
 }
 
@@ -715,6 +770,8 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--no-reclaim-thread") == 0) {
             reclaim_thread = false;
+        } else if (strcmp(a, "--tidy-by-time") == 0) {
+            tidy_by_time = true;
         } else if (strcmp(a, "--quiet") == 0) {
             quiet = true;
         } else if (a[0] != '-' && !path) {
