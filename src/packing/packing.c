@@ -33,9 +33,10 @@
 #define CHUNK_SPLIT 3
 /* An extent made for one large request (its own size, or what a grown extent's free end lacked)
  * holds few blocks, so its chunks may be smaller without many chunks per tag: max(OWN_CHUNK_MIN,
- * extent / OWN_CHUNK_SPLIT). A program's large tensors are what stays scattered after its load
- * drops (tests/gpu/torch_varlen.py's trace, replayed with trace_sim: 874 MiB still mapped for 193
- * live with the shared extents' chunks, 300 with these), and each live block keeps its chunk. */
+ * extent / OWN_CHUNK_SPLIT), one chunk under two of them. A program's large tensors are what
+ * stays scattered after its load drops (tests/gpu/torch_varlen.py's trace, replayed with
+ * trace_sim: 874 MiB still mapped for 193 live with the shared extents' chunks, 364 with these),
+ * and each live block keeps its chunk. */
 #define OWN_CHUNK_MIN ((size_t)32 << 20)
 #define OWN_CHUNK_SPLIT 8
 
