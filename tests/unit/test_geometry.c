@@ -274,6 +274,8 @@ static void joins_while_another_thread_frees(void **state)
 #define MIX_STEPS 6000
 #define MIX_LIVE 48
 static CUdeviceptr mix_freed[MIX_THREADS][MIX_STEPS];
+static bool mix_tight; /* a device of 3 GiB: allocations meet out of memory and its relief */
+static atomic_size_t mix_ooms;
 static size_t mix_nfreed[MIX_THREADS];
 
 static void *mix_run(void *arg)
@@ -295,7 +297,13 @@ static void *mix_run(void *arg)
         size_t size = r < 70   ? 256 + (rng >> 20) % (64 * 1024)
                       : r < 95 ? 64 * 1024 + (rng >> 20) % (8 * MiB)
                                : 8 * MiB + (rng >> 20) % (248 * MiB);
-        assert_int_equal(vmh_heap_alloc(size, &live[k]), CUDA_SUCCESS);
+        CUresult rc = vmh_heap_alloc(size, &live[k]);
+        if (mix_tight && rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            live[k] = 0; /* a device this small runs out: what matters is what it leaves */
+            atomic_fetch_add(&mix_ooms, 1);
+        }
+        else
+            assert_int_equal(rc, CUDA_SUCCESS);
     }
     for (int k = 0; k < MIX_LIVE; k++)
         if (live[k]) {
@@ -305,14 +313,14 @@ static void *mix_run(void *arg)
     return NULL;
 }
 
-static void freed_addresses_stay_registered_while_mapped(void **state)
+static void mix_churn(void)
 {
-    (void)state;
     tu_opt.stream_ordered = false; /* frees park, as with a stream per thread */
     tu_opt.park_limit = (size_t)8 << 30; /* the product's: parked frees released by the */
     tu_configure();
     vmh_reclaim_background(true); /* reclaim thread, which also runs the tidy */
     pthread_t t[MIX_THREADS];
+    atomic_store(&mix_ooms, 0);
     for (int i = 0; i < MIX_THREADS; i++) {
         mix_nfreed[i] = 0;
         assert_int_equal(pthread_create(&t[i], NULL, mix_run, (void *)(intptr_t)i), 0);
@@ -324,9 +332,36 @@ static void freed_addresses_stay_registered_while_mapped(void **state)
         for (size_t k = 0; k < mix_nfreed[i]; k++)
             if (sim_is_mapped(mix_freed[i][k]) && !vmh_heap_holds(mix_freed[i][k]))
                 lost++;
-    print_message("  %zu freed addresses mapped but unregistered\n", lost);
+    print_message("  %zu freed addresses mapped but unregistered (%zu allocations out of memory)\n",
+                  lost, atomic_load(&mix_ooms));
     assert_int_equal(lost, 0);
     vmh_heap_trim();
+}
+
+static void freed_addresses_stay_registered_while_mapped(void **state)
+{
+    (void)state;
+    mix_tight = false;
+    mix_churn();
+}
+
+/* The same on a device of 3 GiB: allocations fail, relieve the device (parked frees waited
+ * for, idle memory given back) and retry while other threads join and grow extents. */
+static int setup_tight(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = (size_t)3 << 30};
+    tu_reset(&cfg);
+    tu_opt.pack_below = (size_t)1 << 40;
+    tu_configure();
+    return 0;
+}
+
+static void freed_addresses_stay_registered_out_of_memory(void **state)
+{
+    (void)state;
+    mix_tight = true;
+    mix_churn();
 }
 
 int main(void)
@@ -344,6 +379,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(joins_while_another_thread_frees, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(freed_addresses_stay_registered_while_mapped, setup,
                                         tt_teardown),
+        cmocka_unit_test_setup_teardown(freed_addresses_stay_registered_out_of_memory,
+                                        setup_tight, tt_teardown),
         cmocka_unit_test_setup_teardown(a_small_address_budget_gets_spans_of_extent_size, setup,
                                         tt_teardown),
     };
