@@ -501,7 +501,7 @@ static CUresult extent_publish_serving(vmh_shard_t *s, vmh_range_t *r, bool onto
         if (e) {
             if (published) {
                 VMH_HLIST_REMOVE(s->exts, e);
-                vmh_registry_set(r->base, r->size, NULL);
+                vmh_registry_set(r->base, r->size, &vmh_owner_dead); /* until unmapped below */
             }
             if (e->extent) {
                 uintptr_t base;
@@ -519,6 +519,8 @@ static CUresult extent_publish_serving(vmh_shard_t *s, vmh_range_t *r, bool onto
         vmh_unlock(&s->lock);
         CUdeviceptr base = r->base;
         vmh_range_destroy(r);
+        if (published)
+            vmh_registry_set(base, mapped, NULL);
         span_give(s, base, mapped);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -1027,7 +1029,9 @@ static vmh_ext_t *unlink_empty_upto_locked(vmh_shard_t *s, empty_kind_t kind, si
                                                   : kind == EMPTY_PAUSED ? ext_paused
                                                                          : ext_passed,
                                                   &base, &size))) {
-        vmh_registry_set(base, size, NULL);
+        /* Dead, not unknown, until extents_destroy has unmapped it: a query meanwhile must not
+         * reach the driver, which would answer for the still-mapped chunks (device.h). */
+        vmh_registry_set(base, size, &vmh_owner_dead);
         if (budget)
             *budget -= size < *budget ? size : *budget;
         VMH_HLIST_REMOVE(s->exts, e);
@@ -1073,6 +1077,7 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
     for (vmh_ext_t *e = list; e; e = e->next) {
         for (size_t i = 0; i < e->npieces; i++)
             vmh_paused_destroy(e->pieces[i].paused); /* emptied while paused: its addresses go */
+        vmh_registry_set(e->va, e->va_size, NULL);   /* unmapped now: unknown, as natively */
         span_give(s, e->va, e->va_size);
         ext_pieces_set(e, NULL);
         e->extent = NULL;
