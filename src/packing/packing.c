@@ -570,12 +570,33 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
      * their free space is one block, and a request of its own size needs only what that end
      * lacks (as an expandable segment grows by what its free end lacks). */
     size_t grow = 0;
-    vmh_resv_t *resv = NULL;
-    vmh_ext_t *onto = grow_pick_locked(s, need, want, own, &grow);
-    CUdeviceptr at = onto ? onto->va + onto->va_size : 0;
-    if (onto && !vmh_spans_take_at(&s->spans, at, grow, &resv))
-        onto = NULL;
     vmh_unlock(&s->lock);
+    /* A request of its own size grows the largest free end of any shard: the threads of one
+     * program (PyTorch's autograd thread beside its main one) allocate in shards of their own,
+     * and two shards' free ends would otherwise each hold a part of what one request needs
+     * (tools/probe/trace_sim replays each trace thread in its own shard). Small requests stay
+     * in the thread's shard. */
+    vmh_shard_t *gs = s;
+    size_t least = SIZE_MAX; /* the least new memory a growth found so far needs */
+    for (unsigned i = 0; own && i < VMH_SHARDS; i++) {
+        vmh_shard_t *k = &pk->shards[(unsigned)(s - pk->shards + i) % VMH_SHARDS];
+        if (!atomic_load_explicit(&k->extents, memory_order_relaxed))
+            continue;
+        size_t g = 0;
+        vmh_lock(&k->lock, VMH_RANK_OWNER);
+        if (grow_pick_locked(k, need, want, own, &g) && g < least) {
+            least = g;
+            gs = k;
+        }
+        vmh_unlock(&k->lock);
+    }
+    vmh_resv_t *resv = NULL;
+    vmh_lock(&gs->lock, VMH_RANK_OWNER);
+    vmh_ext_t *onto = grow_pick_locked(gs, need, want, own, &grow);
+    CUdeviceptr at = onto ? onto->va + onto->va_size : 0;
+    if (onto && !vmh_spans_take_at(&gs->spans, at, grow, &resv))
+        onto = NULL;
+    vmh_unlock(&gs->lock);
 
     vmh_range_t *r;
     CUresult rc;
@@ -584,10 +605,10 @@ static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t siz
          * the whole extent below is no smaller. */
         rc = vmh_dev_range_in(d, grow, extent_chunk(grow, d->gran, own), resv, at, &r);
         if (rc != CUDA_SUCCESS) {
-            span_give(s, at, grow);
+            span_give(gs, at, grow);
             return rc;
         }
-        if (extent_publish_serving(s, r, true, size, out) == CUDA_SUCCESS)
+        if (extent_publish_serving(gs, r, true, size, out) == CUDA_SUCCESS)
             return CUDA_SUCCESS;
         /* Its neighbour went meanwhile (or host memory ran out): a whole extent. */
     }

@@ -229,6 +229,48 @@ static void a_large_request_grows_a_free_end(void **state)
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
 }
 
+/* A request of its own size on another thread (another shard: PyTorch's autograd thread) grows
+ * the free end of this thread's extent rather than making a whole extent in its own shard. */
+typedef struct grow_job {
+    size_t size;
+    CUdeviceptr p;
+    CUresult rc;
+    unsigned shard;
+} grow_job_t;
+
+static void *alloc_on_thread(void *arg)
+{
+    grow_job_t *j = arg;
+    sim_set_current_device(0); /* as cudart makes the primary context current */
+    j->rc = vmh_heap_alloc(j->size, &j->p);
+    j->shard = vmh_heap_thread_shard();
+    return NULL;
+}
+
+static void another_threads_request_grows_this_ones_free_end(void **state)
+{
+    (void)state;
+    CUdeviceptr a, b;
+    assert_int_equal(vmh_heap_alloc(200 * MiB, &a), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_alloc(100 * MiB, &b), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS); /* a free end of 100 MiB */
+    const size_t used = sim_device_used(0);
+    grow_job_t j = {.size = 150 * MiB};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, alloc_on_thread, &j), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(j.rc, CUDA_SUCCESS);
+    assert_int_not_equal(j.shard, vmh_heap_thread_shard());
+    print_message("  150 MiB on another shard beside a free end of 100: +%zu MiB\n",
+                  (sim_device_used(0) - used) / MiB);
+    assert_int_equal(j.p, b);
+    assert_true(sim_device_used(0) - used <= 50 * MiB);
+    tu_fill(j.p + 149 * MiB, 4096, 4);
+    assert_true(tu_check(j.p + 149 * MiB, 4096, 4));
+    assert_int_equal(vmh_heap_free(j.p, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
+}
+
 /* Joins while another thread frees blocks of the extents being joined: every free finds its
  * block (vmh_owner_lock follows an address to the extent that took it over). */
 #define JOIN_ROUNDS 400
@@ -406,6 +448,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(growing_requests_join_freed_neighbours, setup,
                                         tt_teardown),
         cmocka_unit_test_setup_teardown(a_large_request_grows_a_free_end, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(another_threads_request_grows_this_ones_free_end, setup,
+                                        tt_teardown),
         cmocka_unit_test_setup_teardown(joins_while_another_thread_frees, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(freed_addresses_stay_registered_while_mapped, setup,
                                         tt_teardown),
