@@ -35,7 +35,9 @@
  * chunks are large): 1.24x on the simulated driver, as before (BENCHMARKS.md, "Holes inside
  * extents, built").
  * A thread allocates in the shard it picked at its first allocation and looks at other shards' free
- * space only when its own has none; a free goes to the shard that owns the extent. An exported
+ * space only when its own has none (and, for a request of its own size, at every shard's free ends
+ * to grow); a free goes to the shard that owns the extent. An extent given back is registered
+ * dead (device.h) from its unlinking until its chunks are unmapped, then unknown. An exported
  * block is listed with its export serial until it is freed; then its export is dead and its memory
  * is never served again: another process may map the chunk (natively, memory freed by its exporter
  * stays the importer's), so its extent is retired (arena.h: it serves no new block) and given back
