@@ -99,14 +99,22 @@ static size_t big_release(vmh_parked_t *item, uint64_t passed)
     return bytes;
 }
 
+/* An old range's dead addresses are unmapped: unknown again (before its reservation may go). */
+static void old_forget(CUdeviceptr base, size_t size, void *arg)
+{
+    (void)base;
+    (void)size;
+    const old_range_t *o = arg;
+    vmh_registry_set(o->dead, o->dead_len, NULL);
+}
+
 /* Old ranges count no parked bytes: a move's old range shares its chunks with the new one, and
  * a shrink's tail is given back by a blocking realloc's own wait or within one reclaim. */
 static size_t old_release(vmh_parked_t *item, uint64_t passed)
 {
     (void)passed;
     old_range_t *o = (old_range_t *)((char *)item - offsetof(old_range_t, parked_item));
-    vmh_registry_set(o->dead, o->dead_len, NULL);
-    vmh_range_destroy(o->range);
+    vmh_range_destroy_then(o->range, old_forget, o); /* dead until unmapped (device.h) */
     atomic_fetch_sub(&o->set->old_ranges, 1);
     free(o);
     return 0;

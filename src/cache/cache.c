@@ -51,12 +51,20 @@ static vmh_idle_t *evict_locked(vmh_cache_t *c, size_t need)
     while (c->tail && got < need) {
         vmh_idle_t *e = c->tail;
         unlink_locked(c, e);
-        vmh_registry_set(e->range->base, e->range->size, NULL);
+        /* dead until destroy_taken has unmapped it: a query must not reach the driver */
+        vmh_registry_set(e->range->base, e->range->size, &vmh_owner_dead);
         got += e->range->size;
         e->next = taken;
         taken = e;
     }
     return taken;
+}
+
+/* Unmapped: the addresses are unknown again (before their reservation may go). */
+static void forget(CUdeviceptr base, size_t size, void *arg)
+{
+    (void)arg;
+    vmh_registry_set(base, size, NULL);
 }
 
 static size_t destroy_taken(vmh_idle_t *taken)
@@ -66,7 +74,7 @@ static size_t destroy_taken(vmh_idle_t *taken)
         next = e->next;
         bytes += e->range->size;
         vmh_gauge_add(VMH_STAT_bytes_cached, -(int64_t)e->range->size);
-        vmh_range_destroy(e->range);
+        vmh_range_destroy_then(e->range, forget, NULL);
         free(e);
     }
     return bytes;
@@ -76,9 +84,9 @@ void vmh_cache_put(vmh_cache_t *c, vmh_range_t *r)
 {
     vmh_idle_t *e = malloc(sizeof *e);
     if (!e) { /* no host memory to remember it: give it back now (it is safe to) */
-        vmh_registry_set(r->base, r->size, NULL);
+        vmh_registry_set(r->base, r->size, &vmh_owner_dead);
         vmh_gauge_add(VMH_STAT_bytes_cached, -(int64_t)r->size);
-        vmh_range_destroy(r);
+        vmh_range_destroy_then(r, forget, NULL);
         return;
     }
     e->range = r;

@@ -36,6 +36,30 @@ void vmh_range_destroy(vmh_range_t *r)
     free(r);
 }
 
+void vmh_range_destroy_then(vmh_range_t *r,
+                            void (*unmapped)(CUdeviceptr base, size_t size, void *arg), void *arg)
+{
+    if (!r)
+        return;
+    const CUdeviceptr base = r->base;
+    const size_t size = r->size;
+    vmh_resv_t **held = malloc((r->nmaps ? r->nmaps : 1) * sizeof *held);
+    size_t n = 0;
+    if (!held) {
+        unmapped(base, size, arg);
+        vmh_range_destroy(r);
+        return;
+    }
+    for (size_t i = 0; i < r->nmaps; i++) /* a range's mappings share few reservations */
+        if (!n || held[n - 1] != r->maps[i]->resv)
+            held[n++] = vmh_resv_ref(r->maps[i]->resv);
+    vmh_range_destroy(r);
+    unmapped(base, size, arg);
+    while (n)
+        vmh_resv_unref(held[--n]);
+    free(held);
+}
+
 static int map_order(const void *a, const void *b)
 {
     CUdeviceptr x = (*(vmh_map_t *const *)a)->ptr, y = (*(vmh_map_t *const *)b)->ptr;

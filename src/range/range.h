@@ -88,6 +88,13 @@ CUresult vmh_range_pick(const vmh_range_t *const *rs, size_t n, CUdeviceptr from
 /* Drops every mapping reference (one cuMemUnmap per stretch of adjacent mappings in one
  * reservation, handle.h). NULL is allowed. */
 void vmh_range_destroy(vmh_range_t *r);
+/* The same, calling unmapped(base, size, arg) once r's mappings are gone but before its address
+ * space may go back to the driver (its reservations are held across the call): a caller that
+ * keeps the addresses registered as dead until they are unmapped clears them there, before
+ * another reservation can take them. Without host memory to hold the reservations, unmapped
+ * runs first (as with clearing before vmh_range_destroy). */
+void vmh_range_destroy_then(vmh_range_t *r,
+                            void (*unmapped)(CUdeviceptr base, size_t size, void *arg), void *arg);
 
 /* Destroys rs[0..n) (any order; NULL entries allowed) together: mappings adjacent across
  * ranges in one reservation are unmapped with one call. */

@@ -34,6 +34,42 @@ static void create_and_destroy(void **state)
     assert_int_equal(sim_live_allocations(), 0);
 }
 
+/* destroy_then calls back once the mappings are gone and while the address space is still
+ * reserved (a caller clears its registry there, before another reservation can take it). */
+typedef struct seen_then {
+    CUdeviceptr base;
+    size_t size;
+    int calls;
+    bool was_mapped;
+    size_t reservations;
+} seen_then_t;
+
+static void on_unmapped(CUdeviceptr base, size_t size, void *arg)
+{
+    seen_then_t *s = arg;
+    s->base = base;
+    s->size = size;
+    s->calls++;
+    s->was_mapped = sim_is_mapped(base);
+    s->reservations = sim_live_reservations();
+}
+
+static void destroy_then_calls_back_between_unmap_and_free(void **state)
+{
+    (void)state;
+    vmh_range_t *r = make_range(3, GRAN, 0);
+    const CUdeviceptr base = r->base;
+    seen_then_t s = {0};
+    vmh_range_destroy_then(r, on_unmapped, &s);
+    assert_int_equal(s.calls, 1);
+    assert_int_equal(s.base, base);
+    assert_int_equal(s.size, 3 * GRAN);
+    assert_false(s.was_mapped);
+    assert_int_equal(s.reservations, 1);
+    assert_int_equal(sim_live_reservations(), 0);
+    assert_int_equal(sim_live_allocations(), 0);
+}
+
 static void create_rejects_bad_input(void **state)
 {
     (void)state;
@@ -214,6 +250,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(move_keeps_every_chunks_access, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(unaligned_sizes_and_shrink, tu_setup, tu_teardown),
         cmocka_unit_test_setup_teardown(alias_of_one_chunk_at_two_addresses, tu_setup, tu_teardown),
+        cmocka_unit_test_setup_teardown(destroy_then_calls_back_between_unmap_and_free, tu_setup,
+                                        tu_teardown),
     };
     return cmocka_run_group_tests_name("range", tests, NULL, NULL);
 }
