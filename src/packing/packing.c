@@ -368,10 +368,12 @@ static bool ext_join_locked(vmh_shard_t *s, vmh_ext_t *lo, vmh_ext_t *hi)
         all = both;
     }
     size_t nold = 0;
-    /* The registry's entries for hi exist: setting them cannot fail past its first check. */
-    if (!all || !ext_pieces_from(lo, all, old, &nold) ||
-        !vmh_registry_set(hi->va, hi->va_size, lo)) {
-        assert(nold == 0);
+    /* Readers of hi's addresses wait for this lock and look again (vmh_owner_lock): they find
+     * lo once the join is done, hi again if it is undone. */
+    bool registered = all && vmh_registry_set(hi->va, hi->va_size, lo);
+    if (!registered || !ext_pieces_from(lo, all, old, &nold)) {
+        if (registered)
+            vmh_registry_set(hi->va, hi->va_size, hi); /* its entries exist: cannot fail */
         vmh_arena_join_drop(fresh);
         free(all);
         free(his);
