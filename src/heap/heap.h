@@ -176,6 +176,12 @@ void vmh_heap_shutdown(bool report_leaks);
  * RUNNING, vmh_phase_reset, to serve again). */
 void vmh_heap_reset(void);
 
+/* The background tidy's pace (heap_upkeep.c): at most one tidy every VMH_TIDY_EVERY_NS, and a
+ * window of the recent peak every VMH_TIDY_WINDOW_NS (tools/probe/trace_sim replays the tidy at
+ * this pace in a trace's own time). */
+#define VMH_TIDY_WINDOW_NS 1000000000ull
+#define VMH_TIDY_EVERY_NS 50000000ull
+
 #ifdef VMH_TESTING
 /* Tests: the packing shard the calling thread allocates in (picked on the first call). */
 unsigned vmh_heap_thread_shard(void);

@@ -50,12 +50,10 @@ bool vmh_hdev_relieve(vmh_dev_t *d)
  * buffers) stays while the program's recent peak of live bytes may need it again, plus a
  * slack of 1/TIDY_SLACK of that peak; the rest goes back, from the reclaim thread, so no
  * application thread waits. "Recent": the larger of the peaks of the current window and the
- * one before (TIDY_WINDOW_NS each), so a program whose steps repeat keeps its steps' memory
+ * one before (VMH_TIDY_WINDOW_NS each), so a program whose steps repeat keeps its steps' memory
  * and one that shrank for good gives it back within two windows. Once a window, free space
  * inside extents that hold live blocks counts too: whole free chunks of it beyond that budget
  * are unmapped (holes, packing.h), after whole idle extents and cached buffers. */
-#define TIDY_WINDOW_NS 1000000000ull
-#define TIDY_EVERY_NS 50000000ull
 #define TIDY_SLACK 16
 
 /* Free bytes inside the device's extents beside live blocks (a hint): what holes could take. */
@@ -76,13 +74,13 @@ void vmh_hdev_tidy(vmh_dev_t *d)
     if (!heap_running() || vmh_trylock(&h->tidy_lock, VMH_RANK_TIDY) != 0)
         return;
     uint64_t now = vmh_now_ns();
-    if (now - h->tidy_ns < TIDY_EVERY_NS) {
+    if (now - h->tidy_ns < VMH_TIDY_EVERY_NS) {
         vmh_unlock(&h->tidy_lock);
         return;
     }
     h->tidy_ns = now;
     size_t peak = vmh_dev_usable_peak(d);
-    bool new_window = now - h->window_ns >= TIDY_WINDOW_NS;
+    bool new_window = now - h->window_ns >= VMH_TIDY_WINDOW_NS;
     if (new_window) {
         h->window_ns = now;
         h->peak_before = peak;
@@ -122,9 +120,9 @@ void vmh_heap_tidy_now(int device, bool new_window)
     hdev_t *h = hdev_at(device);
     assert(h);
     vmh_lock(&h->tidy_lock, VMH_RANK_TIDY);
-    h->tidy_ns -= TIDY_EVERY_NS;
+    h->tidy_ns -= VMH_TIDY_EVERY_NS;
     if (new_window)
-        h->window_ns -= TIDY_WINDOW_NS;
+        h->window_ns -= VMH_TIDY_WINDOW_NS;
     vmh_unlock(&h->tidy_lock);
     vmh_hdev_tidy(&h->dev);
 }

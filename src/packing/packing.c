@@ -354,18 +354,15 @@ static bool ext_adjacent(const vmh_ext_t *lo, const vmh_ext_t *hi)
 static bool ext_join_locked(vmh_shard_t *s, vmh_ext_t *lo, vmh_ext_t *hi)
 {
     vmh_extent_t *fresh = vmh_arena_join_new(lo->extent, hi->extent);
-    vmh_range_t *all = fresh ? ext_maps_with(lo, NULL) : NULL, *his = NULL;
+    vmh_range_t *his = fresh ? ext_maps_with(hi, NULL) : NULL, *all = NULL;
+    if (his) {
+        his->base = hi->va; /* after lo's pieces, where ext_maps_with puts it */
+        all = ext_maps_with(lo, his);
+    }
     vmh_range_t **old = all ? malloc((lo->npieces + hi->npieces) * sizeof *old) : NULL;
-    if (old) {
-        his = ext_maps_with(hi, NULL);
-        vmh_range_t *both = his ? maps_list(all->nmaps + his->nmaps) : NULL;
-        if (both) {
-            memcpy(both->maps, all->maps, all->nmaps * sizeof all->maps[0]);
-            memcpy(both->maps + all->nmaps, his->maps, his->nmaps * sizeof his->maps[0]);
-            both->nmaps = all->nmaps + his->nmaps;
-        }
+    if (!old) {
         free(all);
-        all = both;
+        all = NULL;
     }
     size_t nold = 0;
     /* Readers of hi's addresses wait for this lock and look again (vmh_owner_lock): they find

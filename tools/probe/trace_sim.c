@@ -483,8 +483,6 @@ static int counter_index(const char *name)
 /* --tidy-by-time: the reclaim thread's tidy replayed at the trace's own pace (its Time column),
  * so that what the tidy gives back during a load, and maps again, is in the figures. */
 static bool tidy_by_time;
-#define TIDY_PACE_NS 50000000ull     /* heap_upkeep.c's TIDY_EVERY_NS */
-#define TIDY_WINDOW_NS 1000000000ull /* and TIDY_WINDOW_NS */
 
 typedef struct replay_figures {
     size_t events, allocations;
@@ -540,8 +538,8 @@ static replay_figures_t replay_once(replayer_t *r)
         const event_t *e = &t->ev[i];
         /* The reclaim thread's pace in the trace's own time (heap_upkeep.c: a tidy every 50 ms
          * at most, a new window of the recent peak every second). */
-        if (tidy_by_time && e->t_ns >= tidied + TIDY_PACE_NS) {
-            bool new_window = e->t_ns >= window + TIDY_WINDOW_NS;
+        if (tidy_by_time && e->t_ns >= tidied + VMH_TIDY_EVERY_NS) {
+            bool new_window = e->t_ns >= window + VMH_TIDY_WINDOW_NS;
             if (new_window)
                 window = e->t_ns;
             tidied = e->t_ns;
