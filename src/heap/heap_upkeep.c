@@ -68,6 +68,19 @@ static size_t free_inside_extents(hdev_t *h)
     return free_bytes > whole ? free_bytes - whole : 0;
 }
 
+/* The lower of the device's live bytes now and `low` (see vmh_hdev_tidy). */
+static size_t live_bytes(vmh_dev_t *d, size_t low)
+{
+    size_t live = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
+    return live < low ? live : low;
+}
+
+/* Idle bytes the recent peak may need again, with the slack. */
+static size_t keep_bytes(size_t peak, size_t live)
+{
+    return (peak > live ? peak - live : 0) + peak / TIDY_SLACK;
+}
+
 void vmh_hdev_tidy(vmh_dev_t *d)
 {
     hdev_t *h = hdev_of(d);
@@ -88,16 +101,22 @@ void vmh_hdev_tidy(vmh_dev_t *d)
     }
     if (h->peak_before > peak)
         peak = h->peak_before;
-    size_t live = atomic_load_explicit(&d->live_usable, memory_order_relaxed);
-    size_t keep = (peak > live ? peak - live : 0) + peak / TIDY_SLACK;
+    /* Live and idle bytes are read apart while the program allocates and frees: a free
+     * released at once between the two reads would count its bytes live and idle both, an
+     * allocation the other way round. The lower of the live bytes read before and after the
+     * idle ones keeps either from making a steady program's memory look like excess. */
+    size_t live = live_bytes(d, SIZE_MAX);
     size_t idle = vmh_heap_idle_bytes(d->ordinal);
     size_t inside = new_window ? free_inside_extents(h) : 0;
-    if (idle + inside > keep + d->gran &&
+    live = live_bytes(d, live);
+    if (idle + inside > keep_bytes(peak, live) + d->gran &&
         vmh_reclaim_pass(&h->reclaim, VMH_WAIT_BACKGROUND) == CUDA_SUCCESS) {
         /* Memory freed at once may still be touched by queued work: passed first (above). The
          * pass freed the blocks parked up to it: what lies inside extents is counted again. */
         if (new_window)
             inside = free_inside_extents(h);
+        live = live_bytes(d, live);
+        size_t keep = keep_bytes(peak, live);
         size_t excess = idle + inside > keep ? idle + inside - keep : 0;
         size_t given = vmh_cache_trim_upto(&h->cache, excess);
         FOR_EACH_PART(h, p)
