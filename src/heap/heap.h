@@ -191,6 +191,9 @@ void vmh_heap_tidy_now(int device, bool new_window);
 /* Tests: called in vmh_heap_trim after its wait and before it gives memory back, the window in
  * which another thread's free released at once lands after the wait. NULL: nothing. */
 extern void (*vmh_heap_test_after_drain)(void);
+/* Tests: called in the tidy between its first read of the live bytes and its read of the idle
+ * ones, the window in which the program's frees and allocations move bytes between the two. */
+extern void (*vmh_heap_test_in_tidy_reads)(void);
 /* Tests: the host bytes serving the device now (overflow.h), 0 before its first use. */
 size_t vmh_heap_spilled_bytes(int device);
 #endif

@@ -106,6 +106,10 @@ void vmh_hdev_tidy(vmh_dev_t *d)
      * allocation the other way round. The lower of the live bytes read before and after the
      * idle ones keeps either from making a steady program's memory look like excess. */
     size_t live = live_bytes(d, SIZE_MAX);
+#ifdef VMH_TESTING
+    if (vmh_heap_test_in_tidy_reads)
+        vmh_heap_test_in_tidy_reads();
+#endif
     size_t idle = vmh_heap_idle_bytes(d->ordinal);
     size_t inside = new_window ? free_inside_extents(h) : 0;
     live = live_bytes(d, live);
@@ -133,6 +137,7 @@ void vmh_hdev_tidy(vmh_dev_t *d)
 
 #ifdef VMH_TESTING
 void (*vmh_heap_test_after_drain)(void);
+void (*vmh_heap_test_in_tidy_reads)(void);
 
 void vmh_heap_tidy_now(int device, bool new_window)
 {

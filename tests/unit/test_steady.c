@@ -88,8 +88,9 @@ static void freed_memory_is_reused_at_once(void **state)
 }
 
 /* Many requests of a size larger than a shared extent's eighth each get an extent of their own
- * size (or grow one by what its free end lacks): nothing is left beside them that no such request could use (the H200: 1024 requests of
- * 40 MiB mapped 65 GiB in 64 MiB extents before). */
+ * size (or grow one by what its free end lacks): nothing is left beside them that no such
+ * request could use (the H200: 1024 requests of 40 MiB mapped 65 GiB in 64 MiB extents
+ * before). */
 static void large_requests_map_what_they_ask(void **state)
 {
     (void)state;
@@ -338,6 +339,35 @@ static void tidy_keeps_the_recent_peak_and_gives_back_the_rest(void **state)
     assert_int_equal(vmh_heap_free(keep, NULL, false), CUDA_SUCCESS);
 }
 
+/* The tidy reads the live bytes and the idle ones apart: frees released at once between the
+ * reads (another thread's, here the hook's) must not count their bytes twice, live and idle, and
+ * send back memory the recent peak still needs. */
+static CUdeviceptr freed_in_reads[8];
+static void free_between_the_reads(void)
+{
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(vmh_heap_free(freed_in_reads[i], NULL, false), CUDA_SUCCESS);
+    vmh_heap_test_in_tidy_reads = NULL;
+}
+
+static void tidy_counts_frees_between_its_reads_once(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(vmh_heap_alloc(128 * MiB, &freed_in_reads[i]), CUDA_SUCCESS);
+    size_t used = sim_device_used(0);
+    assert_true(used >= 1024 * MiB);
+    vmh_heap_test_in_tidy_reads = free_between_the_reads;
+    vmh_heap_tidy_now(0, true);
+    assert_null(vmh_heap_test_in_tidy_reads); /* the frees ran between the reads */
+    assert_int_equal(vmh_counter_get(VMH_STAT_tidy_bytes), 0);
+    assert_int_equal(sim_device_used(0), used); /* the peak of the window before keeps it */
+    /* The memory is idle and stays so: it still goes back once the peak is older. */
+    vmh_heap_tidy_now(0, true);
+    vmh_heap_tidy_now(0, true);
+    assert_true(sim_device_used(0) < used);
+}
+
 /* Nothing parks while frees are released at once, but the memory they leave idle must still go
  * back in the background once the program's peak no longer needs it: the first such free starts
  * the reclaim thread, whose tidy gives it back within two windows of the recent peak (1 s
@@ -464,6 +494,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(park_budget_follows_the_peak, setup, teardown),
         cmocka_unit_test_setup_teardown(tidy_keeps_the_recent_peak_and_gives_back_the_rest, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(tidy_counts_frees_between_its_reads_once, setup, teardown),
         cmocka_unit_test_setup_teardown(idle_memory_goes_back_in_the_background, setup, teardown),
         cmocka_unit_test_setup_teardown(warm_big_pairs_make_no_driver_call, setup, teardown),
         cmocka_unit_test_setup_teardown(warm_big_pairs_after_a_stream_wait_once, setup, teardown),
