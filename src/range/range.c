@@ -445,36 +445,6 @@ CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, vmh_paused_t **ou
     return CUDA_SUCCESS;
 }
 
-CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
-                         vmh_paused_t **out)
-{
-    if (!r || !out || !r->nmaps)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!vmh_range_owned_alone(r))
-        return CUDA_ERROR_NOT_PERMITTED;
-    if (backup) {
-        CUresult rc = copy ? copy(backup, r->base, r->size, copy_arg)
-                           : vmh_drv.cuMemcpyDtoH(backup, r->base, r->size);
-        if (rc != CUDA_SUCCESS)
-            return rc;
-    }
-    return vmh_range_pause_run(&r, 1, out);
-}
-
-CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop,
-                          const CUmemAccessDesc *access, int naccess, const void *backup,
-                          vmh_range_t **out)
-{
-    return vmh_range_resume_spilling(p, prop, access, naccess, backup, NULL, NULL, out);
-}
-
-CUresult vmh_range_resume_spilling(const vmh_paused_t *p, const CUmemAllocationProp *prop,
-                                   const CUmemAccessDesc *access, int naccess, const void *backup,
-                                   vmh_chunk_fn spill, void *spill_arg, vmh_range_t **out)
-{
-    return vmh_range_resume_run(&p, 1, prop, access, naccess, &backup, spill, spill_arg, out);
-}
-
 /* One chunk for segment s: prop on the segment's device, with access[0..naccess) or the
  * segment's own descriptors; spill's when the device has no memory for it (spill may be NULL). */
 static CUresult segment_chunk(const vmh_paused_seg_t *s, const CUmemAllocationProp *prop,

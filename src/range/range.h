@@ -172,53 +172,29 @@ struct vmh_paused {
     vmh_paused_seg_t segs[];
 };
 
-/* How a pause copies a range's bytes into its backup (the pause layer's choice, as data: a
- * direct copy, or one through a staging ring): n bytes of device memory at src into host memory
- * at dst, every byte landed when it returns CUDA_SUCCESS; the driver's code otherwise. */
-typedef CUresult (*vmh_backup_copy_fn)(void *dst, CUdeviceptr src, size_t n, void *arg);
-
-/* Pauses r: when backup is not NULL, first copies r's r->size bytes into it (host memory) with
- * copy(backup, r->base, r->size, copy_arg), or with one cuMemcpyDtoH when copy is NULL (which
- * waits for work queued on the legacy stream, not for other streams; a copy function may wait
- * for none: the caller synchronizes first); then unmaps every mapping and releases every chunk.
- * On success r is consumed (destroyed) and *out describes it. Needs a context current on r's
- * device for the copy. CUDA_ERROR_NOT_PERMITTED when r does not own its memory alone (a mapping
- * or a chunk has another holder: unmapping would not give the memory back, e.g. an exported
- * chunk); on any failure r is untouched and still mapped. */
-/* Whether r alone holds its mappings and chunks (what vmh_range_pause needs). */
+/* Whether r alone holds its mappings and chunks (what a pause needs: unmapping memory that has
+ * another holder, e.g. an exported chunk, would not give it back). */
 bool vmh_range_owned_alone(const vmh_range_t *r);
 
-CUresult vmh_range_pause(vmh_range_t *r, void *backup, vmh_backup_copy_fn copy, void *copy_arg,
-                         vmh_paused_t **out);
-
-/* Pauses rs[0..n) (ascending addresses, each owned alone) without backups, as one run: out[i]
- * describes rs[i]; the ranges' mappings go together, one cuMemUnmap per stretch of adjacent
- * mappings in one reservation (across ranges), then one cuMemRelease per chunk. On failure
- * (INVALID_VALUE, NOT_PERMITTED as vmh_range_pause, OUT_OF_MEMORY) nothing changed. */
+/* Pauses rs[0..n) (ascending addresses) as one run, their memory given back and their addresses
+ * kept: out[i] describes rs[i], and each range is consumed (destroyed). The mappings go together,
+ * one cuMemUnmap per stretch of adjacent mappings in one reservation (across ranges), then one
+ * cuMemRelease per chunk. Backups are the caller's (pause.c copies first). On failure
+ * (INVALID_VALUE; NOT_PERMITTED when a range is not owned alone; OUT_OF_MEMORY) nothing
+ * changed and every range is still mapped. */
 CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, vmh_paused_t **out);
 
-/* Maps new memory at exactly p's addresses: one chunk of prop (its location.id set to each
- * segment's device) per segment, with the segment's access descriptors, or with access[0..n)
- * when naccess > 0 (the device's list now, which includes peers granted since the pause); then
- * copies backup (p->size bytes, or nothing when NULL) into it. On failure nothing is left
- * mapped or created and p is untouched: the call can be retried. p stays the caller's either
- * way (vmh_paused_destroy it once the resumed range is in place). */
-CUresult vmh_range_resume(const vmh_paused_t *p, const CUmemAllocationProp *prop,
-                          const CUmemAccessDesc *access, int naccess, const void *backup,
-                          vmh_range_t **out);
-
-/* As vmh_range_resume, and a segment whose chunk the driver has no memory for gets one made by
- * spill(spill_arg, size) instead (host memory at the same addresses, VMMHOOK_OVERFLOW; NULL:
- * none, as vmh_range_resume). */
-CUresult vmh_range_resume_spilling(const vmh_paused_t *p, const CUmemAllocationProp *prop,
-                                   const CUmemAccessDesc *access, int naccess, const void *backup,
-                                   vmh_chunk_fn spill, void *spill_arg, vmh_range_t **out);
-
-/* Resumes ps[0..n) (ascending addresses) as one run: as vmh_range_resume_spilling each, with
- * backups[i] (backups NULL, or an entry NULL: none) copied into out[i]; one chunk per segment
- * (cuMemCreate, cuMemMap each) and one cuMemSetAccess per stretch of adjacent segments in one
- * reservation with the same descriptors, across records. All or nothing: on failure nothing
- * is left mapped or created. */
+/* Resumes ps[0..n) (ascending addresses) as one run: maps new memory at exactly each ps[i]'s
+ * addresses into out[i], one chunk of prop (its location.id set to each segment's device) per
+ * segment (cuMemCreate, cuMemMap each), with the segment's access descriptors or with
+ * access[0..naccess) when naccess > 0 (the device's list now, which includes peers granted since
+ * the pause): one cuMemSetAccess per stretch of adjacent segments in one reservation with the
+ * same descriptors, across records. A segment whose chunk the driver has no memory for gets one
+ * made by spill(spill_arg, size) instead (host memory at the same addresses, VMMHOOK_OVERFLOW;
+ * NULL: none). Then backups[i] (backups NULL, or an entry NULL: none) is copied into out[i]. All
+ * or nothing: on failure nothing is left mapped or created and the ps are untouched (the call can
+ * be retried). The ps stay the caller's either way (vmh_paused_destroy them once the resumed
+ * ranges are in place). */
 CUresult vmh_range_resume_run(const vmh_paused_t *const *ps, size_t n,
                               const CUmemAllocationProp *prop, const CUmemAccessDesc *access,
                               int naccess, const void *const *backups, vmh_chunk_fn spill,

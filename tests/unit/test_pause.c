@@ -9,7 +9,6 @@
 
 #include "tags.h"
 
-
 #define INJECTED CUDA_ERROR_UNKNOWN /* a code nothing else produces */
 
 /* A range of n chunks of GRAN bytes in one reservation of reserve bytes (0: exact). */
@@ -35,6 +34,25 @@ static void assert_mapped(CUdeviceptr base, size_t size, bool mapped)
     }
 }
 
+/* One range paused (a pause.c run of one), its backup copied first when backup is not NULL. */
+static CUresult pause_one(vmh_range_t *r, void *backup, vmh_paused_t **out)
+{
+    if (r && backup && r->nmaps && vmh_range_owned_alone(r)) {
+        CUresult rc = vmh_drv.cuMemcpyDtoH(backup, r->base, r->size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return vmh_range_pause_run(&r, 1, out);
+}
+
+/* One paused range resumed, backup (NULL: none) copied in. */
+static CUresult resume_one(const vmh_paused_t *p, const CUmemAllocationProp *prop,
+                           const CUmemAccessDesc *access, int naccess, const void *backup,
+                           vmh_range_t **out)
+{
+    return vmh_range_resume_run(&p, 1, prop, access, naccess, &backup, NULL, NULL, out);
+}
+
 static CUmemAllocationProp prop0(void)
 {
     return tu_prop(0);
@@ -50,7 +68,7 @@ static void pause_keeps_addresses(void **state)
     assert_int_equal(sim_device_used(0), 3 * GRAN);
 
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(pause_one(r, NULL, &p), CUDA_SUCCESS);
     assert_non_null(p);
     assert_int_equal(p->base, base);
     assert_int_equal(p->size, size);
@@ -67,7 +85,7 @@ static void pause_keeps_addresses(void **state)
 
     CUmemAllocationProp pr = prop0();
     vmh_range_t *back = NULL;
-    assert_int_equal(vmh_range_resume(p, &pr, NULL, 0, NULL, &back), CUDA_SUCCESS);
+    assert_int_equal(resume_one(p, &pr, NULL, 0, NULL, &back), CUDA_SUCCESS);
     assert_int_equal(back->base, base);
     assert_int_equal(back->size, size);
     /* Fewer, larger chunks: the three come back as one. */
@@ -81,7 +99,8 @@ static void pause_keeps_addresses(void **state)
     vmh_alloc_t *extra = tu_chunk(GRAN);
     vmh_range_t *grown = NULL;
     vmh_grow_kind_t kind;
-    assert_int_equal(vmh_range_grow(back, &extra, 1, 0, 0, false, &grown, &kind, NULL), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_grow(back, &extra, 1, 0, 0, false, &grown, &kind, NULL),
+                     CUDA_SUCCESS);
     assert_int_equal(kind, VMH_GROW_HEADROOM);
     vmh_alloc_unref(extra);
     vmh_range_destroy(back);
@@ -102,13 +121,13 @@ static void backup_restores_contents(void **state)
     unsigned char *host = malloc(size);
     assert_non_null(host);
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r, host, NULL, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(pause_one(r, host, &p), CUDA_SUCCESS);
     assert_int_equal(sim_live_allocations(), 0);
     assert_int_equal(host[5], (unsigned char)(5 * 131u + 99));
 
     CUmemAllocationProp pr = prop0();
     vmh_range_t *back = NULL;
-    assert_int_equal(vmh_range_resume(p, &pr, NULL, 0, host, &back), CUDA_SUCCESS);
+    assert_int_equal(resume_one(p, &pr, NULL, 0, host, &back), CUDA_SUCCESS);
     assert_true(tu_check(base, size, 99));
     vmh_paused_destroy(p);
     vmh_range_destroy(back);
@@ -141,7 +160,7 @@ static void segments_follow_reservations_and_access(void **state)
     vmh_paused_t *p = NULL;
     unsigned char *host = malloc(3 * GRAN);
     assert_non_null(host);
-    assert_int_equal(vmh_range_pause(g, host, NULL, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(pause_one(g, host, &p), CUDA_SUCCESS);
     assert_int_equal(p->nsegs, 2);
     assert_int_equal(p->segs[0].size, 2 * GRAN);
     assert_int_equal(p->segs[1].size, GRAN);
@@ -150,7 +169,7 @@ static void segments_follow_reservations_and_access(void **state)
     assert_int_equal(sim_live_allocations(), 0);
 
     vmh_range_t *back = NULL;
-    assert_int_equal(vmh_range_resume(p, &pr, NULL, 0, host, &back), CUDA_SUCCESS);
+    assert_int_equal(resume_one(p, &pr, NULL, 0, host, &back), CUDA_SUCCESS);
     assert_int_equal(back->nmaps, 2);
     assert_int_equal(sim_access_flags(base, 1), 0);
     assert_int_equal(sim_access_flags(base + 2 * GRAN, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
@@ -159,7 +178,7 @@ static void segments_follow_reservations_and_access(void **state)
 
     /* The access list of the device now (a peer granted while paused) replaces the recorded
      * one when given. */
-    assert_int_equal(vmh_range_resume(p, &pr, both, 2, NULL, &back), CUDA_SUCCESS);
+    assert_int_equal(resume_one(p, &pr, both, 2, NULL, &back), CUDA_SUCCESS);
     assert_int_equal(sim_access_flags(base, 1), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     vmh_range_destroy(back);
     vmh_paused_destroy(p);
@@ -175,12 +194,12 @@ static void shared_memory_is_not_paused(void **state)
     tu_fill(r->base, r->size, 1);
     vmh_alloc_t *held = vmh_alloc_ref(r->maps[1]->alloc); /* as an export holds it */
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_ERROR_NOT_PERMITTED);
+    assert_int_equal(pause_one(r, NULL, &p), CUDA_ERROR_NOT_PERMITTED);
     assert_null(p);
     vmh_alloc_unref(held);
     vmh_range_t *copy = NULL;
     assert_int_equal(vmh_range_shrink(r, r->size, &copy), CUDA_SUCCESS); /* shares mappings */
-    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_ERROR_NOT_PERMITTED);
+    assert_int_equal(pause_one(r, NULL, &p), CUDA_ERROR_NOT_PERMITTED);
     vmh_range_destroy(copy);
     assert_mapped(r->base, r->size, true);
     assert_true(tu_check(r->base, r->size, 1));
@@ -211,21 +230,21 @@ static void resume_out_of_memory_then_retry(void **state)
     unsigned char *host = malloc(2 * GRAN);
     assert_non_null(host);
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r2, host, NULL, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(pause_one(r2, host, &p), CUDA_SUCCESS);
     assert_int_equal(p->nsegs, 2);
 
     /* Another user takes all but one chunk's worth. */
     vmh_alloc_t *filler = tu_chunk(7 * GRAN);
     CUmemAllocationProp pr = prop0();
     vmh_range_t *back = NULL;
-    assert_int_equal(vmh_range_resume(p, &pr, NULL, 0, host, &back), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(resume_one(p, &pr, NULL, 0, host, &back), CUDA_ERROR_OUT_OF_MEMORY);
     assert_null(back);
     assert_mapped(base, size, false);
     assert_int_equal(sim_live_mappings(), 0);
     assert_int_equal(sim_live_allocations(), 1); /* the filler only */
 
     vmh_alloc_unref(filler);
-    assert_int_equal(vmh_range_resume(p, &pr, NULL, 0, host, &back), CUDA_SUCCESS);
+    assert_int_equal(resume_one(p, &pr, NULL, 0, host, &back), CUDA_SUCCESS);
     assert_int_equal(back->base, base);
     assert_true(tu_check(base, size, 55));
     vmh_paused_destroy(p);
@@ -241,12 +260,12 @@ static void never_mapped_twice(void **state)
     (void)state;
     vmh_range_t *r = range_of(2, 0);
     vmh_paused_t *p = NULL;
-    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(pause_one(r, NULL, &p), CUDA_SUCCESS);
     CUmemAllocationProp pr = prop0();
     vmh_range_t *a = NULL, *b = NULL;
-    assert_int_equal(vmh_range_resume(p, &pr, NULL, 0, NULL, &a), CUDA_SUCCESS);
+    assert_int_equal(resume_one(p, &pr, NULL, 0, NULL, &a), CUDA_SUCCESS);
     tu_fill(a->base, a->size, 8);
-    assert_int_not_equal(vmh_range_resume(p, &pr, NULL, 0, NULL, &b), CUDA_SUCCESS);
+    assert_int_not_equal(resume_one(p, &pr, NULL, 0, NULL, &b), CUDA_SUCCESS);
     assert_null(b);
     assert_int_equal(sim_live_mappings(), 1);
     assert_int_equal(sim_live_allocations(), 1);
@@ -265,14 +284,14 @@ static void bad_arguments(void **state)
     vmh_paused_t *p = NULL;
     CUmemAllocationProp pr = prop0();
     vmh_range_t *out = NULL;
-    assert_int_equal(vmh_range_pause(NULL, NULL, NULL, NULL, &p), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_range_resume(NULL, &pr, NULL, 0, NULL, &out), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(pause_one(NULL, NULL, &p), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(resume_one(NULL, &pr, NULL, 0, NULL, &out), CUDA_ERROR_INVALID_VALUE);
     vmh_range_t *r = range_of(1, 0);
-    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_range_pause(r, NULL, NULL, NULL, &p), CUDA_SUCCESS);
-    assert_int_equal(vmh_range_resume(p, NULL, NULL, 0, NULL, &out), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_range_resume(p, &pr, NULL, 1, NULL, &out), CUDA_ERROR_INVALID_VALUE);
-    assert_int_equal(vmh_range_resume(p, &pr, NULL, VMH_MAX_ACCESS + 1, NULL, &out),
+    assert_int_equal(pause_one(r, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(pause_one(r, NULL, &p), CUDA_SUCCESS);
+    assert_int_equal(resume_one(p, NULL, NULL, 0, NULL, &out), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(resume_one(p, &pr, NULL, 1, NULL, &out), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(resume_one(p, &pr, NULL, VMH_MAX_ACCESS + 1, NULL, &out),
                      CUDA_ERROR_INVALID_VALUE);
     vmh_paused_destroy(p);
     vmh_paused_destroy(NULL);
@@ -282,8 +301,8 @@ static void bad_arguments(void **state)
 /* ---- fault-injection sweep (the discovery approach of test_sweep.c) ---- */
 
 typedef struct pfix {
-    vmh_range_t *r;      /* the running range (pause's input, resume's output) */
-    vmh_paused_t *p;     /* the paused description */
+    vmh_range_t *r;  /* the running range (pause's input, resume's output) */
+    vmh_paused_t *p; /* the paused description */
     CUdeviceptr base;
     size_t size;
     unsigned char *host; /* backup */
@@ -314,7 +333,7 @@ static void pfix_running(pfix_t *f)
 static void pfix_paused(pfix_t *f)
 {
     pfix_running(f);
-    assert_int_equal(vmh_range_pause(f->r, f->host, NULL, NULL, &f->p), CUDA_SUCCESS);
+    assert_int_equal(pause_one(f->r, f->host, &f->p), CUDA_SUCCESS);
     assert_int_equal(f->p->nsegs, 3);
     f->r = NULL;
 }
@@ -322,7 +341,7 @@ static void pfix_paused(pfix_t *f)
 static CUresult run_pause(pfix_t *f)
 {
     vmh_paused_t *p = NULL;
-    CUresult rc = vmh_range_pause(f->r, f->host, NULL, NULL, &p);
+    CUresult rc = pause_one(f->r, f->host, &p);
     if (rc == CUDA_SUCCESS) {
         f->r = NULL;
         f->p = p;
@@ -333,7 +352,7 @@ static CUresult run_pause(pfix_t *f)
 static CUresult run_resume(pfix_t *f)
 {
     CUmemAllocationProp pr = prop0();
-    return vmh_range_resume(f->p, &pr, NULL, 0, f->host, &f->r);
+    return resume_one(f->p, &pr, NULL, 0, f->host, &f->r);
 }
 
 /* After a failed operation the state is exactly the one before it. */
