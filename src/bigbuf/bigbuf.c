@@ -433,7 +433,7 @@ CUresult vmh_bigbuf_realloc(CUdeviceptr *p, size_t size, bool async, size_t *old
     vmh_owner_t *o = vmh_owner_lock(*p);
     if (!o)
         return CUDA_ERROR_NOT_FOUND;
-    if (o->kind != VMH_OWN_BIG) { /* freed and reused by packing meanwhile */
+    if (o->kind != VMH_OWN_BIG) { /* freed and reused by carved.c meanwhile */
         vmh_owner_unlock(o);
         return CUDA_ERROR_NOT_FOUND;
     }

@@ -1,6 +1,6 @@
 /* Layer "heap front", the kinds of owner of served memory as one table (heap_internal.h's
- * owner_ops_t): the one place the heap tells a carved buffer (a block of a packing extent,
- * packing.c) from one with chunks of its own (bigbuf.c). heap.c, heap_devices.c and
+ * owner_ops_t): the one place the heap tells a carved buffer (a block of a shared extent,
+ * carved.c) from one with chunks of its own (bigbuf.c). heap.c, heap_devices.c and
  * heap_upkeep.c look an owner's operations up here (ops_of) and never test its kind.
  *
  * Each entry adapts its layer's call to the table's signature (an owner record in, the layer's
@@ -11,7 +11,7 @@
 
 #include <stddef.h>
 
-/* ---- carved: blocks of packing extents ----------------------------------------------------- */
+/* ---- carved: blocks of shared extents ----------------------------------------------------- */
 
 static vmh_ext_t *ext_of(vmh_owner_t *o)
 {
@@ -20,51 +20,51 @@ static vmh_ext_t *ext_of(vmh_owner_t *o)
 
 static const tagpart_t *ext_part(const vmh_owner_t *o)
 {
-    const vmh_packing_t *pk = ((const vmh_ext_t *)o)->shard->pack;
-    return (const tagpart_t *)((const char *)pk - offsetof(tagpart_t, pack));
+    const vmh_carved_t *pk = ((const vmh_ext_t *)o)->shard->carved;
+    return (const tagpart_t *)((const char *)pk - offsetof(tagpart_t, carved));
 }
 
 static CUresult ext_park(vmh_owner_t *o, CUdeviceptr p, bool at_once, size_t *req,
                          vmh_paused_t **gone)
 {
     (void)gone; /* a paused block's extent keeps its addresses: nothing for the caller */
-    return vmh_packing_park_locked(ext_of(o), p, at_once, req);
+    return vmh_carved_park_locked(ext_of(o), p, at_once, req);
 }
 
 static bool ext_find(vmh_owner_t *o, CUdeviceptr p, vmh_buffer_info_t *info)
 {
-    return vmh_packing_find_locked(ext_of(o), p, info);
+    return vmh_carved_find_locked(ext_of(o), p, info);
 }
 
 static const void *ext_backup(vmh_owner_t *o, CUdeviceptr p, size_t n)
 {
-    return vmh_packing_backup_locked(ext_of(o), p, n);
+    return vmh_carved_backup_locked(ext_of(o), p, n);
 }
 
 static CUresult ext_export(vmh_owner_t *o, CUdeviceptr p, vmh_export_t *out,
                            const vmh_range_t **range)
 {
-    return vmh_packing_export_locked(ext_of(o), p, out, range);
+    return vmh_carved_export_locked(ext_of(o), p, out, range);
 }
 
 static bool ext_export_alive(vmh_owner_t *o, CUdeviceptr base, uint64_t serial)
 {
-    return vmh_packing_export_alive_locked(ext_of(o), base, serial);
+    return vmh_carved_export_alive_locked(ext_of(o), base, serial);
 }
 
 static bool ext_paused(vmh_owner_t *o)
 {
-    return vmh_packing_paused_locked(ext_of(o));
+    return vmh_carved_paused_locked(ext_of(o));
 }
 
 static CUresult ext_resize(vmh_owner_t *o, CUdeviceptr p, size_t size, size_t *old_size)
 {
-    return vmh_packing_resize_locked(ext_of(o), p, size, old_size);
+    return vmh_carved_resize_locked(ext_of(o), p, size, old_size);
 }
 
 static CUresult ext_visit(tagpart_t *part, vmh_visit_run_fn fn, void *arg)
 {
-    return vmh_packing_visit(&part->pack, fn, arg);
+    return vmh_carved_visit(&part->carved, fn, arg);
 }
 
 /* ---- own chunks: buffers with a range of their own ----------------------------------------- */

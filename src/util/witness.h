@@ -42,12 +42,12 @@
     X(RECLAIM_WAIT, true,                                                                          \
       "reclaim.c wait_lock: one wait for the GPU per device, and the "                             \
       "releases after it")                                                                         \
-    X(OWNER, false, "a big-buffer set's lock (bigbuf.c) or one packing shard's (packing.c)")       \
+    X(OWNER, false, "a big-buffer set's lock (bigbuf.c) or one carved shard's (carved.c)")         \
     X(OWNER_VISIT, true,                                                                           \
       "the same lock taken for pause.c's visit of its records: held across "                       \
       "the pause's driver calls, so that no other thread sees a record "                           \
-      "half-changed (docs/SLEEP.md); also across a packing extent's holes "                        \
-      "made or mapped again (packing.h)")                                                          \
+      "half-changed (docs/SLEEP.md); also across a shared extent's holes "                         \
+      "made or mapped again (carved.h)")                                                           \
     X(SPILL, true, "overflow.c spill_lock: the host-memory budget, across the spill's creation")   \
     X(KEPT, false,                                                                                 \
       "staging.c kept_lock: the kept pinned backups (pause.c's visit gives one "                   \

@@ -7,7 +7,7 @@
 #endif
 #include "testutil.h"
 
-#include "packing.h"
+#include "carved.h"
 
 #include <cudaTypedefs.h>
 

@@ -49,7 +49,7 @@
  */
 #include "simprobe.h"
 
-#include "heap_internal.h" /* the devices' packing shards, for the slack's breakdown */
+#include "heap_internal.h" /* the devices' carved shards, for the slack's breakdown */
 #include "optparse.h"
 
 #include <pthread.h>
@@ -95,7 +95,7 @@ static size_t churn_size(rng_t *r)
 /* At one time: bytes mapped (the gauge) split into what the program asked for and the slack
  * (issue 27): rounding (block usable sizes over requests), free space beside live blocks inside
  * extents, whole extents holding no live block (free or parked, what a trim gives back), parked
- * blocks in extents that hold live ones, and what is mapped outside the packing extents (big
+ * blocks in extents that hold live ones, and what is mapped outside the shared extents (big
  * buffers, idle ranges of the cache). */
 typedef struct slack {
     int64_t mapped, requested;
@@ -118,7 +118,7 @@ static void slack_read(slack_t *sl)
         sl->big_parked += vmh_bigbuf_parked_bytes(&part->big);
         FOR_EACH_PART(h, part)
         for (int k = 0; k < VMH_SHARDS; k++) {
-            vmh_shard_t *s = &part->pack.shards[k];
+            vmh_shard_t *s = &part->carved.shards[k];
             vmh_arena_stats_t st;
             pthread_mutex_lock(&s->lock);
             vmh_arena_stats(s->arena, &st);
@@ -253,13 +253,13 @@ static void model_step(hole_model_t *m)
             continue;
         FOR_EACH_PART(h, part)
         for (int k = 0; k < VMH_SHARDS; k++) {
-            vmh_shard_t *s = &part->pack.shards[k];
+            vmh_shard_t *s = &part->carved.shards[k];
             pthread_mutex_lock(&s->lock);
             vmh_arena_stats_t st;
             vmh_arena_stats(s->arena, &st);
             live += st.live;
             for (vmh_ext_t *e = s->exts; e; e = e->next) {
-                if (!e->extent || !e->npieces || vmh_packing_paused_locked(e))
+                if (!e->extent || !e->npieces || vmh_carved_paused_locked(e))
                     continue;
                 model_ext_t *x =
                     model_ext(m, vmh_extent_base(e->extent), vmh_extent_size(e->extent));
