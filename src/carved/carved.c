@@ -254,7 +254,7 @@ static CUresult span_take(vmh_shard_t *s, size_t size, vmh_resv_t **resv, CUdevi
     if (got)
         return CUDA_SUCCESS;
     size_t span = held < SPAN_MIN ? SPAN_MIN : held > SPAN_MAX ? SPAN_MAX : held;
-    /* A span takes at most a quarter of what is left of the VMMHOOK_VA_LIMIT budget (big
+    /* A span takes at most a quarter of what is left of the VMMHOOK_VA_LIMIT budget (own-chunk
      * buffers reserve from it too); else the extent gets a span of its own size. */
     if (span < size || vmh_dev_va_exhausted(4 * span) ||
         !vmh_round_up(span, s->carved->dev->gran, &span))

@@ -27,12 +27,12 @@
 #include <stdint.h>
 
 typedef enum vmh_owner_kind {
-    VMH_OWN_BIG = 1, /* a buffer with a range of its own (bigbuf.c) */
-    VMH_OWN_EXTENT,  /* a shared extent shared by small buffers (carved.c) */
-    VMH_OWN_IDLE,    /* an idle range kept for reuse (cache.c): mapped, nobody's buffer */
-    VMH_OWN_DEAD,    /* still mapped until queued work is done (the old address of a moved
-                      * buffer, the tail of a shrunk one): queries must not pass it to the
-                      * driver, which would answer for it as if it were allocated */
+    VMH_OWN_CHUNKS = 1, /* a buffer with a range of its own (ownchunk.c) */
+    VMH_OWN_EXTENT,     /* a shared extent shared by small buffers (carved.c) */
+    VMH_OWN_IDLE,       /* an idle range kept for reuse (cache.c): mapped, nobody's buffer */
+    VMH_OWN_DEAD,       /* still mapped until queued work is done (the old address of a moved
+                         * buffer, the tail of a shrunk one): queries must not pass it to the
+                         * driver, which would answer for it as if it were allocated */
 } vmh_owner_kind_t;
 
 typedef struct vmh_dev vmh_dev_t;

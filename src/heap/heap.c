@@ -10,13 +10,13 @@
  *   heap_upkeep.c       idle memory given back (relieve, tidy, trim), spilled memory brought home
  *   heap_owners.c       the kinds of owner as one table (ops_of): the one place that tells a
  *                       carved buffer from one with chunks of its own
- *   bigbuf.c            buffers with their own chunks: make, grow, shrink, move, park
- *   carved.c           small buffers in shared chunks (shards over arena.c)
+ *   ownchunk.c          buffers with their own chunks: make, grow, shrink, move, park
+ *   carved.c            small buffers in shared chunks (shards over arena.c)
  *   cache.c             idle ranges kept for reuse
  *   reclaim.c           parked frees: released once the GPU has passed them
  *   device.c            each device's shape, usable bytes, owner records and their locks
- * Owners (big buffers, extents) are recycled per device and never freed while the process runs,
- * which is what lets registry readers go without a lock (registry.h).
+ * Owners (own-chunk buffers, extents) are recycled per device and never freed while the process
+ * runs, which is what lets registry readers go without a lock (registry.h).
  *
  * Lock order: witness.h's ranks (checked in debug and sanitizer builds). Nothing waits for the
  * GPU with a lock of the heap held; no driver call is made under the owners', cache's or
@@ -54,7 +54,7 @@ static size_t pack_below(const hdev_t *h, bool growable)
 /* Serves `size` bytes from host memory (overflow.h), counted. */
 static CUresult spill_on(hdev_t *h, tagpart_t *p, size_t size, void *site, CUdeviceptr *out)
 {
-    CUresult rc = vmh_bigbuf_alloc_spilled(&p->big, size, site, out);
+    CUresult rc = vmh_ownchunk_alloc_spilled(&p->own, size, site, out);
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_spills, 1);
         atomic_fetch_add_explicit(&h->spills, 1, memory_order_relaxed);
@@ -84,7 +84,7 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
     if (rc != CUDA_SUCCESS)
         rc = size < pack_below(h, growable)
                  ? vmh_carved_alloc(&p->carved, size, out, no_address)
-                 : vmh_bigbuf_alloc(&p->big, size, growable, site, out, no_address);
+                 : vmh_ownchunk_alloc(&p->own, size, growable, site, out, no_address);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && !*no_address && spill && !big_first)
         rc = spill_on(h, p, size, site, out);
     if (rc == CUDA_SUCCESS) {

@@ -1,7 +1,7 @@
 /* Layer "heap front": serving, freeing and finding device buffers.
  *
  * The interposed entry points (interpose.c), the public API (api.c) and IPC (ipc.c) call only
- * this; it routes to the layers below (docs/DESIGN.md): carved.c for small buffers, bigbuf.c
+ * this; it routes to the layers below (docs/DESIGN.md): carved.c for small buffers, ownchunk.c
  * for buffers with chunks of their own, cache.c for idle memory, reclaim.c for parked frees,
  * device.c for each device's shape. A heap exists per device; every call works on the current
  * context's device unless it takes a pointer, whose owner names its device. Freed memory is not
@@ -97,7 +97,7 @@ static inline CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream st
  * p, each with a reference the caller drops with vmh_heap_export_release(), and the export's
  * serial: the same for every export of the buffer until it is freed. Once freed, an exported
  * buffer's memory is never served again (natively, memory freed by its exporter stays an
- * importer's): a big buffer's range is destroyed once queued work is done, a carved buffer's
+ * importer's): an own-chunk buffer's range is destroyed once queued work is done, a carved buffer's
  * extent serves nothing more and goes when its other blocks are freed (carved.h). The
  * library then holds nothing of it; the driver keeps the chunks while an importer holds them.
  * CUDA_ERROR_NOT_FOUND when p is not served. */

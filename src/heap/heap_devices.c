@@ -61,7 +61,7 @@ static void hdev_teardown(hdev_t *h)
     vmh_reclaim_release_all(&h->reclaim);
     FOR_EACH_PART(h, p)
     {
-        vmh_bigbuf_destroy(&p->big);
+        vmh_ownchunk_destroy(&p->own);
         vmh_carved_destroy(&p->carved);
         free(p);
     }
@@ -136,15 +136,15 @@ tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag)
     p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
     if (!p && (p = calloc(1, sizeof *p))) {
         p->tag = tag;
-        vmh_bigbuf_init(&p->big, &h->dev, &h->reclaim, &h->cache, &h->overflow);
+        vmh_ownchunk_init(&p->own, &h->dev, &h->reclaim, &h->cache, &h->overflow);
         if (vmh_carved_init(&p->carved, &h->dev, &h->reclaim) != CUDA_SUCCESS) {
             vmh_carved_destroy(&p->carved);
-            vmh_bigbuf_destroy(&p->big);
+            vmh_ownchunk_destroy(&p->own);
             free(p);
             p = NULL;
         } else {
             bool frozen = !vmh_tag_running(tag);
-            atomic_store(&p->big.frozen, frozen);
+            atomic_store(&p->own.frozen, frozen);
             atomic_store(&p->carved.frozen, frozen);
             atomic_store_explicit(&h->part[tag], p, memory_order_release);
         }
@@ -153,7 +153,7 @@ tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag)
     return p;
 }
 
-static void report_big_leak(CUdeviceptr base, size_t size, void *site, void *arg)
+static void report_own_leak(CUdeviceptr base, size_t size, void *site, void *arg)
 {
     vmh_leak_report_one(base, size, *(int *)arg, site);
 }
@@ -177,7 +177,7 @@ void vmh_heap_shutdown(bool report_leaks)
             continue;
         FOR_EACH_PART(h, p)
         {
-            vmh_bigbuf_for_each_live(&p->big, report_big_leak, &i);
+            vmh_ownchunk_for_each_live(&p->own, report_own_leak, &i);
             vmh_carved_for_each_live(&p->carved, report_carved_leak, &i);
         }
     }
@@ -195,7 +195,7 @@ size_t vmh_heap_idle_bytes(int device)
         return 0;
     size_t idle = vmh_cache_bytes(&h->cache);
     FOR_EACH_PART(h, p)
-    idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_carved_idle_bytes(&p->carved);
+    idle += vmh_ownchunk_parked_bytes(&p->own) + vmh_carved_idle_bytes(&p->carved);
     return idle;
 }
 
@@ -289,7 +289,7 @@ void vmh_heap_tag_freeze(unsigned tag, bool frozen)
         hdev_t *h = hdev_at(i);
         tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
         if (p) {
-            atomic_store(&p->big.frozen, frozen);
+            atomic_store(&p->own.frozen, frozen);
             atomic_store(&p->carved.frozen, frozen);
         }
     }

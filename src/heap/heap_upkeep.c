@@ -255,7 +255,7 @@ CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
     CUstream stream;
     if ((rc = prefetch_prepare(h, &stream)) != CUDA_SUCCESS)
         return rc;
-    rc = vmh_bigbuf_prefetch_all(&p->big, stream, moved);
+    rc = vmh_ownchunk_prefetch_all(&p->own, stream, moved);
     (void)vmh_drv.cuStreamDestroy(stream);
     return rc;
 }

@@ -224,7 +224,7 @@ CUresult vmh_range_resume_run(const vmh_paused_t *const *ps, size_t n,
                               int naccess, const void *const *backups, vmh_chunk_fn spill,
                               void *spill_arg, vmh_range_t **out);
 
-/* How the pause layer sees a heap record (a big buffer, a shared extent) during a visit,
+/* How the pause layer sees a heap record (an own-chunk buffer, a shared extent) during a visit,
  * under the record's lock: the record's range slot (NULL while paused), its paused-description
  * slot (NULL while running), and whether it is shared with another process. A visit function
  * may swap one for the other. */

@@ -1,6 +1,6 @@
 /* Pause and resume of tags (vmm_pause, vmm_resume; docs/SLEEP.md), over the heap layer.
  *
- * The heap keeps each tag's memory apart (its own big-buffer set and carved shards per device)
+ * The heap keeps each tag's memory apart (its own-chunk set and carved shards per device)
  * and lets this file reach it only through one visit (vmh_heap_visit_tag), under the records'
  * locks, a run of records adjacent in address space at a time: a visit may swap a record's
  * range for a paused description (range.h) and back, and does so for a whole run at once, so

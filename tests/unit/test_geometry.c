@@ -127,7 +127,7 @@ static void a_trimmed_extents_addresses_are_reused(void **state)
 }
 
 /* Under a small VMMHOOK_VA_LIMIT a span takes at most a quarter of the budget: here extents get
- * reservations of their own size (big buffers keep the rest of the budget). */
+ * reservations of their own size (own-chunk buffers keep the rest of the budget). */
 static void a_small_address_budget_gets_spans_of_extent_size(void **state)
 {
     (void)state;
