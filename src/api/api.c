@@ -140,7 +140,7 @@ VMM_API vmm_status vmm_resume_flags(const char *tag, unsigned flags)
     if (!vmh_lifetime_ready())
         return VMM_ERR_NO_DRIVER;
     CUresult driver_rc = CUDA_ERROR_UNKNOWN;
-    vmh_heap_trim_paused(); /* packed memory freed while paused does not come back */
+    vmh_heap_trim_paused(); /* carved memory freed while paused does not come back */
     vmm_status st = vmh_resume_tags(tag, flags, &driver_rc);
     return tags_status(st, driver_rc);
 }

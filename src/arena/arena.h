@@ -1,7 +1,7 @@
 /* Layer "arena, registry": packing small buffers into shared chunks.
  *
  * Host-side bookkeeping only: an arena sub-allocates address ranges inside extents that the
- * caller (packing.c) maps and hands over; it never calls the driver and never touches device
+ * caller (carved.c) maps and hands over; it never calls the driver and never touches device
  * memory (device memory is not readable from the host, so no block header lives in it).
  * Best fit over segregated free lists (two-level: power-of-two classes, 16 sub-classes each),
  * VMH_ARENA_ALIGN alignment (cudaMalloc's), neighbours coalesced on release. O(1) alloc/free
@@ -37,7 +37,7 @@ vmh_arena_t *vmh_arena_new(void);
 void vmh_arena_delete(vmh_arena_t *a, void (*cb)(void *owner, void *arg), void *arg);
 
 /* Adds [base, base + size) (base and size multiples of VMH_ARENA_ALIGN) as free space; owner
- * is the caller's object for it (packing.c: the extent record). NULL when out of host memory, or
+ * is the caller's object for it (carved.c: the extent record). NULL when out of host memory, or
  * with errno EINVAL when size is 0 or base/size are not multiples of VMH_ARENA_ALIGN. */
 vmh_extent_t *vmh_arena_add_extent(vmh_arena_t *a, uintptr_t base, size_t size, void *owner);
 
@@ -66,7 +66,7 @@ int vmh_arena_release(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, vmh_block_in
 
 /* Makes every block parked with a generation <= gen free again, whatever order they were
  * parked in. Returns how many. Costs O(blocks freed) while generations are parked in
- * non-decreasing order (packing.c's case), a walk of every parked block otherwise. */
+ * non-decreasing order (carved.c's case), a walk of every parked block otherwise. */
 size_t vmh_arena_unpark_upto(vmh_arena_t *a, uint64_t gen);
 
 /* Number of parked blocks (any generation). */
@@ -90,7 +90,7 @@ void *vmh_arena_take_empty_extent_where(vmh_arena_t *a, bool (*which)(const void
 
 /* Retires extent e: from now on no block is served from it (its free space, and whatever is
  * freed in it later, stays unused), no block of it grows, and once it holds no live and no
- * parked block vmh_arena_take_retired_extent() hands it back. packing.c retires the extent of
+ * parked block vmh_arena_take_retired_extent() hands it back. carved.c retires the extent of
  * a freed exported block: another process may still map that memory. Idempotent. */
 void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e);
 bool vmh_extent_retired(const vmh_extent_t *e);
@@ -131,7 +131,7 @@ size_t vmh_extent_size(const vmh_extent_t *e);
  * cb must not change the arena. */
 size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
                            void (*cb)(uintptr_t base, size_t size, void *arg), void *arg);
-/* Holes (issue 27): space inside an extent that its owner took out of service (packing.c
+/* Holes (issue 27): space inside an extent that its owner took out of service (carved.c
  * unmaps it). vmh_arena_hole makes [base, base + size) of e, which must lie inside one free
  * block of e (not retired), a hole: neither free, live nor parked, never served, found or
  * merged; an extent whose other blocks are free is still empty (trimmable, its holes go with

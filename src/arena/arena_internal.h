@@ -35,7 +35,7 @@ _Static_assert((1u << ALIGN_SHIFT) == VMH_ARENA_ALIGN, "ALIGN_SHIFT must match V
 #define SLAB_BYTES 16384u
 #define TAB_MIN_SHIFT 4u
 
-/* B_HOLE: space the owner took out of service (vmh_arena_hole: unmapped, packing.h). */
+/* B_HOLE: space the owner took out of service (vmh_arena_hole: unmapped, carved.h). */
 enum { B_FREE = 0, B_LIVE = 1, B_PARKED = 2, B_HOLE = 3 };
 
 typedef struct blk blk_t;

@@ -1,5 +1,5 @@
 /* Layer "arena, registry": the address registry. Maps every 2 MiB granule of address space the
- * library serves from to its owner (a buffer with its own range, or a packing extent), for exact
+ * library serves from to its owner (a buffer with its own range, or a shared extent), for exact
  * pointers (free, realloc) and interior pointers (address-range queries).
  *
  * Reads are lock-free (two atomic loads), so a pointer the library does not own costs next

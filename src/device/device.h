@@ -27,12 +27,12 @@
 #include <stdint.h>
 
 typedef enum vmh_owner_kind {
-    VMH_OWN_BIG = 1, /* a buffer with a range of its own (bigbuf.c) */
-    VMH_OWN_EXTENT,  /* a packing extent shared by small buffers (packing.c) */
-    VMH_OWN_IDLE,    /* an idle range kept for reuse (cache.c): mapped, nobody's buffer */
-    VMH_OWN_DEAD,    /* still mapped until queued work is done (the old address of a moved
-                      * buffer, the tail of a shrunk one): queries must not pass it to the
-                      * driver, which would answer for it as if it were allocated */
+    VMH_OWN_CHUNKS = 1, /* a buffer with a range of its own (ownchunk.c) */
+    VMH_OWN_EXTENT,     /* a shared extent shared by small buffers (carved.c) */
+    VMH_OWN_IDLE,       /* an idle range kept for reuse (cache.c): mapped, nobody's buffer */
+    VMH_OWN_DEAD,       /* still mapped until queued work is done (the old address of a moved
+                         * buffer, the tail of a shrunk one): queries must not pass it to the
+                         * driver, which would answer for it as if it were allocated */
 } vmh_owner_kind_t;
 
 typedef struct vmh_dev vmh_dev_t;
@@ -128,7 +128,7 @@ CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_
 
 /* As vmh_dev_range_new, mapped at `at` inside resv (a span the caller holds, span.h) instead of
  * in a reservation of its own, in chunks of `chunk` bytes (the last one shorter; 0: one chunk),
- * mapped with one cuMemSetAccess for the stretch (a packing extent's backing, packing.h). */
+ * mapped with one cuMemSetAccess for the stretch (a shared extent's backing, carved.h). */
 CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv, CUdeviceptr at,
                           vmh_range_t **out);
 
@@ -140,7 +140,7 @@ CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *r
 void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_address);
 
 /* Finds the owner of p and locks it; NULL (nothing locked) when p is not in a live owner.
- * An address whose owner changed meanwhile (packing joins extents) is followed to its new
+ * An address whose owner changed meanwhile (carved.c joins extents) is followed to its new
  * owner. Unlock with vmh_owner_unlock(). */
 vmh_owner_t *vmh_owner_lock(CUdeviceptr p);
 void vmh_owner_unlock(vmh_owner_t *o);
@@ -152,13 +152,13 @@ typedef struct vmh_buffer_info {
     size_t size;   /* the size the program asked for (what native range queries answer) */
     size_t usable; /* bytes usable without moving */
     int device;
-    bool packed; /* lives in a shared chunk */
+    bool carved; /* lives in a shared chunk (carved.h) */
 } vmh_buffer_info_t;
 
 typedef struct vmh_export {
     CUdeviceptr base;
     size_t size;
-    size_t offset; /* where the buffer starts in the first chunk (non-zero when packed) */
+    size_t offset; /* where the buffer starts in the first chunk (non-zero when carved) */
     int device;
     size_t nchunks;
     vmh_alloc_t **chunks;

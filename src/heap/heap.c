@@ -1,22 +1,22 @@
 /* Layer "heap front", its entry points: routes each call to the layer that owns it (see heap.h).
- * Picks a device and a tag's part, packing or a buffer of its own by size, serves, frees,
+ * Picks a device and a tag's part, a carved buffer or one of its own by size, serves, frees,
  * resizes, finds and exports by a pointer's owner (through its kind's operations, heap_owners.c),
  * and traces each event.
  *
  * What owns what (docs/DESIGN.md has the diagram):
- *   heap.c (this file)  the entry points: picks a device, picks packing or a buffer of its own
+ *   heap.c (this file)  the entry points: picks a device, picks a carved buffer or one of its own
  *                       by size, finds a pointer's owner and hands it on
  *   heap_devices.c      the per-GPU records: one per device, a part per tag, the front's mode
  *   heap_upkeep.c       idle memory given back (relieve, tidy, trim), spilled memory brought home
  *   heap_owners.c       the kinds of owner as one table (ops_of): the one place that tells a
  *                       carved buffer from one with chunks of its own
- *   bigbuf.c            buffers with their own chunks: make, grow, shrink, move, park
- *   packing.c           small buffers in shared chunks (shards over arena.c)
+ *   ownchunk.c          buffers with their own chunks: make, grow, shrink, move, park
+ *   carved.c            small buffers in shared chunks (shards over arena.c)
  *   cache.c             idle ranges kept for reuse
  *   reclaim.c           parked frees: released once the GPU has passed them
  *   device.c            each device's shape, usable bytes, owner records and their locks
- * Owners (big buffers, extents) are recycled per device and never freed while the process runs,
- * which is what lets registry readers go without a lock (registry.h).
+ * Owners (own-chunk buffers, extents) are recycled per device and never freed while the process
+ * runs, which is what lets registry readers go without a lock (registry.h).
  *
  * Lock order: witness.h's ranks (checked in debug and sanitizer builds). Nothing waits for the
  * GPU with a lock of the heap held; no driver call is made under the owners', cache's or
@@ -42,7 +42,7 @@
 /* ---- allocation ---------------------------------------------------------------------------- */
 
 /* Small requests are packed; buffers that may grow (vmm_realloc) only when below half a chunk:
- * a buffer of its own grows in place or by remapping, a packed one by a copy. */
+ * a buffer of its own grows in place or by remapping, a carved one by a copy. */
 static size_t pack_below(const hdev_t *h, bool growable)
 {
     size_t below = vmh_heap_settings.pack_below;
@@ -54,7 +54,7 @@ static size_t pack_below(const hdev_t *h, bool growable)
 /* Serves `size` bytes from host memory (overflow.h), counted. */
 static CUresult spill_on(hdev_t *h, tagpart_t *p, size_t size, void *site, CUdeviceptr *out)
 {
-    CUresult rc = vmh_bigbuf_alloc_spilled(&p->big, size, site, out);
+    CUresult rc = vmh_ownchunk_alloc_spilled(&p->own, size, site, out);
     if (rc == CUDA_SUCCESS) {
         vmh_count(VMH_STAT_spills, 1);
         atomic_fetch_add_explicit(&h->spills, 1, memory_order_relaxed);
@@ -83,8 +83,8 @@ static CUresult alloc_on(hdev_t *h, unsigned tag, size_t size, bool growable, vo
     CUresult rc = big_first ? spill_on(h, p, size, site, out) : CUDA_ERROR_OUT_OF_MEMORY;
     if (rc != CUDA_SUCCESS)
         rc = size < pack_below(h, growable)
-                 ? vmh_packing_alloc(&p->pack, size, out, no_address)
-                 : vmh_bigbuf_alloc(&p->big, size, growable, site, out, no_address);
+                 ? vmh_carved_alloc(&p->carved, size, out, no_address)
+                 : vmh_ownchunk_alloc(&p->own, size, growable, site, out, no_address);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY && !*no_address && spill && !big_first)
         rc = spill_on(h, p, size, site, out);
     if (rc == CUDA_SUCCESS) {
@@ -279,7 +279,7 @@ static void trace_resize(CUdeviceptr old, size_t old_size, CUdeviceptr now, size
     vmh_trace("allocate", now, size, stream);
 }
 
-/* A packed buffer that outgrows its block, or a size change across the packing threshold:
+/* A carved buffer that outgrows its block, or a size change across the packing threshold:
  * a new buffer and one device copy. */
 static CUresult realloc_by_copy(hdev_t *h, unsigned tag, CUdeviceptr *p, size_t old_size,
                                 size_t size, CUstream stream, bool async, bool *no_address)
@@ -482,6 +482,6 @@ CUcontext vmh_heap_primary(int device)
 #ifdef VMH_TESTING
 unsigned vmh_heap_thread_shard(void)
 {
-    return vmh_packing_thread_shard();
+    return vmh_carved_thread_shard();
 }
 #endif

@@ -1,7 +1,7 @@
 /* Layer "heap front": serving, freeing and finding device buffers.
  *
  * The interposed entry points (interpose.c), the public API (api.c) and IPC (ipc.c) call only
- * this; it routes to the layers below (docs/DESIGN.md): packing.c for small buffers, bigbuf.c
+ * this; it routes to the layers below (docs/DESIGN.md): carved.c for small buffers, ownchunk.c
  * for buffers with chunks of their own, cache.c for idle memory, reclaim.c for parked frees,
  * device.c for each device's shape. A heap exists per device; every call works on the current
  * context's device unless it takes a pointer, whose owner names its device. Freed memory is not
@@ -97,8 +97,8 @@ static inline CUresult vmh_heap_realloc(CUdeviceptr *p, size_t size, CUstream st
  * p, each with a reference the caller drops with vmh_heap_export_release(), and the export's
  * serial: the same for every export of the buffer until it is freed. Once freed, an exported
  * buffer's memory is never served again (natively, memory freed by its exporter stays an
- * importer's): a big buffer's range is destroyed once queued work is done, a packed buffer's
- * extent serves nothing more and goes when its other blocks are freed (packing.h). The
+ * importer's): an own-chunk buffer's range is destroyed once queued work is done, a carved buffer's
+ * extent serves nothing more and goes when its other blocks are freed (carved.h). The
  * library then holds nothing of it; the driver keeps the chunks while an importer holds them.
  * CUDA_ERROR_NOT_FOUND when p is not served. */
 CUresult vmh_heap_export(CUdeviceptr p, vmh_export_t *out);
@@ -144,19 +144,19 @@ size_t vmh_heap_trim(void);
  * them meanwhile: its contract, as for a free), and gives idle memory back to make room.
  * *moved: the bytes moved. CUDA_ERROR_NOT_FOUND: p is not served; INVALID_DEVICE: p's device
  * is not the current one; OUT_OF_MEMORY: no room (the buffer stays where it is);
- * NOT_PERMITTED: paused; ALREADY_MAPPED: shared (CUDA IPC). Packed buffers never spill:
+ * NOT_PERMITTED: paused; ALREADY_MAPPED: shared (CUDA IPC). Carved buffers never spill:
  * success. */
 CUresult vmh_heap_prefetch(CUdeviceptr p, size_t *moved);
 CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved);
 
-/* Gives back the address space of packed extents whose every block was freed while their tag was
+/* Gives back the address space of shared extents whose every block was freed while their tag was
  * paused (they hold no memory: no wait, no unmap), so that a resume does not map them again. */
 void vmh_heap_trim_paused(void);
 
 /* Idle bytes held for reuse on a device, reported as free by cuMemGetInfo: only what an
  * allocation would actually get, whatever its size: cached and parked buffers of their own
- * (whole ranges) and packing extents with no live block (a trim gives them back). Free space
- * beside live blocks in a packing extent is not counted. */
+ * (whole ranges) and shared extents with no live block (a trim gives them back). Free space
+ * beside live blocks in a shared extent is not counted. */
 size_t vmh_heap_idle_bytes(int device);
 
 /* The statistics' per-device part (report.h, vmh_stats_set_device_report): per device with a
@@ -183,7 +183,7 @@ void vmh_heap_reset(void);
 #define VMH_TIDY_EVERY_NS 50000000ull
 
 #ifdef VMH_TESTING
-/* Tests: the packing shard the calling thread allocates in (picked on the first call). */
+/* Tests: the carved shard the calling thread allocates in (picked on the first call). */
 unsigned vmh_heap_thread_shard(void);
 /* Tests: runs the device's background tidy now (heap_upkeep.c: what the reclaim thread runs), as if
  * its pace had allowed it and, when new_window, a window of the recent peak had ended. */
@@ -210,7 +210,7 @@ typedef struct vmh_tag_parts {
 bool vmh_heap_tag_parts(int device, unsigned tag, vmh_tag_parts_t *out);
 
 /* The one way to the memory of a tag on a device (pause, resume, their statistics): fn on every
- * run of adjacent records (range.h's vmh_visit_runs), own-chunk buffers first, then each packing
+ * run of adjacent records (range.h's vmh_visit_runs), own-chunk buffers first, then each carved
  * shard's extents, under each set's lock. A run never crosses two sets: a set's lock is held
  * for its runs only, and records of two sets are in different reservations (the runs' unmaps
  * and access calls stay inside one: handle.h). Stops at the first failure and returns it;

@@ -61,8 +61,8 @@ static void hdev_teardown(hdev_t *h)
     vmh_reclaim_release_all(&h->reclaim);
     FOR_EACH_PART(h, p)
     {
-        vmh_bigbuf_destroy(&p->big);
-        vmh_packing_destroy(&p->pack);
+        vmh_ownchunk_destroy(&p->own);
+        vmh_carved_destroy(&p->carved);
         free(p);
     }
     vmh_cache_destroy(&h->cache);
@@ -136,16 +136,16 @@ tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag)
     p = atomic_load_explicit(&h->part[tag], memory_order_acquire);
     if (!p && (p = calloc(1, sizeof *p))) {
         p->tag = tag;
-        vmh_bigbuf_init(&p->big, &h->dev, &h->reclaim, &h->cache, &h->overflow);
-        if (vmh_packing_init(&p->pack, &h->dev, &h->reclaim) != CUDA_SUCCESS) {
-            vmh_packing_destroy(&p->pack);
-            vmh_bigbuf_destroy(&p->big);
+        vmh_ownchunk_init(&p->own, &h->dev, &h->reclaim, &h->cache, &h->overflow);
+        if (vmh_carved_init(&p->carved, &h->dev, &h->reclaim) != CUDA_SUCCESS) {
+            vmh_carved_destroy(&p->carved);
+            vmh_ownchunk_destroy(&p->own);
             free(p);
             p = NULL;
         } else {
             bool frozen = !vmh_tag_running(tag);
-            atomic_store(&p->big.frozen, frozen);
-            atomic_store(&p->pack.frozen, frozen);
+            atomic_store(&p->own.frozen, frozen);
+            atomic_store(&p->carved.frozen, frozen);
             atomic_store_explicit(&h->part[tag], p, memory_order_release);
         }
     }
@@ -153,12 +153,12 @@ tagpart_t *vmh_hdev_part(hdev_t *h, unsigned tag)
     return p;
 }
 
-static void report_big_leak(CUdeviceptr base, size_t size, void *site, void *arg)
+static void report_own_leak(CUdeviceptr base, size_t size, void *site, void *arg)
 {
     vmh_leak_report_one(base, size, *(int *)arg, site);
 }
 
-static void report_packed_leak(const vmh_block_info_t *b, void *arg)
+static void report_carved_leak(const vmh_block_info_t *b, void *arg)
 {
     vmh_leak_report_one(b->base, b->size, *(int *)arg, NULL);
 }
@@ -177,8 +177,8 @@ void vmh_heap_shutdown(bool report_leaks)
             continue;
         FOR_EACH_PART(h, p)
         {
-            vmh_bigbuf_for_each_live(&p->big, report_big_leak, &i);
-            vmh_packing_for_each_live(&p->pack, report_packed_leak, &i);
+            vmh_ownchunk_for_each_live(&p->own, report_own_leak, &i);
+            vmh_carved_for_each_live(&p->carved, report_carved_leak, &i);
         }
     }
     vmh_leak_report_end();
@@ -195,7 +195,7 @@ size_t vmh_heap_idle_bytes(int device)
         return 0;
     size_t idle = vmh_cache_bytes(&h->cache);
     FOR_EACH_PART(h, p)
-    idle += vmh_bigbuf_parked_bytes(&p->big) + vmh_packing_idle_bytes(&p->pack);
+    idle += vmh_ownchunk_parked_bytes(&p->own) + vmh_carved_idle_bytes(&p->carved);
     return idle;
 }
 
@@ -274,7 +274,7 @@ CUresult vmh_heap_visit_tag(int device, unsigned tag, vmh_visit_run_fn fn, void 
     if (!p)
         return CUDA_SUCCESS;
     CUresult rc = CUDA_SUCCESS;
-    /* The kinds in the table's order: own-chunk buffers, then the packing shards (heap.h). */
+    /* The kinds in the table's order: own-chunk buffers, then the carved shards (heap.h). */
     for (const owner_ops_t *ops = vmh_heap_owner_ops;
          rc == CUDA_SUCCESS && ops < vmh_heap_owner_ops + OWNER_KINDS; ops++)
         if (ops->visit)
@@ -289,8 +289,8 @@ void vmh_heap_tag_freeze(unsigned tag, bool frozen)
         hdev_t *h = hdev_at(i);
         tagpart_t *p = h ? atomic_load_explicit(&h->part[tag], memory_order_acquire) : NULL;
         if (p) {
-            atomic_store(&p->big.frozen, frozen);
-            atomic_store(&p->pack.frozen, frozen);
+            atomic_store(&p->own.frozen, frozen);
+            atomic_store(&p->carved.frozen, frozen);
         }
     }
     vmh_unlock(&parts_lock);

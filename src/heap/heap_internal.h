@@ -7,10 +7,10 @@
 
 #include "heap.h"
 
-#include "bigbuf.h"
 #include "cache.h"
+#include "carved.h"
 #include "device.h"
-#include "packing.h"
+#include "ownchunk.h"
 #include "phase.h"
 #include "reclaim.h"
 #include "vmmhook.h"
@@ -21,13 +21,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One tag's memory on a device: a big-buffer set and packing shards of its own, so that memory
+/* One tag's memory on a device: an own-chunk set and carved shards of its own, so that memory
  * of one tag never shares a chunk with another tag's (pause.c gives a tag's memory back
  * alone). Made at the tag's first allocation on the device; freed only by the tests' reset. */
 typedef struct tagpart {
     unsigned tag;
-    vmh_packing_t pack;
-    vmh_bigbufs_t big;
+    vmh_carved_t carved;
+    vmh_ownchunks_t own;
 } tagpart_t;
 
 /* One GPU's record: every layer's state for the device in one place (as PyTorch's
@@ -64,9 +64,9 @@ typedef struct hdev {
              p = NULL)
 
 /* What the heap does with an owner of served memory, by its kind (heap_owners.c, the one place
- * that tells the kinds apart): a block of a packing extent (carved) or a buffer with chunks of
+ * that tells the kinds apart): a block of a shared extent (carved) or a buffer with chunks of
  * its own. Calls marked "locked" take the owner as vmh_owner_lock gave it (the caller unlocks);
- * each entry only calls down to its layer (packing.h, bigbuf.h), which knows nothing of this. */
+ * each entry only calls down to its layer (carved.h, ownchunk.h), which knows nothing of this. */
 typedef struct owner_ops {
     /* The tag's part the owner belongs to (locked or not: parts never change). */
     const tagpart_t *(*part)(const vmh_owner_t *o);
@@ -92,7 +92,7 @@ typedef struct owner_ops {
     /* fn on every run of adjacent records of this kind in the tag's part (heap.h's visit). */
     CUresult (*visit)(tagpart_t *part, vmh_visit_run_fn fn, void *arg);
     /* A free while the work runs in one queue makes the memory free space again at once
-     * (packing.h), so the freeing thread is not throttled for the park budget (reclaim.h). */
+     * (carved.h), so the freeing thread is not throttled for the park budget (reclaim.h). */
     bool reuse_at_once;
 } owner_ops_t;
 

@@ -40,7 +40,7 @@ bool vmh_hdev_relieve(vmh_dev_t *d)
     vmh_reclaim_drain(&h->reclaim);
     size_t bytes = vmh_cache_trim(&h->cache);
     FOR_EACH_PART(h, p)
-    bytes += vmh_packing_trim(&p->pack);
+    bytes += vmh_carved_trim(&p->carved);
     if (bytes)
         vmh_count(VMH_STAT_trims, 1);
     return bytes != 0 || dropped || vmh_reclaim_pending(&h->reclaim);
@@ -53,7 +53,7 @@ bool vmh_hdev_relieve(vmh_dev_t *d)
  * one before (VMH_TIDY_WINDOW_NS each), so a program whose steps repeat keeps its steps' memory
  * and one that shrank for good gives it back within two windows. Once a window, free space
  * inside extents that hold live blocks counts too: whole free chunks of it beyond that budget
- * are unmapped (holes, packing.h), after whole idle extents and cached buffers. */
+ * are unmapped (holes, carved.h), after whole idle extents and cached buffers. */
 #define TIDY_SLACK 16
 
 /* Free bytes inside the device's extents beside live blocks (a hint): what holes could take. */
@@ -62,8 +62,8 @@ static size_t free_inside_extents(hdev_t *h)
     size_t free_bytes = 0, whole = 0;
     FOR_EACH_PART(h, p)
     {
-        free_bytes += vmh_packing_free_hint(&p->pack);
-        whole += vmh_packing_idle_bytes(&p->pack);
+        free_bytes += vmh_carved_free_hint(&p->carved);
+        whole += vmh_carved_idle_bytes(&p->carved);
     }
     return free_bytes > whole ? free_bytes - whole : 0;
 }
@@ -125,10 +125,10 @@ void vmh_hdev_tidy(vmh_dev_t *d)
         size_t given = vmh_cache_trim_upto(&h->cache, excess);
         FOR_EACH_PART(h, p)
         if (given < excess)
-            given += vmh_packing_trim_upto(&p->pack, excess - given);
+            given += vmh_carved_trim_upto(&p->carved, excess - given);
         FOR_EACH_PART(h, p)
         if (new_window && given < excess)
-            given += vmh_packing_punch_upto(&p->pack, excess - given);
+            given += vmh_carved_punch_upto(&p->carved, excess - given);
         if (given)
             vmh_count(VMH_STAT_tidy_bytes, given);
     }
@@ -172,7 +172,7 @@ size_t vmh_heap_trim(void)
 #endif
         size_t b = vmh_cache_trim(&h->cache);
         FOR_EACH_PART(h, p)
-        b += vmh_packing_trim(&p->pack);
+        b += vmh_carved_trim(&p->carved);
         vmh_unlock(&h->tidy_lock);
         if (b)
             vmh_count(VMH_STAT_trims, 1);
@@ -195,7 +195,7 @@ void vmh_heap_trim_paused(void)
         if (!h || h->dev.unsupported)
             continue;
         FOR_EACH_PART(h, p)
-        vmh_packing_trim_paused(&p->pack);
+        vmh_carved_trim_paused(&p->carved);
     }
 }
 
@@ -260,7 +260,7 @@ CUresult vmh_heap_prefetch_tag(unsigned tag, size_t *moved)
     CUstream stream;
     if ((rc = prefetch_prepare(h, &stream)) != CUDA_SUCCESS)
         return rc;
-    rc = vmh_bigbuf_prefetch_all(&p->big, stream, moved);
+    rc = vmh_ownchunk_prefetch_all(&p->own, stream, moved);
     (void)vmh_drv.cuStreamDestroy(stream);
     return rc;
 }

@@ -80,7 +80,7 @@ CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out);
 
 /* New range of the mappings of rs[0..n) (ascending; NULL entries allowed) that lie inside
  * [from, from + bytes), which they must cover exactly, contiguous: references taken, no driver
- * call (packing.c cuts an extent's backing around holes and joins it again). INVALID_VALUE when
+ * call (carved.c cuts an extent's backing around holes and joins it again). INVALID_VALUE when
  * they do not cover it, OUT_OF_MEMORY without host memory. */
 CUresult vmh_range_pick(const vmh_range_t *const *rs, size_t n, CUdeviceptr from, size_t bytes,
                         vmh_range_t **out);
@@ -200,7 +200,7 @@ CUresult vmh_range_resume_run(const vmh_paused_t *const *ps, size_t n,
                               int naccess, const void *const *backups, vmh_chunk_fn spill,
                               void *spill_arg, vmh_range_t **out);
 
-/* How the pause layer sees a heap record (a big buffer, a packing extent) during a visit,
+/* How the pause layer sees a heap record (an own-chunk buffer, a shared extent) during a visit,
  * under the record's lock: the record's range slot (NULL while paused), its paused-description
  * slot (NULL while running), and whether it is shared with another process. A visit function
  * may swap one for the other. */

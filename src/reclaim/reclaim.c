@@ -397,7 +397,7 @@ bool vmh_reclaim_throttle(vmh_reclaim_t *r)
 
 void vmh_reclaim_release_all(vmh_reclaim_t *r)
 {
-    /* Items parked again by their release (packing shards with blocks left) come back with a
+    /* Items parked again by their release (carved shards with blocks left) come back with a
      * later generation; UINT64_MAX covers them too. */
     vmh_parked_t *it;
     while ((it = take_upto(r, UINT64_MAX)))

@@ -4,7 +4,7 @@
  * context of its device, has completed. A layer that frees something parks an item here with
  * the device's current generation (vmh_reclaim_now) and its bytes; the item carries how it is
  * released (a function and the record it is embedded in: ownership as data, so this file knows
- * nothing of buffers, caches or packing). A wait (vmh_reclaim_wait) first advances the
+ * nothing of buffers, caches or carved extents). A wait (vmh_reclaim_wait) first advances the
  * generation (taking the old value g), then waits for every context of the device
  * (vmh_ctx_sync_device, contexts.h), then calls the release of every item parked with a
  * generation <= g: each was parked before the wait began, so no work submitted before its free
@@ -134,7 +134,7 @@ uint64_t vmh_reclaim_mark(const vmh_reclaim_t *r);
 bool vmh_reclaim_passed(const vmh_reclaim_t *r, uint64_t mark);
 
 /* Counts bytes parked under an item that is queued already (its release returns them), without
- * the queue lock (packing's hot path). */
+ * the queue lock (carved.c's hot path). */
 void vmh_reclaim_add_bytes(vmh_reclaim_t *r, size_t bytes);
 
 /* Whether anything is parked (a hint: read without the lock); the bytes parked. */
@@ -168,8 +168,8 @@ CUresult vmh_reclaim_pass(vmh_reclaim_t *r, vmh_waiter_t who);
 size_t vmh_reclaim_park_budget(const vmh_reclaim_t *r);
 
 /* Before an allocation on an application thread makes new memory (it found none in the cache
- * or in free packed space: an allocation served from memory the program already has grows
- * nothing and never waits): waits (as VMH_WAIT_APP) while more than VMMHOOK_PARK_LIMIT bytes
+ * or in free carved space: an allocation served from memory the program already has
+ * grows nothing and never waits): waits (as VMH_WAIT_APP) while more than VMMHOOK_PARK_LIMIT bytes
  * are parked, unless a stream of the process is capturing (then the allocation is served from
  * fresh memory, which needs no wait). Returns whether it waited (the caller then looks for
  * released memory again before making new). */

@@ -1,6 +1,6 @@
 /* Pause and resume of tags (vmm_pause, vmm_resume; docs/SLEEP.md), over the heap layer.
  *
- * The heap keeps each tag's memory apart (its own big-buffer set and packing shards per device)
+ * The heap keeps each tag's memory apart (its own-chunk set and carved shards per device)
  * and lets this file reach it only through one visit (vmh_heap_visit_tag), under the records'
  * locks, a run of records adjacent in address space at a time: a visit may swap a record's
  * range for a paused description (range.h) and back, and does so for a whole run at once, so
@@ -348,7 +348,7 @@ static CUresult visit_tag(unsigned tag, vmh_visit_run_fn fn, job_t *j, bool with
 }
 
 /* Both steps of a resume; on failure nothing of the tag is left mapped by the call. Out of
- * memory first gives back the library's idle memory (cached buffers of any tag, empty packing
+ * memory first gives back the library's idle memory (cached buffers of any tag, empty shared
  * chunks) and tries once more: memory held idle must not keep a tag paused. */
 static CUresult resume_records(unsigned tag, bool keep)
 {
@@ -388,7 +388,7 @@ static CUresult pause_tag(unsigned tag, unsigned flags, bool *stays_paused)
             rc = vmh_reclaim_wait(parts.reclaim, VMH_WAIT_APP);
     }
     if (rc == CUDA_SUCCESS) {
-        vmh_heap_trim(); /* idle memory: cached buffers, empty packing extents */
+        vmh_heap_trim(); /* idle memory: cached buffers, empty shared extents */
         job_t j = {.backup = flags & VMM_PAUSE_BACKUP, .kind = backup_kind(flags)};
         if (j.backup) {
             /* What the backups will need beyond the kept pinned memory (an estimate: a

@@ -2,7 +2,7 @@
  *
  * Every lock whose place in the order matters has a rank below. A thread takes a lock only when
  * its rank is above the rank of every lock it already holds (so no two locks of one rank at
- * once: never two shards, never a big-buffer set and a shard); a cycle of waits between threads
+ * once: never two shards, never an own-chunk set and a shard); a cycle of waits between threads
  * would need a thread to take a lower rank while holding a higher one. Some ranks also forbid
  * driver calls while held (the heap's locks: one thread's slow cuMemCreate must not block
  * another's cache hit). This table is the one statement of the order; comments elsewhere and
@@ -42,12 +42,12 @@
     X(RECLAIM_WAIT, true,                                                                          \
       "reclaim.c wait_lock: one wait for the GPU per device, and the "                             \
       "releases after it")                                                                         \
-    X(OWNER, false, "a big-buffer set's lock (bigbuf.c) or one packing shard's (packing.c)")       \
+    X(OWNER, false, "an own-chunk set's lock (ownchunk.c) or one carved shard's (carved.c)")       \
     X(OWNER_VISIT, true,                                                                           \
       "the same lock taken for pause.c's visit of its records: held across "                       \
       "the pause's driver calls, so that no other thread sees a record "                           \
-      "half-changed (docs/SLEEP.md); also across a packing extent's holes "                        \
-      "made or mapped again (packing.h)")                                                          \
+      "half-changed (docs/SLEEP.md); also across a shared extent's holes "                         \
+      "made or mapped again (carved.h)")                                                           \
     X(SPILL, true, "overflow.c spill_lock: the host-memory budget, across the spill's creation")   \
     X(KEPT, false,                                                                                 \
       "staging.c kept_lock: the kept pinned backups (pause.c's visit gives one "                   \

@@ -91,7 +91,7 @@ static void realloc_of_a_freed_pointer_is_foreign(void **state)
     void *big = NULL, *small = NULL;
     assert_int_equal(vmm_realloc(&big, 4 * MiB), VMM_OK);
     assert_int_equal(vmm_realloc(&small, 3000), VMM_OK);
-    void *keep = NULL; /* keeps the packing extent alive */
+    void *keep = NULL; /* keeps the shared extent alive */
     assert_int_equal(vmm_realloc(&keep, 100), VMM_OK);
     void *freed_big = big, *freed_small = small;
     assert_int_equal(vmm_realloc(&big, 0), VMM_OK);

@@ -71,7 +71,7 @@ static void test_empty_arena(void **state)
     vmh_arena_delete(NULL, NULL, NULL);
 }
 
-/* A retired extent (packing.c: a freed exported block's) serves nothing more: not its free
+/* A retired extent (carved.c: a freed exported block's) serves nothing more: not its free
  * space, not what is freed in it later, not a growth; once its blocks are gone it is handed
  * back by take_retired_extent (and only retired extents are). */
 static void test_retired_extent_serves_nothing(void **state)

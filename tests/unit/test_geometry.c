@@ -66,7 +66,7 @@ static void many_2mib_buffers_cost_calls_per_extent(void **state)
         printf("  %6zu %8lu %8lu %8lu %8lu %9lu %6lu\n", n, c.alloc, c.pause, c.resume, c.free,
                c.reserves, c.maps);
         assert_true(c.alloc <= 1024);
-        /* at most 3 chunks per extent (packing.c's CHUNK_SPLIT), each mapped once */
+        /* at most 3 chunks per extent (carved.c's CHUNK_SPLIT), each mapped once */
         assert_true(c.maps <= 300);
         assert_true(c.reserves <= 8);
         tt_teardown(state);
@@ -83,7 +83,7 @@ static void many_40mib_buffers_share_extents(void **state)
     printf("  1024 x 40 MiB: alloc %lu, pause %lu, resume %lu, free+trim %lu, reserves %lu, "
            "maps %lu\n", c.alloc, c.pause, c.resume, c.free, c.reserves, c.maps);
     assert_true(c.maps < 512); /* one extent per buffer before */
-    /* extents made for one 40 MiB request stay one chunk (packing.c's extent_chunk): a pause
+    /* extents made for one 40 MiB request stay one chunk (carved.c's extent_chunk): a pause
      * of 40 GiB in them costs what it did (297 releases and unmaps; 424 with 32 + 8 MiB) */
     assert_true(c.pause <= 320);
 }
@@ -127,7 +127,7 @@ static void a_trimmed_extents_addresses_are_reused(void **state)
 }
 
 /* Under a small VMMHOOK_VA_LIMIT a span takes at most a quarter of the budget: here extents get
- * reservations of their own size (big buffers keep the rest of the budget). */
+ * reservations of their own size (own-chunk buffers keep the rest of the budget). */
 static void a_small_address_budget_gets_spans_of_extent_size(void **state)
 {
     (void)state;
@@ -142,7 +142,7 @@ static void a_small_address_budget_gets_spans_of_extent_size(void **state)
         assert_int_equal(vmh_heap_free(p[i], NULL, false), CUDA_SUCCESS);
 }
 
-/* Extents of device 0's packing shards (their hints). */
+/* Extents of device 0's carved shards (their hints). */
 static size_t extents_count(void)
 {
     size_t n = 0;
@@ -150,7 +150,7 @@ static size_t extents_count(void)
     assert_non_null(h);
     FOR_EACH_PART(h, part)
     for (int k = 0; k < VMH_SHARDS; k++)
-        n += atomic_load(&part->pack.shards[k].extents);
+        n += atomic_load(&part->carved.shards[k].extents);
     return n;
 }
 
@@ -367,7 +367,7 @@ static void mix_explain(CUdeviceptr p)
     hdev_t *h = hdev_at(0);
     FOR_EACH_PART(h, part)
     for (int k = 0; k < VMH_SHARDS; k++) {
-        vmh_shard_t *sh = &part->pack.shards[k];
+        vmh_shard_t *sh = &part->carved.shards[k];
         for (vmh_ext_t *e = sh->exts; e; e = e->next)
             if (p - e->va < e->va_size)
                 print_message("    in extent %p of shard %d: [0x%llx, +%zu MiB), %zu pieces, "

@@ -7,7 +7,7 @@
 #endif
 #include "testutil.h"
 
-#include "packing.h"
+#include "carved.h"
 
 #include <cudaTypedefs.h>
 
@@ -158,7 +158,7 @@ static void export_serial_dies_with_the_free(void **state)
 /* As natively (tests/gpu/ipc_gpu.cu free_first on the H200): once the exporter frees an
  * exported buffer, its next allocations never land in that memory and the importer keeps
  * seeing its data; the library gives its own hold back after the reclaim wait, and the memory
- * lives exactly as long as the importer holds it. On 882660a the freed big buffer was cached
+ * lives exactly as long as the importer holds it. On 882660a the freed own-chunk buffer was cached
  * and served again at once (big2 == big), and the packed slot was reused. */
 static void freed_export_memory_is_never_served_again(void **state)
 {

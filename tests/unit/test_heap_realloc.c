@@ -7,7 +7,7 @@
 #endif
 #include "testutil.h"
 
-#include "packing.h"
+#include "carved.h"
 
 #include <cudaTypedefs.h>
 
@@ -146,14 +146,14 @@ static void realloc_packed_moves_with_one_copy(void **state)
     assert_int_equal(vmh_heap_realloc(&p, 3000, NULL, false), CUDA_SUCCESS);
     vmh_buffer_info_t info;
     assert_true(vmh_heap_find(p, &info));
-    assert_true(info.packed);
+    assert_true(info.carved);
     tu_fill(p, 3000, 8);
     sim_reset_counters();
     assert_int_equal(vmh_heap_realloc(&p, 5 * MiB, NULL, false), CUDA_SUCCESS);
     assert_int_equal(sim_calls("cuMemcpyDtoD"), 1);
     assert_true(tu_check(p, 3000, 8));
     assert_true(vmh_heap_find(p, &info));
-    assert_false(info.packed);
+    assert_false(info.carved);
     assert_int_equal(vmh_heap_realloc(&p, 0, NULL, false), CUDA_SUCCESS);
 }
 

@@ -7,7 +7,7 @@
 #endif
 #include "testutil.h"
 
-#include "packing.h"
+#include "carved.h"
 
 #include <cudaTypedefs.h>
 
@@ -56,7 +56,7 @@ static void packs_small_requests(void **state)
         assert_true(vmh_heap_find(p[i] + (size_t)i * 97, &info));
         assert_int_equal(info.base, p[i]);
         assert_int_equal(info.size, (size_t)1 + (size_t)i * 97);
-        assert_true(info.packed);
+        assert_true(info.carved);
     }
     assert_int_equal(vmh_heap_free(p[5] + 1, NULL, false), CUDA_ERROR_INVALID_VALUE);
     for (int i = 0; i < 100; i++)
@@ -77,11 +77,11 @@ static void default_threshold_packs_every_size_but_not_growable(void **state)
     assert_int_equal(vmh_heap_alloc(5 * MiB, &a), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(3 * MiB, &b), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(300 * MiB, &c), CUDA_SUCCESS);
-    assert_true(vmh_heap_find(a, &info) && info.packed);
-    assert_true(vmh_heap_find(c, &info) && info.packed && info.size == 300 * MiB);
+    assert_true(vmh_heap_find(a, &info) && info.carved);
+    assert_true(vmh_heap_find(c, &info) && info.carved && info.size == 300 * MiB);
     assert_int_equal(vmh_heap_free(c, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_realloc(&g, 5 * MiB, NULL, false), CUDA_SUCCESS);
-    assert_true(vmh_heap_find(g, &info) && !info.packed); /* may grow in place */
+    assert_true(vmh_heap_find(g, &info) && !info.carved); /* may grow in place */
     assert_int_equal(vmh_heap_free(a, NULL, false), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(b, NULL, false), CUDA_SUCCESS);
     /* Freed space serves another size without a driver call. */
@@ -233,7 +233,7 @@ static void pressure_hook_runs_before_out_of_memory(void **state)
 
 /* ---- the packed fast path (issue 13) ---- */
 
-/* Once the device and a packing extent exist, a packed allocation on the current context and
+/* Once the device and a shared extent exist, a packed allocation on the current context and
  * its stream-ordered free make no driver call at all (a928081 made two per allocation to find
  * the current device). */
 static void packed_fast_path_makes_no_driver_call(void **state)
@@ -256,12 +256,12 @@ static void packed_fast_path_makes_no_driver_call(void **state)
 
 static void trim_in_the_window(void)
 {
-    vmh_packing_test_extent_published = NULL; /* once */
+    vmh_carved_test_extent_published = NULL; /* once */
     vmh_heap_trim();                          /* what a pause on another thread does */
 }
 
 /* A pause's trim ran on another thread just after an allocating thread had published a new
- * packing extent and let go of its shard's lock (CI, ASan: the allocating thread then read the
+ * shared extent and let go of its shard's lock (CI, ASan: the allocating thread then read the
  * extent's range, which the trim had destroyed). The hook runs the trim in that window, every
  * time: the new extent must already hold the block it was made for, so the trim leaves it
  * alone, the allocation is served from it with one chunk made, and nothing is read of memory
@@ -274,9 +274,9 @@ static void trim_never_takes_an_extent_being_served(void **state)
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     vmh_heap_trim();
     sim_reset_counters();
-    vmh_packing_test_extent_published = trim_in_the_window;
+    vmh_carved_test_extent_published = trim_in_the_window;
     assert_int_equal(vmh_heap_alloc(4096, &p), CUDA_SUCCESS);
-    assert_null(vmh_packing_test_extent_published); /* the window was met */
+    assert_null(vmh_carved_test_extent_published); /* the window was met */
     assert_int_equal(sim_calls("cuMemCreate"), 1);
     assert_int_equal(sim_calls("cuMemUnmap"), 0);
     assert_true(sim_is_mapped(p));
@@ -287,7 +287,7 @@ static void trim_never_takes_an_extent_being_served(void **state)
 
 /* ---- idle bytes (cuMemGetInfo, issue 16) ---- */
 
-/* Only what an allocation would get counts as idle: whole idle buffers and packing extents with
+/* Only what an allocation would get counts as idle: whole idle buffers and shared extents with
  * no live block, not the free space beside a live block (an allocation of another size cannot
  * use it: on a928081, 416 MiB were reported where 256 MiB could be allocated). */
 static void idle_bytes_count_only_whole_chunks(void **state)

@@ -1,5 +1,5 @@
 /* The heap under threads on the simulated driver: churn with data checks, large requests packed
- * without a spurious out of memory, blocks handed between threads across packing shards, and
+ * without a spurious out of memory, blocks handed between threads across carved shards, and
  * shards reusing each other's space. Each test ends with everything freed, the cache trimmed
  * and the driver's ledger empty. */
 #ifndef VMH_TESTING
@@ -7,7 +7,7 @@
 #endif
 #include "testutil.h"
 
-#include "packing.h"
+#include "carved.h"
 
 #include <cudaTypedefs.h>
 
@@ -110,7 +110,7 @@ static void threads_churn_with_data_checks(void **state)
 }
 
 
-/* ---- packing shards ---- */
+/* ---- carved shards ---- */
 
 /* Blocks handed between threads: allocated on one, checked and freed on another. */
 typedef struct handed {
@@ -166,7 +166,7 @@ static void *sharded_churn(void *arg)
         pthread_mutex_unlock(&hand_lock);
         if (h.p) {
             vmh_buffer_info_t info;
-            if (!vmh_heap_find(h.p, &info) || !info.packed || info.size != h.size ||
+            if (!vmh_heap_find(h.p, &info) || !info.carved || info.size != h.size ||
                 !tu_check(h.p, h.size, h.seed))
                 return (void *)4;
             if (vmh_heap_free(h.p, NULL, false) != CUDA_SUCCESS)
@@ -262,7 +262,7 @@ static void shards_reuse_each_others_space(void **state)
         assert_int_equal(full[i].rc, CUDA_SUCCESS);
         tu_fill(full[i].p, 4096, (unsigned)i);
     }
-    /* eight extents, each of two 32 MiB chunks (packing.c's OWN_CHUNK_MIN: an extent made for
+    /* eight extents, each of two 32 MiB chunks (carved.c's OWN_CHUNK_MIN: an extent made for
      * one request is chunked finer, so that its idle chunks can go back) */
     assert_int_equal(sim_live_allocations(), 16);
     /* The first one is freed (on yet another thread); a thread in another shard asks for the

@@ -95,7 +95,7 @@ static void big_buffer_round_trip(void **state)
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(n, &p), CUDA_SUCCESS);
     vmh_buffer_info_t bi;
-    assert_true(vmh_heap_find(p, &bi) && !bi.packed);
+    assert_true(vmh_heap_find(p, &bi) && !bi.carved);
     tu_fill(p, n, 1);
     CUipcMemHandle h = get_handle(p);
     vmh_ipc_handle_t w = decode(&h);
@@ -179,7 +179,7 @@ static void packed_buffer_maps_its_chunk_at_the_offset(void **state)
     assert_int_equal(vmh_heap_alloc(5000, &a), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_alloc(3000, &b), CUDA_SUCCESS);
     vmh_buffer_info_t bi;
-    assert_true(vmh_heap_find(b, &bi) && bi.packed);
+    assert_true(vmh_heap_find(b, &bi) && bi.carved);
     tu_fill(a, 5000, 3);
     tu_fill(b, 3000, 4);
     CUipcMemHandle h = get_handle(b);
@@ -207,7 +207,7 @@ static void importer_keeps_its_view_through_grow_and_free(void **state)
     CUdeviceptr p;
     assert_int_equal(vmh_heap_alloc(4 * MiB, &p), CUDA_SUCCESS);
     vmh_buffer_info_t bi;
-    assert_true(vmh_heap_find(p, &bi) && !bi.packed);
+    assert_true(vmh_heap_find(p, &bi) && !bi.carved);
     tu_fill(p, 4 * MiB, 6);
     CUipcMemHandle h1 = get_handle(p);
     CUdeviceptr q1;

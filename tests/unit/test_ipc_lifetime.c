@@ -59,7 +59,7 @@ static void lifetime_exit_stops_exports(void **state)
  *
  * With the reclaim thread running (a parked free) and a thread exporting during the forks: the
  * test found a use-after-free there (an exported buffer's free read its range's size after
- * parking it, and the reclaim thread could release it first: bigbuf.c), failing most runs on
+ * parking it, and the reclaim thread could release it first: ownchunk.c), failing most runs on
  * e516064 under ASan; VMH_TEST_FORK_RACE=0 leaves both out. */
 typedef struct {
     CUdeviceptr p;

@@ -169,7 +169,7 @@ static CUresult run_heap_alloc_big(fixture_t *f)
 
 static CUresult run_heap_alloc_small(fixture_t *f)
 {
-    /* The first small buffer of a device makes a packing extent. */
+    /* The first small buffer of a device makes a shared extent. */
     return vmh_heap_alloc(1000, &f->q);
 }
 

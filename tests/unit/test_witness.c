@@ -79,7 +79,7 @@ static void wrong_order_is_reported(void **state)
     assert_int_equal(nreports, 1);
 }
 
-/* One rank, two locks (two shards, or a shard and a big-buffer set): reported; so is the same
+/* One rank, two locks (two shards, or a shard and an own-chunk set): reported; so is the same
  * lock taken twice. */
 static void same_rank_twice_is_reported(void **state)
 {

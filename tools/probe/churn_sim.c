@@ -49,7 +49,7 @@
  */
 #include "simprobe.h"
 
-#include "heap_internal.h" /* the devices' packing shards, for the slack's breakdown */
+#include "heap_internal.h" /* the devices' carved shards, for the slack's breakdown */
 #include "optparse.h"
 
 #include <pthread.h>
@@ -95,12 +95,12 @@ static size_t churn_size(rng_t *r)
 /* At one time: bytes mapped (the gauge) split into what the program asked for and the slack
  * (issue 27): rounding (block usable sizes over requests), free space beside live blocks inside
  * extents, whole extents holding no live block (free or parked, what a trim gives back), parked
- * blocks in extents that hold live ones, and what is mapped outside the packing extents (big
+ * blocks in extents that hold live ones, and what is mapped outside the shared extents (big
  * buffers, idle ranges of the cache). */
 typedef struct slack {
     int64_t mapped, requested;
     size_t live, rounding, free_inside, idle_extents, parked_inside, outside, extents;
-    size_t big_parked, cached; /* of outside: parked big buffers, the cache's idle ranges */
+    size_t own_parked, cached; /* of outside: parked own-chunk buffers, the cache's idle ranges */
     long at; /* operations of the window before it (fill allocations, then steps) */
 } slack_t;
 
@@ -115,10 +115,10 @@ static void slack_read(slack_t *sl)
             continue;
         sl->cached += vmh_cache_bytes(&h->cache);
         FOR_EACH_PART(h, part)
-        sl->big_parked += vmh_bigbuf_parked_bytes(&part->big);
+        sl->own_parked += vmh_ownchunk_parked_bytes(&part->own);
         FOR_EACH_PART(h, part)
         for (int k = 0; k < VMH_SHARDS; k++) {
-            vmh_shard_t *s = &part->pack.shards[k];
+            vmh_shard_t *s = &part->carved.shards[k];
             vmh_arena_stats_t st;
             pthread_mutex_lock(&s->lock);
             vmh_arena_stats(s->arena, &st);
@@ -147,16 +147,16 @@ static void slack_print(const char *when, const slack_t *sl, int64_t peak_reques
     printf("slack at %s: mapped %.0f MiB = %.3f x peak requested %.0f MiB; requested now %.0f "
            "MiB (%.3f); rounding %.0f MiB (%.3f); free beside live blocks %.0f MiB (%.3f); whole "
            "idle extents %.0f MiB (%.3f); parked beside live blocks %.0f MiB (%.3f); outside "
-           "extents %.0f MiB (%.3f), of it parked big buffers %.0f MiB (%.3f) and cached idle "
-           "ranges %.0f MiB (%.3f); %zu extents; after %ld of the window's %d allocations and "
-           "steps\n",
+           "extents %.0f MiB (%.3f), of it parked own-chunk buffers %.0f MiB (%.3f) and cached "
+           "idle ranges %.0f MiB (%.3f); %zu extents; after %ld of the window's %d allocations "
+           "and steps\n",
            when, (double)sl->mapped / MiB, (double)sl->mapped / r, r / MiB,
            (double)sl->requested / MiB, (double)sl->requested / r, (double)sl->rounding / MiB,
            (double)sl->rounding / r, (double)sl->free_inside / MiB, (double)sl->free_inside / r,
            (double)sl->idle_extents / MiB, (double)sl->idle_extents / r,
            (double)sl->parked_inside / MiB, (double)sl->parked_inside / r,
-           (double)sl->outside / MiB, (double)sl->outside / r, (double)sl->big_parked / MiB,
-           (double)sl->big_parked / r, (double)sl->cached / MiB, (double)sl->cached / r,
+           (double)sl->outside / MiB, (double)sl->outside / r, (double)sl->own_parked / MiB,
+           (double)sl->own_parked / r, (double)sl->cached / MiB, (double)sl->cached / r,
            sl->extents, sl->at, LIVE_BLOCKS + MEM_WINDOW_STEPS);
 }
 
@@ -253,13 +253,13 @@ static void model_step(hole_model_t *m)
             continue;
         FOR_EACH_PART(h, part)
         for (int k = 0; k < VMH_SHARDS; k++) {
-            vmh_shard_t *s = &part->pack.shards[k];
+            vmh_shard_t *s = &part->carved.shards[k];
             pthread_mutex_lock(&s->lock);
             vmh_arena_stats_t st;
             vmh_arena_stats(s->arena, &st);
             live += st.live;
             for (vmh_ext_t *e = s->exts; e; e = e->next) {
-                if (!e->extent || !e->npieces || vmh_packing_paused_locked(e))
+                if (!e->extent || !e->npieces || vmh_carved_paused_locked(e))
                     continue;
                 model_ext_t *x =
                     model_ext(m, vmh_extent_base(e->extent), vmh_extent_size(e->extent));

@@ -1,9 +1,9 @@
-/* Layer "packing": small buffers packed into shared chunks (the glue between a device and the
+/* Layer "carved": small buffers carved from shared chunks (the glue between a device and the
  * host-side sub-allocator of arena.h).
  *
- * Packed buffers live in VMH_SHARDS shards per device, each with its own mutex, arena, extents
+ * Carved buffers live in VMH_SHARDS shards per device, each with its own mutex, arena, extents
  * (each backed by a range, or by pieces between holes), registry entries of those extents and
- * set of exported packed buffers.
+ * set of exported carved buffers.
  *
  * Geometry (issue 27). A shard's extents are carved from its spans (span.h): large
  * reservations (the first 16 GiB of address space, each next one as large as the shard holds,
@@ -22,10 +22,10 @@
  * of its own size, only what that end lacks), so a shard's free space stays in few pieces as an
  * expandable segment's does.
  * Holes (issue 27): an extent is backed by chunks of max(128 MiB, extent / 3) (one chunk up to
- * 128 MiB: packing.c's extent_chunk; larger chunks than holes would want, smaller ones break the
+ * 128 MiB: carved.c's extent_chunk; larger chunks than holes would want, smaller ones break the
  * pause bound of 256 calls for 20480 x 2 MiB: 595 calls to allocate, 248 to pause). Once a window
  * the tidy (heap_upkeep.c) unmaps the chunks that lie wholly in free space inside extents that
- * hold live blocks, beyond what the recent peak keeps (vmh_packing_punch_upto); the space stays
+ * hold live blocks, beyond what the recent peak keeps (vmh_carved_punch_upto); the space stays
  * the arena's hole (arena.h), never served, its addresses kept. An extent's backing is then a
  * list of pieces (vmh_ext_piece_t), the ranges between its holes, each a record of the heap's
  * visit (pause, resume and backups per piece; an export hands over its block's piece). An
@@ -51,8 +51,8 @@
  * visit, the tidy's holes and an allocation's mapping of a hole (OWNER_VISIT: rare, and nothing
  * meets a record or a hole half-changed).
  */
-#ifndef VMH_PACKING_H
-#define VMH_PACKING_H
+#ifndef VMH_CARVED_H
+#define VMH_CARVED_H
 
 #include "arena.h"
 #include "device.h"
@@ -65,23 +65,23 @@
 #define VMH_SHARDS 8
 
 typedef struct vmh_ext vmh_ext_t;
-typedef struct vmh_packing vmh_packing_t;
+typedef struct vmh_carved vmh_carved_t;
 
-/* A live packed buffer that was exported, and the serial of its export. */
-typedef struct vmh_packed_export {
+/* A live carved buffer that was exported, and the serial of its export. */
+typedef struct vmh_carved_export {
     CUdeviceptr base;
     uint64_t serial;
-} vmh_packed_export_t;
+} vmh_carved_export_t;
 
 typedef struct vmh_shard {
     pthread_mutex_t lock;
-    vmh_packing_t *pack;
+    vmh_carved_t *carved;
     vmh_arena_t *arena;
     vmh_ext_t *exts;    /* extents in the arena */
     vmh_ext_t *spare;   /* records of trimmed extents, reused (registry readers may still look) */
     size_t extent_next; /* size of the shard's next extent (doubles up to a limit) */
     vmh_spans_t spans;  /* the address space its extents are carved from (span.h) */
-    vmh_packed_export_t *exported; /* live packed buffers shared with other processes */
+    vmh_carved_export_t *exported; /* live carved buffers shared with other processes */
     size_t nexported, exported_cap;
     vmh_parked_t parked_item; /* queued in reclaim while the arena holds parked blocks */
     /* Hints, stored under the lock (shard_note) and read without it. */
@@ -92,7 +92,7 @@ typedef struct vmh_shard {
     char pad[64];           /* keeps shards off each other's cache lines */
 } vmh_shard_t;
 
-struct vmh_packing {
+struct vmh_carved {
     vmh_dev_t *dev;
     vmh_reclaim_t *reclaim;
     atomic_bool frozen; /* set by pause.c: nothing is served from these shards meanwhile */
@@ -124,12 +124,12 @@ struct vmh_ext {
     uint64_t freed_mark;
 };
 
-CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim);
+CUresult vmh_carved_init(vmh_carved_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim);
 
 /* Serves size bytes: the thread's shard, then free space in the others, and only then a new
  * extent (never waits for parked frees but on out of memory). *no_address: the address space
  * budget, not memory, ran out. */
-CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address);
+CUresult vmh_carved_alloc(vmh_carved_t *pk, size_t size, CUdeviceptr *out, bool *no_address);
 
 /* On an extent found and locked with vmh_owner_lock (the caller unlocks): */
 /* Frees the live block starting at p; *req gets the size asked for. at_once: the program's
@@ -137,42 +137,42 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
  * vmh_reclaim_freed_at_once keeps its extent mapped until the GPU has passed it); otherwise,
  * and always for an exported block, it is parked until the GPU has passed the free.
  * INVALID_VALUE for an interior pointer or a block that is not live. */
-CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req);
+CUresult vmh_carved_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req);
 /* The live block containing p. */
-bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info);
+bool vmh_carved_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info);
 /* Where device address p's bytes (n of them, inside one of e's live blocks) are in e's backup:
  * paused with one, or running with one kept (pause.c); NULL when there is none or the bytes are
  * not inside one block. */
-const void *vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n);
+const void *vmh_carved_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n);
 /* Resizes the live block at p in place when the following space allows (within
  * VMMHOOK_MEM_LIMIT); CUDA_ERROR_NOT_FOUND when p is not a block's start, OUT_OF_MEMORY when it
  * does not fit in place. *old_size: the size asked for before. */
-CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size);
+CUresult vmh_carved_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size);
 /* Fills base, size, offset, serial and the range of the live block containing p for an
  * export (the serial is kept until the block is freed; the free retires the extent). */
-CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
-                                   const vmh_range_t **range);
+CUresult vmh_carved_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
+                                  const vmh_range_t **range);
 /* Whether any of e's backing is paused (its block may not be resized or exported). */
-bool vmh_packing_paused_locked(const vmh_ext_t *e);
+bool vmh_carved_paused_locked(const vmh_ext_t *e);
 /* Whether the block at base is still the live one exported with serial. */
-bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
+bool vmh_carved_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial);
 
 /* The heap's visit (heap.h): fn on every run of adjacent extents of each shard, under the
  * shard's lock (held across fn's driver calls: a rare, explicit call). A paused extent keeps its
  * blocks (frees of them work as ever: host bookkeeping only) but has no range; resizing or
  * exporting one of its blocks is refused with CUDA_ERROR_NOT_PERMITTED. */
-CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg);
+CUresult vmh_carved_visit(vmh_carved_t *pk, vmh_visit_run_fn fn, void *arg);
 
 /* Whether any shard holds parked blocks (a hint). */
-bool vmh_packing_has_parked(vmh_packing_t *pk);
+bool vmh_carved_has_parked(vmh_carved_t *pk);
 
 /* Gives back every empty extent; returns the bytes. */
-size_t vmh_packing_trim(vmh_packing_t *pk);
+size_t vmh_carved_trim(vmh_carved_t *pk);
 /* Gives back empty extents until at least `bytes` (or all there are); returns the bytes. */
-size_t vmh_packing_trim_upto(vmh_packing_t *pk, size_t bytes);
+size_t vmh_carved_trim_upto(vmh_carved_t *pk, size_t bytes);
 /* Gives back the reservations of the paused extents whose blocks were all freed while paused
  * (they hold no memory: no wait is needed), so that a resume does not map them again. */
-void vmh_packing_trim_paused(vmh_packing_t *pk);
+void vmh_carved_trim_paused(vmh_carved_t *pk);
 
 /* Holes (issue 27): unmaps, from the tidy (outside any paused tag: none while frozen), the
  * chunks inside extents that lie in free space (not parked, freed before the last completed
@@ -181,29 +181,29 @@ void vmh_packing_trim_paused(vmh_packing_t *pk);
  * the arena's hole, never served until an allocation maps it again. One cuMemUnmap per stretch,
  * one cuMemRelease per chunk, under the shard's lock at OWNER_VISIT (a rare background call;
  * a fill cannot meet a half-made hole). Returns the bytes unmapped. */
-size_t vmh_packing_punch_upto(vmh_packing_t *pk, size_t bytes);
+size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes);
 /* Free bytes inside the shards' extents (a hint, no lock): what holes could take at most. */
-size_t vmh_packing_free_hint(vmh_packing_t *pk);
+size_t vmh_carved_free_hint(vmh_carved_t *pk);
 
 /* Bytes of whole extents that hold no live block: what an allocation of any size could get
  * after a trim. Free space beside live blocks is not counted (see heap.h's idle bytes). */
-size_t vmh_packing_idle_bytes(vmh_packing_t *pk);
+size_t vmh_carved_idle_bytes(vmh_carved_t *pk);
 
-/* Walks every live packed buffer (leak report). */
-void vmh_packing_for_each_live(vmh_packing_t *pk, void (*cb)(const vmh_block_info_t *b, void *arg),
-                               void *arg);
+/* Walks every live carved buffer (leak report). */
+void vmh_carved_for_each_live(vmh_carved_t *pk, void (*cb)(const vmh_block_info_t *b, void *arg),
+                              void *arg);
 
 /* Tests: destroys everything (after vmh_reclaim_release_all). */
-void vmh_packing_destroy(vmh_packing_t *pk);
+void vmh_carved_destroy(vmh_carved_t *pk);
 
-/* The calling thread's packing shard (picked at its first packed allocation). */
-unsigned vmh_packing_thread_shard(void);
+/* The calling thread's carved shard (picked at its first carved allocation). */
+unsigned vmh_carved_thread_shard(void);
 
 #ifdef VMH_TESTING
 /* Test hook (src/util/testable.h's convention): called on the allocating thread once a new extent
  * is published and its shard's lock let go, the window in which another thread's trim (a
  * pause's) could meet the extent. NULL: nothing. */
-extern void (*vmh_packing_test_extent_published)(void);
+extern void (*vmh_carved_test_extent_published)(void);
 #endif
 
 #endif

@@ -1,5 +1,5 @@
-/* Layer "packing": packing small buffers into shared chunks (see packing.h). */
-#include "packing.h"
+/* Layer "carved": small buffers carved from shared chunks (see carved.h). */
+#include "carved.h"
 
 #include "grow.h"
 #include "list.h"
@@ -41,20 +41,20 @@
 #define OWN_CHUNK_SPLIT 8
 
 #ifdef VMH_TESTING
-void (*vmh_packing_test_extent_published)(void);
+void (*vmh_carved_test_extent_published)(void);
 #endif
 
-/* Free packed space and parked blocks are idle bytes (VMH_STAT_bytes_cached). */
+/* Free carved space and parked blocks are idle bytes (VMH_STAT_bytes_cached). */
 static void idle_gauge(int64_t delta)
 {
     vmh_gauge_add(VMH_STAT_bytes_cached, delta);
 }
 
-/* The calling thread's packing shard: picked at its first packed allocation, kept for the
+/* The calling thread's carved shard: picked at its first carved allocation, kept for the
  * thread's life, so that threads spread over the shards and a thread keeps its cache lines. */
 static _Atomic unsigned shard_next;
 
-unsigned vmh_packing_thread_shard(void)
+unsigned vmh_carved_thread_shard(void)
 {
     unsigned s = vmh_thread.shard_mine;
     if (!s) {
@@ -75,7 +75,7 @@ static void shard_note(vmh_shard_t *s)
     atomic_store_explicit(&s->holes, st.holes, memory_order_relaxed);
 }
 
-/* ---- an extent's pieces (issue 27's holes; packing.h) ---- */
+/* ---- an extent's pieces (issue 27's holes; carved.h) ---- */
 
 static CUdeviceptr piece_base(const vmh_ext_piece_t *pc)
 {
@@ -180,7 +180,7 @@ static vmh_range_t *ext_maps_with(const vmh_ext_t *e, const vmh_range_t *add)
     return l;
 }
 
-bool vmh_packing_paused_locked(const vmh_ext_t *e)
+bool vmh_carved_paused_locked(const vmh_ext_t *e)
 {
     for (size_t i = 0; i < e->npieces; i++)
         if (e->pieces[i].paused)
@@ -207,7 +207,7 @@ static size_t parked_bytes_locked(const vmh_shard_t *s)
 static size_t shard_release(vmh_parked_t *item, uint64_t passed)
 {
     vmh_shard_t *s = (vmh_shard_t *)((char *)item - offsetof(vmh_shard_t, parked_item));
-    assert(&s->parked_item == item && s->pack);
+    assert(&s->parked_item == item && s->carved);
     vmh_lock(&s->lock, VMH_RANK_OWNER);
     size_t before = parked_bytes_locked(s);
     vmh_arena_unpark_upto(s->arena, passed);
@@ -219,11 +219,11 @@ static size_t shard_release(vmh_parked_t *item, uint64_t passed)
     if (retired)
         extents_destroy(s, retired);
     if (left && passed != UINT64_MAX)
-        vmh_reclaim_park(s->pack->reclaim, item, passed + 1, 0); /* their bytes count already */
+        vmh_reclaim_park(s->carved->reclaim, item, passed + 1, 0); /* their bytes count already */
     return released;
 }
 
-CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim)
+CUresult vmh_carved_init(vmh_carved_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim)
 {
     memset(pk, 0, sizeof *pk);
     pk->dev = dev;
@@ -231,7 +231,7 @@ CUresult vmh_packing_init(vmh_packing_t *pk, vmh_dev_t *dev, vmh_reclaim_t *recl
     for (int i = 0; i < VMH_SHARDS; i++) {
         vmh_shard_t *s = &pk->shards[i];
         pthread_mutex_init(&s->lock, NULL);
-        s->pack = pk;
+        s->carved = pk;
         s->parked_item.release = shard_release;
         s->extent_next = dev->gran;
         s->arena = vmh_arena_new();
@@ -254,10 +254,10 @@ static CUresult span_take(vmh_shard_t *s, size_t size, vmh_resv_t **resv, CUdevi
     if (got)
         return CUDA_SUCCESS;
     size_t span = held < SPAN_MIN ? SPAN_MIN : held > SPAN_MAX ? SPAN_MAX : held;
-    /* A span takes at most a quarter of what is left of the VMMHOOK_VA_LIMIT budget (big
+    /* A span takes at most a quarter of what is left of the VMMHOOK_VA_LIMIT budget (own-chunk
      * buffers reserve from it too); else the extent gets a span of its own size. */
     if (span < size || vmh_dev_va_exhausted(4 * span) ||
-        !vmh_round_up(span, s->pack->dev->gran, &span))
+        !vmh_round_up(span, s->carved->dev->gran, &span))
         span = size;
     vmh_resv_t *nr;
     CUresult rc =
@@ -310,7 +310,7 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, bool own, vmh_rang
     CUresult rc = span_take(s, size, &resv, &at, no_address);
     if (rc != CUDA_SUCCESS)
         return rc;
-    vmh_dev_t *d = s->pack->dev;
+    vmh_dev_t *d = s->carved->dev;
     rc = vmh_dev_range_in(d, size, extent_chunk(size, d->gran, own), resv, at, out);
     if (rc != CUDA_SUCCESS)
         span_give(s, at, size);
@@ -324,7 +324,7 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, bool own, vmh_rang
  * attached to its range, which a join replaces). */
 static bool ext_joinable(const vmh_ext_t *e)
 {
-    if (!e->extent || !e->npieces || vmh_extent_retired(e->extent) || vmh_packing_paused_locked(e))
+    if (!e->extent || !e->npieces || vmh_extent_retired(e->extent) || vmh_carved_paused_locked(e))
         return false;
     for (size_t i = 0; i < e->npieces; i++)
         if (e->pieces[i].range->kept.host)
@@ -413,7 +413,7 @@ static int ext_by_address(const void *x, const void *y)
 static vmh_ext_t *grow_pick_locked(vmh_shard_t *s, size_t need, size_t want, bool own, size_t *grow)
 {
     vmh_ext_t *best = NULL;
-    size_t best_tail = 0, gran = s->pack->dev->gran;
+    size_t best_tail = 0, gran = s->carved->dev->gran;
     for (vmh_ext_t *e = s->exts; e; e = e->next) {
         size_t head, tail;
         if (!ext_joinable(e))
@@ -447,7 +447,7 @@ static vmh_ext_t *grow_onto_locked(vmh_shard_t *s, const vmh_range_t *r, size_t 
     return NULL;
 }
 
-/* Adds a packing extent of range r to shard s and serves `size` from it in the same hold of the
+/* Adds a shared extent of range r to shard s and serves `size` from it in the same hold of the
  * shard's lock, joined first to `onto`'s extent when r grows one (r starts where it ends; see
  * grow_pick_locked). So a new extent is never seen empty: a trim on another thread (a pause's)
  * cannot take it between its publication and its use, and nothing of its range is read once the
@@ -458,7 +458,7 @@ static vmh_ext_t *grow_onto_locked(vmh_shard_t *s, const vmh_range_t *r, size_t 
 static CUresult extent_publish_serving(vmh_shard_t *s, vmh_range_t *r, bool onto, size_t size,
                                        CUdeviceptr *out)
 {
-    vmh_packing_t *pk = s->pack;
+    vmh_carved_t *pk = s->carved;
     const size_t mapped = r->size;
     vmh_lock(&s->lock, VMH_RANK_OWNER);
     vmh_ext_t *e = s->spare;
@@ -526,18 +526,18 @@ static CUresult extent_publish_serving(vmh_shard_t *s, vmh_range_t *r, bool onto
     shard_note(s);
     vmh_unlock(&s->lock);
 #ifdef VMH_TESTING
-    if (vmh_packing_test_extent_published)
-        vmh_packing_test_extent_published();
+    if (vmh_carved_test_extent_published)
+        vmh_carved_test_extent_published();
 #endif
     idle_gauge((int64_t)mapped);
     *out = p;
     return CUDA_SUCCESS;
 }
 
-/* Adds a packing extent large enough for `size` to shard s and serves `size` from it
+/* Adds a shared extent large enough for `size` to shard s and serves `size` from it
  * (extent_publish_serving). *out: the block. OUT_OF_MEMORY with nothing left behind when the
  * driver or host memory runs out. */
-static CUresult extent_add_serving(vmh_packing_t *pk, vmh_shard_t *s, size_t size, bool *no_address,
+static CUresult extent_add_serving(vmh_carved_t *pk, vmh_shard_t *s, size_t size, bool *no_address,
                                    CUdeviceptr *out)
 {
     vmh_dev_t *d = pk->dev;
@@ -634,7 +634,7 @@ static int shard_alloc(vmh_shard_t *s, size_t size, bool try, CUdeviceptr *out)
         vmh_lock(&s->lock, VMH_RANK_OWNER);
     }
     uintptr_t p;
-    int rc = atomic_load(&s->pack->frozen) ? ENOMEM : vmh_arena_alloc(s->arena, size, &p);
+    int rc = atomic_load(&s->carved->frozen) ? ENOMEM : vmh_arena_alloc(s->arena, size, &p);
     if (rc == 0) {
         *out = p;
         shard_note(s);
@@ -648,7 +648,7 @@ static int shard_alloc(vmh_shard_t *s, size_t size, bool try, CUdeviceptr *out)
  * a thread whose own shard has no extent yet and meets contention elsewhere gives its shard
  * a first extent instead, which is what spreads threads over the shards (at most one chunk
  * per shard); beyond that, free space anywhere comes before growth. */
-static bool others_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t want, bool wait_busy,
+static bool others_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t want, bool wait_busy,
                          CUdeviceptr *out)
 {
     unsigned busy = 0;
@@ -700,14 +700,14 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
     vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
     vmh_ext_t *e = NULL;
     hole_pick_t h = {.want = want};
-    for (vmh_ext_t *x = s->exts; x && !atomic_load(&s->pack->frozen) && !h.size; x = x->next)
+    for (vmh_ext_t *x = s->exts; x && !atomic_load(&s->carved->frozen) && !h.size; x = x->next)
         if (vmh_extent_holes(x->extent) >= want && !vmh_extent_retired(x->extent) && x->npieces &&
-            !vmh_packing_paused_locked(x) && vmh_arena_holes(x->extent, hole_seen, &h))
+            !vmh_carved_paused_locked(x) && vmh_arena_holes(x->extent, hole_seen, &h))
             e = x;
     CUresult rc = h.size ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
     vmh_range_t *r = NULL;
     vmh_alloc_t *a = NULL;
-    if (rc == CUDA_SUCCESS && (rc = vmh_dev_chunk(s->pack->dev, h.size, &a)) == CUDA_SUCCESS) {
+    if (rc == CUDA_SUCCESS && (rc = vmh_dev_chunk(s->carved->dev, h.size, &a)) == CUDA_SUCCESS) {
         rc = vmh_range_create_in(&a, 1, e->pieces[0].range->maps[0]->resv, h.base, &r);
         vmh_alloc_unref(a); /* the mapping holds it (or nothing does) */
     }
@@ -744,8 +744,7 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
 }
 
 /* Serves size bytes from a hole of any shard, the thread's own first. */
-static bool holes_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t want,
-                        CUdeviceptr *out)
+static bool holes_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t want, CUdeviceptr *out)
 {
     for (unsigned i = 0; i < VMH_SHARDS; i++)
         if (hole_fill_serving(&pk->shards[(home + i) % VMH_SHARDS], size, want, out) ==
@@ -767,7 +766,7 @@ static bool joins_alloc_shard(vmh_shard_t *s, size_t size, size_t want, CUdevice
     size_t n = 0;
     for (vmh_ext_t *e = s->exts; e; e = e->next)
         n++;
-    vmh_ext_t **x = n > 1 && !atomic_load(&s->pack->frozen) ? malloc(n * sizeof *x) : NULL;
+    vmh_ext_t **x = n > 1 && !atomic_load(&s->carved->frozen) ? malloc(n * sizeof *x) : NULL;
     n = 0;
     for (vmh_ext_t *e = x ? s->exts : NULL; e; e = e->next)
         if (ext_joinable(e))
@@ -807,8 +806,7 @@ static bool joins_alloc_shard(vmh_shard_t *s, size_t size, size_t want, CUdevice
 }
 
 /* Serves size bytes by joining neighbouring extents of any shard, the thread's own first. */
-static bool joins_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t want,
-                        CUdeviceptr *out)
+static bool joins_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t want, CUdeviceptr *out)
 {
     for (unsigned i = 0; i < VMH_SHARDS; i++)
         if (joins_alloc_shard(&pk->shards[(home + i) % VMH_SHARDS], size, want, out))
@@ -816,7 +814,7 @@ static bool joins_alloc(vmh_packing_t *pk, unsigned home, size_t size, size_t wa
     return false;
 }
 
-bool vmh_packing_has_parked(vmh_packing_t *pk)
+bool vmh_carved_has_parked(vmh_carved_t *pk)
 {
     for (int i = 0; i < VMH_SHARDS; i++)
         if (atomic_load_explicit(&pk->shards[i].nparked, memory_order_relaxed))
@@ -824,13 +822,13 @@ bool vmh_packing_has_parked(vmh_packing_t *pk)
     return false;
 }
 
-CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, bool *no_address)
+CUresult vmh_carved_alloc(vmh_carved_t *pk, size_t size, CUdeviceptr *out, bool *no_address)
 {
     size_t want;
     if (atomic_load(&pk->frozen) || !vmh_round_up(size, VMH_ARENA_ALIGN, &want) ||
         !vmh_dev_usable_take(pk->dev, want))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    unsigned home = vmh_packing_thread_shard();
+    unsigned home = vmh_carved_thread_shard();
     /* The thread's own shard, then free space in the others, and only then a new extent (in
      * the thread's own shard). Parked blocks are not waited for here (reclaim.h: the reclaim
      * thread releases them, a thread about to add an extent waits past VMMHOOK_PARK_LIMIT,
@@ -866,9 +864,9 @@ CUresult vmh_packing_alloc(vmh_packing_t *pk, size_t size, CUdeviceptr *out, boo
     return CUDA_SUCCESS;
 }
 
-/* Packed buffers of a shard that were exported: a small unsorted set (exports are rare);
+/* Carved buffers of a shard that were exported: a small unsorted set (exports are rare);
  * the shard is locked. NULL when p is not listed. */
-static vmh_packed_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
+static vmh_carved_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
 {
     for (size_t i = 0; i < s->nexported; i++)
         if (s->exported[i].base == p)
@@ -876,11 +874,11 @@ static vmh_packed_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
     return NULL;
 }
 
-CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req)
+CUresult vmh_carved_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req)
 {
     vmh_shard_t *s = e->shard;
     vmh_assert_held(&s->lock);
-    vmh_packing_t *pk = s->pack;
+    vmh_carved_t *pk = s->carved;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
     /* A backup kept for the block's piece (pause.c) no longer describes its blocks: it goes (no
@@ -892,7 +890,7 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size
      * process may still map the extent's chunk (an import holds the whole chunk), as natively
      * memory freed by its exporter stays the importer's. The extent serves nothing more and
      * goes once its other blocks are freed and the GPU is past them (shard_release). */
-    vmh_packed_export_t *x = exported_find_locked(s, p);
+    vmh_carved_export_t *x = exported_find_locked(s, p);
     if (at_once && !x) {
         if (vmh_arena_release(s->arena, e->extent, p, &info) != 0)
             return CUDA_ERROR_INVALID_VALUE;
@@ -924,7 +922,7 @@ CUresult vmh_packing_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size
     return CUDA_SUCCESS;
 }
 
-bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info)
+bool vmh_carved_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info)
 {
     vmh_block_info_t bi;
     if (!vmh_arena_find(e->extent, p, &bi) || p >= bi.base + bi.size)
@@ -933,7 +931,7 @@ bool vmh_packing_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *inf
     return true;
 }
 
-const void *vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n)
+const void *vmh_carved_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n)
 {
     vmh_block_info_t bi;
     const vmh_ext_piece_t *pc = ext_piece_at(e, p);
@@ -948,7 +946,7 @@ const void *vmh_packing_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n)
     return host + (p - base);
 }
 
-CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size)
+CUresult vmh_carved_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size)
 {
     vmh_shard_t *s = e->shard;
     vmh_dev_t *d = e->o.dev;
@@ -956,7 +954,7 @@ CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, siz
     if (!vmh_arena_find(e->extent, p, &info) || info.base != p)
         return CUDA_ERROR_NOT_FOUND;
     *old_size = info.size;
-    if (vmh_packing_paused_locked(e))
+    if (vmh_carved_paused_locked(e))
         return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
     /* The growth's usable bytes are taken first (VMMHOOK_MEM_LIMIT). */
     size_t want = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
@@ -977,14 +975,14 @@ CUresult vmh_packing_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, siz
     return CUDA_SUCCESS;
 }
 
-CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
-                                   const vmh_range_t **range)
+CUresult vmh_carved_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
+                                  const vmh_range_t **range)
 {
     vmh_shard_t *s = e->shard;
     vmh_block_info_t bi;
     if (!vmh_arena_find(e->extent, p, &bi))
         return CUDA_ERROR_INVALID_VALUE;
-    if (vmh_packing_paused_locked(e))
+    if (vmh_carved_paused_locked(e))
         return CUDA_ERROR_NOT_PERMITTED;
     /* The piece of backing the block lies in (a live block never lies in a hole, and pieces
      * are joined when a hole is mapped again: one piece holds it but when host memory for the
@@ -992,15 +990,15 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
     const vmh_ext_piece_t *pc = ext_piece_at(e, bi.base);
     if (!pc || !pc->range || bi.base + bi.usable - pc->range->base > pc->range->size)
         return CUDA_ERROR_NOT_PERMITTED;
-    vmh_packed_export_t *x = exported_find_locked(s, bi.base); /* exported twice: listed once */
+    vmh_carved_export_t *x = exported_find_locked(s, bi.base); /* exported twice: listed once */
     if (!x) {
-        vmh_packed_export_t *grown =
+        vmh_carved_export_t *grown =
             vmh_grow(s->exported, &s->exported_cap, s->nexported, sizeof *grown, 16);
         if (!grown)
             return CUDA_ERROR_OUT_OF_MEMORY;
         s->exported = grown;
         x = &s->exported[s->nexported++];
-        *x = (vmh_packed_export_t){bi.base, vmh_export_serial_new()};
+        *x = (vmh_carved_export_t){bi.base, vmh_export_serial_new()};
     }
     out->serial = x->serial;
     out->base = bi.base;
@@ -1010,9 +1008,9 @@ CUresult vmh_packing_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *ou
     return CUDA_SUCCESS;
 }
 
-bool vmh_packing_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial)
+bool vmh_carved_export_alive_locked(vmh_ext_t *e, CUdeviceptr base, uint64_t serial)
 {
-    const vmh_packed_export_t *x = exported_find_locked(e->shard, base);
+    const vmh_carved_export_t *x = exported_find_locked(e->shard, base);
     return x && x->serial == serial;
 }
 
@@ -1027,7 +1025,7 @@ static bool ext_paused(const void *owner)
 static bool ext_passed(const void *owner)
 {
     const vmh_ext_t *e = owner;
-    return vmh_reclaim_passed(e->shard->pack->reclaim, e->freed_mark);
+    return vmh_reclaim_passed(e->shard->carved->reclaim, e->freed_mark);
 }
 
 static bool ext_retired_passed(const void *owner)
@@ -1114,7 +1112,7 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
 
 /* Gives back the shards' empty extents of a kind, until at least *budget bytes (NULL: all);
  * returns the bytes that were mapped. */
-static size_t trim_kind(vmh_packing_t *pk, empty_kind_t kind, size_t *budget)
+static size_t trim_kind(vmh_carved_t *pk, empty_kind_t kind, size_t *budget)
 {
     size_t bytes = 0;
     for (int i = 0; i < VMH_SHARDS && (!budget || *budget > 0); i++) {
@@ -1129,17 +1127,17 @@ static size_t trim_kind(vmh_packing_t *pk, empty_kind_t kind, size_t *budget)
     return bytes;
 }
 
-size_t vmh_packing_trim(vmh_packing_t *pk)
+size_t vmh_carved_trim(vmh_carved_t *pk)
 {
     return trim_kind(pk, EMPTY_ALL, NULL);
 }
 
-size_t vmh_packing_trim_upto(vmh_packing_t *pk, size_t bytes)
+size_t vmh_carved_trim_upto(vmh_carved_t *pk, size_t bytes)
 {
     return trim_kind(pk, EMPTY_ALL, &bytes);
 }
 
-void vmh_packing_trim_paused(vmh_packing_t *pk)
+void vmh_carved_trim_paused(vmh_carved_t *pk)
 {
     trim_kind(pk, EMPTY_PAUSED, NULL);
 }
@@ -1184,7 +1182,7 @@ static void free_run_seen(uintptr_t base, size_t size, void *arg)
 static bool ext_punchable(const vmh_shard_t *s, const vmh_ext_t *e)
 {
     if (!e->extent || !e->npieces || !vmh_extent_busy(e->extent) || vmh_extent_retired(e->extent) ||
-        vmh_packing_paused_locked(e) || !ext_passed(e))
+        vmh_carved_paused_locked(e) || !ext_passed(e))
         return false;
     for (size_t x = 0; x < s->nexported; x++)
         if (s->exported[x].base - vmh_extent_base(e->extent) < vmh_extent_size(e->extent))
@@ -1200,7 +1198,7 @@ static size_t ext_punch_locked(vmh_shard_t *s, vmh_ext_t *e, size_t *budget, fre
                                vmh_range_t ***old, size_t *nold, size_t *oldcap)
 {
     runs->n = 0;
-    if (!vmh_arena_free_runs(e->extent, s->pack->dev->gran, free_run_seen, runs) || runs->failed)
+    if (!vmh_arena_free_runs(e->extent, s->carved->dev->gran, free_run_seen, runs) || runs->failed)
         return 0;
 
     if (*nold + e->npieces > *oldcap) {
@@ -1244,7 +1242,7 @@ static size_t ext_punch_locked(vmh_shard_t *s, vmh_ext_t *e, size_t *budget, fre
     return punched;
 }
 
-size_t vmh_packing_punch_upto(vmh_packing_t *pk, size_t bytes)
+size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes)
 {
     size_t punched = 0;
     free_runs_t runs = {0};
@@ -1274,7 +1272,7 @@ size_t vmh_packing_punch_upto(vmh_packing_t *pk, size_t bytes)
     return punched;
 }
 
-size_t vmh_packing_free_hint(vmh_packing_t *pk)
+size_t vmh_carved_free_hint(vmh_carved_t *pk)
 {
     size_t bytes = 0;
     for (int i = 0; i < VMH_SHARDS && !atomic_load(&pk->frozen); i++)
@@ -1282,7 +1280,7 @@ size_t vmh_packing_free_hint(vmh_packing_t *pk)
     return bytes;
 }
 
-CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
+CUresult vmh_carved_visit(vmh_carved_t *pk, vmh_visit_run_fn fn, void *arg)
 {
     CUresult rc = CUDA_SUCCESS;
     for (int i = 0; i < VMH_SHARDS && rc == CUDA_SUCCESS; i++) {
@@ -1292,7 +1290,7 @@ CUresult vmh_packing_visit(vmh_packing_t *pk, vmh_visit_run_fn fn, void *arg)
         for (vmh_ext_t *e = s->exts; e; e = e->next)
             n += e->npieces;
         /* The shard's extents' pieces as records, for runs of adjacent ones (one reservation
-         * can hold many of a shard's extents: packing.h). */
+         * can hold many of a shard's extents: carved.h). */
         vmh_visit_rec_t *recs = n ? malloc(n * sizeof *recs) : NULL;
         if (n && !recs)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1328,7 +1326,7 @@ static bool ext_holds_memory(const void *owner)
     return false;
 }
 
-size_t vmh_packing_idle_bytes(vmh_packing_t *pk)
+size_t vmh_carved_idle_bytes(vmh_carved_t *pk)
 {
     size_t idle = 0;
     for (int i = 0; i < VMH_SHARDS; i++) {
@@ -1339,8 +1337,8 @@ size_t vmh_packing_idle_bytes(vmh_packing_t *pk)
     return idle;
 }
 
-void vmh_packing_for_each_live(vmh_packing_t *pk, void (*cb)(const vmh_block_info_t *b, void *arg),
-                               void *arg)
+void vmh_carved_for_each_live(vmh_carved_t *pk, void (*cb)(const vmh_block_info_t *b, void *arg),
+                              void *arg)
 {
     for (int k = 0; k < VMH_SHARDS; k++) {
         vmh_lock(&pk->shards[k].lock, VMH_RANK_OWNER);
@@ -1349,7 +1347,7 @@ void vmh_packing_for_each_live(vmh_packing_t *pk, void (*cb)(const vmh_block_inf
     }
 }
 
-void vmh_packing_destroy(vmh_packing_t *pk)
+void vmh_carved_destroy(vmh_carved_t *pk)
 {
     for (int k = 0; k < VMH_SHARDS; k++) {
         vmh_shard_t *s = &pk->shards[k];
