@@ -25,6 +25,8 @@
  * VMMHOOK_VA_LIMIT budget bounds it). */
 #define SPAN_MIN ((size_t)16 << 30)
 #define SPAN_MAX ((size_t)64 << 30)
+/* The small class's first span: its extents hold blocks of at most VMH_SMALL_MAX bytes. */
+#define SMALL_SPAN_MIN ((size_t)1 << 30)
 /* An extent's backing (issue 27): chunks of max(CHUNK_MIN, extent / CHUNK_SPLIT), so that a
  * stretch of whole free chunks inside it can go back (the tidy's holes) while a tag's pause
  * still releases few chunks (20480 x 2 MiB: 101 extents, tests/unit/test_geometry.c); extents
@@ -58,10 +60,23 @@ unsigned vmh_carved_thread_shard(void)
 {
     unsigned s = vmh_thread.shard_mine;
     if (!s) {
-        s = atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed) % VMH_SHARDS + 1;
+        s = atomic_fetch_add_explicit(&shard_next, 1, memory_order_relaxed) % VMH_CLASS_SHARDS + 1;
         vmh_thread.shard_mine = s;
     }
     return s - 1;
+}
+
+/* Whether shard s serves the small class (VMH_SMALL_MAX). */
+static bool shard_small(const vmh_shard_t *s)
+{
+    return s - s->carved->shards >= VMH_CLASS_SHARDS;
+}
+
+/* The i-th shard of home's size class, counted from home (i = 0: home itself). */
+static unsigned class_peer(unsigned home, unsigned i)
+{
+    unsigned base = home - home % VMH_CLASS_SHARDS;
+    return base + (home % VMH_CLASS_SHARDS + i) % VMH_CLASS_SHARDS;
 }
 
 /* Refreshes the shard's hints after a change; the shard is locked. */
@@ -253,7 +268,8 @@ static CUresult span_take(vmh_shard_t *s, size_t size, vmh_resv_t **resv, CUdevi
     vmh_unlock(&s->lock);
     if (got)
         return CUDA_SUCCESS;
-    size_t span = held < SPAN_MIN ? SPAN_MIN : held > SPAN_MAX ? SPAN_MAX : held;
+    size_t least = shard_small(s) ? SMALL_SPAN_MIN : SPAN_MIN;
+    size_t span = held < least ? least : held > SPAN_MAX ? SPAN_MAX : held;
     /* A span takes at most a quarter of what is left of the VMMHOOK_VA_LIMIT budget (own-chunk
      * buffers reserve from it too); else the extent gets a span of its own size. */
     if (span < size || vmh_dev_va_exhausted(4 * span) ||
@@ -577,8 +593,8 @@ static CUresult extent_add_serving(vmh_carved_t *pk, vmh_shard_t *s, size_t size
      * in the thread's shard. */
     vmh_shard_t *gs = s;
     size_t least = SIZE_MAX; /* the least new memory a growth found so far needs */
-    for (unsigned i = 0; own && i < VMH_SHARDS; i++) {
-        vmh_shard_t *k = &pk->shards[(unsigned)(s - pk->shards + i) % VMH_SHARDS];
+    for (unsigned i = 0; own && i < VMH_CLASS_SHARDS; i++) {
+        vmh_shard_t *k = &pk->shards[class_peer((unsigned)(s - pk->shards), i)];
         if (!atomic_load_explicit(&k->extents, memory_order_relaxed))
             continue;
         size_t g = 0;
@@ -652,8 +668,8 @@ static bool others_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t wa
                          CUdeviceptr *out)
 {
     unsigned busy = 0;
-    for (unsigned i = 1; i < VMH_SHARDS; i++) {
-        unsigned k = (home + i) % VMH_SHARDS;
+    for (unsigned i = 1; i < VMH_CLASS_SHARDS; i++) {
+        unsigned k = class_peer(home, i);
         if (atomic_load_explicit(&pk->shards[k].free, memory_order_relaxed) < want)
             continue;
         int rc = shard_alloc(&pk->shards[k], size, true, out);
@@ -746,9 +762,8 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
 /* Serves size bytes from a hole of any shard, the thread's own first. */
 static bool holes_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t want, CUdeviceptr *out)
 {
-    for (unsigned i = 0; i < VMH_SHARDS; i++)
-        if (hole_fill_serving(&pk->shards[(home + i) % VMH_SHARDS], size, want, out) ==
-            CUDA_SUCCESS)
+    for (unsigned i = 0; i < VMH_CLASS_SHARDS; i++)
+        if (hole_fill_serving(&pk->shards[class_peer(home, i)], size, want, out) == CUDA_SUCCESS)
             return true;
     return false;
 }
@@ -808,8 +823,8 @@ static bool joins_alloc_shard(vmh_shard_t *s, size_t size, size_t want, CUdevice
 /* Serves size bytes by joining neighbouring extents of any shard, the thread's own first. */
 static bool joins_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t want, CUdeviceptr *out)
 {
-    for (unsigned i = 0; i < VMH_SHARDS; i++)
-        if (joins_alloc_shard(&pk->shards[(home + i) % VMH_SHARDS], size, want, out))
+    for (unsigned i = 0; i < VMH_CLASS_SHARDS; i++)
+        if (joins_alloc_shard(&pk->shards[class_peer(home, i)], size, want, out))
             return true;
     return false;
 }
@@ -828,7 +843,7 @@ CUresult vmh_carved_alloc(vmh_carved_t *pk, size_t size, CUdeviceptr *out, bool 
     if (atomic_load(&pk->frozen) || !vmh_round_up(size, VMH_ARENA_ALIGN, &want) ||
         !vmh_dev_usable_take(pk->dev, want))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    unsigned home = vmh_carved_thread_shard();
+    unsigned home = vmh_carved_thread_shard() + (size <= VMH_SMALL_MAX ? VMH_CLASS_SHARDS : 0);
     /* The thread's own shard, then free space in the others, and only then a new extent (in
      * the thread's own shard). Parked blocks are not waited for here (reclaim.h: the reclaim
      * thread releases them, a thread about to add an extent waits past VMMHOOK_PARK_LIMIT,

@@ -1,9 +1,9 @@
-/* Layer "carved": small buffers carved from shared chunks (the glue between a device and the
+/* Layer "carved": buffers carved from shared extents (the glue between a device and the
  * host-side sub-allocator of arena.h).
  *
- * Carved buffers live in VMH_SHARDS shards per device, each with its own mutex, arena, extents
- * (each backed by a range, or by pieces between holes), registry entries of those extents and
- * set of exported carved buffers.
+ * Carved buffers live in VMH_SHARDS shards per device (VMH_CLASS_SHARDS per size class, below),
+ * each with its own mutex, arena, extents (each backed by a range, or by pieces between holes),
+ * registry entries of those extents and set of exported carved buffers.
  *
  * Geometry (issue 27). A shard's extents are carved from its spans (span.h): large
  * reservations (the first 16 GiB of address space, each next one as large as the shard holds,
@@ -34,17 +34,18 @@
  * way). Bench (d)'s churn keeps its free space mapped (its live bytes stay near their peak, and
  * chunks are large): 1.24x on the simulated driver, as before (BENCHMARKS.md, "Holes inside
  * extents, built").
- * A thread allocates in the shard it picked at its first allocation and looks at other shards' free
- * space only when its own has none (and, for a request of its own size, at every shard's free ends
- * to grow); a free goes to the shard that owns the extent. An extent given back is registered
- * dead (device.h) from its unlinking until its chunks are unmapped, then unknown. An exported
- * block is listed with its export serial until it is freed; then its export is dead and its memory
- * is never served again: another process may map the chunk (natively, memory freed by its exporter
- * stays the importer's), so its extent is retired (arena.h: it serves no new block) and given back
- * once its other blocks are freed and the GPU is past them; the driver keeps the chunk for as long
- * as an importer holds it. A freed block is parked in its arena with the reclaim generation; each
- * shard parks one item in reclaim.h whose release unparks the shard's blocks up to the generation
- * passed and gives back the retired extents that this empties.
+ * A thread allocates in the shard it picked at its first allocation, in the request's size class,
+ * and looks at other shards' free space (of that class) only when its own has none (and, for a
+ * request of its own size, at every shard's free ends in the class to grow); a free goes to the
+ * shard that owns the extent. An extent given back is registered dead (device.h) from its unlinking
+ * until its chunks are unmapped, then unknown. An exported block is listed with its export serial
+ * until it is freed; then its export is dead and its memory is never served again: another process
+ * may map the chunk (natively, memory freed by its exporter stays the importer's), so its extent is
+ * retired (arena.h: it serves no new block) and given back once its other blocks are freed and the
+ * GPU is past them; the driver keeps the chunk for as long as an importer holds it. A freed block
+ * is parked in its arena with the reclaim generation; each shard parks one item in reclaim.h whose
+ * release unparks the shard's blocks up to the generation passed and gives back the retired extents
+ * that this empties.
  *
  * Lock order (witness.h, OWNER): the reclaim wait lock, then one shard lock, then the reclaim
  * queue lock; never two shard locks at once; no driver call under a shard lock but pause.c's
@@ -62,7 +63,14 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#define VMH_SHARDS 8
+/* Shards per size class: a thread picks one (vmh_carved_thread_shard) and allocates in it, in
+ * the class of each request's size. Requests of at most VMH_SMALL_MAX bytes are carved in the
+ * small class's shards, the others in the large class's: small blocks then never sit between
+ * large ones, where a few live bytes would keep a large chunk mapped and split large free
+ * space (PyTorch's caching allocator keeps a small pool apart for the same reason). */
+#define VMH_CLASS_SHARDS 8
+#define VMH_SHARDS (2 * VMH_CLASS_SHARDS)
+#define VMH_SMALL_MAX ((size_t)1 << 20)
 
 typedef struct vmh_ext vmh_ext_t;
 typedef struct vmh_carved vmh_carved_t;

@@ -206,6 +206,41 @@ static void growing_requests_join_freed_neighbours(void **state)
     assert_int_equal(sim_device_used(0), 0);
 }
 
+/* Small requests (at most VMH_SMALL_MAX) are carved apart from large ones: a program that
+ * frees its large tensors and keeps the small ones it made between them (an optimizer's step
+ * counters) gives the large memory back whole once the tidy's windows have passed, instead of
+ * keeping a large chunk mapped for every few live bytes. */
+static void small_blocks_do_not_pin_large_chunks(void **state)
+{
+    (void)state;
+    CUdeviceptr big[16], small[16];
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(vmh_heap_alloc(64 * MiB, &big[i]), CUDA_SUCCESS);
+        assert_int_equal(vmh_heap_alloc(i % 2 ? 4096 : VMH_SMALL_MAX, &small[i]), CUDA_SUCCESS);
+        tu_fill(small[i], 4096, i);
+    }
+    const size_t used = sim_device_used(0);
+    assert_true(used >= 1024 * MiB);
+    CUdeviceptr lo = big[0], hi = big[0];
+    for (int i = 0; i < 16; i++) {
+        lo = big[i] < lo ? big[i] : lo;
+        hi = big[i] > hi ? big[i] : hi;
+    }
+    for (int i = 0; i < 16; i++) {
+        assert_true(small[i] < lo || small[i] >= hi + 64 * MiB); /* never between large ones */
+        assert_int_equal(vmh_heap_free(big[i], NULL, false), CUDA_SUCCESS);
+    }
+    for (int w = 0; w < 3; w++)
+        vmh_heap_tidy_now(0, true);
+    print_message("  16 x 64 MiB freed beside 16 small blocks kept: %zu of %zu MiB still mapped\n",
+                  sim_device_used(0) / MiB, used / MiB);
+    assert_true(sim_device_used(0) <= 32 * MiB);
+    for (int i = 0; i < 16; i++) {
+        assert_true(tu_check(small[i], 4096, i));
+        assert_int_equal(vmh_heap_free(small[i], NULL, false), CUDA_SUCCESS);
+    }
+}
+
 /* A request that no free space fits grows the extent whose end is free by what that end
  * lacks, when the span has room after it: the new memory is less than the request. */
 static void a_large_request_grows_a_free_end(void **state)
@@ -448,6 +483,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(growing_requests_join_freed_neighbours, setup,
                                         tt_teardown),
         cmocka_unit_test_setup_teardown(a_large_request_grows_a_free_end, setup, tt_teardown),
+        cmocka_unit_test_setup_teardown(small_blocks_do_not_pin_large_chunks, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(another_threads_request_grows_this_ones_free_end, setup,
                                         tt_teardown),
         cmocka_unit_test_setup_teardown(joins_while_another_thread_frees, setup, tt_teardown),

@@ -60,7 +60,7 @@
  */
 #include "simprobe.h"
 
-#include "carved.h"       /* VMH_SHARDS */
+#include "carved.h"       /* VMH_CLASS_SHARDS */
 #include "thread_state.h" /* the shard a trace thread allocates in */
 
 #include <ctype.h>
@@ -547,7 +547,7 @@ static replay_figures_t replay_once(replayer_t *r)
         }
         /* The carved shard the trace's thread would have taken (carved.c picks one per
          * thread, in order of their first allocations). */
-        vmh_thread.shard_mine = e->thread % VMH_SHARDS + 1;
+        vmh_thread.shard_mine = e->thread % VMH_CLASS_SHARDS + 1;
         if (e->alloc) {
             CUresult res = vmh_heap_alloc(e->size, &r->slot[e->slot]);
             f.allocations++;
