@@ -1161,8 +1161,10 @@ void vmh_carved_trim_paused(vmh_carved_t *pk)
 
 /* The free runs of an extent, granule-aligned (vmh_arena_free_runs), in address order. */
 typedef struct free_runs {
-    uintptr_t *base;
-    size_t *size;
+    struct free_run {
+        uintptr_t base;
+        size_t size;
+    } * run;
     size_t n, cap;
     bool failed; /* out of host memory: the extent is left alone */
 } free_runs_t;
@@ -1170,24 +1172,13 @@ typedef struct free_runs {
 static void free_run_seen(uintptr_t base, size_t size, void *arg)
 {
     free_runs_t *f = arg;
-    if (f->failed)
+    struct free_run *grown = f->failed ? NULL : vmh_grow(f->run, &f->cap, f->n, sizeof *grown, 16);
+    if (!grown) {
+        f->failed = true;
         return;
-    if (f->n == f->cap) {
-        size_t cap = f->cap ? 2 * f->cap : 16;
-        uintptr_t *b = realloc(f->base, cap * sizeof *b);
-        if (b)
-            f->base = b;
-        size_t *z = b ? realloc(f->size, cap * sizeof *z) : NULL;
-        if (z)
-            f->size = z;
-        if (!b || !z) {
-            f->failed = true;
-            return;
-        }
-        f->cap = cap;
     }
-    f->base[f->n] = base;
-    f->size[f->n++] = size;
+    f->run = grown;
+    f->run[f->n++] = (struct free_run){base, size};
 }
 
 /* Whether shard s may make holes in e now (s locked): it holds a live or parked block (empty
@@ -1229,10 +1220,10 @@ static size_t ext_punch_locked(vmh_shard_t *s, vmh_ext_t *e, size_t *budget, fre
     size_t punched = 0, nholes = 0;
     for (size_t i = 0, r = 0; holes && kept && i < all->nmaps; i++) {
         vmh_map_t *m = all->maps[i];
-        while (r < runs->n && runs->base[r] + runs->size[r] <= m->ptr)
+        while (r < runs->n && runs->run[r].base + runs->run[r].size <= m->ptr)
             r++;
-        bool in_run = r < runs->n && runs->base[r] <= m->ptr &&
-                      m->ptr + m->size <= runs->base[r] + runs->size[r];
+        bool in_run = r < runs->n && runs->run[r].base <= m->ptr &&
+                      m->ptr + m->size <= runs->run[r].base + runs->run[r].size;
         /* Another holder of the mapping or of its chunk (an export being made) keeps it. */
         bool alone = atomic_load(&m->refs) == 1 && atomic_load(&m->alloc->refs) == 1;
         if (in_run && alone && punched < *budget &&
@@ -1282,8 +1273,7 @@ size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes)
         free(old);
         punched += here;
     }
-    free(runs.base);
-    free(runs.size);
+    free(runs.run);
     return punched;
 }
 
