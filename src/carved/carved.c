@@ -1,4 +1,4 @@
-/* Layer "carved": small buffers carved from shared chunks (see carved.h). */
+/* Layer "carved": buffers carved from shared extents (see carved.h). */
 #include "carved.h"
 
 #include "grow.h"
@@ -586,11 +586,11 @@ static CUresult extent_add_serving(vmh_carved_t *pk, vmh_shard_t *s, size_t size
      * lacks (as an expandable segment grows by what its free end lacks). */
     size_t grow = 0;
     vmh_unlock(&s->lock);
-    /* A request of its own size grows the largest free end of any shard: the threads of one
-     * program (PyTorch's autograd thread beside its main one) allocate in shards of their own,
-     * and two shards' free ends would otherwise each hold a part of what one request needs
-     * (tools/probe/trace_sim replays each trace thread in its own shard). Small requests stay
-     * in the thread's shard. */
+    /* A request of its own size grows the largest free end of any shard of its size class: the
+     * threads of one program (PyTorch's autograd thread beside its main one) allocate in shards
+     * of their own, and two shards' free ends would otherwise each hold a part of what one
+     * request needs (tools/probe/trace_sim replays each trace thread in its own shard). A
+     * request of the shared extent size stays in the thread's shard. */
     vmh_shard_t *gs = s;
     size_t least = SIZE_MAX; /* the least new memory a growth found so far needs */
     for (unsigned i = 0; own && i < VMH_CLASS_SHARDS; i++) {
@@ -659,10 +659,10 @@ static int shard_alloc(vmh_shard_t *s, size_t size, bool try, CUdeviceptr *out)
     return rc == 0 ? 0 : ENOMEM;
 }
 
-/* Free space in the other shards, before any memory is made. Shards whose free bytes (the
- * hint) are fewer than `want` are not tried. Busy ones are waited for only when wait_busy:
- * a thread whose own shard has no extent yet and meets contention elsewhere gives its shard
- * a first extent instead, which is what spreads threads over the shards (at most one chunk
+/* Free space in the other shards of home's size class, before any memory is made. Shards whose free
+ * bytes (the hint) are fewer than `want` are not tried. Busy ones are waited for only when
+ * wait_busy: a thread whose own shard has no extent yet and meets contention elsewhere gives its
+ * shard a first extent instead, which is what spreads threads over the shards (at most one chunk
  * per shard); beyond that, free space anywhere comes before growth. */
 static bool others_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t want, bool wait_busy,
                          CUdeviceptr *out)
@@ -759,7 +759,7 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
     return rc;
 }
 
-/* Serves size bytes from a hole of any shard, the thread's own first. */
+/* Serves size bytes from a hole of any shard of home's size class, home first. */
 static bool holes_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t want, CUdeviceptr *out)
 {
     for (unsigned i = 0; i < VMH_CLASS_SHARDS; i++)
@@ -820,7 +820,8 @@ static bool joins_alloc_shard(vmh_shard_t *s, size_t size, size_t want, CUdevice
     return served;
 }
 
-/* Serves size bytes by joining neighbouring extents of any shard, the thread's own first. */
+/* Serves size bytes by joining neighbouring extents of any shard of home's size class, home
+ * first. */
 static bool joins_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t want, CUdeviceptr *out)
 {
     for (unsigned i = 0; i < VMH_CLASS_SHARDS; i++)
@@ -844,12 +845,12 @@ CUresult vmh_carved_alloc(vmh_carved_t *pk, size_t size, CUdeviceptr *out, bool 
         !vmh_dev_usable_take(pk->dev, want))
         return CUDA_ERROR_OUT_OF_MEMORY;
     unsigned home = vmh_carved_thread_shard() + (size <= VMH_SMALL_MAX ? VMH_CLASS_SHARDS : 0);
-    /* The thread's own shard, then free space in the others, and only then a new extent (in
-     * the thread's own shard). Parked blocks are not waited for here (reclaim.h: the reclaim
-     * thread releases them, a thread about to add an extent waits past VMMHOOK_PARK_LIMIT,
-     * and a new extent the driver has no memory for relieves the device, which waits). A new
-     * extent is made with this request served from it, so no other thread takes its room
-     * first and no trim takes it empty. */
+    /* The thread's own shard of the request's size class, then free space in the others of that
+     * class, and only then a new extent (in the thread's own shard). Parked blocks are not waited
+     * for here (reclaim.h: the reclaim thread releases them, a thread about to add an extent waits
+     * past VMMHOOK_PARK_LIMIT, and a new extent the driver has no memory for relieves the device,
+     * which waits). A new extent is made with this request served from it, so no other thread takes
+     * its room first and no trim takes it empty. */
     vmh_shard_t *mine = &pk->shards[home];
     bool served = false;
     for (int attempt = 0; attempt < 2 && !served; attempt++) {

@@ -28,7 +28,7 @@
 
 typedef enum vmh_owner_kind {
     VMH_OWN_CHUNKS = 1, /* a buffer with a range of its own (ownchunk.c) */
-    VMH_OWN_EXTENT,     /* a shared extent shared by small buffers (carved.c) */
+    VMH_OWN_EXTENT,     /* an extent whose buffers are carved from it (carved.c) */
     VMH_OWN_IDLE,       /* an idle range kept for reuse (cache.c): mapped, nobody's buffer */
     VMH_OWN_DEAD,       /* still mapped until queued work is done (the old address of a moved
                          * buffer, the tail of a shrunk one): queries must not pass it to the

@@ -11,7 +11,7 @@
  *   heap_owners.c       the kinds of owner as one table (ops_of): the one place that tells a
  *                       carved buffer from one with chunks of its own
  *   ownchunk.c          buffers with their own chunks: make, grow, shrink, move, park
- *   carved.c            small buffers in shared chunks (shards over arena.c)
+ *   carved.c            buffers carved from shared extents (shards over arena.c)
  *   cache.c             idle ranges kept for reuse
  *   reclaim.c           parked frees: released once the GPU has passed them
  *   device.c            each device's shape, usable bytes, owner records and their locks

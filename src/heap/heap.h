@@ -1,11 +1,11 @@
 /* Layer "heap front": serving, freeing and finding device buffers.
  *
  * The interposed entry points (interpose.c), the public API (api.c) and IPC (ipc.c) call only
- * this; it routes to the layers below (docs/DESIGN.md): carved.c for small buffers, ownchunk.c
- * for buffers with chunks of their own, cache.c for idle memory, reclaim.c for parked frees,
- * device.c for each device's shape. A heap exists per device; every call works on the current
- * context's device unless it takes a pointer, whose owner names its device. Freed memory is not
- * handed out again until work queued before the free has completed.
+ * this; it routes to the layers below (docs/DESIGN.md): carved.c for buffers carved from shared
+ * extents, ownchunk.c for buffers with chunks of their own, cache.c for idle memory, reclaim.c for
+ * parked frees, device.c for each device's shape. A heap exists per device; every call works on the
+ * current context's device unless it takes a pointer, whose owner names its device. Freed memory is
+ * not handed out again until work queued before the free has completed.
  *
  * Its lifetime is lifetime.c's: configured once before any use, shut down at exit, switched to
  * pass-through in a forked child.
