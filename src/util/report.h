@@ -39,6 +39,13 @@ typedef void (*vmh_stats_table_fn)(void);
 typedef size_t (*vmh_stats_json_fn)(char *buf, size_t len, int indent);
 void vmh_stats_set_tag_report(vmh_stats_table_fn table, vmh_stats_json_fn json);
 
+/* The width of the label column of the statistics table: the longest label of its lines (the
+ * counters', the gauges' and "buffers leaked"), computed from the labels of stats.h, so that a
+ * longer label widens the column instead of pushing its line's values out of it. Lines that the
+ * tag report (vmh_stats_set_tag_report) adds in the table's format should pad their label to
+ * it ("  %-*s ...") to stay aligned. */
+int vmh_stats_label_width(void);
+
 /* Called at exit: the stats table / JSON when asked. Once per process (later calls do
  * nothing); call it after the leak report so that the JSON includes the leak totals. */
 void vmh_stats_report(void);

@@ -208,8 +208,8 @@ static void test_stats_table(void **state)
     vmh_count(VMH_STAT_syncs, 3);
     vmh_gauge_add(VMH_STAT_bytes_reserved, (int64_t)3 << 29);
     vmh_stats_report();
-    /* A header, one line per counter and per gauge. */
-    assert_int_equal(loglines, 1 + VMH_COUNTER_COUNT + VMH_GAUGE_COUNT);
+    /* A header, one line per counter and per gauge, and the idle bytes' note. */
+    assert_int_equal(loglines, 1 + VMH_COUNTER_COUNT + VMH_GAUGE_COUNT + 1);
     assert_non_null(strstr(logbuf, "vmmhook: statistics (pid "));
     static const char *const labels[] = {
         "allocations served",
@@ -231,6 +231,102 @@ static void test_stats_table(void **state)
     assert_true(strstr(l, "12345\n") < strchr(l, '\n') + 1);
     l = strstr(logbuf, "bytes of address space reserved");
     assert_non_null(strstr(l, "now      1.5 GiB  peak      1.5 GiB (1610612736 bytes)"));
+    /* The idle bytes are more than the cache VMMHOOK_CACHE_LIMIT caps: the line after says so. */
+    l = strstr(logbuf, "bytes held idle for reuse");
+    assert_non_null(l);
+    static const char note[] = "vmmhook:     (free space in shared chunks, not capped by "
+                               "VMMHOOK_CACHE_LIMIT, and freed buffers with chunks of their own, "
+                               "capped by it per device)\n";
+    l = strchr(l, '\n') + 1;
+    if (strncmp(l, note, strlen(note)) != 0)
+        fail_msg("no note under the idle bytes:\n%s", logbuf);
+}
+
+/* The label column is as wide as the longest label, whichever that is (stats.h has labels longer
+ * than the 36 columns the table once had): every counter's value ends in one column, every
+ * gauge's "now" starts in one column, and that column is the longest label plus one space. */
+static void test_stats_table_aligned(void **state)
+{
+    (void)state;
+    opt.stats = true;
+    vmh_lifetime_configure_stats(&opt);
+    vmh_count(VMH_STAT_served_allocs, 7);
+    vmh_count(VMH_STAT_spills_small, 123456);
+    vmh_gauge_add(VMH_STAT_bytes_spilled, (int64_t)1 << 30);
+    vmh_leak_report_begin(); /* the "buffers leaked" line (leaks not listed: opt.leaks is off) */
+    vmh_leak_report_one(0x7f0000001000ULL, 4096, 0, NULL);
+    vmh_leak_report_end();
+    vmh_stats_report();
+    assert_int_equal(loglines, 1 + VMH_COUNTER_COUNT + VMH_GAUGE_COUNT + 1 + 1);
+
+    static const char prefix[] = "vmmhook:   ";
+    size_t longest = 0;
+    int counters = 0, gauges = 0;
+    /* First pass: the longest label (a label ends where a run of two spaces, or a space and
+     * "now ", begins; labels have single spaces inside). */
+    for (const char *l = logbuf; *l; l = strchr(l, '\n') + 1) {
+        const char *end = strchr(l, '\n');
+        assert_non_null(end);
+        if (strncmp(l, prefix, strlen(prefix)) != 0)
+            continue; /* the header */
+        const char *label = l + strlen(prefix);
+        while (*label == ' ') /* "  of them ..." is indented under its counter */
+            label++;
+        if (*label == '(')
+            continue; /* a note under a line (the idle bytes'), no columns */
+        const char *e = label;
+        while (e < end && !(e[0] == ' ' && (e[1] == ' ' || strncmp(e + 1, "now ", 4) == 0)))
+            e++;
+        assert_true(e < end);
+        if ((size_t)(e - (l + strlen(prefix))) > longest)
+            longest = (size_t)(e - (l + strlen(prefix)));
+    }
+    for (const char *l = logbuf; *l; l = strchr(l, '\n') + 1) {
+        const char *end = strchr(l, '\n');
+        if (strncmp(l, prefix, strlen(prefix)) != 0)
+            continue;
+        /* the note under the idle bytes */
+        if (strncmp(l, "vmmhook:     (", 14) == 0)
+            continue;
+        const char *col = l + strlen(prefix) + longest; /* where the values begin */
+        char line[256];
+        snprintf(line, sizeof line, "%.*s", (int)(end - l), l);
+        const char *now = strstr(l, " now ");
+        if (now && now < end) {
+            gauges++;
+            if (now != col)
+                fail_msg("a gauge's \"now\" is not at column %zu:\n%s\n%s", longest + 1, line,
+                         logbuf);
+            continue;
+        }
+        counters++;
+        /* A counter: spaces from the label's end to the value, right-aligned in 20 columns. */
+        const char *v = col + 1;
+        if (*col != ' ' || (size_t)(end - v) < 20)
+            fail_msg("a counter's value is not in its column:\n%s\n%s", line, logbuf);
+        const char *digits_end = v + 20;
+        if (!(digits_end[-1] >= '0' && digits_end[-1] <= '9') ||
+            !(*digits_end == '\n' || *digits_end == ' '))
+            fail_msg("a counter's value does not end at column %zu:\n%s\n%s", longest + 21, line,
+                     logbuf);
+    }
+    assert_int_equal(counters, VMH_COUNTER_COUNT + 1); /* and "buffers leaked" */
+    assert_int_equal(gauges, VMH_GAUGE_COUNT);
+    /* The width comes from the labels of stats.h, whatever they are: a label added or made
+     * longer there widens the column (a constant in report.c would not follow). */
+#define LABEL_ITEM(name, help) help,
+    static const char *const all[] = {
+        VMH_COUNTERS(LABEL_ITEM) VMH_GAUGES(LABEL_ITEM) "buffers leaked",
+    };
+#undef LABEL_ITEM
+    size_t widest = 0;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (strlen(all[i]) > widest)
+            widest = strlen(all[i]);
+    assert_int_equal(longest, widest);
+    assert_int_equal(longest, (size_t)vmh_stats_label_width());
+    assert_non_null(strstr(logbuf, "123456\n"));
+    assert_non_null(strstr(logbuf, "1 (4 KiB)\n"));
 }
 
 /* ---- leak report ------------------------------------------------------------------------------
@@ -308,6 +404,7 @@ int main(void)
         T(test_json_no_leak_report),
         T(test_json_unwritable),
         T(test_stats_table),
+        T(test_stats_table_aligned),
         T(test_leak_report),
         T(test_leak_report_none),
         T(test_leak_report_off),
