@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import json
 import os
+import sys
 
 __all__ = [
     "VmmError",
@@ -332,10 +333,29 @@ def stats():
         size = need + 1
 
 
+def _import_torch(what):
+    """PyTorch, for `what` (a part of this package that needs it), imported only when that part
+    is used. Where PyTorch is not installed, a ModuleNotFoundError (name "torch") that says so
+    and that the rest of the package works without it, instead of Python's bare "No module
+    named 'torch'"; any other failure of PyTorch's import (PyTorch there, but broken) as it
+    is."""
+    try:
+        import torch
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        raise ModuleNotFoundError(
+            f"{what} needs PyTorch, which this Python ({sys.executable}) cannot import: "
+            "install it (pip install torch) to use it. The rest of vmmhook (tag, pause, resume, "
+            "stats, memory_stats, ...) works without PyTorch.", name="torch") from None
+    return torch
+
+
 def torch_allocator():
     """PyTorch's CUDAPluggableAllocator over this library, for
     torch.cuda.memory.change_current_allocator() (before the first CUDA allocation)."""
-    import torch  # only when asked: the package itself does not need PyTorch
+    # only when asked: the package itself does not need PyTorch
+    torch = _import_torch("vmmhook.torch_allocator()")
 
     _need()  # a missing or unloadable library fails here, with the reason
     path = library_path()

@@ -80,9 +80,9 @@ class _Torch:
     """The PyTorch calls the drop-in makes (imported when first needed)."""
 
     def __init__(self):
-        import torch
-
-        self.torch = torch
+        # PyTorch missing: an error that says the drop-in needs it (the package does not).
+        self.torch = _vm._import_torch("vmmhook.torch_memory_saver (the torch_memory_saver "
+                                       "drop-in)")
 
     def check_environment(self):
         # As TMS: expandable segments map PyTorch's own VMM memory, which the library does not
