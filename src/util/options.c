@@ -43,8 +43,9 @@ static const char *forms(const opt_row_t *r)
     case K_ENUM:
         return vmh_option_word_forms(r);
     case K_GRAN:
-        return "min, recommended, or a size such as 2M or 64M that is a multiple of the "
-               "driver's minimum granularity, at most 256G";
+        return "min, recommended, or a size that is a multiple of 2M, such as 2M or 64M, at "
+               "most 256G (and a multiple of the driver's minimum granularity where that is "
+               "larger)";
     case K_DEVMASK:
         return "all, none, or a comma-separated list of device ordinals 0 to 63, e.g. 0,1,3";
     case K_STRING:
@@ -77,31 +78,57 @@ static const void *cfield(const vmh_options_t *o, const opt_row_t *r)
     return (const char *)o + r->off;
 }
 
+static size_t fmt_size(char *buf, size_t len, size_t v);
+
+/* Why a value was refused, in a few words. */
+typedef struct why {
+    char text[96];
+} why_t;
+
+static void say(why_t *why, const char *text)
+{
+    snprintf(why->text, sizeof(why->text), "%s", text);
+}
+
+/* A size against the row's step (VMMHOOK_GRANULARITY: a multiple of 2M), the same check for
+ * the library and for vmmhook --check. */
+static int check_step(const opt_row_t *r, size_t v, why_t *why)
+{
+    if (r->step == 0 || v % r->step == 0)
+        return 0;
+    char unit[32];
+    fmt_size(unit, sizeof(unit), r->step);
+    snprintf(why->text, sizeof(why->text), "not a multiple of %s", unit);
+    return ERANGE;
+}
+
 /* Sets row r from value (already known non-empty or a default). On failure the field is left
- * as it was and *reason says why in a few words. */
-static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, const char **reason)
+ * as it was and *why says why. */
+static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, why_t *why)
 {
     size_t len = strlen(value);
     const char *s = value;
     int rc;
     if (r->kind != K_STRING)
         vmh_trim(&s, &len);
-    *reason = "not one of the accepted forms";
+    say(why, "not one of the accepted forms");
 
     switch (r->kind) {
     case K_SIZE: {
         size_t v;
         rc = vmh_parse_size(s, len, &v);
         if (rc == ERANGE)
-            *reason = "too large";
+            say(why, "too large");
         if (rc == 0 && v < r->min) {
-            *reason = "too small";
+            say(why, "too small");
             rc = ERANGE;
         }
         if (rc == 0 && r->max != 0 && v > r->max) {
-            *reason = "too large";
+            say(why, "too large");
             rc = ERANGE;
         }
+        if (rc == 0)
+            rc = check_step(r, v, why);
         if (rc == 0)
             *(size_t *)field(o, r) = v;
         return rc;
@@ -130,15 +157,17 @@ static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, cons
         }
         rc = vmh_parse_size(s, len, &bytes);
         if (rc == ERANGE)
-            *reason = "too large";
+            say(why, "too large");
         if (rc == 0 && bytes == 0) {
-            *reason = "a granularity of 0";
+            say(why, "a granularity of 0");
             rc = ERANGE;
         }
         if (rc == 0 && r->max != 0 && bytes > r->max) {
-            *reason = "larger than any GPU's memory; at most 256G";
+            say(why, "larger than any GPU's memory; at most 256G");
             rc = ERANGE;
         }
+        if (rc == 0)
+            rc = check_step(r, bytes, why);
         if (rc == 0) {
             o->gran_mode = VMH_GRAN_BYTES;
             o->gran_bytes = bytes;
@@ -149,14 +178,14 @@ static int set_row(vmh_options_t *o, const opt_row_t *r, const char *value, cons
         uint64_t v;
         rc = vmh_parse_devices(s, len, &v);
         if (rc == ERANGE)
-            *reason = "a device ordinal above 63";
+            say(why, "a device ordinal above 63");
         if (rc == 0)
             *(uint64_t *)field(o, r) = v;
         return rc;
     }
     case K_STRING:
         if (len >= r->size) {
-            *reason = "longer than 255 bytes";
+            say(why, "longer than 255 bytes");
             return ERANGE;
         }
         memcpy(field(o, r), s, len + 1);
@@ -242,9 +271,9 @@ void vmh_options_defaults(vmh_options_t *o)
 {
     memset(o, 0, sizeof(*o));
     for (size_t i = 0; i < vmh_option_nrows; i++) {
-        const char *reason;
+        why_t why;
         /* Cannot fail: test_options checks that every default parses. */
-        (void)set_row(o, &vmh_option_rows[i], vmh_option_rows[i].def, &reason);
+        (void)set_row(o, &vmh_option_rows[i], vmh_option_rows[i].def, &why);
     }
 }
 
@@ -285,10 +314,10 @@ static unsigned parse_rows(vmh_options_t *o, vmh_getenv_fn get, void *arg, warn_
             const char *v = get(r->name, arg);
             if (v == NULL || v[0] == '\0')
                 continue; /* empty is unset: `VMMHOOK_X= prog` restores the default */
-            const char *reason;
-            if (set_row(o, r, v, &reason) != 0) {
+            why_t why;
+            if (set_row(o, r, v, &why) != 0) {
                 if (how != WARN_NONE)
-                    warn_bad(r, v, reason, o->strict && r != strict_row, how);
+                    warn_bad(r, v, why.text, o->strict && r != strict_row, how);
                 bad++;
             }
         }
@@ -323,67 +352,24 @@ void vmh_options_print(const vmh_options_t *o)
             vmh_fmt_quoted(q, sizeof(q), v, sizeof(v));
         else
             snprintf(q, sizeof(q), "%s", v[0] ? v : "(none)");
-        vmh_log("  %-20s = %s%s", vmh_option_rows[i].name, q,
+        vmh_log("  %-*s = %s%s", vmh_options_name_width(), vmh_option_rows[i].name, q,
                 row_equal(o, &d, &vmh_option_rows[i]) ? " (default)" : "");
     }
 }
 
-static char upper(char c)
+static const char *row_name_at(size_t i, void *arg)
 {
-    return c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
-}
-
-/* The edit distance between a[0..na) and b[0..nb), ignoring ASCII case, with a transposition
- * of two neighbours counting one (GRANULARTY -> GRANULARITY is 1). Three rows on the stack
- * (this can run inside dlsym); names of 64 bytes or more are never near a row's name (the
- * longest has 19). */
-static size_t name_distance(const char *a, size_t na, const char *b, size_t nb)
-{
-    enum { N = 65 };
-    if (na >= N || nb >= N)
-        return SIZE_MAX;
-    size_t rows3[3][N], *back2 = rows3[0], *back = rows3[1], *cur = rows3[2];
-    for (size_t j = 0; j <= nb; j++)
-        back[j] = j;
-    for (size_t i = 1; i <= na; i++) {
-        cur[0] = i;
-        for (size_t j = 1; j <= nb; j++) {
-            size_t best = back[j - 1] + (upper(a[i - 1]) != upper(b[j - 1]));
-            if (back[j] + 1 < best)
-                best = back[j] + 1;
-            if (cur[j - 1] + 1 < best)
-                best = cur[j - 1] + 1;
-            if (i > 1 && j > 1 && upper(a[i - 1]) == upper(b[j - 2]) &&
-                upper(a[i - 2]) == upper(b[j - 1]) && back2[j - 2] + 1 < best)
-                best = back2[j - 2] + 1;
-            cur[j] = best;
-        }
-        size_t *t = back2;
-        back2 = back;
-        back = cur;
-        cur = t;
-    }
-    return back[nb];
+    (void)arg;
+    return vmh_option_rows[i].name;
 }
 
 /* The row whose name is closest to name[0..n) (after the common "VMMHOOK_"), when it is close
- * enough to be a misspelling of it: at most half the letters differ. NULL otherwise. */
+ * enough to be a misspelling of it (optparse.c's rule). NULL otherwise. */
 static const opt_row_t *closest_row(const char *name, size_t n)
 {
-    static const size_t plen = sizeof("VMMHOOK_") - 1;
-    const opt_row_t *best = NULL;
-    size_t best_d = SIZE_MAX;
-    if (n <= plen)
-        return NULL;
-    for (size_t i = 0; i < vmh_option_nrows; i++) {
-        size_t d = name_distance(name + plen, n - plen, vmh_option_rows[i].name + plen,
-                                 strlen(vmh_option_rows[i].name) - plen);
-        if (d < best_d) {
-            best_d = d;
-            best = &vmh_option_rows[i];
-        }
-    }
-    return best && 2 * best_d <= n - plen ? best : NULL;
+    size_t i =
+        vmh_closest_name(name, n, sizeof("VMMHOOK_") - 1, row_name_at, vmh_option_nrows, NULL);
+    return i < vmh_option_nrows ? &vmh_option_rows[i] : NULL;
 }
 
 /* A name as it may be printed bare: capitals, digits and '_' only (an environment name could
@@ -540,17 +526,44 @@ bool vmh_options_info(size_t row, vmh_option_info_t *out)
     if (row >= vmh_option_nrows)
         return false;
     const opt_row_t *r = &vmh_option_rows[row];
-    *out = (vmh_option_info_t){r->name,  r->kind, r->def, r->help,  r->detail,
-                               forms(r), r->min,  r->max, r->words, r->nwords};
+    *out = (vmh_option_info_t){r->name,   r->kind,   r->def,  r->help,
+                               r->detail, forms(r),  r->min,  r->max,
+                               r->words,  r->nwords, r->step, r->later ? r->later : ""};
     return true;
 }
 
 int vmh_options_set(vmh_options_t *o, size_t row, const char *value)
 {
-    const char *reason;
+    why_t why;
     if (row >= vmh_option_nrows)
         return EINVAL;
-    return set_row(o, &vmh_option_rows[row], value, &reason);
+    return set_row(o, &vmh_option_rows[row], value, &why);
+}
+
+int vmh_options_name_width(void)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < vmh_option_nrows; i++)
+        if (strlen(vmh_option_rows[i].name) > w)
+            w = strlen(vmh_option_rows[i].name);
+    return (int)w;
+}
+
+const char *vmh_options_later(const vmh_options_t *o, size_t row)
+{
+    if (row >= vmh_option_nrows || vmh_option_rows[row].later == NULL)
+        return NULL;
+    const opt_row_t *r = &vmh_option_rows[row];
+    switch (r->kind) {
+    case K_GRAN: /* min and recommended are the driver's own answers */
+        return o->gran_mode == VMH_GRAN_BYTES ? r->later : NULL;
+    case K_BOOL: /* off asks nothing of the GPU */
+        return *(const bool *)cfield(o, r) ? r->later : NULL;
+    case K_ENUM: /* the first word is "none" or "off": nothing asked of the GPU */
+        return *(const int *)cfield(o, r) != 0 ? r->later : NULL;
+    default:
+        return r->later;
+    }
 }
 
 size_t vmh_options_format(const vmh_options_t *o, size_t row, char *buf, size_t len)

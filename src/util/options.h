@@ -34,6 +34,14 @@ typedef enum vmh_handle_kind {
  * chunk could never be created, and every served allocation would fail. */
 #define VMH_GRANULARITY_MAX ((size_t)256 << 30)
 
+/* VMMHOOK_GRANULARITY as a size is a multiple of this: 2 MiB, the granule of the library's
+ * address registry (arena/registry.h's VMH_REGISTRY_SHIFT; test_options_parse checks that they
+ * agree), below which the device set-up never goes, and the minimum granularity of every NVIDIA
+ * GPU seen. Checked when the options are read (the row's `step`), so that the library and
+ * vmmhook --check refuse the same sizes (3M, 1000); whether this GPU's driver has a larger
+ * minimum, or can make a chunk of the size, only the device's set-up can tell (device.c). */
+#define VMH_GRANULARITY_UNIT ((size_t)2 << 20)
+
 /* VMMHOOK_OVERFLOW: where an allocation goes that the device cannot serve. */
 typedef enum vmh_overflow_kind {
     VMH_OVERFLOW_OFF,  /* out of memory, as natively (default) */
@@ -99,6 +107,8 @@ typedef struct vmh_option_info {
     size_t min, max;          /* sizes: bounds (max 0 = none) */
     const char *const *words; /* words: the accepted ones, in enum order */
     unsigned nwords;
+    size_t step;       /* sizes: a value must be a multiple of it (0 = any) */
+    const char *later; /* what only the run can check, on the GPU ("" = nothing) */
 } vmh_option_info_t;
 
 /* The table, row by row: count, name, default text, everything; set a row from text as the
@@ -110,6 +120,15 @@ const char *vmh_options_default_text(size_t row);
 bool vmh_options_info(size_t row, vmh_option_info_t *out);
 int vmh_options_set(vmh_options_t *o, size_t row, const char *value);
 size_t vmh_options_format(const vmh_options_t *o, size_t row, char *buf, size_t len);
+
+/* The length of the longest name of the table: the column of '=' in the listings of the
+ * resolved options (VMMHOOK_VERBOSE's, vmmhook --check's). */
+int vmh_options_name_width(void);
+
+/* What of row's value in *o only the run can check, on the GPU (the driver's minimum
+ * granularity, a handle type the driver refuses...), as a sentence; NULL when nothing is left
+ * for it (an explicit granularity size has, `recommended` has not). For vmmhook --check. */
+const char *vmh_options_later(const vmh_options_t *o, size_t row);
 
 /* Parses every row of the table from get() into *o (which holds defaults or earlier values); a
  * bad value gets one warning and leaves its field untouched. Returns the number of bad values,

@@ -29,6 +29,11 @@ typedef struct opt_row {
     unsigned nwords;
     const char *help;   /* one plain line: the launcher's help, vmmhook-config */
     const char *detail; /* markdown added after help in docs/OPTIONS.md ("" = none) */
+    /* Given by name after the rest (.step = ...), in the few rows that have them: */
+    size_t step;       /* K_SIZE, K_GRAN (as a size): a multiple of it, 0 = any; checked
+                          when the options are read, by the library and vmmhook --check */
+    const char *later; /* what only the run can check, on the GPU, that vmmhook --check says
+                          it leaves (NULL = nothing) */
 } opt_row_t;
 
 /* A word row's accepted words as the warnings list them ("none, posix_fd, fabric"). */

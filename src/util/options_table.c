@@ -23,6 +23,10 @@ _Static_assert(sizeof(vmh_overflow_kind_t) == sizeof(int), "enum size");
 static const char *const gran_words[] = {"recommended", "min"};
 _Static_assert(VMH_GRAN_RECOMMENDED == 0 && VMH_GRAN_MIN == 1 && VMH_GRAN_BYTES == 2, "order");
 
+/* The few rows with a step or a run-time-only check give them by name after the rest
+ * (.step = ..., .later = ...); the others leave them out, zero. */
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
 #define FIELD(f) offsetof(vmh_options_t, f), sizeof(((vmh_options_t *)0)->f)
 #define WORDS(w) w, (unsigned)(sizeof(w) / sizeof(w[0]))
 #define NO_WORDS NULL, 0
@@ -31,15 +35,21 @@ const opt_row_t vmh_option_rows[] = {
     {"VMMHOOK_GRANULARITY", K_GRAN, FIELD(gran_mode), "recommended", 0, VMH_GRANULARITY_MAX,
      WORDS(gran_words),
      "Chunk size of device memory: the driver's minimum or recommended granularity, or a size "
-     "that is a multiple of the minimum, at most 256G.",
+     "that is a multiple of 2M (and of the driver's minimum), at most 256G.",
      "The granularities are those the driver gives for the exact allocation properties in use "
-     "(handle type, RDMA flag). An explicit size above 256G is refused when the options are "
-     "read, and by `vmmhook --check` (no GPU has that much memory: the largest have 288 GB; "
-     "every chunk would fail). The rest is checked against the driver when a device is first "
-     "set up, which `--check` cannot do: a size that is not a multiple of the minimum, or one "
-     "the driver cannot make on this GPU (one chunk of it is made and released then), gets a "
-     "warning naming the value and the reason (the minimum, or the driver's answer), and the "
-     "recommended granularity is used instead; with `VMMHOOK_STRICT` the program stops."},
+     "(handle type, RDMA flag). A size that is not a multiple of 2M (the smallest chunk the "
+     "library makes, and the minimum granularity of every NVIDIA GPU seen), or that is above "
+     "256G (no GPU has that much memory: the largest have 288 GB; every chunk would fail), is "
+     "refused when the options are read, and by `vmmhook --check`. The rest is checked against "
+     "the driver when a device is first set up, which `--check` cannot do (it says so): a size "
+     "that is not a multiple of a larger minimum of this GPU, or one the driver cannot make on "
+     "it (one chunk of it is made and released then), gets a warning naming the value and the "
+     "reason (the minimum, or the driver's answer), and the recommended granularity is used "
+     "instead; with `VMMHOOK_STRICT` the program stops.",
+     .step = VMH_GRANULARITY_UNIT,
+     .later = "whether this GPU's driver takes the size (a multiple of its minimum granularity "
+              "for these allocation properties, where that is above 2M, and a chunk it can "
+              "make) is checked when the library sets up each device"},
     {"VMMHOOK_HANDLE_TYPE", K_ENUM, FIELD(handle), "posix_fd", 0, 0, WORDS(handle_words),
      "Shareable handle type requested for every chunk, so that CUDA IPC works on served memory.",
      "It is the `requestedHandleTypes` of `cuMemCreate`; CUDA IPC is `cudaIpcGetMemHandle` "
@@ -47,7 +57,9 @@ const opt_row_t vmh_option_rows[] = {
      "it costs a little: on the H200 (docs/GPU-RUNS.md, run of 4f60da2, cache off) a 2 MiB "
      "alloc+free took 1.60 us with it against 1.44 us with `none` (+11%), a 64 MiB one 191.3 us "
      "against 190.7 us. When the driver rejects the type on this machine (`fabric` needs IMEX; "
-     "the H200 refused it with error 800), a warning says so and `none` is used."},
+     "the H200 refused it with error 800), a warning says so and `none` is used.",
+     .later = "whether the driver makes chunks with this handle type on this machine (fabric "
+              "needs IMEX) is checked when the library sets up each device"},
     {"VMMHOOK_HEADROOM", K_SIZE, FIELD(headroom), "1G", 0, 0, NO_WORDS,
      "Address space reserved past the end of a buffer made by vmm_realloc, so that it can grow "
      "in place.",
@@ -77,7 +89,9 @@ const opt_row_t vmh_option_rows[] = {
     {"VMMHOOK_RDMA", K_BOOL, FIELD(rdma), "off", 0, 0, NO_WORDS,
      "Request GPUDirect RDMA capable chunks.",
      "Sets `gpuDirectRDMACapable` in the allocation properties, on devices that support it "
-     "with VMM memory (a warning on the others)."},
+     "with VMM memory (a warning on the others).",
+     .later = "whether each device supports GPUDirect RDMA with VMM memory is checked when the "
+              "library sets up each device"},
     {"VMMHOOK_PEERS", K_DEVMASK, FIELD(peers), "none", 0, 0, NO_WORDS,
      "Devices granted read/write access to every chunk up front.",
      "Access is granted when a chunk is mapped, so that kernels on those devices can use it."},

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -156,4 +157,61 @@ bool vmh_expand_path(const char *tmpl, long pid, char *out, size_t len)
     }
     out[n] = '\0';
     return true;
+}
+
+static char upper(char c)
+{
+    return c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+}
+
+/* The edit distance between a[0..na) and b[0..nb), ignoring ASCII case, with a transposition
+ * of two neighbours counting one. Three rows on the stack; names of 64 bytes or more are never
+ * near a known one (the longest option name has 24). */
+static size_t name_distance(const char *a, size_t na, const char *b, size_t nb)
+{
+    enum { N = 65 };
+    if (na >= N || nb >= N)
+        return SIZE_MAX;
+    size_t rows3[3][N], *back2 = rows3[0], *back = rows3[1], *cur = rows3[2];
+    for (size_t j = 0; j <= nb; j++)
+        back[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t best = back[j - 1] + (upper(a[i - 1]) != upper(b[j - 1]));
+            if (back[j] + 1 < best)
+                best = back[j] + 1;
+            if (cur[j - 1] + 1 < best)
+                best = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && upper(a[i - 1]) == upper(b[j - 2]) &&
+                upper(a[i - 2]) == upper(b[j - 1]) && back2[j - 2] + 1 < best)
+                best = back2[j - 2] + 1;
+            cur[j] = best;
+        }
+        size_t *t = back2;
+        back2 = back;
+        back = cur;
+        cur = t;
+    }
+    return back[nb];
+}
+
+size_t vmh_closest_name(const char *name, size_t len, size_t skip,
+                        const char *(*at)(size_t i, void *arg), size_t n, void *arg)
+{
+    size_t best = n, best_d = SIZE_MAX;
+    if (len <= skip)
+        return n;
+    for (size_t i = 0; i < n; i++) {
+        const char *known = at(i, arg);
+        size_t klen = strlen(known);
+        if (klen < skip)
+            continue;
+        size_t d = name_distance(name + skip, len - skip, known + skip, klen - skip);
+        if (d < best_d) {
+            best_d = d;
+            best = i;
+        }
+    }
+    return best < n && 2 * best_d <= len - skip ? best : n;
 }

@@ -27,4 +27,15 @@ void vmh_trim(const char **s, size_t *len);
  * files with it (stats.c), and vmmhook-config --check the files it checks. */
 bool vmh_expand_path(const char *tmpl, long pid, char *out, size_t len);
 
+/* Which of n known names `name` (len bytes) is most likely a misspelling of: the nearest by
+ * edit distance, ignoring ASCII case, with a swap of two neighbours counting one
+ * (GRANULARTY -> GRANULARITY is 1), comparing what follows the first `skip` bytes of each (a
+ * prefix they share: "VMMHOOK_", "--"), and near enough only when at most half the letters of
+ * name after it differ. at(i, arg) gives the i-th known name. Returns its index, or n when none
+ * is near (also for a name of `skip` bytes or fewer, or of 64 or more). On the stack only: the
+ * library's unknown-variable warnings (options.c) run inside dlsym; vmmhook-config's "did you
+ * mean" for the launcher's flags uses it too. */
+size_t vmh_closest_name(const char *name, size_t len, size_t skip,
+                        const char *(*at)(size_t i, void *arg), size_t n, void *arg);
+
 #endif

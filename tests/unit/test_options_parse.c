@@ -4,6 +4,8 @@
  * test_options_strict.c; the set-up: options_fixture.h. */
 #include "options_fixture.h"
 
+#include "registry.h" /* VMH_REGISTRY_SHIFT: the granule VMMHOOK_GRANULARITY is a multiple of */
+
 /* ---- defaults ------------------------------------------------------------------------------ */
 
 static void test_defaults(void **state)
@@ -292,6 +294,9 @@ static void test_bad_values(void **state)
         {"VMMHOOK_GRANULARITY", "huge", "min, recommended", "not one of", "recommended"},
         {"VMMHOOK_GRANULARITY", "0", "min, recommended", "granularity of 0", "recommended"},
         {"VMMHOOK_GRANULARITY", "99999999999T", "min, recommended", "too large", "recommended"},
+        /* Issue 37: refused by the device's set-up only, so that vmmhook --check passed them. */
+        {"VMMHOOK_GRANULARITY", "3M", "a multiple of 2M", "not a multiple of 2M", "recommended"},
+        {"VMMHOOK_GRANULARITY", "1000", "a multiple of 2M", "not a multiple of 2M", "recommended"},
         {"VMMHOOK_HANDLE_TYPE", "win32", "none, posix_fd, fabric", "not one of", "posix_fd"},
         {"VMMHOOK_OVERFLOW", "device", "off, host", "not one of", "off"},
         {"VMMHOOK_HEADROOM", "1.5G", "K, M, G or T", "not one of", "1G"},
@@ -414,7 +419,7 @@ static void test_format_round_trip(void **state)
     } cases[] = {
         {"VMMHOOK_GRANULARITY", "min", "min"},
         {"VMMHOOK_GRANULARITY", "2097152", "2M"},
-        {"VMMHOOK_GRANULARITY", "3M", "3M"},
+        {"VMMHOOK_GRANULARITY", "6M", "6M"},
         {"VMMHOOK_HEADROOM", "1536M", "1536M"},
         {"VMMHOOK_HEADROOM", "1025", "1025"},
         {"VMMHOOK_HEADROOM", "0", "0"},
@@ -518,6 +523,54 @@ static void test_granularity_upper_bound(void **state)
     assert_int_equal(loglines, 0);
 }
 
+/* VMMHOOK_GRANULARITY as a size is a multiple of 2M, checked when the options are read (issue
+ * 37: 3M and 1000 passed vmmhook --check and were refused by the device's set-up): the row's
+ * step, which the library's parse and vmmhook-config's check (vmh_options_set) both apply. The
+ * step is the registry's granule, below which the device set-up never goes. */
+static void test_granularity_step(void **state)
+{
+    (void)state;
+    assert_int_equal(VMH_GRANULARITY_UNIT, (size_t)1 << VMH_REGISTRY_SHIFT);
+    size_t r = row_of("VMMHOOK_GRANULARITY");
+    vmh_option_info_t info;
+    assert_true(vmh_options_info(r, &info));
+    assert_int_equal(info.step, VMH_GRANULARITY_UNIT);
+    static const char *const good[] = {"2M", "4M", "64M", "2097152", "2048K", "256G"};
+    static const char *const bad[] = {"1M", "3M", "1000", "1K", "2049K", "3145728", "255G1"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        vmh_options_t o;
+        vmh_options_defaults(&o);
+        if (vmh_options_set(&o, r, good[i]) != 0)
+            fail_msg("VMMHOOK_GRANULARITY=%s refused", good[i]);
+        assert_int_equal(o.gran_mode, VMH_GRAN_BYTES);
+        /* What only the GPU can tell is left to the run, and --check says so. */
+        assert_non_null(vmh_options_later(&o, r));
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        vmh_options_t o, d;
+        vmh_options_defaults(&o);
+        vmh_options_defaults(&d);
+        int rc = vmh_options_set(&o, r, bad[i]);
+        if (rc == 0)
+            fail_msg("VMMHOOK_GRANULARITY=%s accepted", bad[i]);
+        assert_memory_equal(&o, &d, sizeof(o));
+        /* The library's parse refuses it the same way, with the reason. */
+        log_reset();
+        fake_env_t e = {0};
+        env_set(&e, "VMMHOOK_GRANULARITY", bad[i]);
+        assert_int_equal(vmh_options_apply(&o, fake_get, &e), -1);
+        assert_int_equal(o.gran_mode, VMH_GRAN_RECOMMENDED);
+        if (rc == ERANGE)
+            assert_non_null(strstr(logbuf, "(not a multiple of 2M); accepted: "));
+    }
+    /* The driver's own granularities leave nothing to the run. */
+    vmh_options_t o;
+    vmh_options_defaults(&o);
+    assert_null(vmh_options_later(&o, r));
+    assert_int_equal(vmh_options_set(&o, r, "min"), 0);
+    assert_null(vmh_options_later(&o, r));
+}
+
 /* ---- docs/OPTIONS.md documents every row with its default -------------------------------------
  */
 
@@ -578,6 +631,7 @@ int main(void)
         cmocka_unit_test_setup(test_park_pin_limits, setup),
         cmocka_unit_test_setup(test_load_returns_snapshot, setup),
         cmocka_unit_test_setup(test_granularity_upper_bound, setup),
+        cmocka_unit_test_setup(test_granularity_step, setup),
         cmocka_unit_test_setup(test_docs_table, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

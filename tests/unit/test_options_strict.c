@@ -76,11 +76,25 @@ static void test_verbose_lists_all(void **state)
         if (changed == marked)
             fail_msg("line %.*s: (default) marker wrong", (int)(end - line), line);
     }
-    assert_non_null(strstr(logbuf, "VMMHOOK_PACK_BELOW   = 64K\n"));
-    assert_non_null(strstr(logbuf, "VMMHOOK_PEERS        = 0,2\n"));
-    assert_non_null(strstr(logbuf, "VMMHOOK_GRANULARITY  = recommended (default)\n"));
-    assert_non_null(strstr(logbuf, "VMMHOOK_VA_LIMIT     = 64T (default)\n"));
-    assert_non_null(strstr(logbuf, "VMMHOOK_TRACE        = (none) (default)\n"));
+    assert_non_null(strstr(logbuf, "VMMHOOK_PACK_BELOW       = 64K\n"));
+    assert_non_null(strstr(logbuf, "VMMHOOK_PEERS            = 0,2\n"));
+    assert_non_null(strstr(logbuf, "VMMHOOK_GRANULARITY      = recommended (default)\n"));
+    assert_non_null(strstr(logbuf, "VMMHOOK_VA_LIMIT         = 64T (default)\n"));
+    assert_non_null(strstr(logbuf, "VMMHOOK_TRACE            = (none) (default)\n"));
+    assert_non_null(strstr(logbuf, "VMMHOOK_OVERFLOW_RESERVE = 4G (default)\n"));
+    /* One column of '=', after the longest name (issue 37: three names pushed it out). */
+    int width = vmh_options_name_width(), col = -1;
+    assert_int_equal(width, (int)strlen("VMMHOOK_OVERFLOW_RESERVE"));
+    for (size_t i = 0; i < vmh_options_count(); i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "vmmhook:   %s ", vmh_options_name(i));
+        const char *line = strstr(logbuf, want), *eq = strstr(line, " = ");
+        if (col < 0)
+            col = (int)(eq - line);
+        if ((int)(eq - line) != col)
+            fail_msg("the '=' of %s is at column %d, not %d", vmh_options_name(i), (int)(eq - line),
+                     col);
+    }
 }
 
 static void test_not_verbose_silent(void **state)
@@ -154,6 +168,32 @@ static void test_unknown_suggestions(void **state)
     assert_int_equal(vmh_options_check_unknown(envp, false), 1);
     assert_int_equal(loglines, 1);
     assert_non_null(strstr(logbuf, "\"VMMHOOK_A\\x0avmmhook: forged\""));
+}
+
+static const char *flag_name(size_t i, void *arg)
+{
+    return ((const char *const *)arg)[i];
+}
+
+/* The same rule on the launcher's flags (vmmhook-config --closest, issue 37: a misspelt flag
+ * got no suggestion where the variable did): after the two dashes. */
+static void test_closest_flag(void **state)
+{
+    (void)state;
+    static const char *const flags[] = {"--granularity", "--stats", "--stats-json", "--check"};
+    static const struct {
+        const char *given;
+        size_t want; /* 4: none */
+    } cases[] = {
+        {"--granularty", 0}, {"--GRANULARITY", 0}, {"--stat", 1}, {"--stats-jsno", 2},
+        {"--chek", 3},       {"--bogus", 4},       {"--", 4},     {"--x", 4},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t got = vmh_closest_name(cases[i].given, strlen(cases[i].given), 2, flag_name, 4,
+                                      (void *)flags);
+        if (got != cases[i].want)
+            fail_msg("%s: %zu, not %zu", cases[i].given, got, cases[i].want);
+    }
 }
 
 /* The check's own form of the warnings: what is wrong and the accepted forms, not what the
@@ -271,6 +311,7 @@ int main(void)
         cmocka_unit_test_setup(test_not_verbose_silent, setup),
         cmocka_unit_test_setup(test_unknown_variables, setup),
         cmocka_unit_test_setup(test_unknown_suggestions, setup),
+        cmocka_unit_test_setup(test_closest_flag, setup),
         cmocka_unit_test_setup(test_parse_for_check, setup),
         cmocka_unit_test_setup(test_handle_type_refused, setup),
         cmocka_unit_test_setup(test_strict_stop_flushes_and_aborts, setup),

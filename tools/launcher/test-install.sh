@@ -25,7 +25,7 @@ lib=$(find "$root" -name libvmmhook.so -type f | head -1)
 lib=$(cd "$(dirname "$lib")" && pwd)/libvmmhook.so
 
 out=$(env -u LD_PRELOAD "$launcher" --cache-limit 2G --check) || fail "--check failed: $out"
-printf '%s\n' "$out" | grep -qxF '  VMMHOOK_CACHE_LIMIT  = 2G' || fail "--check output: $out"
+printf '%s\n' "$out" | grep -qx '  VMMHOOK_CACHE_LIMIT  *= 2G' || fail "--check output: $out"
 out=$(env -u LD_PRELOAD "$launcher" -n --stats -- /bin/true) || fail "dry run failed: $out"
 printf '%s\n' "$out" | grep -qxF "LD_PRELOAD=$lib" ||
     fail "the installed launcher does not preload the installed library $lib: $out"

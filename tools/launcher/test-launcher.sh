@@ -1,10 +1,13 @@
 #!/bin/sh
 # Checks of the launcher (meson test --suite tools): $1 = the configured launcher of the build
-# tree, $2 = the library it should preload. vmmhook-config is next to the launcher.
+# tree, $2 = the library it should preload, $3 = the source tree (for tools/quickstart).
+# vmmhook-config is next to the launcher.
 set -eu
 launcher=$1
 lib=$2
+root=${3:-}
 config=$(dirname "$launcher")/vmmhook-config
+build=$(cd "$(dirname "$launcher")/../.." && pwd)
 fail() {
     printf 'FAIL: %s\n' "$*" >&2
     exit 1
@@ -111,15 +114,24 @@ printf '%s\n' "$err" | grep -q '^ran$' && fail "the program ran despite a bad va
 [ "$(status_of sh "$launcher" --granularity=512G --check)" = 2 ] || fail "--check 512G: not 2"
 [ "$(status_of sh "$launcher" --granularity=256G -- /bin/true)" = 0 ] || fail "256G refused"
 
-# --check prints the resolved options and exits with the checker's status.
+# --check prints the resolved options and exits with the checker's status; the '=' column is
+# after the longest name (issue 37: three names pushed it out).
+width=$("$config" --list | awk '{ if (length($1) > w) w = length($1) } END { print w }')
+row() { # NAME VALUE: the line of --check
+    awk -v n="$1" -v v="$2" -v w="$width" 'BEGIN { printf "  %-" w "s = %s\n", n, v }'
+}
 out=$(sh "$launcher" --cache-limit 2G --stats --check)
-expect_line "$out" "  VMMHOOK_CACHE_LIMIT  = 2G"
-expect_line "$out" "  VMMHOOK_STATS        = on"
-expect_line "$out" "  VMMHOOK_HEADROOM     = 1G (default)"
+expect_line "$out" "$(row VMMHOOK_CACHE_LIMIT 2G)"
+expect_line "$out" "$(row VMMHOOK_STATS on)"
+expect_line "$out" "$(row VMMHOOK_HEADROOM '1G (default)')"
+expect_line "$out" "$(row VMMHOOK_OVERFLOW_RESERVE '4G (default)')"
+cols=$(printf '%s\n' "$out" | grep '^  VMMHOOK_' | awk '{ print index($0, " = ") }' | sort -u)
+[ "$(printf '%s\n' "$cols" | wc -l)" = 1 ] || fail "--check's '=' is in several columns ($cols): $out"
+[ "$cols" = $((width + 3)) ] || fail "--check's '=' at column $cols, not after the longest name"
 [ "$(status_of sh "$launcher" --pin-limit=x --check)" = 2 ] || fail "--check of a bad value: not 2"
 # A bad value is not shown as resolved to the default the library would fall back to (issue 30).
 out=$(sh "$launcher" --granularity=zz --check 2>/dev/null) && fail "--check of zz: status 0"
-expect_line "$out" "  VMMHOOK_GRANULARITY  = not resolved: a bad value (above)"
+expect_line "$out" "$(row VMMHOOK_GRANULARITY 'not resolved: a bad value (above)')"
 printf '%s\n' "$out" | grep -q 'VMMHOOK_GRANULARITY *= recommended' &&
     fail "--check shows a bad value as the default: $out"
 # An option that needs a value does not take the next option as it (issue 30).
@@ -184,6 +196,93 @@ err=$(env VMMHOOK_STATS_JSON=/tmp sh "$launcher" -- /bin/echo ran 2>&1) && fail 
 printf '%s\n' "$err" | tail -n 1 |
     grep -q "^vmmhook: not running /bin/echo: the check of the settings failed (above)" ||
     fail "the launcher's refusal: $err"
+
+# --check applies the library's own validation of a granularity (issue 37: 3M and 1000 passed
+# it, and the library refused them at the device's set-up): a size must be a multiple of 2M.
+for v in 3M 1000 1M 3145728; do
+    err=$(sh "$launcher" --granularity=$v --check 2>&1 >/dev/null) && fail "--check of $v: status 0"
+    printf '%s\n' "$err" | grep -qF "VMMHOOK_GRANULARITY=\"$v\" is not valid (not a multiple of 2M)" ||
+        fail "--check of $v: $err"
+    [ "$(status_of sh "$launcher" --granularity=$v -- /bin/true)" = 2 ] || fail "$v ran: not 2"
+done
+# What only the GPU can tell is said to be left to the run, for an explicit size only.
+out=$(sh "$launcher" --granularity=64M --check) || fail "--check of 64M failed: $out"
+printf '%s\n' "$out" | grep -q '^Checked only when the program runs, on its GPU' ||
+    fail "--check of 64M does not say what is left to the run: $out"
+printf '%s\n' "$out" | grep -q "^  VMMHOOK_GRANULARITY=64M: whether this GPU's driver takes the size" ||
+    fail "--check of 64M does not say the GPU checks the size: $out"
+out=$(sh "$launcher" --granularity=min --check) || fail "--check of min failed: $out"
+printf '%s\n' "$out" | grep -q 'Checked only when' && fail "--check of min defers a check: $out"
+out=$(sh "$launcher" --handle-type=fabric --check) || fail "--check of fabric failed: $out"
+printf '%s\n' "$out" | grep -q '^  VMMHOOK_HANDLE_TYPE=fabric: whether the driver' ||
+    fail "--check of fabric does not say the driver decides: $out"
+# An empty value is the library's unset: the default, and --check says so.
+out=$(sh "$launcher" --granularity= --cache-limit= --check) || fail "--check of empty values: $out"
+expect_line "$out" "$(row VMMHOOK_GRANULARITY 'recommended (default: the value given is empty)')"
+expect_line "$out" "$(row VMMHOOK_CACHE_LIMIT '1G (default: the value given is empty)')"
+
+# Every message of the launcher starts with its name, vmmhook-config's through it too (issue
+# 37: those named vmmhook-config by its full path).
+err=$(sh "$launcher" --stats-json=/tmp --pin-limit=x --set=VMMHOOK_PEER=all --check 2>&1 >/dev/null) &&
+    fail "--check of three problems: status 0"
+[ "$(printf '%s\n' "$err" | wc -l)" -ge 4 ] || fail "--check of three problems: $err"
+printf '%s\n' "$err" | grep -v '^vmmhook: ' && fail "a message not starting with 'vmmhook: ': $err"
+printf '%s\n' "$err" | grep -q '^vmmhook: the check fails: ' || fail "no 'the check fails': $err"
+err=$(sh "$launcher" --stats-json=/tmp -- /bin/true 2>&1) && fail "ran with a bad file: $err"
+printf '%s\n' "$err" | grep -v '^vmmhook: ' && fail "a message not starting with 'vmmhook: ': $err"
+err=$(VMMHOOK_LAUNCHER_NAME='python -m vmmhook' sh "$launcher" --stats-json=/tmp --check 2>&1 >/dev/null) &&
+    fail "python -m vmmhook --check: status 0"
+printf '%s\n' "$err" | grep -q '^python -m vmmhook: the check fails: ' ||
+    fail "python -m vmmhook --check: $err"
+
+# A misspelt flag gets the library's "did you mean" (issue 37), for the launcher's own too.
+for pair in --granularty=64M:--granularity --stats-jsno=x:--stats-json -granularity=2M:--granularity \
+    --chek:--check --dry-rum:--dry-run; do
+    err=$(sh "$launcher" "${pair%%:*}" -- /bin/true 2>&1) && fail "${pair%%:*}: ran"
+    printf '%s\n' "$err" | grep -q "^vmmhook: unknown option '.*'; did you mean ${pair#*:}? (see --help)\$" ||
+        fail "${pair%%:*}: no suggestion of ${pair#*:}: $err"
+done
+err=$(sh "$launcher" --bogus -- /bin/true 2>&1) && fail "--bogus: ran"
+printf '%s\n' "$err" | grep -q 'did you mean' && fail "--bogus: a suggestion: $err"
+
+# A word among the options that is neither an option nor a program is refused before anything
+# runs (issue 37: `--cache-limit=64 M --check` ran M, and the shell said "exec: M: not found").
+err=$(sh "$launcher" --cache-limit=64 M --check 2>&1) && fail "a stray word ran: $err"
+[ "$(status_of sh "$launcher" --cache-limit=64 M --check)" = 2 ] || fail "a stray word: not 2"
+printf '%s\n' "$err" | head -n 1 |
+    grep -q "^vmmhook: 'M' (after '--cache-limit=64') is not an option, nor a program found on PATH; the program comes after the options and '--'" ||
+    fail "a stray word: $err"
+err=$(sh "$launcher" -n --cache-limit 64 M 2>&1) && fail "a stray word (dry run): $err"
+printf '%s\n' "$err" | grep -q "^vmmhook: 'M' (after '--cache-limit 64') is not an option" ||
+    fail "a stray word after a separate value: $err"
+# A program that is not there, after '--': the launcher says so, with the shell's 127.
+err=$(sh "$launcher" --stats -- vmmhook-no-such-program 2>&1) && fail "no such program: ran"
+[ "$err" = "vmmhook: cannot run vmmhook-no-such-program: not found on PATH" ] ||
+    fail "no such program: $err"
+[ "$(status_of sh "$launcher" --stats -- ./vmmhook-no-such-program)" = 127 ] ||
+    fail "no such program: not 127"
+
+# The build tree's launcher without vmmhook-config says how to build it, with the target's real
+# name (issue 37: tools/quickstart did not build it, and the message did not say how).
+mkdir -p "$scratch/tree/tools/launcher"
+cp "$launcher" "$scratch/tree/tools/launcher/vmmhook"
+: >"$scratch/tree/build.ninja"
+if ! PATH=/usr/bin:/bin command -v vmmhook-config >/dev/null; then
+    err=$(PATH=/usr/bin:/bin sh "$scratch/tree/tools/launcher/vmmhook" --stats -- /bin/true 2>&1) &&
+        fail "ran without vmmhook-config"
+    printf '%s\n' "$err" | grep -q "^vmmhook: vmmhook-config not found next to .*; build it with: meson compile -C $scratch/tree vmmhook-config\$" ||
+        fail "no way to build vmmhook-config in: $err"
+fi
+if command -v meson >/dev/null; then
+    meson introspect "$build" --targets | grep -q '"name": "vmmhook-config"' ||
+        fail "the build has no target named vmmhook-config"
+fi
+# ... and tools/quickstart builds it, for the README's launcher line after it.
+if [ -n "$root" ]; then
+    grep -E '^ *targets(\+)?=\(' "$root/tools/quickstart" | grep -qw 'tools/launcher/vmmhook-config' ||
+        fail "tools/quickstart does not build tools/launcher/vmmhook-config"
+    [ -x "$build/tools/launcher/vmmhook-config" ] || fail "no $build/tools/launcher/vmmhook-config"
+fi
 
 # Usage errors say what was wrong in their first line, and at most a hint after it.
 err=$(sh "$launcher" --stats 2>&1) && fail "no program: ran"

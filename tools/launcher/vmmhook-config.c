@@ -11,7 +11,14 @@
  *   vmmhook-config --markdown    the options table of docs/OPTIONS.md
  *   vmmhook-config --stats-fields  the counters and gauges of the stats JSON, for OPTIONS.md
  *   vmmhook-config --list        one line per option for the launcher: NAME KIND FLAG
+ *   vmmhook-config --closest FLAG [FLAG...]
+ *                                the flag of the table (or one of the FLAGs after it: the
+ *                                launcher's own) that FLAG is a misspelling of, as the library
+ *                                names the closest VMMHOOK_* variable; nothing when none is near
  *   vmmhook-config --version
+ *
+ * Before the mode, --as=NAME: messages start with "NAME: " instead of this program's path (the
+ * launcher passes its own name, so that all it prints starts the same).
  *
  * docs/OPTIONS.md holds the --markdown output between two marker lines; the tools test suite
  * fails when they differ (`meson compile -C build update-docs` rewrites it). */
@@ -158,12 +165,14 @@ static void help_text(void)
 
 static void markdown_forms(const vmh_option_info_t *r, char *buf, size_t len)
 {
-    char max[32], min[32];
+    char max[32], min[32], step[32];
     size_text(r->max, max, sizeof(max));
     size_text(r->min, min, sizeof(min));
+    size_text(r->step, step, sizeof(step));
     switch (r->kind) {
     case VMH_OPTION_SIZE:
-        snprintf(buf, len, "size%s%s%s%s", r->min ? ", at least " : "", r->min ? min : "",
+        snprintf(buf, len, "size%s%s%s%s%s%s", r->step ? ", a multiple of " : "",
+                 r->step ? step : "", r->min ? ", at least " : "", r->min ? min : "",
                  r->max ? ", at most " : "", r->max ? max : "");
         return;
     case VMH_OPTION_BOOL:
@@ -179,9 +188,10 @@ static void markdown_forms(const vmh_option_info_t *r, char *buf, size_t len)
         buf[0] = '`';
         buf[1] = '\0';
         join_words(r, "`, `", buf, len);
-        snprintf(buf + strlen(buf), len - strlen(buf),
-                 "`, or a size such as `2M` or `64M`%s%s%s", r->max ? ", at most `" : "",
-                 r->max ? max : "", r->max ? "`" : "");
+        snprintf(
+            buf + strlen(buf), len - strlen(buf), "`, or a size%s%s%s such as `2M` or `64M`%s%s%s",
+            r->step ? " that is a multiple of `" : "", r->step ? step : "", r->step ? "`," : "",
+            r->max ? ", at most `" : "", r->max ? max : "", r->max ? "`" : "");
         return;
     case VMH_OPTION_DEVICES:
         snprintf(buf, len,
@@ -245,6 +255,50 @@ static void list(void)
         flag_of(r.name, flag, sizeof(flag));
         printf("%s %s %s\n", r.name, launcher_kind(&r), flag);
     }
+}
+
+/* The names --closest compares: the table's flags, then the launcher's own given after. */
+typedef struct flags {
+    char table[64][64];
+    size_t ntable;
+    char *const *extra;
+    size_t nextra;
+} flags_t;
+
+static const char *flag_at(size_t i, void *arg)
+{
+    const flags_t *f = arg;
+    return i < f->ntable ? f->table[i] : f->extra[i - f->ntable];
+}
+
+/* The known flag that `given` (its part before '=') is a misspelling of, on stdout; the rule
+ * of the library's "did you mean" for VMMHOOK_* variables (optparse.c's vmh_closest_name),
+ * after the leading dashes (so that -granularity finds --granularity). Nothing when none is
+ * near. */
+static int closest(const char *given, char *const *extra, size_t nextra)
+{
+    static flags_t f;
+    f.ntable = 0;
+    for (size_t i = 0; i < vmh_options_count() && f.ntable < 64; i++) {
+        vmh_option_info_t r;
+        vmh_options_info(i, &r);
+        flag_of(r.name, f.table[f.ntable++], sizeof(f.table[0]));
+    }
+    f.extra = extra;
+    f.nextra = nextra;
+    /* "--x" compared with "--x": the name given is made to start with two dashes. */
+    char name[80];
+    size_t dashes = strspn(given, "-"), n = strcspn(given + dashes, "=");
+    if (n + 3 > sizeof(name))
+        return 0;
+    snprintf(name, sizeof(name), "--%.*s", (int)n, given + dashes);
+    size_t total = f.ntable + f.nextra;
+    size_t i = vmh_closest_name(name, strlen(name), 2, flag_at, total, &f);
+    /* Not the flag itself, as given (-granularity gets --granularity). */
+    if (i < total &&
+        (strlen(flag_at(i, &f)) != n + dashes || strncmp(flag_at(i, &f), given, n + dashes) != 0))
+        printf("%s\n", flag_at(i, &f));
+    return fflush(stdout) == 0 ? 0 : 1;
 }
 
 /* Whether the library could write its output file at path (expanded): the rules of stats.c's
@@ -316,14 +370,14 @@ static unsigned check_outputs(const vmh_options_t *o)
         char path[VMH_PATH_MAX], why[VMH_PATH_MAX + 100], q[VMH_PATH_MAX + 40];
         vmh_fmt_quoted(q, sizeof(q), tmpl, sizeof(tmpl));
         if (!vmh_expand_path(tmpl, (long)getpid(), path, sizeof(path))) {
-            fprintf(stderr, "%s: %s=%s: longer than %zu bytes once %%p is replaced\n", self,
-                    r.name, q, sizeof(path) - 1);
+            fprintf(stderr, "%s: %s=%s: longer than %zu bytes once %%p is replaced\n", self, r.name,
+                    q, sizeof(path) - 1);
             bad++;
             continue;
         }
         if (!output_writable(path, why, sizeof(why))) {
-            fprintf(stderr, "%s: %s=%s: the library could not write it: %s\n", self, r.name,
-                    q, why);
+            fprintf(stderr, "%s: %s=%s: the library could not write it: %s\n", self, r.name, q,
+                    why);
             bad++;
             continue;
         }
@@ -371,17 +425,42 @@ static int check(void)
     unsigned outputs = check_outputs(&o);
     printf("libvmmhook %d.%d.%d options:\n", VMM_VERSION_MAJOR, VMM_VERSION_MINOR,
            VMM_VERSION_PATCH);
+    /* The '=' column after the longest name (issue 37: three names pushed it out). */
+    int width = vmh_options_name_width();
+    unsigned later = 0;
     for (size_t i = 0; i < vmh_options_count(); i++) {
         char v[300], dv[300];
         const char *name = vmh_options_name(i), *env = vmh_options_env_get(name, NULL);
         if (env && env[0] && vmh_options_set(&scratch, i, env) != 0) {
-            printf("  %-20s = not resolved: a bad value (above)\n", name);
+            printf("  %-*s = not resolved: a bad value (above)\n", width, name);
             continue;
         }
         vmh_options_format(&o, i, v, sizeof(v));
         vmh_options_format(&d, i, dv, sizeof(dv));
-        printf("  %-20s = %s%s\n", name, v[0] ? v : "(none)",
-               strcmp(v, dv) == 0 ? " (default)" : "");
+        /* Set but empty: the library reads it as unset (options.c), so the default applies. */
+        const char *note = env && !env[0]       ? " (default: the value given is empty)"
+                           : strcmp(v, dv) == 0 ? " (default)"
+                                                : "";
+        printf("  %-*s = %s%s\n", width, name, v[0] ? v : "(none)", note);
+        later += env && env[0] && vmh_options_later(&o, i) != NULL;
+    }
+    /* What only the run can check, for the values given (issue 37: an explicit granularity
+     * passed --check without a word that the GPU has the last say). */
+    if (later) {
+        wrap("Checked only when the program runs, on its GPU (--check has none to ask); a "
+             "value refused then gets a warning and the library's fallback (with "
+             "VMMHOOK_STRICT, the program stops):",
+             0, 100);
+        for (size_t i = 0; i < vmh_options_count(); i++) {
+            const char *name = vmh_options_name(i), *env = vmh_options_env_get(name, NULL);
+            const char *what = env && env[0] ? vmh_options_later(&o, i) : NULL;
+            char v[300], text[700];
+            if (!what)
+                continue;
+            vmh_options_format(&o, i, v, sizeof(v));
+            snprintf(text, sizeof(text), "%s=%s: %s.", name, v, what);
+            wrap(text, 2, 100);
+        }
     }
     if (!bad && !unknown && !outputs)
         return 0;
@@ -397,7 +476,8 @@ static int check(void)
 }
 
 static const char usage_text[] =
-    "Usage: vmmhook-config --check | --help-text | --markdown | --list | --version\n"
+    "Usage: vmmhook-config [--as=NAME] --check | --help-text | --markdown | --list | "
+    "--closest FLAG... | --version\n"
     "  --check      parse the VMMHOOK_* variables of the environment as libvmmhook does,\n"
     "               check the output files and the names, print the resolved options;\n"
     "               exit 2 on a bad value, 1 on an unknown VMMHOOK_* variable or an output\n"
@@ -406,6 +486,9 @@ static const char usage_text[] =
     "  --markdown   the options table of docs/OPTIONS.md\n"
     "  --stats-fields  the counters and gauges of the stats JSON (docs/OPTIONS.md)\n"
     "  --list       NAME KIND FLAG per option (for the launcher)\n"
+    "  --closest FLAG [FLAG...]  the flag of the table, or of the FLAGs after it, that FLAG\n"
+    "               is a misspelling of (nothing when none is near)\n"
+    "  --as=NAME    before the mode: messages start with NAME: (the launcher's name)\n"
     "Exit status: 0 done; 1 --check found a problem other than a bad value, or output failed;\n"
     "2 a usage error or a bad value.\n";
 
@@ -422,12 +505,24 @@ int main(int argc, char **argv)
 {
     if (argc > 0 && argv[0] && argv[0][0])
         self = argv[0];
+    /* --as=NAME: the launcher's name for every message of its own (issue 37). vmh_log's lines
+     * start with "vmmhook: " already. */
+    if (argc > 1 && !strncmp(argv[1], "--as=", 5) && argv[1][5]) {
+        self = argv[1] + 5;
+        argv++;
+        argc--;
+    }
     if (argc < 2)
         return usage_error("%s", "a mode is needed (--check, --help-text, --markdown, --list, "
                                  "--version)");
+    const char *m = argv[1];
+    if (!strcmp(m, "--closest")) {
+        if (argc < 3)
+            return usage_error("%s", "--closest needs the flag to look up");
+        return closest(argv[2], argv + 3, (size_t)(argc - 3));
+    }
     if (argc > 2)
         return usage_error("one mode at a time; '%s' is one too many", argv[2]);
-    const char *m = argv[1];
     if (!strcmp(m, "--check"))
         return check();
     if (!strcmp(m, "--help-text"))
