@@ -410,12 +410,10 @@ int vmh_arena_alloc(vmh_arena_t *a, size_t size, uintptr_t *out)
     return 0;
 }
 
-int vmh_arena_park(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, uint64_t gen,
-                   vmh_block_info_t *info)
+/* b (in no list, its extent's live count already without it) becomes parked with generation
+ * gen, at the end of the FIFO. */
+static void park_push(vmh_arena_t *a, blk_t *b, uint64_t gen)
 {
-    blk_t *b = take_live(a, e, p, info);
-    if (!b)
-        return EINVAL;
     size_t size = blk_size(b);
     blk_set(b, size, B_PARKED);
     b->u.gen = gen;
@@ -429,8 +427,17 @@ int vmh_arena_park(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, uint64_t gen,
     }
     a->park_tail = b;
     a->nparked++;
-    e->nparked++;
+    b->ext->nparked++;
     a->parked += size;
+}
+
+int vmh_arena_park(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, uint64_t gen,
+                   vmh_block_info_t *info)
+{
+    blk_t *b = take_live(a, e, p, info);
+    if (!b)
+        return EINVAL;
+    park_push(a, b, gen);
     return 0;
 }
 
@@ -497,7 +504,8 @@ size_t vmh_arena_unpark_upto(vmh_arena_t *a, uint64_t gen)
     return n;
 }
 
-int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
+int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size,
+                     vmh_arena_tail_t tail, uint64_t gen)
 {
     blk_t *b = live_at(a, e, p);
     if (!b || !size)
@@ -507,7 +515,7 @@ int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
     size_t need = (size + VMH_ARENA_ALIGN - 1) & ~(size_t)(VMH_ARENA_ALIGN - 1);
     size_t have = blk_size(b);
     blk_t *n = b->phys_next;
-    if (e->retired) {
+    if (e->retired || (need < have && tail == VMH_TAIL_KEEP)) {
         /* Its free space is never served again: no growth, and a shrink keeps its tail. */
         if (need > have)
             return ENOMEM;
@@ -532,6 +540,26 @@ int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size)
         blk_set(b, need, B_LIVE);
         a->free -= extra;
         a->live += extra;
+    } else if (need < have && tail == VMH_TAIL_PARK) {
+        /* The tail may still be written by work queued before the shrink: a parked block of
+         * its own, free once the GPU has passed gen, as a freed block of its size would be. */
+        if (!rec_reserve(a)) {
+            b->u.req = size; /* no host memory for a record: the block keeps its tail */
+            return 0;
+        }
+        size_t cut = have - need;
+        blk_t *t = rec_take(a);
+        t->ext = e;
+        t->base = b->base + need;
+        blk_set(t, cut, B_PARKED);
+        t->phys_prev = b;
+        t->phys_next = n;
+        if (n)
+            n->phys_prev = t;
+        b->phys_next = t;
+        park_push(a, t, gen);
+        blk_set(b, need, B_LIVE);
+        a->live -= cut;
     } else if (need < have) {
         size_t cut = have - need;
         if (n && blk_state(n) == B_FREE) {

@@ -72,11 +72,22 @@ size_t vmh_arena_unpark_upto(vmh_arena_t *a, uint64_t gen);
 /* Number of parked blocks (any generation). */
 size_t vmh_arena_parked(const vmh_arena_t *a);
 
+/* What a shrink does with the tail it gives up: it follows the free rule (carved.c), as a free
+ * of a block of the tail's size would (DESIGN.md, "Frees"). */
+typedef enum vmh_arena_tail {
+    VMH_TAIL_FREE, /* free space at once (no work can touch it), merged with a free neighbour */
+    VMH_TAIL_PARK, /* a parked block of generation gen, free once the GPU has passed it */
+    VMH_TAIL_KEEP, /* kept by the block (an exported one: an importer may map the tail) */
+    VMH_TAIL_COUNT
+} vmh_arena_tail_t;
+
 /* Grows the live block at p (of extent e) in place to size bytes when the following space is
- * free (not parked, same extent); shrinking always succeeds (the tail is freed and merged; if
- * host memory for the split runs out the block keeps its usable size). 0, ENOMEM when the
- * neighbour has no room, EINVAL when p is not the start of a live block of e or size is 0. */
-int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size);
+ * free (not parked, same extent); shrinking always succeeds, its tail going as `tail` says
+ * (gen: VMH_TAIL_PARK's generation); if host memory for the split runs out, or e is retired,
+ * the block keeps its usable size. 0, ENOMEM when the neighbour has no room, EINVAL when p is
+ * not the start of a live block of e or size is 0. */
+int vmh_arena_resize(vmh_arena_t *a, vmh_extent_t *e, uintptr_t p, size_t size,
+                     vmh_arena_tail_t tail, uint64_t gen);
 
 /* Removes one extent that holds no live and no parked block, returning its owner and range
  * (NULL when there is none). Used by trimming. O(1): the arena keeps a list of such extents
@@ -96,6 +107,8 @@ void vmh_arena_retire_extent(vmh_arena_t *a, vmh_extent_t *e);
 bool vmh_extent_retired(const vmh_extent_t *e);
 /* Whether e holds a live or a parked block. */
 bool vmh_extent_busy(const vmh_extent_t *e);
+/* Whether e holds a live block (an extent without one is idle: a trim's, once passed). */
+bool vmh_extent_has_live(const vmh_extent_t *e);
 
 /* Removes one retired extent that holds no live and no parked block, like
  * vmh_arena_take_empty_extent (NULL when there is none). O(idle extents). */
@@ -123,13 +136,13 @@ uintptr_t vmh_extent_base(const vmh_extent_t *e);
 size_t vmh_extent_size(const vmh_extent_t *e);
 
 /* The free runs of extent e (free blocks: neither live nor parked, so nothing the GPU may still
- * use), each cut to its `align`-aligned interior, offsets counted from the extent's base and
- * the extent's end counting as aligned (a chunk at the end may be shorter): what could be
- * unmapped inside the extent if it were backed by chunks of `align` bytes (issue 27's holes).
- * cb(base, size, arg) for each non-empty interior, in address order; returns their bytes. A
- * retired extent's free space is left out (another process may map its chunk). O(blocks of e).
- * cb must not change the arena. */
-size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
+ * use; with_parked: parked ones too, what is free once the GPU has passed them), each cut to
+ * its `align`-aligned interior, offsets counted from the extent's base and the extent's end
+ * counting as aligned (a chunk at the end may be shorter): what could be unmapped inside the
+ * extent if it were backed by chunks of `align` bytes (holes). cb(base, size, arg) for each
+ * non-empty interior, in address order; returns their bytes. A retired extent's free space is
+ * left out (another process may map its chunk). O(blocks of e). cb must not change the arena. */
+size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align, bool with_parked,
                            void (*cb)(uintptr_t base, size_t size, void *arg), void *arg);
 /* Holes (issue 27): space inside an extent that its owner took out of service (carved.c
  * unmaps it). vmh_arena_hole makes [base, base + size) of e, which must lie inside one free

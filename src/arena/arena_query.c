@@ -37,6 +37,11 @@ bool vmh_extent_busy(const vmh_extent_t *e)
     return e->nlive || e->nparked;
 }
 
+bool vmh_extent_has_live(const vmh_extent_t *e)
+{
+    return e->nlive != 0;
+}
+
 void vmh_arena_stats(const vmh_arena_t *a, vmh_arena_stats_t *s)
 {
     if (!s)
@@ -80,7 +85,7 @@ size_t vmh_extent_size(const vmh_extent_t *e)
     return e->size;
 }
 
-size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
+size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align, bool with_parked,
                            void (*cb)(uintptr_t base, size_t size, void *arg), void *arg)
 {
     if (!e || !align || e->retired)
@@ -88,9 +93,17 @@ size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align,
     size_t bytes = 0;
     const uintptr_t end = e->base + e->size;
     for (const blk_t *b = e->first; b; b = b->phys_next) {
-        if (blk_state(b) != B_FREE)
+        unsigned st = blk_state(b);
+        if (st != B_FREE && !(with_parked && st == B_PARKED))
             continue;
+        /* A run: this block and the free (or parked) ones right after it (free blocks merge,
+         * parked ones do not). */
         size_t off = b->base - e->base, off_end = off + blk_size(b);
+        while (b->phys_next && (blk_state(b->phys_next) == B_FREE ||
+                                (with_parked && blk_state(b->phys_next) == B_PARKED))) {
+            b = b->phys_next;
+            off_end += blk_size(b);
+        }
         size_t lo = off % align ? off + (align - off % align) : off;
         size_t hi = e->base + off_end == end ? off_end : off_end - off_end % align;
         if (lo >= hi)

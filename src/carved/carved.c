@@ -890,6 +890,27 @@ static vmh_carved_export_t *exported_find_locked(vmh_shard_t *s, CUdeviceptr p)
     return NULL;
 }
 
+/* s's arena parked `bytes` more at generation gen: its item in reclaim covers them. An item
+ * already queued is released by a wait that also covers them, or parks itself again for them
+ * (shard_release runs under this shard's lock). */
+static void shard_parked_locked(vmh_shard_t *s, uint64_t gen, size_t bytes)
+{
+    vmh_reclaim_t *r = s->carved->reclaim;
+    if (!atomic_load(&s->parked_item.queued))
+        vmh_reclaim_park(r, &s->parked_item, gen, bytes);
+    else
+        vmh_reclaim_add_bytes(r, bytes);
+}
+
+/* Space of e that work queued before now may still touch became free at once (the program's
+ * work runs in one queue): e stays mapped until a wait has passed it (ext_passed). */
+static void ext_freed_at_once_locked(vmh_ext_t *e)
+{
+    vmh_reclaim_t *r = e->shard->carved->reclaim;
+    e->freed_mark = vmh_reclaim_mark(r);
+    vmh_reclaim_freed_at_once(r);
+}
+
 CUresult vmh_carved_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_t *req)
 {
     vmh_shard_t *s = e->shard;
@@ -910,13 +931,11 @@ CUresult vmh_carved_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_
     if (at_once && !x) {
         if (vmh_arena_release(s->arena, e->extent, p, &info) != 0)
             return CUDA_ERROR_INVALID_VALUE;
-        e->freed_mark = vmh_reclaim_mark(pk->reclaim);
-        vmh_reclaim_freed_at_once(pk->reclaim);
+        ext_freed_at_once_locked(e);
     } else {
         size_t parked_before = parked_bytes_locked(s);
         if (vmh_arena_park(s->arena, e->extent, p, gen, &info) != 0)
             return CUDA_ERROR_INVALID_VALUE;
-        size_t bytes = parked_bytes_locked(s) - parked_before;
         if (x) {
             *x = s->exported[--s->nexported];
             vmh_arena_retire_extent(s->arena, e->extent);
@@ -924,12 +943,7 @@ CUresult vmh_carved_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_
              * small again, so that a program exporting small buffers strands little. */
             s->extent_next = pk->dev->gran;
         }
-        /* An item already queued is released by a wait that also covers this block, or parks
-         * itself again for it (shard_release runs under this shard's lock). */
-        if (!atomic_load(&s->parked_item.queued))
-            vmh_reclaim_park(pk->reclaim, &s->parked_item, gen, bytes);
-        else
-            vmh_reclaim_add_bytes(pk->reclaim, bytes);
+        shard_parked_locked(s, gen, parked_bytes_locked(s) - parked_before);
     }
     shard_note(s);
     vmh_dev_usable_give(pk->dev, info.usable);
@@ -962,7 +976,8 @@ const void *vmh_carved_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n)
     return host + (p - base);
 }
 
-CUresult vmh_carved_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size)
+CUresult vmh_carved_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, bool at_once,
+                                  size_t *old_size)
 {
     vmh_shard_t *s = e->shard;
     vmh_dev_t *d = e->o.dev;
@@ -977,11 +992,24 @@ CUresult vmh_carved_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size
     size_t extra = want > info.usable ? want - info.usable : 0;
     if (extra && !vmh_dev_usable_take(d, extra))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (vmh_arena_resize(s->arena, e->extent, p, size) != 0) {
+    /* A shrink's tail follows the free rule (vmh_carved_park_locked): free at once only while
+     * the work runs in one queue, parked until the GPU has passed it otherwise, kept by an
+     * exported block (an importer may map it). */
+    vmh_arena_tail_t tail = exported_find_locked(s, p) ? VMH_TAIL_KEEP
+                            : at_once                  ? VMH_TAIL_FREE
+                                                       : VMH_TAIL_PARK;
+    uint64_t gen = vmh_reclaim_now(s->carved->reclaim);
+    size_t parked_before = parked_bytes_locked(s);
+    if (vmh_arena_resize(s->arena, e->extent, p, size, tail, gen) != 0) {
         if (extra)
             vmh_dev_usable_give(d, extra);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    size_t parked = parked_bytes_locked(s) - parked_before;
+    if (parked)
+        shard_parked_locked(s, gen, parked);
+    else if (tail == VMH_TAIL_FREE && want < info.usable)
+        ext_freed_at_once_locked(e);
     vmh_block_info_t now;
     vmh_arena_find(e->extent, p, &now);
     shard_note(s);
@@ -1182,19 +1210,38 @@ static void free_run_seen(uintptr_t base, size_t size, void *arg)
     f->run[f->n++] = (struct free_run){base, size};
 }
 
+/* Whether e's free chunks may become holes, once the GPU has passed what was freed in it at
+ * once (s locked; see ext_punchable). */
+static bool ext_may_hole(const vmh_shard_t *s, const vmh_ext_t *e)
+{
+    if (!e->extent || !e->npieces || !vmh_extent_busy(e->extent) || vmh_extent_retired(e->extent) ||
+        vmh_carved_paused_locked(e))
+        return false;
+    for (size_t x = 0; x < s->nexported; x++)
+        if (s->exported[x].base - vmh_extent_base(e->extent) < vmh_extent_size(e->extent))
+            return false;
+    return true;
+}
+
 /* Whether shard s may make holes in e now (s locked): it holds a live or parked block (empty
  * extents are the trim's, and so e keeps a piece), serves blocks (not retired), is shared with
  * no process (no live export in it), runs (no piece paused), and every block freed at once in
  * it was freed before the last completed wait (else the GPU may still touch it). */
 static bool ext_punchable(const vmh_shard_t *s, const vmh_ext_t *e)
 {
-    if (!e->extent || !e->npieces || !vmh_extent_busy(e->extent) || vmh_extent_retired(e->extent) ||
-        vmh_carved_paused_locked(e) || !ext_passed(e))
-        return false;
-    for (size_t x = 0; x < s->nexported; x++)
-        if (s->exported[x].base - vmh_extent_base(e->extent) < vmh_extent_size(e->extent))
-            return false;
-    return true;
+    return ext_may_hole(s, e) && ext_passed(e);
+}
+
+/* Whether mapping m (of an extent whose free runs are `runs`, the mappings visited in address
+ * order, *r the run reached) lies wholly in free space and nothing but its piece holds it or
+ * its chunk (an export being made keeps it): a hole could take it. */
+static bool map_idle(const free_runs_t *runs, size_t *r, const vmh_map_t *m)
+{
+    while (*r < runs->n && runs->run[*r].base + runs->run[*r].size <= m->ptr)
+        ++*r;
+    bool in_run = *r < runs->n && runs->run[*r].base <= m->ptr &&
+                  m->ptr + m->size <= runs->run[*r].base + runs->run[*r].size;
+    return in_run && atomic_load(&m->refs) == 1 && atomic_load(&m->alloc->refs) == 1;
 }
 
 /* Makes holes of e's mappings that lie wholly in its free runs and that it alone holds (one
@@ -1205,7 +1252,8 @@ static size_t ext_punch_locked(vmh_shard_t *s, vmh_ext_t *e, size_t *budget, fre
                                vmh_range_t ***old, size_t *nold, size_t *oldcap)
 {
     runs->n = 0;
-    if (!vmh_arena_free_runs(e->extent, s->carved->dev->gran, free_run_seen, runs) || runs->failed)
+    if (!vmh_arena_free_runs(e->extent, s->carved->dev->gran, false, free_run_seen, runs) ||
+        runs->failed)
         return 0;
 
     if (*nold + e->npieces > *oldcap) {
@@ -1221,13 +1269,7 @@ static size_t ext_punch_locked(vmh_shard_t *s, vmh_ext_t *e, size_t *budget, fre
     size_t punched = 0, nholes = 0;
     for (size_t i = 0, r = 0; holes && kept && i < all->nmaps; i++) {
         vmh_map_t *m = all->maps[i];
-        while (r < runs->n && runs->run[r].base + runs->run[r].size <= m->ptr)
-            r++;
-        bool in_run = r < runs->n && runs->run[r].base <= m->ptr &&
-                      m->ptr + m->size <= runs->run[r].base + runs->run[r].size;
-        /* Another holder of the mapping or of its chunk (an export being made) keeps it. */
-        bool alone = atomic_load(&m->refs) == 1 && atomic_load(&m->alloc->refs) == 1;
-        if (in_run && alone && punched < *budget &&
+        if (map_idle(runs, &r, m) && punched < *budget &&
             vmh_arena_hole(s->arena, e->extent, m->ptr, m->size) == 0) {
             holes[nholes++] = m->ptr;
             punched += m->size;
@@ -1276,6 +1318,34 @@ size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes)
     }
     free(runs.run);
     return punched;
+}
+
+size_t vmh_carved_hole_bytes(vmh_carved_t *pk)
+{
+    size_t bytes = 0;
+    free_runs_t runs = {0};
+    for (int i = 0; i < VMH_SHARDS && !atomic_load(&pk->frozen); i++) {
+        vmh_shard_t *s = &pk->shards[i];
+        if (atomic_load_explicit(&s->free, memory_order_relaxed) < pk->dev->gran)
+            continue;
+        vmh_lock(&s->lock, VMH_RANK_OWNER);
+        for (vmh_ext_t *e = s->exts; e; e = e->next) {
+            runs.n = 0;
+            runs.failed = false;
+            if (!vmh_extent_has_live(e->extent) || !ext_may_hole(s, e) ||
+                !vmh_arena_free_runs(e->extent, pk->dev->gran, true, free_run_seen, &runs) ||
+                runs.failed)
+                continue;
+            size_t r = 0;
+            for (size_t k = 0; k < e->npieces; k++)
+                for (size_t m = 0; m < e->pieces[k].range->nmaps; m++)
+                    if (map_idle(&runs, &r, e->pieces[k].range->maps[m]))
+                        bytes += e->pieces[k].range->maps[m]->size;
+        }
+        vmh_unlock(&s->lock);
+    }
+    free(runs.run);
+    return bytes;
 }
 
 size_t vmh_carved_free_hint(vmh_carved_t *pk)

@@ -154,8 +154,10 @@ bool vmh_carved_find_locked(vmh_ext_t *e, CUdeviceptr p, vmh_buffer_info_t *info
 const void *vmh_carved_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n);
 /* Resizes the live block at p in place when the following space allows (within
  * VMMHOOK_MEM_LIMIT); CUDA_ERROR_NOT_FOUND when p is not a block's start, OUT_OF_MEMORY when it
- * does not fit in place. *old_size: the size asked for before. */
-CUresult vmh_carved_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, size_t *old_size);
+ * does not fit in place. A shrink's tail follows the free rule, at_once as for a free (park).
+ * *old_size: the size asked for before. */
+CUresult vmh_carved_resize_locked(vmh_ext_t *e, CUdeviceptr p, size_t size, bool at_once,
+                                  size_t *old_size);
 /* Fills base, size, offset, serial and the range of the live block containing p for an
  * export (the serial is kept until the block is freed; the free retires the extent). */
 CUresult vmh_carved_export_locked(vmh_ext_t *e, CUdeviceptr p, vmh_export_t *out,
@@ -190,6 +192,11 @@ void vmh_carved_trim_paused(vmh_carved_t *pk);
  * one cuMemRelease per chunk, under the shard's lock at OWNER_VISIT (a rare background call;
  * a fill cannot meet a half-made hole). Returns the bytes unmapped. */
 size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes);
+/* Bytes of the mapped chunks inside extents that lie wholly in free space (not parked) and
+ * that a punch could unmap once the GPU has passed what was freed in them: what a relieve
+ * gives back beside empty extents (cuMemGetInfo counts them free). Walks the extents under each
+ * shard's lock; no driver call. */
+size_t vmh_carved_hole_bytes(vmh_carved_t *pk);
 /* Free bytes inside the shards' extents (a hint, no lock): what holes could take at most. */
 size_t vmh_carved_free_hint(vmh_carved_t *pk);
 

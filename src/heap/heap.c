@@ -178,6 +178,14 @@ static vmh_owner_t *owner_lock(CUdeviceptr p)
     return heap_in_child() ? NULL : vmh_owner_lock(p);
 }
 
+/* Whether memory a buffer gives up now (a free, a shrink's tail) may be reused at once: the
+ * program's work runs in one queue (contexts.h: the note, then the look, in that order, so
+ * that the rule's end covers this free); otherwise it waits until the GPU has passed it. */
+static bool freed_reusable_at_once(void)
+{
+    return vmh_heap_settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
+}
+
 CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
 {
     if (heap_in_child())
@@ -201,10 +209,7 @@ CUresult vmh_heap_free(CUdeviceptr p, CUstream stream, bool async)
     const owner_ops_t *ops = ops_of(o); /* a served buffer's owner (asserted there) */
     assert(o->dev && hdev_of(o->dev)->dev.ordinal == o->dev->ordinal);
     size_t req = 0;
-    /* Freed memory reused at once while the program's work runs in one queue (contexts.h:
-     * the note, then the look, in that order, so that the rule's end covers this free). */
-    bool at_once =
-        vmh_heap_settings.stream_ordered && (vmh_work_note_reuse(), vmh_work_in_one_queue());
+    bool at_once = freed_reusable_at_once();
     vmh_paused_t *gone = NULL;
     vmh_reclaim_free_begin(); /* the reclaim thread woken, if at all, at the end */
     CUresult rc = ops->park(o, p, at_once, &req, &gone);
@@ -342,7 +347,8 @@ static CUresult realloc_in_heap(const owner_ops_t *ops, CUdeviceptr *p, size_t s
         return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
     }
     size_t old_size = info.size;
-    if (size < pack_below(h, true) && ops->resize(o, *p, size, &old_size) == CUDA_SUCCESS) {
+    if (size < pack_below(h, true) &&
+        ops->resize(o, *p, size, freed_reusable_at_once(), &old_size) == CUDA_SUCCESS) {
         vmh_owner_unlock(o);
         vmh_tag_requested_add(owner_tag(o), (int64_t)size - (int64_t)old_size);
         trace_resize(*p, old_size, *p, size, stream);

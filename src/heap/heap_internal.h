@@ -85,7 +85,7 @@ typedef struct owner_ops {
      * the buffer stays small, else by a copy into a new buffer; a paused one is refused. */
     CUresult (*realloc)(CUdeviceptr *p, size_t size, bool async, size_t *old_size,
                         bool *no_address);
-    CUresult (*resize)(vmh_owner_t *o, CUdeviceptr p, size_t size, size_t *old_size);
+    CUresult (*resize)(vmh_owner_t *o, CUdeviceptr p, size_t size, bool at_once, size_t *old_size);
     bool (*paused)(vmh_owner_t *o);
     /* Locked, unlocks: moves a spilled buffer back to the device. NULL: this kind never spills. */
     CUresult (*prefetch)(vmh_owner_t *o, CUdeviceptr p, CUstream stream, size_t *moved);

@@ -57,9 +57,10 @@ static bool ext_paused(vmh_owner_t *o)
     return vmh_carved_paused_locked(ext_of(o));
 }
 
-static CUresult ext_resize(vmh_owner_t *o, CUdeviceptr p, size_t size, size_t *old_size)
+static CUresult ext_resize(vmh_owner_t *o, CUdeviceptr p, size_t size, bool at_once,
+                           size_t *old_size)
 {
-    return vmh_carved_resize_locked(ext_of(o), p, size, old_size);
+    return vmh_carved_resize_locked(ext_of(o), p, size, at_once, old_size);
 }
 
 static CUresult ext_visit(tagpart_t *part, vmh_visit_run_fn fn, void *arg)

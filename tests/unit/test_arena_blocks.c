@@ -93,8 +93,8 @@ static void test_retired_extent_serves_nothing(void **state)
     assert_int_equal(s.free, 0);
     assert_int_equal(s.retired, 2 * MiB - 2 * 1024);
     assert_int_equal(vmh_arena_alloc(a, 1, &z), ENOMEM);
-    assert_int_equal(vmh_arena_resize(a, r, y, 5000), ENOMEM);
-    assert_int_equal(vmh_arena_resize(a, r, y, 10), 0); /* a shrink keeps its tail */
+    assert_int_equal(vmh_arena_resize(a, r, y, 5000, VMH_TAIL_FREE, 0), ENOMEM);
+    assert_int_equal(vmh_arena_resize(a, r, y, 10, VMH_TAIL_FREE, 0), 0); /* a shrink keeps its tail */
     assert_int_equal(vmh_arena_unpark_upto(a, 1), 1);
     assert_int_equal(vmh_arena_alloc(a, 1, &z), ENOMEM);
     assert_consistent(a);
@@ -262,12 +262,12 @@ static void test_double_and_interior_free(void **state)
     assert_int_equal(vmh_arena_release(a, pe, p + ALIGN, NULL), EINVAL);
     assert_int_equal(vmh_arena_release(a, pe, p + 1, NULL), EINVAL);
     assert_int_equal(vmh_arena_park(a, pe, p + ALIGN, 1, NULL), EINVAL);
-    assert_int_equal(vmh_arena_resize(a, pe, p + ALIGN, 100), EINVAL);
+    assert_int_equal(vmh_arena_resize(a, pe, p + ALIGN, 100, VMH_TAIL_FREE, 0), EINVAL);
     assert_int_equal(vmh_arena_release(a, wrong, p, NULL), EINVAL);
     assert_int_equal(vmh_arena_release(other, pe, p, NULL), EINVAL);
     assert_int_equal(vmh_arena_release(a, NULL, p, NULL), EINVAL);
     assert_int_equal(vmh_arena_release(a, pe, 0x100, NULL), EINVAL);
-    assert_int_equal(vmh_arena_resize(a, pe, p, 0), EINVAL);
+    assert_int_equal(vmh_arena_resize(a, pe, p, 0, VMH_TAIL_FREE, 0), EINVAL);
 
     /* Double free, free of a parked block, double park. */
     assert_int_equal(vmh_arena_release(a, pe, p, NULL), 0);
@@ -276,7 +276,7 @@ static void test_double_and_interior_free(void **state)
     assert_int_equal(vmh_arena_park(a, qe, q, 1, NULL), 0);
     assert_int_equal(vmh_arena_park(a, qe, q, 2, NULL), EINVAL);
     assert_int_equal(vmh_arena_release(a, qe, q, NULL), EINVAL);
-    assert_int_equal(vmh_arena_resize(a, qe, q, 100), EINVAL);
+    assert_int_equal(vmh_arena_resize(a, qe, q, 100, VMH_TAIL_FREE, 0), EINVAL);
     assert_int_equal(vmh_arena_parked(a), 1);
     assert_int_equal(vmh_arena_unpark_upto(a, 1), 1);
     assert_int_equal(vmh_arena_release(a, qe, q, NULL), EINVAL);
@@ -476,33 +476,33 @@ static void test_resize(void **state)
     uintptr_t x, y, z;
     assert_int_equal(vmh_arena_alloc(a, 1000, &x), 0);
     /* Grow into the free tail of the extent. */
-    assert_int_equal(vmh_arena_resize(a, e, x, 10000), 0);
+    assert_int_equal(vmh_arena_resize(a, e, x, 10000, VMH_TAIL_FREE, 0), 0);
     assert_true(vmh_arena_find(e, x + 9999, &info));
     assert_int_equal(info.size, 10000);
     assert_int_equal(info.usable, align_up(10000));
     assert_int_equal(vmh_arena_alloc(a, 1000, &y), 0);
     assert_int_equal(y, x + align_up(10000));
     /* A live neighbour: no room. */
-    assert_int_equal(vmh_arena_resize(a, e, x, 10241), ENOMEM);
+    assert_int_equal(vmh_arena_resize(a, e, x, 10241, VMH_TAIL_FREE, 0), ENOMEM);
     assert_true(vmh_arena_find(e, x, &info) && info.size == 10000);
     /* Same usable size: only the recorded size changes. */
-    assert_int_equal(vmh_arena_resize(a, e, x, 10200), 0);
+    assert_int_equal(vmh_arena_resize(a, e, x, 10200, VMH_TAIL_FREE, 0), 0);
     assert_true(vmh_arena_find(e, x, &info) && info.size == 10200 &&
                 info.usable == align_up(10000));
     /* Shrink: the tail becomes free, and then can be grown into again. */
-    assert_int_equal(vmh_arena_resize(a, e, x, 300), 0);
+    assert_int_equal(vmh_arena_resize(a, e, x, 300, VMH_TAIL_FREE, 0), 0);
     assert_true(vmh_arena_find(e, x, &info) && info.size == 300 && info.usable == 512);
     assert_false(vmh_arena_find(e, x + 512, &info));
     assert_int_equal(vmh_arena_free_blocks(a), 2);
     assert_consistent(a);
-    assert_int_equal(vmh_arena_resize(a, e, x, 10240), 0);
-    assert_int_equal(vmh_arena_resize(a, e, x, 10241), ENOMEM);
+    assert_int_equal(vmh_arena_resize(a, e, x, 10240, VMH_TAIL_FREE, 0), 0);
+    assert_int_equal(vmh_arena_resize(a, e, x, 10241, VMH_TAIL_FREE, 0), ENOMEM);
     assert_int_equal(vmh_arena_free_blocks(a), 1); /* the neighbour was used up exactly */
     assert_consistent(a);
 
     /* Shrink next to a free block: the free block grows down, no extra block. */
-    assert_int_equal(vmh_arena_resize(a, e, y, 1000), 0);
-    assert_int_equal(vmh_arena_resize(a, e, y, 256), 0);
+    assert_int_equal(vmh_arena_resize(a, e, y, 1000, VMH_TAIL_FREE, 0), 0);
+    assert_int_equal(vmh_arena_resize(a, e, y, 256, VMH_TAIL_FREE, 0), 0);
     assert_int_equal(vmh_arena_free_blocks(a), 1);
     vmh_arena_stats_t s;
     vmh_arena_stats(a, &s);
@@ -513,17 +513,17 @@ static void test_resize(void **state)
     assert_int_equal(vmh_arena_alloc(a, 1000, &z), 0);
     assert_int_equal(z, y + 256);
     assert_int_equal(vmh_arena_park(a, e, z, 5, NULL), 0);
-    assert_int_equal(vmh_arena_resize(a, e, y, 257), ENOMEM);
+    assert_int_equal(vmh_arena_resize(a, e, y, 257, VMH_TAIL_FREE, 0), ENOMEM);
     assert_int_equal(vmh_arena_unpark_upto(a, 5), 1);
-    assert_int_equal(vmh_arena_resize(a, e, y, 257), 0);
+    assert_int_equal(vmh_arena_resize(a, e, y, 257, VMH_TAIL_FREE, 0), 0);
 
     /* Up to the end of the extent, and not one granule further. */
     size_t rest = base + 64 * KiB - y;
-    assert_int_equal(vmh_arena_resize(a, e, y, rest + 1), ENOMEM);
-    assert_int_equal(vmh_arena_resize(a, e, y, rest), 0);
+    assert_int_equal(vmh_arena_resize(a, e, y, rest + 1, VMH_TAIL_FREE, 0), ENOMEM);
+    assert_int_equal(vmh_arena_resize(a, e, y, rest, VMH_TAIL_FREE, 0), 0);
     vmh_arena_stats(a, &s);
     assert_int_equal(s.free, 0);
-    assert_int_equal(vmh_arena_resize(a, e, y, SIZE_MAX), ENOMEM);
+    assert_int_equal(vmh_arena_resize(a, e, y, SIZE_MAX, VMH_TAIL_FREE, 0), ENOMEM);
     assert_consistent(a);
     vmh_arena_delete(a, NULL, NULL);
 }
@@ -573,7 +573,7 @@ static void test_take_empty_extent(void **state)
     assert_int_equal(vmh_arena_alloc(a, 1, &q), ENOMEM);
 
     /* Partly used extents are never taken, whatever the order of frees. */
-    assert_int_equal(vmh_arena_resize(a, pe2, p2, 4096), 0);
+    assert_int_equal(vmh_arena_resize(a, pe2, p2, 4096, VMH_TAIL_FREE, 0), 0);
     assert_null(vmh_arena_take_empty_extent(a, &base, &size));
     assert_int_equal(vmh_arena_release(a, pe2, p2, NULL), 0);
     assert_non_null(vmh_arena_take_empty_extent(a, NULL, NULL));
@@ -618,7 +618,7 @@ static void test_free_runs(void **state)
     vmh_extent_t *e = vmh_arena_add_extent(a, base, 30 * MiB, NULL);
     assert_non_null(e);
     runs_seen_t r = {0};
-    assert_int_equal(vmh_arena_free_runs(e, chunk, on_run, &r), 30 * MiB);
+    assert_int_equal(vmh_arena_free_runs(e, chunk, false, on_run, &r), 30 * MiB);
     assert_int_equal(r.n, 1);
 
     /* [0, 1M) live, [1M, 12M) to be parked, [12M, 13M) live, the rest free. */
@@ -632,7 +632,7 @@ static void test_free_runs(void **state)
     assert_int_equal(vmh_arena_park(a, e, p1, 5, NULL), 0);
     r = (runs_seen_t){0};
     /* Free [13M, 30M): chunks [16M, 24M) and the short last one [24M, 30M). */
-    assert_int_equal(vmh_arena_free_runs(e, chunk, on_run, &r), 14 * MiB);
+    assert_int_equal(vmh_arena_free_runs(e, chunk, false, on_run, &r), 14 * MiB);
     assert_int_equal(r.n, 1);
     assert_int_equal(r.base[0], base + 16 * MiB);
     assert_int_equal(r.size[0], 14 * MiB);
@@ -640,17 +640,17 @@ static void test_free_runs(void **state)
     /* Unparked, [1M, 12M) is free: its chunk [8M, 16M) is not (the block at 12M is live). */
     assert_int_equal(vmh_arena_unpark_upto(a, 5), 1);
     r = (runs_seen_t){0};
-    assert_int_equal(vmh_arena_free_runs(e, chunk, on_run, &r), 14 * MiB);
-    assert_int_equal(vmh_arena_free_runs(e, 1 * MiB, NULL, NULL), 11 * MiB + 17 * MiB);
+    assert_int_equal(vmh_arena_free_runs(e, chunk, false, on_run, &r), 14 * MiB);
+    assert_int_equal(vmh_arena_free_runs(e, 1 * MiB, false, NULL, NULL), 11 * MiB + 17 * MiB);
     assert_int_equal(vmh_arena_release(a, e, p2, NULL), 0);
     r = (runs_seen_t){0};
-    assert_int_equal(vmh_arena_free_runs(e, chunk, on_run, &r), 22 * MiB);
+    assert_int_equal(vmh_arena_free_runs(e, chunk, false, on_run, &r), 22 * MiB);
     assert_int_equal(r.n, 1);
     assert_int_equal(r.base[0], base + 8 * MiB);
 
     /* A retired extent's free space may be another process's: none is offered. */
     vmh_arena_retire_extent(a, e);
-    assert_int_equal(vmh_arena_free_runs(e, chunk, NULL, NULL), 0);
+    assert_int_equal(vmh_arena_free_runs(e, chunk, false, NULL, NULL), 0);
     assert_consistent(a);
     vmh_arena_delete(a, NULL, NULL);
 }
@@ -679,7 +679,7 @@ static void test_holes(void **state)
     assert_int_equal(vmh_extent_holes(e), 16 * MiB);
     assert_int_equal(vmh_arena_holes(e, NULL, NULL), 2);
     /* Free runs skip the holes: [1M, 8M) and [24M, 32M). */
-    assert_int_equal(vmh_arena_free_runs(e, 1 * MiB, NULL, NULL), 15 * MiB);
+    assert_int_equal(vmh_arena_free_runs(e, 1 * MiB, false, NULL, NULL), 15 * MiB);
     /* 10 MiB fits only across the holes: not served. */
     assert_int_equal(vmh_arena_alloc(a, 10 * MiB, &p1), ENOMEM);
     assert_false(vmh_arena_find(e, base + 9 * MiB, &(vmh_block_info_t){0}));

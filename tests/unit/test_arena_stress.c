@@ -214,7 +214,7 @@ static void stress_run(uint64_t seed, int ops)
             size_t size = rnd_below(2) ? b->size / 2 + 1 : b->size + stress_size();
             uintptr_t room = shadow_room_end(b->ext, b->base + b->usable);
             int expect = b->base + align_up(size) <= room ? 0 : ENOMEM;
-            assert_int_equal(vmh_arena_resize(S.a, S.ext[b->ext].e, b->base, size), expect);
+            assert_int_equal(vmh_arena_resize(S.a, S.ext[b->ext].e, b->base, size, VMH_TAIL_FREE, 0), expect);
             if (size <= b->size)
                 T.shrink++;
             else if (expect == 0)
