@@ -158,6 +158,11 @@ void vmh_heap_trim_paused(void);
  * (whole ranges) and shared extents with no live block (a trim gives them back). Free space
  * beside live blocks in a shared extent is not counted. */
 size_t vmh_heap_idle_bytes(int device);
+/* What the program may count as free on a device beside the driver's free memory, reported by
+ * cuMemGetInfo: the idle bytes above, plus the whole free chunks inside shared extents that
+ * hold live blocks, which the relieve before an out-of-memory answer unmaps (heap_upkeep.c).
+ * Walks the extents under their locks: for cuMemGetInfo and the spill decision, not the tidy. */
+size_t vmh_heap_reclaimable_bytes(int device);
 
 /* The statistics' per-device part (report.h, vmh_stats_set_device_report): per device with a
  * heap, the host bytes serving it and its spills, small ones apart (VMMHOOK_OVERFLOW=host). */

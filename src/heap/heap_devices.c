@@ -199,6 +199,19 @@ size_t vmh_heap_idle_bytes(int device)
     return idle;
 }
 
+size_t vmh_heap_reclaimable_bytes(int device)
+{
+    size_t bytes = vmh_heap_idle_bytes(device);
+    if (device < 0 || device >= VMH_MAX_DEVICES || heap_in_child())
+        return bytes;
+    hdev_t *h = hdev_at(device);
+    if (!h || h->dev.unsupported)
+        return bytes;
+    FOR_EACH_PART(h, p)
+    bytes += vmh_carved_hole_bytes(&p->carved);
+    return bytes;
+}
+
 bool vmh_hdev_spill_first(hdev_t *h, size_t size)
 {
     size_t reserve = vmh_overflow_reserve(&h->overflow);
@@ -216,7 +229,7 @@ bool vmh_hdev_spill_first(hdev_t *h, size_t size)
     (void)vmh_ctx_leave(&scope);
     if (rc != CUDA_SUCCESS || free_bytes >= reserve + size)
         return false;
-    return free_bytes + vmh_heap_idle_bytes(h->dev.ordinal) < reserve + size;
+    return free_bytes + vmh_heap_reclaimable_bytes(h->dev.ordinal) < reserve + size;
 }
 
 /* ---- statistics ---------------------------------------------------------------------------- */

@@ -30,7 +30,8 @@ void vmh_heap_on_pressure(vmh_pressure_fn fn)
 
 /* Gives back idle memory of the device after the driver ran out of memory (device.h): waits
  * for parked frees (not while the calling thread may not synchronize: a capture; the caller
- * then answers out of memory, as the driver would), and trims. */
+ * then answers out of memory, as the driver would), trims, and unmaps every whole free chunk
+ * inside extents that hold live blocks (holes): idle memory never fails a request. */
 bool vmh_hdev_relieve(vmh_dev_t *d)
 {
     hdev_t *h = hdev_of(d);
@@ -41,6 +42,9 @@ bool vmh_hdev_relieve(vmh_dev_t *d)
     size_t bytes = vmh_cache_trim(&h->cache);
     FOR_EACH_PART(h, p)
     bytes += vmh_carved_trim(&p->carved);
+    /* After the drain, what was freed at once is behind a completed wait: punchable. */
+    FOR_EACH_PART(h, p)
+    bytes += vmh_carved_punch_upto(&p->carved, SIZE_MAX);
     if (bytes)
         vmh_count(VMH_STAT_trims, 1);
     return bytes != 0 || dropped || vmh_reclaim_pending(&h->reclaim);

@@ -233,7 +233,7 @@ CUresult vmh_ip_cuMemGetInfo_v2(size_t *free, size_t *total)
     CUcontext ctx;
     int dev;
     vmh_thread.ip_depth++;
-    size_t idle = vmh_ctx_current(&ctx, &dev) == CUDA_SUCCESS ? vmh_heap_idle_bytes(dev) : 0;
+    size_t idle = vmh_ctx_current(&ctx, &dev) == CUDA_SUCCESS ? vmh_heap_reclaimable_bytes(dev) : 0;
     vmh_thread.ip_depth--;
     size_t f;
     if (__builtin_add_overflow(*free, idle, &f) || f > *total)

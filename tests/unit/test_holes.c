@@ -294,6 +294,52 @@ static void holes_while_others_allocate(void **state)
     survivors_intact();
 }
 
+/* Out of memory while idle memory is mapped (issue 38's scenario 3, at the chunk size this heap
+ * has): 10240 x 2 MiB on a 24 GiB device, freed but 1 in KEEP_EVERY, before any tidy. The
+ * extents' whole free chunks count as free in cuMemGetInfo, and a request larger than the
+ * driver's free memory and the empty extents together gets them back from the relieve before out of memory is answered (natively
+ * it succeeds); the survivors keep their contents. (1 in 128 or 64 needs chunks of at most 128
+ * or 64 MiB: these extents' are up to 341 MiB, so one live block pins one; not met yet.) */
+static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = 24 * GiB};
+    tu_reset(&cfg); /* tt_setup_carved's, on a 24 GiB device */
+    assert_true(vmh_lifetime_ready());
+    tu_opt.pack_below = (size_t)1 << 40;
+    tu_opt.pin_limit = 0;
+    tu_configure();
+    vmh_tags_reset();
+    vmh_pause_reset();
+    assert_int_equal(vmm_tag_push("holes"), VMM_OK);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(vmh_heap_alloc(2 * MiB, &bufs[i]), CUDA_SUCCESS);
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    for (int i = 0; i < N; i++) {
+        if (i % KEEP_EVERY == 0) {
+            mark(bufs[i], 2 * MiB, (unsigned)i);
+            continue;
+        }
+        assert_int_equal(vmh_heap_free(bufs[i], NULL, false), CUDA_SUCCESS);
+        bufs[i] = 0;
+    }
+    size_t mapped = sim_device_used(0);
+    size_t reclaimable = vmh_heap_reclaimable_bytes(0), idle = vmh_heap_idle_bytes(0);
+    print_message("  %zu MiB mapped for %d MiB live; %zu MiB counted free by cuMemGetInfo, %zu "
+                  "of them in empty extents\n",
+                  mapped / MiB, 2 * (N / KEEP_EVERY), reclaimable / MiB, idle / MiB);
+    /* More than the driver's free memory and the empty extents together. */
+    size_t want = 24 * GiB - mapped + idle + 2 * GiB;
+    assert_true(reclaimable >= idle + 2 * GiB);
+    CUdeviceptr big = 0;
+    assert_int_equal(vmh_heap_alloc(want, &big), CUDA_SUCCESS);
+    tu_fill(big + want - MARK, MARK, 7);
+    assert_true(tu_check(big + want - MARK, MARK, 7));
+    survivors_intact();
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_hazards(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -303,6 +349,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(a_tag_with_holes_pauses_and_resumes, setup, teardown),
         cmocka_unit_test_setup_teardown(holes_while_others_allocate, setup, teardown),
+        cmocka_unit_test_setup_teardown(out_of_memory_gives_back_free_chunks_inside_extents,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -265,7 +265,7 @@ static void model_step(hole_model_t *m)
                     model_ext(m, vmh_extent_base(e->extent), vmh_extent_size(e->extent));
                 x->seen = true;
                 memset(x->free_now, 0, x->nchunks);
-                vmh_arena_free_runs(e->extent, x->chunk, on_free_run, x);
+                vmh_arena_free_runs(e->extent, x->chunk, false, on_free_run, x);
                 /* Released chunks a block uses again are mapped back. */
                 for (size_t c = 0; c < x->nchunks; c++)
                     if (x->released[c] && !x->free_now[c]) {
