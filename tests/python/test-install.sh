@@ -47,7 +47,7 @@ out=$(cd / && env -u LD_PRELOAD -u LIBVMMHOOK PYTHONPATH="$stage$site" "$python"
 # python -m vmmhook: the staged launcher, with the staged library.
 out=$(cd / && env -u LD_PRELOAD -u LIBVMMHOOK PYTHONPATH="$stage$site" "$python" -m vmmhook \
     --cache-limit 2G --check) || fail "python -m vmmhook --check failed: $out"
-printf '%s\n' "$out" | grep -qxF '  VMMHOOK_CACHE_LIMIT  = 2G' || fail "--check output: $out"
+printf '%s\n' "$out" | grep -qx '  VMMHOOK_CACHE_LIMIT  *= 2G' || fail "--check output: $out"
 out=$(cd / && env -u LD_PRELOAD -u LIBVMMHOOK PYTHONPATH="$stage$site" "$python" -m vmmhook \
     --stats -- /bin/sh -c 'echo "P=$LD_PRELOAD S=$VMMHOOK_STATS"') || fail "python -m vmmhook PROGRAM failed"
 [ "$out" = "P=$lib S=1" ] || fail "the program saw: $out"
