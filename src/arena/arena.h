@@ -172,6 +172,9 @@ vmh_extent_t *vmh_arena_join_new(const vmh_extent_t *lo, const vmh_extent_t *hi)
 void vmh_arena_join_drop(vmh_extent_t *fresh);
 vmh_extent_t *vmh_arena_join(vmh_arena_t *a, vmh_extent_t *lo, vmh_extent_t *hi,
                              vmh_extent_t *fresh);
+/* Walks e's live blocks in address order. cb must not change the arena. */
+void vmh_extent_for_each_live(const vmh_extent_t *e,
+                              void (*cb)(const vmh_block_info_t *b, void *arg), void *arg);
 /* Walks every live block (leak report). cb must not change the arena. */
 void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
                              void *arg);

@@ -136,21 +136,24 @@ size_t vmh_arena_holes(const vmh_extent_t *e, void (*cb)(uintptr_t base, size_t 
     return n;
 }
 
+void vmh_extent_for_each_live(const vmh_extent_t *e,
+                              void (*cb)(const vmh_block_info_t *b, void *arg), void *arg)
+{
+    for (const blk_t *b = e->nlive ? e->first : NULL; b; b = b->phys_next) {
+        if (blk_state(b) == B_LIVE) {
+            vmh_block_info_t info;
+            fill_info(b, &info);
+            cb(&info, arg);
+        }
+    }
+}
+
 void vmh_arena_for_each_live(const vmh_arena_t *a, void (*cb)(const vmh_block_info_t *b, void *arg),
                              void *arg)
 {
     if (!a || !cb)
         return;
     /* Idle extents hold no live block. */
-    for (const vmh_extent_t *e = a->busy; e; e = e->next) {
-        if (!e->nlive)
-            continue;
-        for (const blk_t *b = e->first; b; b = b->phys_next) {
-            if (blk_state(b) == B_LIVE) {
-                vmh_block_info_t info;
-                fill_info(b, &info);
-                cb(&info, arg);
-            }
-        }
-    }
+    for (const vmh_extent_t *e = a->busy; e; e = e->next)
+        vmh_extent_for_each_live(e, cb, arg);
 }

@@ -122,6 +122,85 @@ static vmh_ext_piece_t *ext_piece_at(const vmh_ext_t *e, CUdeviceptr p)
     return NULL;
 }
 
+/* ---- kept backups, each buffer's own (carved.h's vmh_ext_kept_t) ---- */
+
+static void kept_owner_seen(const vmh_block_info_t *b, void *arg)
+{
+    vmh_ext_kept_t *k = arg;
+    if (k->failed || b->base < k->base || b->base + b->size > k->base + k->size)
+        return;
+    CUdeviceptr *grown = vmh_grow(k->owners, &k->owners_cap, k->nowners, sizeof *grown, 8);
+    if (!grown) {
+        k->failed = true;
+        return;
+    }
+    k->owners = grown;
+    k->owners[k->nowners++] = b->base;
+}
+
+/* The backup kept on range r (a piece of e about to go, or whose buffer is being freed) moves
+ * to e's list, answering for the live buffers wholly inside r: they keep reading it, each until
+ * its own free. Without host memory for the move the backup goes (as before this list). */
+static void kept_detach_locked(vmh_ext_t *e, vmh_range_t *r)
+{
+    if (!r || !r->kept.host)
+        return;
+    vmh_ext_kept_t k = {.base = r->base, .size = r->size, .backup = r->kept};
+    r->kept = (vmh_backup_t){0};
+    vmh_extent_for_each_live(e->extent, kept_owner_seen, &k);
+    vmh_ext_kept_t *grown =
+        !k.failed && k.nowners ? vmh_grow(e->kept, &e->kept_cap, e->nkept, sizeof *grown, 4) : NULL;
+    if (!grown) {
+        free(k.owners);
+        vmh_backup_release(&k.backup);
+        return;
+    }
+    e->kept = grown;
+    e->kept[e->nkept++] = k;
+}
+
+static void kept_drop_at(vmh_ext_t *e, size_t i)
+{
+    free(e->kept[i].owners);
+    vmh_backup_release(&e->kept[i].backup);
+    e->kept[i] = e->kept[--e->nkept];
+}
+
+/* Every detached kept backup of e goes (a pause makes new ones; the extent goes). */
+static void kept_drop_all(vmh_ext_t *e)
+{
+    while (e->nkept)
+        kept_drop_at(e, e->nkept - 1);
+}
+
+/* The detached kept backup answering for the buffer at base, or NULL. */
+static vmh_ext_kept_t *kept_of(const vmh_ext_t *e, CUdeviceptr base, size_t *at)
+{
+    for (size_t i = 0; i < e->nkept; i++)
+        for (size_t j = 0; j < e->kept[i].nowners; j++)
+            if (e->kept[i].owners[j] == base) {
+                *at = j;
+                return &e->kept[i];
+            }
+    return NULL;
+}
+
+/* The buffer at base is freed: its own kept backup goes (the host memory once no other buffer
+ * of it is left), never a neighbour's. */
+static void kept_forget_locked(vmh_ext_t *e, CUdeviceptr base)
+{
+    vmh_ext_piece_t *pc = ext_piece_at(e, base);
+    if (pc && pc->range)
+        kept_detach_locked(e, pc->range);
+    size_t j;
+    vmh_ext_kept_t *k = kept_of(e, base, &j);
+    if (!k)
+        return;
+    k->owners[j] = k->owners[--k->nowners];
+    if (!k->nowners)
+        kept_drop_at(e, (size_t)(k - e->kept));
+}
+
 /* A list of mappings in address order, with no references of its own (a range's layout, so
  * that vmh_range_pick can take stretches of it); free() it. */
 static vmh_range_t *maps_list(size_t n)
@@ -159,8 +238,10 @@ static bool ext_pieces_from(vmh_ext_t *e, const vmh_range_t *list, vmh_range_t *
         free(np);
         return false;
     }
-    for (size_t i = 0; i < e->npieces; i++)
+    for (size_t i = 0; i < e->npieces; i++) {
+        kept_detach_locked(e, e->pieces[i].range); /* its buffers keep reading it */
         old[(*nold)++] = e->pieces[i].range;
+    }
     ext_pieces_set(e, NULL);
     if (made == 1) {
         e->one = np[0];
@@ -345,7 +426,7 @@ static bool ext_joinable(const vmh_ext_t *e)
     for (size_t i = 0; i < e->npieces; i++)
         if (e->pieces[i].range->kept.host)
             return false;
-    return true;
+    return e->nkept == 0;
 }
 
 /* The reservation e's addresses were carved from (its span's): every piece's mappings are in it. */
@@ -918,11 +999,8 @@ CUresult vmh_carved_park_locked(vmh_ext_t *e, CUdeviceptr p, bool at_once, size_
     vmh_carved_t *pk = s->carved;
     uint64_t gen = vmh_reclaim_now(pk->reclaim);
     vmh_block_info_t info;
-    /* A backup kept for the block's piece (pause.c) no longer describes its blocks: it goes (no
-     * driver call), so that the freed buffer's host memory does too. */
-    vmh_ext_piece_t *pc = ext_piece_at(e, p);
-    if (pc && pc->range)
-        vmh_backup_release(&pc->range->kept);
+    /* The freed buffer's kept backup goes, its neighbours' stay (no driver call). */
+    kept_forget_locked(e, p);
     /* An exported block's export dies here, and its memory is never served again: another
      * process may still map the extent's chunk (an import holds the whole chunk), as natively
      * memory freed by its exporter stays the importer's. The extent serves nothing more and
@@ -970,8 +1048,16 @@ const void *vmh_carved_backup_locked(vmh_ext_t *e, CUdeviceptr p, size_t n)
     CUdeviceptr base = pc->paused ? pc->paused->base : pc->range->base;
     size_t size = pc->paused ? pc->paused->size : pc->range->size;
     const char *host = pc->paused ? pc->paused->host : pc->range->kept.host;
-    if (!host || !vmh_arena_find(e->extent, p, &bi) || p < bi.base || n > bi.base + bi.size - p ||
-        p < base || p + n > base + size)
+    if (!vmh_arena_find(e->extent, p, &bi) || p < bi.base || n > bi.base + bi.size - p)
+        return NULL;
+    size_t j;
+    const vmh_ext_kept_t *k = host ? NULL : kept_of(e, bi.base, &j);
+    if (k) {
+        host = k->backup.host;
+        base = k->base;
+        size = k->size;
+    }
+    if (!host || p < base || p + n > base + size)
         return NULL;
     return host + (p - base);
 }
@@ -1142,6 +1228,7 @@ static size_t extents_destroy(vmh_shard_t *s, vmh_ext_t *list)
         vmh_registry_set(e->va, e->va_size, NULL);   /* unmapped now: unknown, as natively */
         span_give(s, e->va, e->va_size);
         ext_pieces_set(e, NULL);
+        kept_drop_all(e);
         e->extent = NULL;
         e->freed_mark = 0; /* the record serves a new extent next */
         last = e;
@@ -1371,6 +1458,9 @@ CUresult vmh_carved_visit(vmh_carved_t *pk, vmh_visit_run_fn fn, void *arg)
         if (n && !recs)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         size_t k = 0;
+        /* A pause (the tag is frozen) makes new backups: the detached kept ones go. */
+        for (vmh_ext_t *e = atomic_load(&pk->frozen) ? s->exts : NULL; e; e = e->next)
+            kept_drop_all(e);
         for (vmh_ext_t *e = s->exts; e && recs; e = e->next) {
             /* A retired extent holds a freed exported block: another process may map it. */
             bool exported = vmh_extent_retired(e->extent);
@@ -1435,12 +1525,15 @@ void vmh_carved_destroy(vmh_carved_t *pk)
                 vmh_paused_destroy(e->pieces[i].paused);
             }
             ext_pieces_set(e, NULL);
+            kept_drop_all(e);
+            free(e->kept);
             span_give(s, e->va, e->va_size);
             free(e);
         }
         for (vmh_ext_t *e = s->spare, *next; e; e = next) {
             next = e->next;
             ext_pieces_set(e, NULL);
+            free(e->kept);
             free(e);
         }
         vmh_spans_destroy(&s->spans);

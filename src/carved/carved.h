@@ -114,6 +114,20 @@ typedef struct vmh_ext_piece {
     vmh_paused_t *paused;
 } vmh_ext_piece_t;
 
+/* A backup kept after a resume (VMM_RESUME_KEEP_BACKUP) once its piece's range went (a hole
+ * made or filled rebuilds the pieces) or one of its buffers was freed: the host copy of
+ * [base, base + size) and the live buffers it still answers for (their bases), each buffer's
+ * own. A buffer's free takes its base out; the last one out gives the host memory back (so
+ * a free never drops a neighbour's backup). A pause drops them (it makes new ones). */
+typedef struct vmh_ext_kept {
+    CUdeviceptr base;
+    size_t size;
+    vmh_backup_t backup;
+    CUdeviceptr *owners;
+    size_t nowners, owners_cap;
+    bool failed; /* out of host memory while listing the owners: the backup goes */
+} vmh_ext_kept_t;
+
 /* An extent's owner record (registry.h): the owner's lock is its shard's. */
 struct vmh_ext {
     vmh_owner_t o;
@@ -123,6 +137,9 @@ struct vmh_ext {
     vmh_ext_piece_t *pieces;
     size_t npieces, pieces_cap;
     vmh_ext_piece_t one;
+    /* Kept backups detached from their pieces' ranges (vmh_ext_kept_t), a few at most. */
+    vmh_ext_kept_t *kept;
+    size_t nkept, kept_cap;
     vmh_extent_t *extent;
     CUdeviceptr va; /* its address space, taken from the shard's spans while the record */
     size_t va_size; /* serves an extent */
