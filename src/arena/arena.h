@@ -144,7 +144,7 @@ size_t vmh_extent_size(const vmh_extent_t *e);
  * left out (another process may map its chunk). O(blocks of e). cb must not change the arena. */
 size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align, bool with_parked,
                            void (*cb)(uintptr_t base, size_t size, void *arg), void *arg);
-/* Holes (issue 27): space inside an extent that its owner took out of service (carved.c
+/* Holes: space inside an extent that its owner took out of service (carved.c
  * unmaps it). vmh_arena_hole makes [base, base + size) of e, which must lie inside one free
  * block of e (not retired), a hole: neither free, live nor parked, never served, found or
  * merged; an extent whose other blocks are free is still empty (trimmable, its holes go with
@@ -158,7 +158,7 @@ int vmh_arena_unhole(vmh_arena_t *a, vmh_extent_t *e, uintptr_t base);
 size_t vmh_extent_holes(const vmh_extent_t *e);
 size_t vmh_arena_holes(const vmh_extent_t *e, void (*cb)(uintptr_t base, size_t size, void *arg),
                        void *arg);
-/* Joining extents (issue 27: free space that neighbouring extents would hold only together,
+/* Joining extents (free space that neighbouring extents would hold only together,
  * as an expandable segment holds it). vmh_extent_edges gives the free bytes at e's start and
  * at its end (0 when the block there is live, parked or a hole; both e's size when e is one free
  * block), O(blocks of e). vmh_arena_join_new makes the record that will replace lo and hi (hi

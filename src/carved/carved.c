@@ -27,7 +27,7 @@
 #define SPAN_MAX ((size_t)64 << 30)
 /* The small class's first span: its extents hold blocks of at most VMH_SMALL_MAX bytes. */
 #define SMALL_SPAN_MIN ((size_t)1 << 30)
-/* An extent's backing (issue 27): chunks of max(CHUNK_MIN, extent / CHUNK_SPLIT), so that a
+/* An extent's backing: chunks of max(CHUNK_MIN, extent / CHUNK_SPLIT), so that a
  * stretch of whole free chunks inside it can go back (the tidy's holes) while a tag's pause
  * still releases few chunks (20480 x 2 MiB: 101 extents, tests/unit/test_geometry.c); extents
  * up to CHUNK_MIN are one chunk. */
@@ -90,7 +90,7 @@ static void shard_note(vmh_shard_t *s)
     atomic_store_explicit(&s->holes, st.holes, memory_order_relaxed);
 }
 
-/* ---- an extent's pieces (issue 27's holes; carved.h) ---- */
+/* ---- an extent's pieces (between its holes; carved.h) ---- */
 
 static CUdeviceptr piece_base(const vmh_ext_piece_t *pc)
 {
@@ -414,7 +414,7 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, bool own, vmh_rang
     return rc;
 }
 
-/* ---- joins: neighbouring extents made one (issue 27) ---- */
+/* ---- joins: neighbouring extents made one ---- */
 
 /* Whether e may be joined with a neighbour (s locked): it serves blocks (not retired), runs
  * (backed, no piece paused) and no piece keeps a retained backup (vmm_resume_flags' KEEP_BACKUP:
@@ -649,7 +649,7 @@ static CUresult extent_add_serving(vmh_carved_t *pk, vmh_shard_t *s, size_t size
      * 1/EXTENT_FIT of the shared extent gets an extent of its own size: a shared extent serves
      * many small requests well, but a few large ones leave its rest unused. Either way the
      * next extent may be twice as large: growth follows the number of extents, not only the
-     * requests that fit (issue 27: a program asking only for 2 MiB made one extent each). */
+     * requests that fit (else a program asking only for 2 MiB makes one extent each). */
     size_t share = atomic_load_explicit(&d->live_usable, memory_order_relaxed) / EXTENT_SHARE;
     if (share < EXTENT_FLOOR)
         share = EXTENT_FLOOR;
@@ -854,8 +854,8 @@ static bool holes_alloc(vmh_carved_t *pk, unsigned home, size_t size, size_t wan
 /* Serves size bytes (want rounded) from free space that neighbouring extents of shard s hold
  * only together: a free end of one, the free start of the next, whole free extents between,
  * joined into one extent (ext_join_locked), as an expandable segment holds its free space in
- * one piece (issue 27: a program whose tensors grow a little each step freed extents that the
- * next, slightly larger, size never fitted). No driver call. */
+ * one piece (a program whose tensors grow a little each step frees extents that its next,
+ * slightly larger, size never fits one by one). No driver call. */
 static bool joins_alloc_shard(vmh_shard_t *s, size_t size, size_t want, CUdeviceptr *out)
 {
     vmh_lock(&s->lock, VMH_RANK_OWNER);

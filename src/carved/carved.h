@@ -5,7 +5,7 @@
  * each with its own mutex, arena, extents (each backed by a range, or by pieces between holes),
  * registry entries of those extents and set of exported carved buffers.
  *
- * Geometry (issue 27). A shard's extents are carved from its spans (span.h): large
+ * Geometry. A shard's extents are carved from its spans (span.h): large
  * reservations (the first 16 GiB of address space, each next one as large as the shard holds,
  * up to 64 GiB, at most a quarter of what is left of VMMHOOK_VA_LIMIT), first fit, so that a
  * shard's extents are neighbours in address space, in the order they were made, and an extent given
@@ -15,13 +15,13 @@
  * size, up to 1 GiB; a shared extent is also at most 1/16 of the device's live bytes (at least 32
  * MiB), and a request over 1/8 of it gets an extent of its own size. 20480 x 2 MiB in one tag: 101
  * extents in 3 spans (tests/unit/test_geometry.c prints each phase's driver calls).
- * Joins and growth (issue 27, docs/DESIGN.md): before new memory is made, neighbouring extents
+ * Joins and growth (docs/DESIGN.md): before new memory is made, neighbouring extents
  * of a span whose free space holds a request only together become one extent (no driver call;
  * the higher one's addresses pass to the lower one's record, which vmh_owner_lock follows), and
  * a new extent is carved right after an extent with a free end and joined to it (for a request
  * of its own size, only what that end lacks), so a shard's free space stays in few pieces as an
  * expandable segment's does.
- * Holes (issue 27): an extent is backed by chunks of max(128 MiB, extent / 3) (one chunk up to
+ * Holes: an extent is backed by chunks of max(128 MiB, extent / 3) (one chunk up to
  * 128 MiB: carved.c's extent_chunk; larger chunks than holes would want, smaller ones break the
  * pause bound of 256 calls for 20480 x 2 MiB: 595 calls to allocate, 248 to pause). Once a window
  * the tidy (heap_upkeep.c) unmaps the chunks that lie wholly in free space inside extents that
@@ -201,7 +201,7 @@ size_t vmh_carved_trim_upto(vmh_carved_t *pk, size_t bytes);
  * (they hold no memory: no wait is needed), so that a resume does not map them again. */
 void vmh_carved_trim_paused(vmh_carved_t *pk);
 
-/* Holes (issue 27): unmaps, from the tidy (outside any paused tag: none while frozen), the
+/* Holes: unmaps, from the tidy (outside any paused tag: none while frozen), the
  * chunks inside extents that lie in free space (not parked, freed before the last completed
  * wait, in no retired or exported extent, in an extent that holds a live or parked block:
  * empty ones are the trim's), until at least `bytes` (or all there are); the space stays

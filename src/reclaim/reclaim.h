@@ -179,7 +179,7 @@ bool vmh_reclaim_throttle(vmh_reclaim_t *r);
  * the reclaim thread; vmh_reclaim_free_end decides: when the freeing thread waits itself, that
  * wait releases what the free parked, and a wake would only make the thread contend for the
  * wait lock and the owners' locks with it (a futex wake per pair of a 1 GiB free-then-allocate
- * loop, issue 27); otherwise the wake a park owed is made there.
+ * loop); otherwise the wake a park owed is made there.
  *
  * vmh_reclaim_free_end: `how` says what the free asked for (VMH_FREE_NO_WAIT: an asynchronous
  * free, one released at once, a capture; VMH_FREE_THROTTLE: waits (as VMH_WAIT_APP) when the

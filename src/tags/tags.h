@@ -52,7 +52,7 @@ bool vmh_tag_running(unsigned tag);
 /* Bytes the program asked for, live buffers of the tag (kept by the heap's front at each
  * allocation, resize and free; with its peak). The one place bytes requested change: it moves
  * the overall gauge (stats.h's bytes_requested) by the same delta, so that the tags' figures
- * always sum to it (issue 30: a resize that moved only the overall figure sent a tag's below
+ * always sum to it (a resize that moved only the overall figure would send a tag's below
  * zero at the free). */
 void vmh_tag_requested_add(unsigned tag, int64_t delta);
 int64_t vmh_tag_requested(unsigned tag);
