@@ -4,7 +4,8 @@
  *   - tidy: from the reclaim thread, idle memory beyond what the program's recent peak may need
  *     again goes back, so that no application thread waits for it (docs/DESIGN.md, "Limits that
  *     follow the program");
- *   - trim: everything idle, when the program or another allocator of the process asks;
+ *   - trim: everything idle (holes inside extents too), when the program or another allocator
+ *     of the process asks, or a resume needs the memory;
  *   - prefetch: buffers spilled to host memory (VMMHOOK_OVERFLOW=host) moved back to the device.
  * The per-GPU records are heap_devices.c's; the entry points that serve and free are heap.c's.
  */
@@ -28,6 +29,20 @@ void vmh_heap_on_pressure(vmh_pressure_fn fn)
     atomic_store(&pressure_hook, fn);
 }
 
+/* Every idle byte of h, after a drain (so that what was freed at once is behind a completed
+ * wait): cached buffers, empty extents, and the whole free chunks inside extents that hold
+ * live blocks (holes): idle memory never fails a request nor keeps a tag paused. Returns the
+ * bytes. */
+static size_t idle_give_back(hdev_t *h)
+{
+    size_t bytes = vmh_cache_trim(&h->cache);
+    FOR_EACH_PART(h, p)
+    bytes += vmh_carved_trim(&p->carved);
+    FOR_EACH_PART(h, p)
+    bytes += vmh_carved_punch_upto(&p->carved, SIZE_MAX);
+    return bytes;
+}
+
 /* Gives back idle memory of the device after the driver ran out of memory (device.h): waits
  * for parked frees (not while the calling thread may not synchronize: a capture; the caller
  * then answers out of memory, as the driver would), trims, and unmaps every whole free chunk
@@ -39,12 +54,7 @@ bool vmh_hdev_relieve(vmh_dev_t *d)
     /* lets other layers drop what pins freed memory (ipc.c: stale exports) */
     bool dropped = hook && hook();
     vmh_reclaim_drain(&h->reclaim);
-    size_t bytes = vmh_cache_trim(&h->cache);
-    FOR_EACH_PART(h, p)
-    bytes += vmh_carved_trim(&p->carved);
-    /* After the drain, what was freed at once is behind a completed wait: punchable. */
-    FOR_EACH_PART(h, p)
-    bytes += vmh_carved_punch_upto(&p->carved, SIZE_MAX);
+    size_t bytes = idle_give_back(h);
     if (bytes)
         vmh_count(VMH_STAT_trims, 1);
     return bytes != 0 || dropped || vmh_reclaim_pending(&h->reclaim);
@@ -174,9 +184,7 @@ size_t vmh_heap_trim(void)
         if (vmh_heap_test_after_drain)
             vmh_heap_test_after_drain();
 #endif
-        size_t b = vmh_cache_trim(&h->cache);
-        FOR_EACH_PART(h, p)
-        b += vmh_carved_trim(&p->carved);
+        size_t b = idle_give_back(h);
         vmh_unlock(&h->tidy_lock);
         if (b)
             vmh_count(VMH_STAT_trims, 1);
