@@ -24,7 +24,7 @@ static unsigned seed_of(int k)
 }
 
 #define THREADS 8
-#define ROUNDS 400
+#define ROUNDS (400 / TU_SLOWDOWN)
 
 static void *churn(void *arg)
 {
@@ -62,7 +62,7 @@ static void *packed_churn(void *arg)
     unsigned seed = (unsigned)(uintptr_t)arg;
     sim_set_current_device(0);
     CUdeviceptr live[8] = {0};
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 300 / TU_SLOWDOWN; i++) {
         int k = (int)(rand_r(&seed) % 8);
         if (live[k]) {
             if (vmh_heap_free(live[k], NULL, false) != CUDA_SUCCESS)
@@ -129,7 +129,7 @@ static void *sharded_churn(void *arg)
     unsigned rs = (unsigned)(uintptr_t)arg;
     sim_set_current_device(0);
     handed_t own[8] = {{0}};
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 300 / TU_SLOWDOWN; i++) {
         unsigned r = rand_r(&rs);
         int k = (int)(r % 8);
         if (own[k].p) {

@@ -182,6 +182,26 @@ static inline bool tu_is_undo(const char *name)
            !strcmp(name, "cuMemRelease");
 }
 
+/* How many times slower than a plain build the sanitizer of this build runs the tests
+ * (ThreadSanitizer about ten, AddressSanitizer two to three): loops that only repeat the same
+ * operations for coverage divide their counts by it, so that every test stays well inside its
+ * time budget under TSan on a busy 2-core machine (the stress step repeats the concurrency
+ * tests for the coverage). */
+#if defined(__SANITIZE_THREAD__)
+#define TU_SLOWDOWN 8
+#elif defined(__SANITIZE_ADDRESS__)
+#define TU_SLOWDOWN 2
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TU_SLOWDOWN 8
+#elif __has_feature(address_sanitizer)
+#define TU_SLOWDOWN 2
+#endif
+#endif
+#ifndef TU_SLOWDOWN
+#define TU_SLOWDOWN 1
+#endif
+
 /* tu_fill's pattern: byte i of a buffer is i * 131 + seed (mod 256). It repeats every 256
  * bytes, so one chunk of it serves every chunk of a buffer (the chunks start at multiples of
  * 256): filling and checking cost one sim_write / sim_read and one memcmp per chunk, not a loop
