@@ -409,24 +409,6 @@ static void export_serial_ends_with_the_buffer(void **state)
 
 /* ---- waits: what a wait releases ------------------------------------------------------------- */
 
-/* The simulated driver's context calls a test makes itself (the interposer would report them). */
-typedef struct ctx_fns {
-    PFN_cuCtxCreate_v12050 create;
-    PFN_cuCtxDestroy_v4000 destroy;
-    PFN_cuCtxSetCurrent_v4000 set_current;
-} ctx_fns_t;
-
-static ctx_fns_t ctx_fns(void)
-{
-    ctx_fns_t f = {0};
-    CUdriverProcAddressQueryResult st;
-    assert_int_equal(sim_get_proc_address("cuCtxCreate", (void **)&f.create, 13000, 0, &st), 0);
-    assert_int_equal(sim_get_proc_address("cuCtxDestroy", (void **)&f.destroy, 13000, 0, &st), 0);
-    assert_int_equal(
-        sim_get_proc_address("cuCtxSetCurrent", (void **)&f.set_current, 13000, 0, &st), 0);
-    return f;
-}
-
 /* A wait releases only what was parked before it began (reclaim.c's take_upto: generation <= the
  * wait's): a buffer freed while the wait runs, with work queued in a second context (so frees
  * park: the program's work is in two queues), waits for the next wait. Here the buffer has
@@ -440,7 +422,7 @@ static void a_free_during_a_wait_waits_for_the_next(void **state)
     late_n = 32 * MiB; /* within the park budget: its free does not wait itself */
     assert_int_equal(vmh_heap_realloc_ex(&late_p, late_n, NULL, false, NULL), CUDA_SUCCESS);
     assert_int_equal(((vmh_owner_t *)vmh_registry_get(late_p))->kind, VMH_OWN_CHUNKS);
-    ctx_fns_t f = ctx_fns();
+    tu_ctx_fns_t f = tu_ctx_fns();
     CUcontext c2 = NULL;
     assert_int_equal(f.create(&c2, NULL, 0, 0), CUDA_SUCCESS); /* current on this thread now */
     vmh_ctx_seen(c2, 0);

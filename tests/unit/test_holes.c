@@ -61,10 +61,8 @@ static int teardown(void **state)
     return tt_teardown(state);
 }
 
-/* N x 2 MiB in tag "holes", every KEEP_EVERY-th kept (written) and the rest freed; then two
- * windows of the tidy: the peak is the small live set now, and the free chunks go. Returns the
- * device bytes before the tidy. */
-static size_t punch_around_survivors(void)
+/* N x 2 MiB in tag "holes", every KEEP_EVERY-th kept (written) and the rest freed. */
+static void survivors_among_freed(void)
 {
     assert_int_equal(vmm_tag_push("holes"), VMM_OK);
     for (int i = 0; i < N; i++)
@@ -78,6 +76,13 @@ static size_t punch_around_survivors(void)
         assert_int_equal(vmh_heap_free(bufs[i], NULL, false), CUDA_SUCCESS);
         bufs[i] = 0;
     }
+}
+
+/* survivors_among_freed, then two windows of the tidy: the peak is the small live set now, and
+ * the free chunks go. Returns the device bytes before the tidy. */
+static size_t punch_around_survivors(void)
+{
+    survivors_among_freed();
     size_t before = sim_device_used(0);
     vmh_heap_tidy_now(0, true);
     vmh_heap_tidy_now(0, true);
@@ -297,8 +302,8 @@ static void holes_while_others_allocate(void **state)
 /* Out of memory while idle memory is mapped (issue 38's scenario 3, at the chunk size this heap
  * has): 10240 x 2 MiB on a 24 GiB device, freed but 1 in KEEP_EVERY, before any tidy. The
  * extents' whole free chunks count as free in cuMemGetInfo, and a request larger than the
- * driver's free memory and the empty extents together gets them back from the relieve before out of memory is answered (natively
- * it succeeds); the survivors keep their contents. (1 in 128 or 64 needs chunks of at most 128
+ * driver's free memory and the empty extents together gets them back from the relieve before
+ * out of memory is answered (natively it succeeds); the survivors keep their contents. (1 in 128 or 64 needs chunks of at most 128
  * or 64 MiB: these extents' are up to 341 MiB, so one live block pins one; not met yet.) */
 static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
 {
@@ -311,18 +316,7 @@ static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
     tu_configure();
     vmh_tags_reset();
     vmh_pause_reset();
-    assert_int_equal(vmm_tag_push("holes"), VMM_OK);
-    for (int i = 0; i < N; i++)
-        assert_int_equal(vmh_heap_alloc(2 * MiB, &bufs[i]), CUDA_SUCCESS);
-    assert_int_equal(vmm_tag_pop(), VMM_OK);
-    for (int i = 0; i < N; i++) {
-        if (i % KEEP_EVERY == 0) {
-            mark(bufs[i], 2 * MiB, (unsigned)i);
-            continue;
-        }
-        assert_int_equal(vmh_heap_free(bufs[i], NULL, false), CUDA_SUCCESS);
-        bufs[i] = 0;
-    }
+    survivors_among_freed();
     size_t mapped = sim_device_used(0);
     size_t reclaimable = vmh_heap_reclaimable_bytes(0), idle = vmh_heap_idle_bytes(0);
     print_message("  %zu MiB mapped for %d MiB live; %zu MiB counted free by cuMemGetInfo, %zu "

@@ -45,24 +45,6 @@ static unsigned long syncs(void)
     return sim_calls("cuCtxSynchronize") + sim_calls("cuCtxSynchronize_v2");
 }
 
-/* The simulated driver's context calls a test makes itself (the interposer would report them). */
-typedef struct ctx_fns {
-    PFN_cuCtxCreate_v12050 create;
-    PFN_cuCtxDestroy_v4000 destroy;
-    PFN_cuCtxSetCurrent_v4000 set_current;
-} ctx_fns_t;
-
-static ctx_fns_t ctx_fns(void)
-{
-    ctx_fns_t f = {0};
-    CUdriverProcAddressQueryResult st;
-    assert_int_equal(sim_get_proc_address("cuCtxCreate", (void **)&f.create, 13000, 0, &st), 0);
-    assert_int_equal(sim_get_proc_address("cuCtxDestroy", (void **)&f.destroy, 13000, 0, &st), 0);
-    assert_int_equal(
-        sim_get_proc_address("cuCtxSetCurrent", (void **)&f.set_current, 13000, 0, &st), 0);
-    return f;
-}
-
 /* Freed memory serves the next request of any size at once: no driver call, no wait. */
 static void freed_memory_is_reused_at_once(void **state)
 {
@@ -230,7 +212,7 @@ static void a_second_context_ends_reuse_at_once(void **state)
     assert_int_equal(vmh_heap_alloc(4096, &p), CUDA_SUCCESS);
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     assert_true(vmh_work_in_one_queue());
-    ctx_fns_t f = ctx_fns();
+    tu_ctx_fns_t f = tu_ctx_fns();
     CUcontext c = NULL;
     assert_int_equal(f.create(&c, NULL, 0, 0), CUDA_SUCCESS);
     vmh_ctx_seen(c, 0);
@@ -253,7 +235,7 @@ static void a_second_context_ends_reuse_at_once(void **state)
 static void late_write_from_a_second_context_never_lands_in_reused_memory(void **state)
 {
     (void)state;
-    ctx_fns_t f = ctx_fns();
+    tu_ctx_fns_t f = tu_ctx_fns();
     CUdeviceptr p[16], q[16];
     for (int i = 0; i < 16; i++)
         assert_int_equal(vmh_heap_alloc(4 * MiB, &p[i]), CUDA_SUCCESS);

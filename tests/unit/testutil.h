@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cudaTypedefs.h>
 
 #include "contexts.h"
 #include "driver.h"
@@ -180,6 +181,25 @@ static inline bool tu_is_undo(const char *name)
 {
     return !strcmp(name, "cuMemUnmap") || !strcmp(name, "cuMemAddressFree") ||
            !strcmp(name, "cuMemRelease");
+}
+
+/* The simulated driver's context calls a test makes itself (the interposer would report them
+ * in a program): a second context, made current and destroyed. */
+typedef struct tu_ctx_fns {
+    PFN_cuCtxCreate_v12050 create;
+    PFN_cuCtxDestroy_v4000 destroy;
+    PFN_cuCtxSetCurrent_v4000 set_current;
+} tu_ctx_fns_t;
+
+static inline tu_ctx_fns_t tu_ctx_fns(void)
+{
+    tu_ctx_fns_t f = {0};
+    CUdriverProcAddressQueryResult st;
+    assert_int_equal(sim_get_proc_address("cuCtxCreate", (void **)&f.create, 13000, 0, &st), 0);
+    assert_int_equal(sim_get_proc_address("cuCtxDestroy", (void **)&f.destroy, 13000, 0, &st), 0);
+    assert_int_equal(
+        sim_get_proc_address("cuCtxSetCurrent", (void **)&f.set_current, 13000, 0, &st), 0);
+    return f;
 }
 
 /* How many times slower than a plain build the sanitizer of this build runs the tests
