@@ -1052,12 +1052,13 @@ static void fault_sweep_staged_pause(void **state)
     tu_assert_ledger_empty();
 
     unsigned points = 0, fallbacks = 0, staged_calls = 0;
+    unsigned long candidate = 0;
     for (unsigned long i = 1; i <= n; i++) {
         if (is_undo(names[i - 1]) ||
             (i - 1 > last_destroy && !strcmp(names[i - 1], "cuCtxPushCurrent")))
             continue;
         /* Under TSan a sample of the points, and always the slots' pinning (its fallback). */
-        if (!tu_sweep_point(i) && strcmp(names[i - 1], "cuMemHostAlloc") != 0)
+        if (!tu_sweep_point(candidate++) && strcmp(names[i - 1], "cuMemHostAlloc") != 0)
             continue;
         backup_reset(NULL);
         wfix_make(&f);
@@ -1141,11 +1142,12 @@ static void fault_sweep_pinning_pause(void **state)
         if (!strcmp(names[k], "cuStreamDestroy"))
             last_destroy = k;
     unsigned points = 0, ok = 0, failed = 0;
+    unsigned long candidate = 0;
     for (unsigned long i = 0; i < n; i++) {
         if (is_undo(names[i]) || (i > last_destroy && !strcmp(names[i], "cuCtxPushCurrent")))
             continue;
         /* Under TSan a sample of the points, and always the registrations. */
-        if (!tu_sweep_point(i) && strcmp(names[i], "cuMemHostRegister") != 0)
+        if (!tu_sweep_point(candidate++) && strcmp(names[i], "cuMemHostRegister") != 0)
             continue;
         unsigned long nth = 0;
         for (unsigned long k = 0; k <= i; k++)

@@ -222,12 +222,13 @@ static inline tu_ctx_fns_t tu_ctx_fns(void)
 #define TU_SLOWDOWN 1
 #endif
 
-/* Whether a fault sweep fails its k-th call: every call, but under a sanitizer only every
- * TU_SLOWDOWN-th (the sweeps rebuild their fixture at each point; the plain and ASan builds
- * sweep every point, TSan a sample, for the races). */
+/* Whether a fault sweep fails its k-th candidate call (counted from 0 among the calls it may
+ * fail): every one in the plain and ASan builds; under TSan every fourth, from the first (the
+ * sweeps rebuild their fixture at each point: the plain and ASan builds sweep them all, TSan a
+ * sample, for the races). */
 static inline bool tu_sweep_point(unsigned long k)
 {
-    return TU_SLOWDOWN <= 2 || k % TU_SLOWDOWN == 0;
+    return TU_SLOWDOWN <= 2 || k % (TU_SLOWDOWN / 2) == 0;
 }
 
 /* tu_fill's pattern: byte i of a buffer is i * 131 + seed (mod 256). It repeats every 256
