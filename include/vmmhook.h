@@ -151,9 +151,9 @@ VMM_NODISCARD vmm_status vmm_resume(const char *tag);
  * it while the buffer runs, and the buffer's next VMM_PAUSE_BACKUP pause of the same kind writes
  * the fresh bytes into the same host memory (same address). It goes back at a later resume
  * without this flag, at a pause without a backup (or of another kind), when its buffer is freed,
- * paused or running, and may go at a pause of its tag that fails. Buffers packed together
- * (docs/SLEEP.md) share one backup: freeing one of them gives back the kept backup of all. A
- * VMM_PAUSE_DISK backup is never kept. */
+ * paused or running, and may go at a pause of its tag that fails. Each buffer's kept backup is
+ * its own: freeing one of the buffers packed together (docs/SLEEP.md) gives back only its own,
+ * and a buffer allocated after the resume has none. A VMM_PAUSE_DISK backup is never kept. */
 #define VMM_RESUME_KEEP_BACKUP 1u
 
 /* vmm_resume with flags (0 is vmm_resume). VMM_ERR_INVALID: unknown flags. */

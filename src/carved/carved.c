@@ -173,6 +173,23 @@ static void kept_drop_all(vmh_ext_t *e)
         kept_drop_at(e, e->nkept - 1);
 }
 
+/* Before a pause: a kept backup covering exactly one of e's running pieces goes back on its
+ * range, so that the pause writes the fresh bytes into the same host memory (pause.c's
+ * kept_take); the others go (the pause makes new ones). */
+static void kept_reattach_locked(vmh_ext_t *e)
+{
+    for (size_t i = 0; i < e->npieces; i++) {
+        vmh_range_t *r = e->pieces[i].range;
+        for (size_t k = 0; r && !r->kept.host && k < e->nkept; k++)
+            if (e->kept[k].base == r->base && e->kept[k].size == r->size) {
+                r->kept = e->kept[k].backup;
+                e->kept[k].backup = (vmh_backup_t){0};
+                kept_drop_at(e, k);
+            }
+    }
+    kept_drop_all(e);
+}
+
 /* The detached kept backup answering for the buffer at base, or NULL. */
 static vmh_ext_kept_t *kept_of(const vmh_ext_t *e, CUdeviceptr base, size_t *at)
 {
@@ -1458,9 +1475,11 @@ CUresult vmh_carved_visit(vmh_carved_t *pk, vmh_visit_run_fn fn, void *arg)
         if (n && !recs)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         size_t k = 0;
-        /* A pause (the tag is frozen) makes new backups: the detached kept ones go. */
+        /* A pause (the tag is frozen) makes new backups: a kept one that still covers exactly a
+         * piece goes back on its range for the pause to write into (kept_take, the same host
+         * memory); the others go. */
         for (vmh_ext_t *e = atomic_load(&pk->frozen) ? s->exts : NULL; e; e = e->next)
-            kept_drop_all(e);
+            kept_reattach_locked(e);
         for (vmh_ext_t *e = s->exts; e && recs; e = e->next) {
             /* A retired extent holds a freed exported block: another process may map it. */
             bool exported = vmh_extent_retired(e->extent);
@@ -1472,9 +1491,14 @@ CUresult vmh_carved_visit(vmh_carved_t *pk, vmh_visit_run_fn fn, void *arg)
         }
         if (recs)
             rc = vmh_visit_runs(recs, n, fn, arg);
+        /* A resume that kept its backups put them on the pieces' ranges: they move to the
+         * extent's list at once, answering for the buffers live now (none can be served before
+         * the lock goes), not for one carved later where a buffer freed while paused was. */
         for (vmh_ext_t *e = s->exts; e; e = e->next)
-            for (size_t j = 0; j < e->npieces; j++)
+            for (size_t j = 0; j < e->npieces; j++) {
                 assert(!e->pieces[j].range != !e->pieces[j].paused);
+                kept_detach_locked(e, e->pieces[j].range);
+            }
         free(recs);
         vmh_unlock(&s->lock);
     }

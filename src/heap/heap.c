@@ -347,7 +347,8 @@ static CUresult realloc_in_heap(const owner_ops_t *ops, CUdeviceptr *p, size_t s
         return CUDA_ERROR_NOT_PERMITTED; /* untouched until its tag is resumed */
     }
     size_t old_size = info.size;
-    if (size < pack_below(h, true) &&
+    /* A shrink stays in place (vmmhook.h: it keeps the pointer), a growth while small. */
+    if ((size <= info.size || size < pack_below(h, true)) &&
         ops->resize(o, *p, size, freed_reusable_at_once(), &old_size) == CUDA_SUCCESS) {
         vmh_owner_unlock(o);
         vmh_tag_requested_add(owner_tag(o), (int64_t)size - (int64_t)old_size);

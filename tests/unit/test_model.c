@@ -59,10 +59,11 @@
  *   VMH_MODEL_NO_SHRINK_UNDER_WORK=1  no shrink cuts bytes a queued write may still write (the
  *                        contexts are synchronized first);
  *   VMH_MODEL_NO_KEEP_BACKUP=1        no resume keeps its backups;
- *   VMH_MODEL_STRICT=1 (or a list of shrink,fresh,kept): what include/vmmhook.h says and the
- *                        library does not do (counted otherwise, VMH_MODEL_VERBOSE shows it): a
- *                        shrink keeps the pointer; a buffer never paused has no backup; a kept
- *                        backup goes only with its buffer's free, not at its resize;
+ *   VMH_MODEL_STRICT=1 (or kept): what include/vmmhook.h says and the library does not do yet
+ *                        (counted otherwise, VMH_MODEL_VERBOSE shows it): a kept backup goes only
+ *                        with its buffer's free, not at its resize (a buffer with chunks of its
+ *                        own); a shrink keeps the pointer and a buffer never paused has no backup
+ *                        are held by default (VMH_MODEL_LAX=1: not);
  *   VMH_MODEL_ALL=1      every seed runs even after a failure (default: stop at the first)
  *   VMH_MODEL_VERBOSE=1  each seed's configuration, figures and time per operation kind.
  * On a failure it prints the seed, the operation's index, the configuration and the last 32
@@ -368,9 +369,9 @@ static model_t M;
 /* The switches (environment), read once per run. */
 static struct switches {
     bool off[OP_COUNT], no_shrink_under_work, no_keep, verbose;
-    /* VMH_MODEL_STRICT: what include/vmmhook.h says that the library does not hold to (yet):
-     * a shrink keeps the pointer; a buffer never paused has no backup; a kept backup goes
-     * only with its buffer's free (not at its in-place resize). */
+    /* What include/vmmhook.h says: a shrink keeps the pointer, a buffer never paused has no
+     * backup (held unless VMH_MODEL_LAX); a kept backup goes only with its buffer's free, not at
+     * its in-place resize (VMH_MODEL_STRICT=kept: not held yet by own-chunk buffers). */
     bool strict_shrink, strict_fresh, strict_kept;
 } SW;
 
@@ -1467,8 +1468,10 @@ static void read_switches(void)
     SW.verbose = env_on("VMH_MODEL_VERBOSE");
     const char *strict = getenv("VMH_MODEL_STRICT");
     bool all = env_on("VMH_MODEL_STRICT") && !strpbrk(strict, "abcdefghijklmnopqrstuvwxyz");
-    SW.strict_shrink = all || (strict && strstr(strict, "shrink"));
-    SW.strict_fresh = all || (strict && strstr(strict, "fresh"));
+    /* A shrink keeps the pointer and a buffer never paused has no backup: held (the library
+     * fixed both); VMH_MODEL_LAX=1 turns these off too. */
+    SW.strict_shrink = !env_on("VMH_MODEL_LAX") || all || (strict && strstr(strict, "shrink"));
+    SW.strict_fresh = !env_on("VMH_MODEL_LAX") || all || (strict && strstr(strict, "fresh"));
     SW.strict_kept = all || (strict && strstr(strict, "kept"));
 }
 
