@@ -173,6 +173,19 @@ static void unpassed_free(void)
     release(alloc(4096));
 }
 
+/* The shrink's variant of the step: the kernel queued on late_p, then late_p shrunk to 2 MiB
+ * (its tail free at once: the program's work runs in one queue). */
+static void write_then_shrink(void)
+{
+    CUresult rc = sim_launch_write(late_ctx, NULL, late_p, late_n, 0x5A);
+    CUdeviceptr p = late_p;
+    if (rc == CUDA_SUCCESS)
+        rc = vmh_heap_realloc_ex(&p, 2 * MiB, NULL, false, NULL);
+    if (rc == CUDA_SUCCESS && p != late_p)
+        rc = CUDA_ERROR_UNKNOWN; /* a shrink stays in place */
+    atomic_store(&late_rc, rc);
+}
+
 /* ---- holes (issue 27): the tidy unmaps idle chunks inside extents ---------------------------- */
 
 /* The frees so far passed by a wait (no trim: a trim would make the holes itself), and the
@@ -237,6 +250,27 @@ static void trim_holes_wait_for_frees_at_once(void **state)
     vmh_heap_trim(); /* its wait passes the free */
     assert_int_equal(sim_hazards(), 0);
     assert_true(mapped(e) < e->va_size);
+    release(keep);
+}
+
+/* A shrink's tail freed at once while a trim waits: the extent takes the freed-at-once mark as
+ * for a free (carved.c's vmh_carved_resize_locked), so the trim makes no hole under the queued
+ * write; the next trim's wait passes it. */
+static void shrunk_tail_stays_mapped_until_passed(void **state)
+{
+    (void)state;
+    CUdeviceptr keep;
+    vmh_ext_t *e = extent_with_a_late_block(&keep);
+    unpassed_free();
+    arm(write_then_shrink);
+    vmh_heap_trim();
+    assert_step_ran();
+    assert_int_equal(sim_hazards(), 0);
+    assert_int_equal(mapped(e), e->va_size);
+    vmh_heap_trim(); /* its wait passes the shrink */
+    assert_int_equal(sim_hazards(), 0);
+    assert_true(mapped(e) < e->va_size);
+    release(late_p);
     release(keep);
 }
 
@@ -545,6 +579,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(tidy_holes_wait_for_frees_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(trim_holes_wait_for_frees_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(shrunk_tail_stays_mapped_until_passed, setup, teardown),
         cmocka_unit_test_setup_teardown(no_holes_in_an_exported_extent, setup, teardown),
         cmocka_unit_test_setup_teardown(no_hole_in_a_chunk_held_elsewhere, setup, teardown),
         cmocka_unit_test_setup_teardown(retired_extent_waits_for_frees_at_once, setup, teardown),
