@@ -234,44 +234,41 @@ static void tidy_holes_wait_for_frees_at_once(void **state)
     release(keep);
 }
 
-/* The same window in a trim, which makes holes of every idle chunk after its wait
- * (vmm_trim, out of memory, a resume that runs out). */
-static void trim_holes_wait_for_frees_at_once(void **state)
+/* A trim with `step` (a kernel queued on late_p, then late_p freed or shrunk at once) in the
+ * window after its wait: it makes no hole under the queued write; the next trim's wait passes
+ * it, and the chunks go. */
+static void trim_window(void (*step)(void))
 {
-    (void)state;
     CUdeviceptr keep;
     vmh_ext_t *e = extent_with_a_late_block(&keep);
     unpassed_free();
-    arm(write_then_free);
+    arm(step);
     vmh_heap_trim();
     assert_step_ran();
     assert_int_equal(sim_hazards(), 0);
     assert_int_equal(mapped(e), e->va_size);
-    vmh_heap_trim(); /* its wait passes the free */
+    vmh_heap_trim(); /* its wait passes the step */
     assert_int_equal(sim_hazards(), 0);
     assert_true(mapped(e) < e->va_size);
     release(keep);
 }
 
+/* The same window in a trim, which makes holes of every idle chunk after its wait
+ * (vmm_trim, out of memory, a resume that runs out). */
+static void trim_holes_wait_for_frees_at_once(void **state)
+{
+    (void)state;
+    trim_window(write_then_free);
+}
+
 /* A shrink's tail freed at once while a trim waits: the extent takes the freed-at-once mark as
  * for a free (carved.c's vmh_carved_resize_locked), so the trim makes no hole under the queued
- * write; the next trim's wait passes it. */
+ * write. */
 static void shrunk_tail_stays_mapped_until_passed(void **state)
 {
     (void)state;
-    CUdeviceptr keep;
-    vmh_ext_t *e = extent_with_a_late_block(&keep);
-    unpassed_free();
-    arm(write_then_shrink);
-    vmh_heap_trim();
-    assert_step_ran();
-    assert_int_equal(sim_hazards(), 0);
-    assert_int_equal(mapped(e), e->va_size);
-    vmh_heap_trim(); /* its wait passes the shrink */
-    assert_int_equal(sim_hazards(), 0);
-    assert_true(mapped(e) < e->va_size);
+    trim_window(write_then_shrink);
     release(late_p);
-    release(keep);
 }
 
 /* An extent with a live export gets no hole (carved.c's export check of the holes): another
