@@ -3,6 +3,7 @@
 #include "tags.h"
 
 #include "log.h"
+#include "report.h"
 #include "stats.h"
 #include "thread_state.h"
 
@@ -315,7 +316,8 @@ void vmh_tags_report_table(void)
     char now[32], peak[32];
     int64_t c = atomic_load(&pinned_now), p = atomic_load(&pinned_peak);
     if (p > 0)
-        vmh_log("  %-36s now %12s  peak %12s", "pinned host memory kept for backups",
+        vmh_log("  %-*s now %12s  peak %12s", vmh_stats_label_width(),
+                "pinned host memory kept for backups",
                 vmh_fmt_bytes(now, sizeof now, c > 0 ? (unsigned long long)c : 0),
                 vmh_fmt_bytes(peak, sizeof peak, (unsigned long long)p));
 }
