@@ -458,7 +458,10 @@ static void warm_big_pairs_after_a_stream_wait_once(void **state)
     vmm = vmm_calls();
     for (int i = 0; i < 1000; i++)
         pair(64 * MiB);
-    assert_int_equal(vmm_calls() - vmm, 0);
+    /* None in the plain and ASan builds. Under TSan on a loaded machine the reclaim thread may
+     * not have released a parked pair before the next allocation, which then maps an extent
+     * (CI run 4 saw 5 and 17 calls): a bound there, the property checked by the other builds. */
+    assert_true(vmm_calls() - vmm <= (TU_SLOWDOWN > 2 ? 64u : 0u));
     assert_true(app_calls() - calls <= 2 * (1000 / 2 + 1));
     vmh_reclaim_stop();
     vmh_reclaim_background(false);
