@@ -349,7 +349,8 @@ static CUresult realloc_in_heap(const owner_ops_t *ops, CUdeviceptr *p, size_t s
     size_t old_size = info.size;
     /* A shrink stays in place (vmmhook.h: it keeps the pointer), a growth while small. */
     if ((size <= info.size || size < pack_below(h, true)) &&
-        ops->resize(o, *p, size, freed_reusable_at_once(), &old_size) == CUDA_SUCCESS) {
+        ops->resize(o, *p, size, size < info.size && freed_reusable_at_once(), &old_size) ==
+            CUDA_SUCCESS) {
         vmh_owner_unlock(o);
         vmh_tag_requested_add(owner_tag(o), (int64_t)size - (int64_t)old_size);
         trace_resize(*p, old_size, *p, size, stream);
