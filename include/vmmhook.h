@@ -153,7 +153,9 @@ VMM_NODISCARD vmm_status vmm_resume(const char *tag);
  * without this flag, at a pause without a backup (or of another kind), when its buffer is freed,
  * paused or running, and may go at a pause of its tag that fails. Each buffer's kept backup is
  * its own: freeing one of the buffers packed together (docs/SLEEP.md) gives back only its own,
- * and a buffer allocated after the resume has none. A VMM_PAUSE_DISK backup is never kept. */
+ * and a buffer allocated after the resume has none. vmm_realloc in place keeps it (it holds
+ * the bytes as they were paused, up to the size then: bytes past it have no backup); a buffer
+ * that vmm_realloc moved is a new one and has none. A VMM_PAUSE_DISK backup is never kept. */
 #define VMM_RESUME_KEEP_BACKUP 1u
 
 /* vmm_resume with flags (0 is vmm_resume). VMM_ERR_INVALID: unknown flags. */

@@ -350,7 +350,9 @@ const void *vmh_ownchunk_backup_locked(vmh_ownbuf_t *b, CUdeviceptr p, size_t n)
     const char *host = b->state == OWN_PAUSED ? b->paused->host
                        : b->state == OWN_LIVE ? b->range->kept.host
                                               : NULL;
-    if (!host || p < base || p >= base + b->req || n > base + b->req - p)
+    /* A kept backup answers for the bytes it holds: a buffer grown since holds more. */
+    size_t len = b->state == OWN_LIVE && b->range->kept.size < b->req ? b->range->kept.size : b->req;
+    if (!host || p < base || p >= base + len || n > base + len - p)
         return NULL;
     return host + (p - base);
 }
@@ -391,6 +393,8 @@ static CUresult shrink_locked(vmh_ownchunks_t *set, vmh_ownbuf_t *b, size_t size
             *shrunk = true;
             vmh_dev_usable_give(set->dev, r->size - nr->size);
             set->live.bytes -= r->size - nr->size;
+            nr->kept = r->kept; /* a kept backup is the buffer's: a resize keeps it */
+            r->kept = (vmh_backup_t){0};
             b->range = nr;
             nr = NULL;
         }
@@ -517,6 +521,11 @@ CUresult vmh_ownchunk_realloc(CUdeviceptr *p, size_t size, bool async, size_t *o
     if (nr->size - r->size != extra) /* the range grows by exactly the chunk added */
         vmh_dev_usable_adjust(d, (int64_t)(nr->size - r->size) - (int64_t)extra);
     set->live.bytes += nr->size - r->size;
+    if (!move) { /* kept backups are the buffer's: one grown in place keeps its own (a moved
+                  * buffer is a new one, as after a free and an allocation) */
+        nr->kept = r->kept;
+        r->kept = (vmh_backup_t){0};
+    }
     b->range = nr;
     b->req = size;
     b->state = OWN_LIVE;
