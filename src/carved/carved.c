@@ -400,9 +400,9 @@ static void span_give(vmh_shard_t *s, CUdeviceptr at, size_t size)
     vmh_resv_unref(emptied); /* NULL is allowed */
 }
 
-/* The chunk size of an extent of `size` bytes (a multiple of gran): see CHUNK_MIN, and
- * OWN_CHUNK_MIN for an extent made for one request (own). */
-static size_t extent_chunk(size_t size, size_t gran, bool own)
+/* The library's chunk size rule: CHUNK_MIN, and OWN_CHUNK_MIN for an extent made for one
+ * request (own). */
+static size_t extent_chunk_rule(size_t size, size_t gran, bool own)
 {
     const size_t min = own ? OWN_CHUNK_MIN : CHUNK_MIN, split = own ? OWN_CHUNK_SPLIT : CHUNK_SPLIT;
     /* (an extent of less than two own chunks is one: a 40 MiB buffer gains nothing from a
@@ -412,6 +412,14 @@ static size_t extent_chunk(size_t size, size_t gran, bool own)
     size_t chunk = size / split < min ? min : size / split;
     chunk -= chunk % gran;
     return chunk ? chunk : gran;
+}
+
+/* The chunk size of an extent of `size` bytes (a multiple of d's granularity): the rule's,
+ * at most VMMHOOK_CHUNK_MAX. */
+static size_t extent_chunk(const vmh_dev_t *d, size_t size, bool own)
+{
+    size_t chunk = extent_chunk_rule(size, d->gran, own);
+    return d->chunk_max && chunk > d->chunk_max ? d->chunk_max : chunk;
 }
 
 /* A range of `size` bytes in chunks of extent_chunk, in shard s's spans. */
@@ -425,7 +433,7 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, bool own, vmh_rang
     if (rc != CUDA_SUCCESS)
         return rc;
     vmh_dev_t *d = s->carved->dev;
-    rc = vmh_dev_range_in(d, size, extent_chunk(size, d->gran, own), resv, at, out);
+    rc = vmh_dev_range_in(d, size, extent_chunk(d, size, own), resv, at, out);
     if (rc != CUDA_SUCCESS)
         span_give(s, at, size);
     return rc;
@@ -716,7 +724,7 @@ static CUresult extent_add_serving(vmh_carved_t *pk, vmh_shard_t *s, size_t size
     if (onto) {
         /* The driver's error is the answer (the caller relieves the device, spills or fails):
          * the whole extent below is no smaller. */
-        rc = vmh_dev_range_in(d, grow, extent_chunk(grow, d->gran, own), resv, at, &r);
+        rc = vmh_dev_range_in(d, grow, extent_chunk(d, grow, own), resv, at, &r);
         if (rc != CUDA_SUCCESS) {
             span_give(gs, at, grow);
             return rc;
@@ -820,11 +828,10 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
             e = x;
     CUresult rc = h.size ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
     vmh_range_t *r = NULL;
-    vmh_alloc_t *a = NULL;
-    if (rc == CUDA_SUCCESS && (rc = vmh_dev_chunk(s->carved->dev, h.size, &a)) == CUDA_SUCCESS) {
-        rc = vmh_range_create_in(&a, 1, e->pieces[0].range->maps[0]->resv, h.base, &r);
-        vmh_alloc_unref(a); /* the mapping holds it (or nothing does) */
-    }
+    const vmh_dev_t *d = s->carved->dev;
+    if (rc == CUDA_SUCCESS) /* one chunk of the hole's size, or chunks of VMMHOOK_CHUNK_MAX */
+        rc = vmh_dev_range_at(s->carved->dev, h.size, d->chunk_max,
+                              e->pieces[0].range->maps[0]->resv, h.base, &r);
     vmh_range_t **old = NULL;
     size_t nold = 0;
     if (rc == CUDA_SUCCESS) {

@@ -201,6 +201,9 @@ CUresult vmh_dev_setup(vmh_dev_t *d, int ordinal, CUcontext ctx)
     if (d->gran > rec_gran)
         d->gran = probe_granularity(d, rec_gran);
 
+    d->chunk_max = settings.chunk_max - settings.chunk_max % d->gran;
+    if (settings.chunk_max && !d->chunk_max)
+        d->chunk_max = d->gran;
     vmh_debug("device %d: chunk granularity %zu (minimum %zu), handle type %d", ordinal, d->gran,
               min_gran, (int)d->prop.requestedHandleTypes);
     return CUDA_SUCCESS;
@@ -314,7 +317,7 @@ static CUresult chunks_make(vmh_dev_t *d, size_t size, size_t chunk, vmh_alloc_t
  * given, else in a new reservation of `reserve` bytes; the relieve-and-retry of
  * vmh_dev_range_new. */
 static CUresult range_new(vmh_dev_t *d, size_t size, size_t chunk, size_t reserve, vmh_resv_t *resv,
-                          CUdeviceptr at, vmh_range_t **out, bool *no_address)
+                          CUdeviceptr at, bool relieve, vmh_range_t **out, bool *no_address)
 {
     *no_address = false;
     size_t most = chunk && chunk < size ? (size + chunk - 1) / chunk : 1;
@@ -337,7 +340,7 @@ static CUresult range_new(vmh_dev_t *d, size_t size, size_t chunk, size_t reserv
             while (n)
                 vmh_alloc_unref(allocs[--n]); /* the mappings hold them now (or nothing does) */
         }
-        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0) {
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || attempt > 0 || !relieve) {
             *no_address = rc == CUDA_ERROR_OUT_OF_MEMORY && resv_failed;
             break;
         }
@@ -354,14 +357,21 @@ static CUresult range_new(vmh_dev_t *d, size_t size, size_t chunk, size_t reserv
 CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_t **out,
                            bool *no_address)
 {
-    return range_new(d, size, 0, reserve, NULL, 0, out, no_address);
+    return range_new(d, size, 0, reserve, NULL, 0, true, out, no_address);
 }
 
 CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv, CUdeviceptr at,
                           vmh_range_t **out)
 {
     bool no_address;
-    return range_new(d, size, chunk, 0, resv, at, out, &no_address);
+    return range_new(d, size, chunk, 0, resv, at, true, out, &no_address);
+}
+
+CUresult vmh_dev_range_at(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv, CUdeviceptr at,
+                          vmh_range_t **out)
+{
+    bool no_address;
+    return range_new(d, size, chunk, 0, resv, at, false, out, &no_address);
 }
 
 void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_address)

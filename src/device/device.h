@@ -63,6 +63,7 @@ struct vmh_dev {
     vmh_grants_t *grants;   /* the peers granted its chunks: its record's part (handle.h) */
     size_t gran;            /* chunk granularity */
     size_t rec_gran;        /* the driver's recommended one (gran is larger only when set so) */
+    size_t chunk_max;       /* VMMHOOK_CHUNK_MAX in whole granules (at least one); 0: none */
     /* Usable bytes of live buffers (and of allocations in flight), for VMMHOOK_MEM_LIMIT:
      * taken before a buffer is made (vmh_dev_usable_take), so the limit is never exceeded. */
     _Atomic size_t live_usable;
@@ -83,6 +84,7 @@ typedef struct vmh_device_settings {
     size_t mem_limit;          /* VMMHOOK_MEM_LIMIT: usable bytes per device, 0 = no limit */
     size_t va_limit;           /* VMMHOOK_VA_LIMIT: address space, all devices together */
     size_t headroom;           /* VMMHOOK_HEADROOM: reserved past a buffer that may grow */
+    size_t chunk_max;          /* VMMHOOK_CHUNK_MAX: 0 = the carved layer's own rule */
     vmh_refuse_fn refuse;      /* a value the driver refuses (log.h) */
 } vmh_device_settings_t;
 
@@ -130,6 +132,10 @@ CUresult vmh_dev_range_new(vmh_dev_t *d, size_t size, size_t reserve, vmh_range_
  * in a reservation of its own, in chunks of `chunk` bytes (the last one shorter; 0: one chunk),
  * mapped with one cuMemSetAccess for the stretch (a shared extent's backing, carved.h). */
 CUresult vmh_dev_range_in(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv, CUdeviceptr at,
+                          vmh_range_t **out);
+/* As vmh_dev_range_in without relieving the device on out of memory: for a caller that holds
+ * a heap lock the relief takes (carved.c's hole fill, under its shard's). */
+CUresult vmh_dev_range_at(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *resv, CUdeviceptr at,
                           vmh_range_t **out);
 
 /* The one line VMMHOOK_VERBOSE prints when a served allocation of `size` bytes on the device

@@ -141,6 +141,7 @@ VMH_TESTABLE void vmh_lifetime_configure(const vmh_options_t *o)
                                                   .mem_limit = o->mem_limit,
                                                   .va_limit = o->va_limit,
                                                   .headroom = o->headroom,
+                                                  .chunk_max = o->chunk_max,
                                                   .refuse = vmh_lifetime_refuse});
     vmh_cache_configure(&(vmh_cache_settings_t){.limit = o->cache_limit});
     vmh_reclaim_configure(&(vmh_reclaim_settings_t){.park_limit = o->park_limit});

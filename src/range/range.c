@@ -399,7 +399,7 @@ bool vmh_range_owned_alone(const vmh_range_t *r)
 }
 
 /* The description of r (no driver call); r stays as it is. */
-static CUresult describe(const vmh_range_t *r, vmh_paused_t **out)
+static CUresult describe(const vmh_range_t *r, size_t seg_max, vmh_paused_t **out)
 {
     /* At most one segment per mapping; usually far fewer. */
     if (r->nmaps > (SIZE_MAX - sizeof(vmh_paused_t)) / sizeof(vmh_paused_seg_t))
@@ -411,7 +411,8 @@ static CUresult describe(const vmh_range_t *r, vmh_paused_t **out)
     p->size = r->size;
     for (size_t i = 0; i < r->nmaps; i++) {
         const vmh_map_t *m = r->maps[i];
-        if (p->nsegs && joins(&p->segs[p->nsegs - 1], m))
+        if (p->nsegs && joins(&p->segs[p->nsegs - 1], m) &&
+            (!seg_max || p->segs[p->nsegs - 1].size + m->size <= seg_max))
             p->segs[p->nsegs - 1].size += m->size;
         else
             seg_start(&p->segs[p->nsegs++], m);
@@ -420,7 +421,7 @@ static CUresult describe(const vmh_range_t *r, vmh_paused_t **out)
     return CUDA_SUCCESS;
 }
 
-CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, vmh_paused_t **out)
+CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, size_t seg_max, vmh_paused_t **out)
 {
     if (!rs || !out || n == 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -431,7 +432,7 @@ CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, vmh_paused_t **ou
             return CUDA_ERROR_NOT_PERMITTED;
     }
     for (size_t i = 0; i < n; i++) {
-        CUresult rc = describe(rs[i], &out[i]);
+        CUresult rc = describe(rs[i], seg_max, &out[i]);
         if (rc != CUDA_SUCCESS) {
             while (i)
                 vmh_paused_destroy(out[--i]);

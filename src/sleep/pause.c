@@ -220,7 +220,7 @@ static CUresult visit_pause(vmh_visit_rec_t *recs, size_t n, void *arg)
     if (rc == CUDA_SUCCESS && j->backup)
         rc = copy_backups(j, &w, k);
     if (rc == CUDA_SUCCESS && k)
-        rc = vmh_range_pause_run(w.ranges, k, w.paused);
+        rc = vmh_range_pause_run(w.ranges, k, j->dev->chunk_max, w.paused);
     for (size_t i = 0; i < k; i++) {
         if (rc != CUDA_SUCCESS) {
             if (w.reused[i]) /* the range is still mapped: its kept backup goes back on it */

@@ -53,6 +53,7 @@ typedef struct vmh_options {
     vmh_gran_mode_t gran_mode; /* VMMHOOK_GRANULARITY */
     size_t gran_bytes;         /* when gran_mode is VMH_GRAN_BYTES */
     vmh_handle_kind_t handle;  /* VMMHOOK_HANDLE_TYPE */
+    size_t chunk_max;          /* VMMHOOK_CHUNK_MAX: the largest chunk of shared memory, 0 = rule */
     size_t headroom;           /* VMMHOOK_HEADROOM: address space reserved past a grown buffer */
     size_t va_limit;           /* VMMHOOK_VA_LIMIT: total address space the library may reserve */
     size_t cache_limit;        /* VMMHOOK_CACHE_LIMIT: idle bytes kept for reuse, per device */

@@ -116,7 +116,7 @@ static void adjacent_ranges_pause_and_resume_as_one_run(void **state)
 
     vmh_paused_t *ps[2];
     sim_reset_counters();
-    assert_int_equal(vmh_range_pause_run(rs, 2, ps), CUDA_SUCCESS);
+    assert_int_equal(vmh_range_pause_run(rs, 2, 0, ps), CUDA_SUCCESS);
     assert_int_equal(sim_calls("cuMemUnmap"), 1);
     assert_int_equal(sim_calls("cuMemRelease"), 4);
     assert_int_equal(sim_live_mappings(), 0);

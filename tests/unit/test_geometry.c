@@ -74,6 +74,25 @@ static void many_2mib_buffers_cost_calls_per_extent(void **state)
     }
 }
 
+/* VMMHOOK_CHUNK_MAX=64M: the same 20480 x 2 MiB in chunks of at most 64 MiB, so at least 640
+ * of them: a pause releases each, and allocation makes and maps each (the trade the option's
+ * text states; printed). */
+static void chunk_max_caps_every_chunk(void **state)
+{
+    tu_opt.chunk_max = 64 * MiB;
+    tu_configure();
+    const size_t n = 20480, chunks = n * 2 * MiB / (64 * MiB);
+    phase_calls_t c = buffers_in_one_tag(n, 2 * MiB);
+    print_message("  %zu x 2 MiB, chunks of at most 64 MiB: alloc %lu, pause %lu, resume %lu, "
+                  "free+trim %lu, maps %lu\n",
+                  n, c.alloc, c.pause, c.resume, c.free, c.maps);
+    assert_true(c.maps >= chunks && c.maps <= chunks + chunks / 4); /* extents end in parts */
+    assert_true(c.resume >= chunks); /* a resume makes no chunk larger either */
+    assert_true(c.pause >= chunks); /* one cuMemRelease a chunk */
+    assert_true(c.alloc >= 2 * chunks && c.alloc <= 4 * chunks);
+    (void)state;
+}
+
 /* 1024 x 40 MiB in one tag (pause_resume's other size on the H200): once the live bytes make
  * the shared extent 8 times larger, 40 MiB buffers share extents too. */
 static void many_40mib_buffers_share_extents(void **state)
@@ -497,6 +516,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(a_shards_extents_are_adjacent, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(a_trimmed_extents_addresses_are_reused, setup,
                                         tt_teardown),
+        cmocka_unit_test_setup_teardown(chunk_max_caps_every_chunk, setup, tt_teardown),
         cmocka_unit_test_setup_teardown(growing_requests_join_freed_neighbours, setup,
                                         tt_teardown),
         cmocka_unit_test_setup_teardown(a_large_request_grows_a_free_end, setup, tt_teardown),

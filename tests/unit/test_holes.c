@@ -17,6 +17,8 @@
 
 #define N 10240 /* 2 MiB buffers: 20 GiB, in extents of up to 1 GiB (3 chunks each) */
 #define KEEP_EVERY 512
+/* Every keep_every-th buffer survives (KEEP_EVERY, or what a case sets before its fill). */
+static int keep_every = KEEP_EVERY;
 
 static CUdeviceptr bufs[N];
 
@@ -61,7 +63,7 @@ static int teardown(void **state)
     return tt_teardown(state);
 }
 
-/* N x 2 MiB in tag "holes", every KEEP_EVERY-th kept (written) and the rest freed. */
+/* N x 2 MiB in tag "holes", every keep_every-th kept (written) and the rest freed. */
 static void survivors_among_freed(void)
 {
     assert_int_equal(vmm_tag_push("holes"), VMM_OK);
@@ -69,7 +71,7 @@ static void survivors_among_freed(void)
         assert_int_equal(vmh_heap_alloc(2 * MiB, &bufs[i]), CUDA_SUCCESS);
     assert_int_equal(vmm_tag_pop(), VMM_OK);
     for (int i = 0; i < N; i++) {
-        if (i % KEEP_EVERY == 0) {
+        if (i % keep_every == 0) {
             mark(bufs[i], 2 * MiB, (unsigned)i);
             continue;
         }
@@ -91,7 +93,7 @@ static size_t punch_around_survivors(void)
 
 static void survivors_intact(void)
 {
-    for (int i = 0; i < N; i += KEEP_EVERY)
+    for (int i = 0; i < N; i += keep_every)
         if (bufs[i])
             assert_true(marked(bufs[i], 2 * MiB, (unsigned)i));
 }
@@ -107,7 +109,7 @@ static void idle_chunks_inside_extents_are_unmapped(void **state)
     size_t after = sim_device_used(0);
     print_message("  %d x 2 MiB, 1 in %d kept: %zu MiB mapped before the tidy, %zu MiB after; "
                   "given back %zu MiB\n",
-                  N, KEEP_EVERY, before / MiB, after / MiB,
+                  N, keep_every, before / MiB, after / MiB,
                   (size_t)vmh_counter_get(VMH_STAT_tidy_bytes) / MiB);
 
     /* What went back is exactly what the tidy counts (whole idle extents and holes), and most
@@ -122,7 +124,7 @@ static void idle_chunks_inside_extents_are_unmapped(void **state)
     survivors_intact();
     /* A pointer in a hole is no buffer. */
     vmh_buffer_info_t info;
-    assert_false(vmh_heap_find(bufs[N - KEEP_EVERY] - 200 * MiB, &info));
+    assert_false(vmh_heap_find(bufs[N - keep_every] - 200 * MiB, &info));
 }
 
 /* An allocation that fits only in a hole maps it again (one chunk: create, map, access; no new
@@ -204,8 +206,8 @@ static void a_tag_with_holes_pauses_and_resumes(void **state)
 {
     (void)state;
     punch_around_survivors();
-    const int kept = 8 * KEEP_EVERY; /* in one of the 1 GiB extents */
-    for (int i = 0; i < N; i += KEEP_EVERY) {
+    const int kept = 8 * keep_every; /* in one of the 1 GiB extents */
+    for (int i = 0; i < N; i += keep_every) {
         if (i != kept) {
             assert_int_equal(vmh_heap_free(bufs[i], NULL, false), CUDA_SUCCESS);
             bufs[i] = 0;
@@ -303,8 +305,9 @@ static void holes_while_others_allocate(void **state)
  * has): 10240 x 2 MiB on a 24 GiB device, freed but 1 in KEEP_EVERY, before any tidy. The
  * extents' whole free chunks count as free in cuMemGetInfo, and a request larger than the
  * driver's free memory and the empty extents together gets them back from the relieve before
- * out of memory is answered (natively it succeeds); the survivors keep their contents. (1 in 128 or 64 needs chunks of at most 128
- * or 64 MiB: these extents' are up to 341 MiB, so one live block pins one; not met yet.) */
+ * out of memory is answered (natively it succeeds); the survivors keep their contents. (1 in
+ * 128 or 64 needs chunks of at most 128 or 64 MiB, VMMHOOK_CHUNK_MAX: the default chunks are up
+ * to 341 MiB, so one live block pins one; see the next case.) */
 static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
 {
     (void)state;
@@ -321,7 +324,7 @@ static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
     size_t reclaimable = vmh_heap_reclaimable_bytes(0), idle = vmh_heap_idle_bytes(0);
     print_message("  %zu MiB mapped for %d MiB live; %zu MiB counted free by cuMemGetInfo, %zu "
                   "of them in empty extents\n",
-                  mapped / MiB, 2 * (N / KEEP_EVERY), reclaimable / MiB, idle / MiB);
+                  mapped / MiB, 2 * (N / keep_every), reclaimable / MiB, idle / MiB);
     /* More than the driver's free memory and the empty extents together. */
     size_t want = 24 * GiB - mapped + idle + 2 * GiB;
     assert_true(reclaimable >= idle + 2 * GiB);
@@ -332,6 +335,41 @@ static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
     survivors_intact();
     assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
     assert_int_equal(sim_hazards(), 0);
+}
+
+/* Scenario 3 at 1 in 64 (one live 2 MiB buffer in every 128 MiB): no chunk of the default
+ * size is wholly free, so this needs VMMHOOK_CHUNK_MAX=64M (or less): then every other chunk
+ * is, and an 8 GiB request beyond the driver's free memory is served from them (natively it
+ * succeeds). */
+static void one_buffer_in_64_pins_nothing_with_64m_chunks(void **state)
+{
+    (void)state;
+    sim_config_t cfg = {.memory = 24 * GiB};
+    tu_reset(&cfg);
+    assert_true(vmh_lifetime_ready());
+    tu_opt.pack_below = (size_t)1 << 40;
+    tu_opt.pin_limit = 0;
+    tu_opt.chunk_max = 64 * MiB;
+    tu_configure();
+    vmh_tags_reset();
+    vmh_pause_reset();
+    keep_every = 64;
+    survivors_among_freed();
+    size_t mapped = sim_device_used(0);
+    size_t reclaimable = vmh_heap_reclaimable_bytes(0);
+    print_message("  1 in 64 kept, chunks of at most 64 MiB: %zu MiB mapped for %d MiB live; %zu "
+                  "MiB counted free by cuMemGetInfo\n",
+                  mapped / MiB, 2 * (N / keep_every), reclaimable / MiB);
+    assert_true(reclaimable >= 9 * GiB);
+    size_t want = 24 * GiB - mapped + 8 * GiB;
+    CUdeviceptr big = 0;
+    assert_int_equal(vmh_heap_alloc(want, &big), CUDA_SUCCESS);
+    tu_fill(big + want - MARK, MARK, 7);
+    assert_true(tu_check(big + want - MARK, MARK, 7));
+    survivors_intact();
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_hazards(), 0);
+    keep_every = KEEP_EVERY;
 }
 
 int main(void)
@@ -345,6 +383,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(holes_while_others_allocate, setup, teardown),
         cmocka_unit_test_setup_teardown(out_of_memory_gives_back_free_chunks_inside_extents,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(one_buffer_in_64_pins_nothing_with_64m_chunks, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -352,7 +352,7 @@ typedef struct model {
     char log[LOGN][LOGW];
     unsigned long nlog;
     jmp_buf jb;
-    char config[160];
+    char config[200];
     /* figures */
     unsigned long landed_orphans, kept_checked, kept_gone_resized, fresh_answered, shrink_moved;
     bool heap_made; /* the device's heap exists (an allocation succeeded): the tidy may run */
@@ -1246,16 +1246,17 @@ static void seed_setup(unsigned seed)
     tu_opt.stream_ordered = chance(80);
     tu_opt.park_limit = parks[rnd(3)];
     tu_opt.pin_limit = chance(50) ? GiB : 0;
+    tu_opt.chunk_max = chance(70) ? 0 : chance(50) ? 2 * MiB : 64 * MiB; /* VMMHOOK_CHUNK_MAX */
     tu_configure();
     vmh_pause_configure(tu_opt.pin_limit);
     vmh_tags_reset();
     vmh_pause_reset();
     vmh_staging_set_host_mem(fake_host_read);
     snprintf(M.config, sizeof M.config,
-             "pack_below %zu, stream_ordered %d, park_limit %zu MiB, pin_limit %zu MiB, live cap "
-             "%zu MiB",
+             "pack_below %zu, stream_ordered %d, park_limit %zu MiB, pin_limit %zu MiB, chunk_max "
+             "%zu MiB, live cap %zu MiB",
              tu_opt.pack_below, tu_opt.stream_ordered, tu_opt.park_limit / MiB,
-             tu_opt.pin_limit / MiB, M.cap_bytes / MiB);
+             tu_opt.pin_limit / MiB, tu_opt.chunk_max / MiB, M.cap_bytes / MiB);
     for (int t = 0; t < 2; t++) { /* registered, so that pauses of an empty tag are known */
         assert_int_equal(vmm_tag_push(tag_names[t]), VMM_OK);
         assert_int_equal(vmm_tag_pop(), VMM_OK);

@@ -37,13 +37,14 @@ static void test_defaults(void **state)
     assert_int_equal(o.overflow, VMH_OVERFLOW_OFF);
     assert_int_equal(o.overflow_limit, (size_t)64 << 40);
     assert_int_equal(o.overflow_reserve, (size_t)4 << 30);
+    assert_int_equal(o.chunk_max, 0);
 }
 
 /* Every default is accepted by its own row (vmh_options_defaults ignores the status). */
 static void test_defaults_parse(void **state)
 {
     (void)state;
-    assert_int_equal(vmh_options_count(), 23);
+    assert_int_equal(vmh_options_count(), 24);
     for (size_t i = 0; i < vmh_options_count(); i++) {
         vmh_options_t o;
         vmh_options_defaults(&o);

@@ -42,7 +42,7 @@ static CUresult pause_one(vmh_range_t *r, void *backup, vmh_paused_t **out)
         if (rc != CUDA_SUCCESS)
             return rc;
     }
-    return vmh_range_pause_run(&r, 1, out);
+    return vmh_range_pause_run(&r, 1, 0, out);
 }
 
 /* One paused range resumed, backup (NULL: none) copied in. */
