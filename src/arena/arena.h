@@ -1,7 +1,7 @@
 /* Layer "arena, registry": packing small buffers into shared chunks.
  *
  * Host-side bookkeeping only: an arena sub-allocates address ranges inside extents that the
- * caller (carved.c) maps and hands over; it never calls the driver and never touches device
+ * caller (carved_place.c) maps and hands over; it never calls the driver and never touches device
  * memory (device memory is not readable from the host, so no block header lives in it).
  * Best fit over segregated free lists (two-level: power-of-two classes, 16 sub-classes each),
  * VMH_ARENA_ALIGN alignment (cudaMalloc's), neighbours coalesced on release. O(1) alloc/free
@@ -37,8 +37,8 @@ vmh_arena_t *vmh_arena_new(void);
 void vmh_arena_delete(vmh_arena_t *a, void (*cb)(void *owner, void *arg), void *arg);
 
 /* Adds [base, base + size) (base and size multiples of VMH_ARENA_ALIGN) as free space; owner
- * is the caller's object for it (carved.c: the extent record). NULL when out of host memory, or
- * with errno EINVAL when size is 0 or base/size are not multiples of VMH_ARENA_ALIGN. */
+ * is the caller's object for it (carved_place.c: the extent record). NULL when out of host memory,
+ * or with errno EINVAL when size is 0 or base/size are not multiples of VMH_ARENA_ALIGN. */
 vmh_extent_t *vmh_arena_add_extent(vmh_arena_t *a, uintptr_t base, size_t size, void *owner);
 
 /* Best fit for size bytes (1 <= size; EINVAL for 0). Returns 0 and *out, or ENOMEM when no
@@ -144,7 +144,7 @@ size_t vmh_extent_size(const vmh_extent_t *e);
  * left out (another process may map its chunk). O(blocks of e). cb must not change the arena. */
 size_t vmh_arena_free_runs(const vmh_extent_t *e, size_t align, bool with_parked,
                            void (*cb)(uintptr_t base, size_t size, void *arg), void *arg);
-/* Holes: space inside an extent that its owner took out of service (carved.c
+/* Holes: space inside an extent that its owner took out of service (carved_idle.c
  * unmaps it). vmh_arena_hole makes [base, base + size) of e, which must lie inside one free
  * block of e (not retired), a hole: neither free, live nor parked, never served, found or
  * merged; an extent whose other blocks are free is still empty (trimmable, its holes go with

@@ -22,10 +22,10 @@
  * of its own size, only what that end lacks), so a shard's free space stays in few pieces as an
  * expandable segment's does.
  * Holes: an extent is backed by chunks of max(128 MiB, extent / 3) (one chunk up to
- * 128 MiB: carved.c's extent_chunk; larger chunks than holes would want, smaller ones break the
- * pause bound of 256 calls for 20480 x 2 MiB: 595 calls to allocate, 248 to pause). Once a window
- * the tidy (heap_upkeep.c) unmaps the chunks that lie wholly in free space inside extents that
- * hold live blocks, beyond what the recent peak keeps (vmh_carved_punch_upto); the space stays
+ * 128 MiB: carved_place.c's extent_chunk; larger chunks than holes would want, smaller ones break
+ * the pause bound of 256 calls for 20480 x 2 MiB: 595 calls to allocate, 248 to pause). Once a
+ * window the tidy (heap_upkeep.c) unmaps the chunks that lie wholly in free space inside extents
+ * that hold live blocks, beyond what the recent peak keeps (vmh_carved_punch_upto); the space stays
  * the arena's hole (arena.h), never served, its addresses kept. An extent's backing is then a
  * list of pieces (vmh_ext_piece_t), the ranges between its holes, each a record of the heap's
  * visit (pause, resume and backups per piece; an export hands over its block's piece). An

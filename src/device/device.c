@@ -434,7 +434,7 @@ vmh_owner_t *vmh_owner_lock(CUdeviceptr p)
         vmh_owner_t *now = vmh_registry_get(p);
         if (now == o)
             return o;
-        /* Released meanwhile (now NULL), or its addresses passed to another owner: carved.c
+        /* Released meanwhile (now NULL), or its addresses passed to another owner: carved_place.c
          * joins neighbouring extents (the lower one takes the higher one's addresses). */
         vmh_unlock(o->lock);
         o = now;

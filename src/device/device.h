@@ -146,7 +146,7 @@ CUresult vmh_dev_range_at(vmh_dev_t *d, size_t size, size_t chunk, vmh_resv_t *r
 void vmh_dev_alloc_failed(const vmh_dev_t *d, size_t size, CUresult rc, bool no_address);
 
 /* Finds the owner of p and locks it; NULL (nothing locked) when p is not in a live owner.
- * An address whose owner changed meanwhile (carved.c joins extents) is followed to its new
+ * An address whose owner changed meanwhile (carved_place.c joins extents) is followed to its new
  * owner. Unlock with vmh_owner_unlock(). */
 vmh_owner_t *vmh_owner_lock(CUdeviceptr p);
 void vmh_owner_unlock(vmh_owner_t *o);

@@ -438,7 +438,7 @@ CUresult vmh_ownchunk_realloc(CUdeviceptr *p, size_t size, bool async, size_t *o
     vmh_owner_t *o = vmh_owner_lock(*p);
     if (!o)
         return CUDA_ERROR_NOT_FOUND;
-    if (o->kind != VMH_OWN_CHUNKS) { /* freed and reused by carved.c meanwhile */
+    if (o->kind != VMH_OWN_CHUNKS) { /* freed and reused by carved_place.c meanwhile */
         vmh_owner_unlock(o);
         return CUDA_ERROR_NOT_FOUND;
     }

@@ -80,8 +80,8 @@ CUresult vmh_range_shrink(const vmh_range_t *r, size_t keep, vmh_range_t **out);
 
 /* New range of the mappings of rs[0..n) (ascending; NULL entries allowed) that lie inside
  * [from, from + bytes), which they must cover exactly, contiguous: references taken, no driver
- * call (carved.c cuts an extent's backing around holes and joins it again). INVALID_VALUE when
- * they do not cover it, OUT_OF_MEMORY without host memory. */
+ * call (carved_visit.c cuts an extent's backing around holes and joins it again). INVALID_VALUE
+ * when they do not cover it, OUT_OF_MEMORY without host memory. */
 CUresult vmh_range_pick(const vmh_range_t *const *rs, size_t n, CUdeviceptr from, size_t bytes,
                         vmh_range_t **out);
 

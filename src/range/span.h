@@ -27,7 +27,7 @@ bool vmh_spans_take(vmh_spans_t *ss, size_t size, vmh_resv_t **resv, CUdeviceptr
 
 /* The free address space that starts exactly at ptr in the spans (0: none), and taking `size`
  * bytes of it (at most that many; true with *resv as vmh_spans_take): what lets an extent grow
- * into the addresses that follow it (carved.c). */
+ * into the addresses that follow it (carved_place.c). */
 size_t vmh_spans_free_at(const vmh_spans_t *ss, CUdeviceptr ptr);
 bool vmh_spans_take_at(vmh_spans_t *ss, CUdeviceptr ptr, size_t size, vmh_resv_t **resv);
 

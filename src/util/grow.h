@@ -1,6 +1,6 @@
 /* Layer "utilities": room for one more element at the end of an array that doubles, written once
- * (span.c's free intervals, carved.c's export list and free runs, IPC's export and import
- * tables).
+ * (span.c's free intervals, carved.c's export list, carved_idle.c's free runs, IPC's export and
+ * import tables).
  *
  * vmh_grow(arr, &cap, n, sizeof *arr, first) returns arr when n < cap; otherwise a realloc of it
  * to twice cap (first when cap is 0) elements, with cap updated. NULL: out of memory (or the size

@@ -2,10 +2,11 @@
  *
  * A node is any struct with `prev` and `next` pointers to its own type; a list is a `head`
  * pointer, and a `tail` pointer where the list has one (the cache's idle ranges, the reclaim
- * queue, the own-chunk lists; carved.c's extents and handle.c's mappings have a head only). The
- * caller holds the list's lock; the macros take no lock and allocate nothing. A removal clears
+ * queue, the own-chunk lists; the carved shards' extents and handle.c's mappings have a head only).
+ * The caller holds the list's lock; the macros take no lock and allocate nothing. A removal clears
  * the node's prev and next, so no pointer into the list outlives its membership (an owner may
- * then chain the node elsewhere through next: the cache's evictions, carved.c's empty extents).
+ * then chain the node elsewhere through next: the cache's evictions, carved_idle.c's empty
+ * extents).
  *
  * Macros, so that every node type gets them checked by its own member types: their arguments
  * are evaluated more than once, so pass names and member accesses (l->head, e), nothing with a

@@ -186,8 +186,8 @@ static void report_table(void)
         vmh_fmt_bytes(peak, sizeof(peak), p > 0 ? (unsigned long long)p : 0);
         vmh_log("  %-*s now %12s  peak %12s (%lld bytes)", w, gauge_help[i], now, peak,
                 (long long)p);
-        /* What counts as idle (carved.c's and ownchunk.c's gauge): mapped free space of the
-         * shared extents (and parked carved blocks), which the tidy keeps for the recent peak,
+        /* What counts as idle (carved_internal.h's and ownchunk.c's gauge): mapped free space of
+         * the shared extents (and parked carved blocks), which the tidy keeps for the recent peak,
          * and freed buffers with chunks of their own, parked or in the cache, which alone
          * VMMHOOK_CACHE_LIMIT bounds (cache.h), so the figure can exceed the limit. */
         if (i == VMH_STAT_bytes_cached)

@@ -59,7 +59,7 @@ typedef struct vmh_thread_state {
     /* reclaim.c: a free in progress on this thread holds back the reclaim thread's wake
      * (vmh_reclaim_free_begin), and whether a park of it owes one */
     bool kick_held, kick_owed;
-    /* carved.c: the shard this thread allocates in (+ 1; 0: none picked yet) */
+    /* carved_place.c: the shard this thread allocates in (+ 1; 0: none picked yet) */
     unsigned shard_mine;
     /* api.c: the driver's answer behind the last failed call of the public API */
     int last_driver_error;

@@ -25,7 +25,7 @@ static int teardown(void **state)
 /* Calls per buffer would be at least N a phase, and 16 times as many at 20480 as at 1280.
  * Per extent, they grow with the number of extents, which grows with the log of the bytes while
  * extents grow geometrically (and linearly past their cap), times the chunks of an extent (at
- * most 3 past 128 MiB: carved.c's CHUNK_SPLIT, so that idle chunks inside an extent can go
+ * most 3 past 128 MiB: carved_place.c's CHUNK_SPLIT, so that idle chunks inside an extent can go
  * back): every phase costs at most N / 8 calls, and less than 8 times at 20480 what it costs
  * at 1280. The unmaps of a pause and the
  * access calls of a resume go per run: at most one per reservation the tag's extents were

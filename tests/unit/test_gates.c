@@ -213,7 +213,7 @@ static vmh_ext_t *extent_with_a_late_block(CUdeviceptr *keep)
 }
 
 /* A buffer freed at once while the tidy waits may still be written by queued work: the tidy's
- * holes (carved.c's ext_punchable, ext_passed) must leave its extent mapped until a later wait
+ * holes (carved_idle.c's ext_punchable, ext_passed) must leave its extent mapped until a later wait
  * has passed the free. */
 static void tidy_holes_wait_for_frees_at_once(void **state)
 {
@@ -271,7 +271,7 @@ static void shrunk_tail_stays_mapped_until_passed(void **state)
     release(late_p);
 }
 
-/* An extent with a live export gets no hole (carved.c's export check of the holes): another
+/* An extent with a live export gets no hole (carved_idle.c's export check of the holes): another
  * process may map its chunks. Here the export's chunk references are gone (what cuIpcGetMemHandle
  * leaves when it fails after the heap's export: ipc.c releases them, the block stays exported), so
  * that the export list alone must keep the hole away; an extent beside it without an export
@@ -304,7 +304,7 @@ static void no_holes_in_an_exported_extent(void **state)
 }
 
 /* A chunk that another holder keeps (its mapping or its handle: an export being made, a range
- * that still maps it) never becomes a hole (carved.c's reference check of the holes): the tidy
+ * that still maps it) never becomes a hole (carved_idle.c's reference check of the holes): the tidy
  * would unmap what the holder still uses, and a hole mapped again would no longer be its memory.
  * Here every chunk of the extent gets a second reference, as an export's. */
 static void no_hole_in_a_chunk_held_elsewhere(void **state)

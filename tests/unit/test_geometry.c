@@ -66,7 +66,7 @@ static void many_2mib_buffers_cost_calls_per_extent(void **state)
         printf("  %6zu %8lu %8lu %8lu %8lu %9lu %6lu\n", n, c.alloc, c.pause, c.resume, c.free,
                c.reserves, c.maps);
         assert_true(c.alloc <= 1024);
-        /* at most 3 chunks per extent (carved.c's CHUNK_SPLIT), each mapped once */
+        /* at most 3 chunks per extent (carved_place.c's CHUNK_SPLIT), each mapped once */
         assert_true(c.maps <= 300);
         assert_true(c.reserves <= 8);
         tt_teardown(state);
@@ -102,7 +102,7 @@ static void many_40mib_buffers_share_extents(void **state)
     printf("  1024 x 40 MiB: alloc %lu, pause %lu, resume %lu, free+trim %lu, reserves %lu, "
            "maps %lu\n", c.alloc, c.pause, c.resume, c.free, c.reserves, c.maps);
     assert_true(c.maps < 512); /* one extent per buffer before */
-    /* extents made for one 40 MiB request stay one chunk (carved.c's extent_chunk): a pause
+    /* extents made for one 40 MiB request stay one chunk (carved_place.c's extent_chunk): a pause
      * of 40 GiB in them costs what it did (297 releases and unmaps; 424 with 32 + 8 MiB) */
     assert_true(c.pause <= 320);
 }

@@ -262,7 +262,7 @@ static void shards_reuse_each_others_space(void **state)
         assert_int_equal(full[i].rc, CUDA_SUCCESS);
         tu_fill(full[i].p, 4096, (unsigned)i);
     }
-    /* eight extents, each of two 32 MiB chunks (carved.c's OWN_CHUNK_MIN: an extent made for
+    /* eight extents, each of two 32 MiB chunks (carved_place.c's OWN_CHUNK_MIN: an extent made for
      * one request is chunked finer, so that its idle chunks can go back) */
     assert_int_equal(sim_live_allocations(), 16);
     /* The first one is freed (on yet another thread); a thread in another shard asks for the

@@ -113,7 +113,7 @@ static void idle_chunks_inside_extents_are_unmapped(void **state)
                   (size_t)vmh_counter_get(VMH_STAT_tidy_bytes) / MiB);
 
     /* What went back is exactly what the tidy counts (whole idle extents and holes), and most
-     * of it: 20 survivors hold 20 chunks of 2 to 341 MiB (carved.c's CHUNK_MIN, CHUNK_SPLIT),
+     * of it: 20 survivors hold 20 chunks of 2 to 341 MiB (carved_place.c's CHUNK_MIN, CHUNK_SPLIT),
      * and unmapping chunks of extents that hold survivors is what took the most. */
     size_t given = (size_t)vmh_counter_get(VMH_STAT_tidy_bytes), extents, holes;
     shards_count(&extents, &holes);
@@ -190,7 +190,7 @@ static void out_of_memory_in_a_hole_goes_the_new_extent_way(void **state)
     assert_true(marked(p, 340 * MiB, 3));
     assert_int_equal(vmh_heap_free(p, NULL, false), CUDA_SUCCESS);
     /* The new memory goes; free space mapped beside the survivors, neighbouring extents' joined
-     * (carved.c's joins), holds less than 1 GiB (a survivor every 1 GiB). */
+     * (carved_place.c's joins), holds less than 1 GiB (a survivor every 1 GiB). */
     vmh_heap_trim();
     sim_fail_function_repeat("cuMemCreate", 1, 0, CUDA_ERROR_OUT_OF_MEMORY);
     assert_int_equal(vmh_heap_alloc(1024 * MiB, &p), CUDA_ERROR_OUT_OF_MEMORY);

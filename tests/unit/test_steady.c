@@ -82,7 +82,7 @@ static void large_requests_map_what_they_ask(void **state)
     size_t before = sim_device_used(0);
     for (int i = 0; i < 64; i++)
         assert_int_equal(vmh_heap_alloc(40 * MiB, &big[i]), CUDA_SUCCESS);
-    /* The first may grow the last shared extent's free end by what it lacks (carved.c's
+    /* The first may grow the last shared extent's free end by what it lacks (carved_place.c's
      * growth), so the new memory is at most one request short of the requests. */
     assert_true(sim_device_used(0) - before <= 64 * 40 * MiB);
     assert_true(sim_device_used(0) - before > 63 * 40 * MiB);

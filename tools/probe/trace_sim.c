@@ -14,7 +14,7 @@
  *
  * Replay, as replay.cu replays under the hook: events in file order on one thread, streams
  * ignored, each event allocating in the carved shard its trace thread would have taken (the
- * trace's threads in order of first appearance, shards in order: carved.c's per-thread pick;
+ * trace's threads in order of first appearance, shards in order: carved_place.c's per-thread pick;
  * PyTorch allocates from its autograd thread too); the calls are those cudaMalloc / cudaFree reach
  * under the hook: vmh_heap_alloc on the thread's current context and vmh_heap_free(p, NULL, async
  * false) (interpose_mem.c). Blocks still live at the end of the trace are freed after it.
@@ -545,7 +545,7 @@ static replay_figures_t replay_once(replayer_t *r)
             tidied = e->t_ns;
             vmh_heap_tidy_now(0, new_window);
         }
-        /* The carved shard the trace's thread would have taken (carved.c picks one per
+        /* The carved shard the trace's thread would have taken (carved_place.c picks one per
          * thread, in order of their first allocations). */
         vmh_thread.shard_mine = e->thread % VMH_CLASS_SHARDS + 1;
         if (e->alloc) {
