@@ -23,15 +23,16 @@
  * expandable segment's does.
  * Holes: an extent is backed by chunks of max(128 MiB, extent / 3) (one chunk up to
  * 128 MiB: carved_place.c's extent_chunk; larger chunks than holes would want, smaller ones break
- * the pause bound of 256 calls for 20480 x 2 MiB: 595 calls to allocate, 248 to pause). Once a
+ * the pause bound of 256 calls for 20480 x 2 MiB: 593 calls to allocate, 246 to pause), at most
+ * VMMHOOK_CHUNK_MAX (docs/DESIGN.md, "Chunk size"). Once a
  * window the tidy (heap_upkeep.c) unmaps the chunks that lie wholly in free space inside extents
  * that hold live blocks, beyond what the recent peak keeps (vmh_carved_punch_upto); the space stays
  * the arena's hole (arena.h), never served, its addresses kept. An extent's backing is then a
  * list of pieces (vmh_ext_piece_t), the ranges between its holes, each a record of the heap's
  * visit (pause, resume and backups per piece; an export hands over its block's piece). An
  * allocation that no mapped free space fits maps a hole again before a new extent is made
- * (one chunk of the hole's size on the allocating thread; out of memory there goes the new-extent
- * way). Bench (d)'s churn keeps its free space mapped (its live bytes stay near their peak, and
+ * (one chunk of the hole's size, or chunks of VMMHOOK_CHUNK_MAX, on the allocating thread with
+ * the shard's lock let go; out of memory there goes the new-extent way). Bench (d)'s churn keeps its free space mapped (its live bytes stay near their peak, and
  * chunks are large): 1.24x on the simulated driver, as before (BENCHMARKS.md, "Holes inside
  * extents, built").
  * A thread allocates in the shard it picked at its first allocation, in the request's size class,
@@ -49,8 +50,11 @@
  *
  * Lock order (witness.h, OWNER): the reclaim wait lock, then one shard lock, then the reclaim
  * queue lock; never two shard locks at once; no driver call under a shard lock but pause.c's
- * visit, the tidy's holes and an allocation's mapping of a hole (OWNER_VISIT: rare, and nothing
- * meets a record or a hole half-changed).
+ * visit (OWNER_VISIT: rare and explicit, and nothing meets a record half-paused). A hole's
+ * fill maps, and a punch unmaps, with the lock let go: the extent (a fill) or the shard (a
+ * punch) is marked meanwhile, and nothing maps, unmaps or gives back addresses of a marked one
+ * (carved_internal.h's ext_settled), so frees and allocations in mapped space never wait
+ * behind those driver calls.
  */
 #ifndef VMH_CARVED_H
 #define VMH_CARVED_H
@@ -92,6 +96,9 @@ typedef struct vmh_shard {
     vmh_carved_export_t *exported; /* live carved buffers shared with other processes */
     size_t nexported, exported_cap;
     vmh_parked_t parked_item; /* queued in reclaim while the arena holds parked blocks */
+    /* Punches whose unmapping runs after the lock is let go (carved_idle.c): while any does, no
+     * extent of the shard is trimmed, punched or filled (ext_settled). Under the lock. */
+    unsigned unmapping;
     /* Hints, stored under the lock (shard_note) and read without it. */
     _Atomic size_t nparked; /* parked blocks */
     _Atomic size_t free;    /* free bytes (not parked): a shard with less is not tried */
@@ -104,6 +111,9 @@ struct vmh_carved {
     vmh_dev_t *dev;
     vmh_reclaim_t *reclaim;
     atomic_bool frozen; /* set by pause.c: nothing is served from these shards meanwhile */
+    /* Punches of any shard still unmapping outside the lock: a relieve waits for them (the
+     * memory they free is what its caller's retry needs). */
+    _Atomic unsigned unmaps_in_flight;
     vmh_shard_t shards[VMH_SHARDS];
 };
 
@@ -147,6 +157,9 @@ struct vmh_ext {
     /* The reclaim mark of the last block freed at once in it (vmh_reclaim_mark; 0: none): a
      * trim gives the extent back only once a wait has passed it. Under the shard's lock. */
     uint64_t freed_mark;
+    /* Hole fills mapping memory in it after the lock is let go (carved_place.c): while any
+     * does, it is not trimmed, joined, punched or filled again (ext_settled). Under the lock. */
+    unsigned filling;
 };
 
 CUresult vmh_carved_init(vmh_carved_t *pk, vmh_dev_t *dev, vmh_reclaim_t *reclaim);
@@ -206,8 +219,9 @@ void vmh_carved_trim_paused(vmh_carved_t *pk);
  * wait, in no retired or exported extent, in an extent that holds a live or parked block:
  * empty ones are the trim's), until at least `bytes` (or all there are); the space stays
  * the arena's hole, never served until an allocation maps it again. One cuMemUnmap per stretch,
- * one cuMemRelease per chunk, under the shard's lock at OWNER_VISIT (a rare background call;
- * a fill cannot meet a half-made hole). Returns the bytes unmapped. */
+ * one cuMemRelease per chunk, after the shard's lock is let go (the shard marked unmapping
+ * meanwhile; see the lock order above); returns once no punch of pk is still unmapping (a
+ * relieve's retry counts on that memory). Returns the bytes unmapped. */
 size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes);
 /* Bytes of the mapped chunks inside extents that lie wholly in free space (not parked) and
  * that a punch could unmap once the GPU has passed what was freed in them: what a relieve
@@ -236,6 +250,9 @@ unsigned vmh_carved_thread_shard(void);
  * is published and its shard's lock let go, the window in which another thread's trim (a
  * pause's) could meet the extent. NULL: nothing. */
 extern void (*vmh_carved_test_extent_published)(void);
+/* Called by a punch once shard s's lock is let go and before its unmapping (the window in which
+ * other threads free, allocate and trim in s while the driver unmaps). NULL: nothing. */
+extern void (*vmh_carved_test_unmapping)(vmh_shard_t *s);
 #endif
 
 #endif

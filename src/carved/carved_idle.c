@@ -12,14 +12,19 @@
 #include "registry.h"
 #include "witness.h"
 
+#include <sched.h>
 #include <stdlib.h>
+
+#ifdef VMH_TESTING
+void (*vmh_carved_test_unmapping)(vmh_shard_t *s);
+#endif
 
 /* ---- trims: empty extents given back ---- */
 
 static bool ext_holds_memory(const void *owner);
 static bool ext_paused(const void *owner)
 {
-    return !ext_holds_memory(owner);
+    return !ext_holds_memory(owner) && ext_settled(owner);
 }
 
 /* Whether an empty extent may be unmapped now: every block freed at once in it was freed
@@ -30,9 +35,15 @@ static bool ext_passed(const void *owner)
     return vmh_reclaim_passed(e->shard->carved->reclaim, e->freed_mark);
 }
 
+/* An empty extent may go when settled (no fill or punch of its shard is mid-call) and passed. */
+static bool ext_settled_passed(const void *owner)
+{
+    return ext_settled(owner) && ext_passed(owner);
+}
+
 static bool ext_retired_passed(const void *owner)
 {
-    return vmh_extent_retired(((const vmh_ext_t *)owner)->extent) && ext_passed(owner);
+    return vmh_extent_retired(((const vmh_ext_t *)owner)->extent) && ext_settled_passed(owner);
 }
 
 /* Takes shard s's empty extents of a kind out of its arena, list and the registry, until they
@@ -47,7 +58,7 @@ static vmh_ext_t *unlink_empty_upto_locked(vmh_shard_t *s, empty_kind_t kind, si
            (e = vmh_arena_take_empty_extent_where(s->arena,
                                                   kind == EMPTY_RETIRED  ? ext_retired_passed
                                                   : kind == EMPTY_PAUSED ? ext_paused
-                                                                         : ext_passed,
+                                                                         : ext_settled_passed,
                                                   &base, &size))) {
         /* Dead, not unknown, until extents_destroy has unmapped it: a query meanwhile must not
          * reach the driver, which would answer for the still-mapped chunks (device.h). */
@@ -174,7 +185,7 @@ static void free_run_seen(uintptr_t base, size_t size, void *arg)
 static bool ext_may_hole(const vmh_shard_t *s, const vmh_ext_t *e)
 {
     if (!e->extent || !e->npieces || !vmh_extent_busy(e->extent) || vmh_extent_retired(e->extent) ||
-        vmh_carved_paused_locked(e))
+        vmh_carved_paused_locked(e) || !ext_settled(e))
         return false;
     for (size_t x = 0; x < s->nexported; x++)
         if (s->exported[x].base - vmh_extent_base(e->extent) < vmh_extent_size(e->extent))
@@ -260,22 +271,41 @@ size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes)
             continue;
         vmh_range_t **old = NULL;
         size_t nold = 0, cap = 0, here = 0;
-        /* At OWNER_VISIT: the unmapping below is done under the lock, so that no trim gives the
-         * addresses away and no fill maps them before they are unmapped. */
-        vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
+        vmh_lock(&s->lock, VMH_RANK_OWNER);
         for (vmh_ext_t *e = s->exts; e && bytes > 0 && !atomic_load(&pk->frozen); e = e->next)
             if (ext_punchable(s, e))
                 here += ext_punch_locked(s, e, &bytes, &runs, &old, &nold, &cap);
         if (here) {
             shard_note(s);
             idle_gauge(-(int64_t)here);
+            /* The old pieces' references to what the new pieces hold go now; what they alone
+             * hold (the holes' mappings) is unmapped once the lock is let go, so that frees and
+             * allocations in this shard never wait behind the driver. Until then the shard
+             * is unsettled: nothing gives these addresses away or maps them again. */
+            vmh_ranges_drop_shared(old, nold);
+            s->unmapping++;
+            atomic_fetch_add(&pk->unmaps_in_flight, 1);
         }
-        vmh_ranges_destroy(old, nold); /* one cuMemUnmap per stretch, one release per chunk */
         vmh_unlock(&s->lock);
+        if (here) {
+#ifdef VMH_TESTING
+            if (vmh_carved_test_unmapping)
+                vmh_carved_test_unmapping(s);
+#endif
+            vmh_ranges_destroy(old, nold); /* one cuMemUnmap per stretch, one release per chunk */
+            vmh_lock(&s->lock, VMH_RANK_OWNER);
+            s->unmapping--;
+            vmh_unlock(&s->lock);
+            atomic_fetch_sub(&pk->unmaps_in_flight, 1);
+        }
         free(old);
         punched += here;
     }
     free(runs.run);
+    /* Another thread's punch may still be unmapping what this caller (a relieve before its
+     * retry) counts on: it is done in a few driver calls. */
+    while (atomic_load(&pk->unmaps_in_flight))
+        sched_yield();
     return punched;
 }
 

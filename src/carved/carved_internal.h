@@ -45,6 +45,16 @@ static inline void shard_note(vmh_shard_t *s)
     atomic_store_explicit(&s->holes, st.holes, memory_order_relaxed);
 }
 
+/* Whether no driver call on e's addresses runs outside its shard's lock now (a hole fill's
+ * mapping, a punch's unmapping): only then may e be trimmed (its addresses go back and may be
+ * mapped again while still mapped), punched or filled (a hole would be mapped while still
+ * mapped, or the reverse). A join needs only that no fill holds e's record (ext_joinable).
+ * s locked. */
+static inline bool ext_settled(const vmh_ext_t *e)
+{
+    return !e->filling && !e->shard->unmapping;
+}
+
 /* ---- carved_visit.c: an extent's pieces and kept backups ---- */
 
 /* e's backing becomes the one range r (NULL: none). */

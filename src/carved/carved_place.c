@@ -174,7 +174,10 @@ static CUresult extent_range_new(vmh_shard_t *s, size_t size, bool own, vmh_rang
  * attached to its range, which a join replaces). */
 static bool ext_joinable(const vmh_ext_t *e)
 {
-    if (!e->extent || !e->npieces || vmh_extent_retired(e->extent) || vmh_carved_paused_locked(e))
+    /* (a fill mapping a hole of e holds e's record, which a join of e as the higher one would
+     * recycle; a punch's unmapping holds no record, and a join leaves holes as they are) */
+    if (!e->extent || !e->npieces || vmh_extent_retired(e->extent) ||
+        vmh_carved_paused_locked(e) || e->filling)
         return false;
     for (size_t i = 0; i < e->npieces; i++)
         if (e->pieces[i].range->kept.host)
@@ -538,30 +541,50 @@ static void hole_seen(uintptr_t base, size_t size, void *arg)
     }
 }
 
+/* Whether e serves from memory mapped now: its set is not frozen, it runs, it is not retired
+ * (s locked). */
+static bool ext_serving(const vmh_shard_t *s, const vmh_ext_t *e)
+{
+    return !atomic_load(&s->carved->frozen) && e->npieces && !vmh_extent_retired(e->extent) &&
+           !vmh_carved_paused_locked(e);
+}
+
 /* Maps a hole of shard s large enough for `want` bytes again and serves `size` from the space
- * it frees (the same hold of the lock, as a new extent is served: no other thread takes it
- * first). NOT_FOUND when s has no such hole (or is frozen); the driver's code when it has no
- * memory (nothing changed: the caller goes on as for a new extent, whose path relieves the
- * device, spills or fails). Driver calls (create, map, set access) under the shard's lock at
- * OWNER_VISIT: rare (only after the tidy unmapped idle space), and no trim or other fill can
- * meet the hole half-mapped. */
+ * it frees. NOT_FOUND when s has no such hole (or is frozen, or the extent was paused or
+ * retired meanwhile); the driver's code when it has no memory (nothing changed: the caller
+ * goes on as for a new extent, whose path relieves the device, spills or fails). The driver
+ * calls (create, map, set access) run with the lock let go, the extent marked filling so that
+ * nothing else maps, unmaps or gives back its addresses meanwhile; the space is then served in
+ * the same hold of the lock that makes it free (no other thread takes it first). */
 static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUdeviceptr *out)
 {
     if (atomic_load_explicit(&s->holes, memory_order_relaxed) < want)
         return CUDA_ERROR_NOT_FOUND;
-    vmh_lock(&s->lock, VMH_RANK_OWNER_VISIT);
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
     vmh_ext_t *e = NULL;
     hole_pick_t h = {.want = want};
-    for (vmh_ext_t *x = s->exts; x && !atomic_load(&s->carved->frozen) && !h.size; x = x->next)
-        if (vmh_extent_holes(x->extent) >= want && !vmh_extent_retired(x->extent) && x->npieces &&
-            !vmh_carved_paused_locked(x) && vmh_arena_holes(x->extent, hole_seen, &h))
+    for (vmh_ext_t *x = s->exts; x && !h.size; x = x->next)
+        if (vmh_extent_holes(x->extent) >= want && ext_serving(s, x) && ext_settled(x) &&
+            vmh_arena_holes(x->extent, hole_seen, &h))
             e = x;
-    CUresult rc = h.size ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    if (!h.size) {
+        vmh_unlock(&s->lock);
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    /* The span's reservation: e's mappings hold it, and e stays while it is filling. */
+    vmh_resv_t *resv = e->pieces[0].range->maps[0]->resv;
+    e->filling++;
+    vmh_unlock(&s->lock);
+
     vmh_range_t *r = NULL;
-    const vmh_dev_t *d = s->carved->dev;
-    if (rc == CUDA_SUCCESS) /* one chunk of the hole's size, or chunks of VMMHOOK_CHUNK_MAX */
-        rc = vmh_dev_range_at(s->carved->dev, h.size, d->chunk_max,
-                              e->pieces[0].range->maps[0]->resv, h.base, &r);
+    vmh_dev_t *d = s->carved->dev;
+    /* one chunk of the hole's size, or chunks of VMMHOOK_CHUNK_MAX */
+    CUresult rc = vmh_dev_range_at(d, h.size, d->chunk_max, resv, h.base, &r);
+
+    vmh_lock(&s->lock, VMH_RANK_OWNER);
+    /* Paused, retired or frozen meanwhile: the hole stays one (NOT_FOUND). */
+    if (rc == CUDA_SUCCESS && !ext_serving(s, e))
+        rc = CUDA_ERROR_NOT_FOUND;
     vmh_range_t **old = NULL;
     size_t nold = 0;
     if (rc == CUDA_SUCCESS) {
@@ -582,6 +605,11 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         shard_note(s);
     }
+    /* Mapped but not taken into the pieces: e stays filling until it is unmapped again, so
+     * that no other fill maps the hole meanwhile. */
+    const bool undo = r && nold == 0;
+    if (!undo)
+        e->filling--;
     vmh_unlock(&s->lock);
     for (size_t i = 0; i < nold; i++)
         vmh_range_destroy(old[i]); /* references only: the new pieces hold the mappings */
@@ -589,6 +617,11 @@ static CUresult hole_fill_serving(vmh_shard_t *s, size_t size, size_t want, CUde
     /* Its references: the pieces hold the mapping now, or nothing does (then it is unmapped
      * and its chunk released). */
     vmh_range_destroy(r);
+    if (undo) {
+        vmh_lock(&s->lock, VMH_RANK_OWNER);
+        e->filling--;
+        vmh_unlock(&s->lock);
+    }
     if (rc == CUDA_SUCCESS)
         *out = p;
     return rc;

@@ -92,23 +92,25 @@ void vmh_ranges_destroy(vmh_range_t *const *rs, size_t n)
     }
 }
 
-size_t vmh_ranges_drop_shared(vmh_range_t *const *rs, size_t n, vmh_map_t **alone)
+void vmh_ranges_drop_shared(vmh_range_t *const *rs, size_t n)
 {
-    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        for (size_t j = 0; rs[i] && j < rs[i]->nmaps; j++) {
-            vmh_map_t *m = rs[i]->maps[j];
+        vmh_range_t *r = rs[i];
+        size_t k = 0;
+        for (size_t j = 0; r && j < r->nmaps; j++) {
+            vmh_map_t *m = r->maps[j];
             if (m && atomic_load(&m->refs) == 1)
-                alone[k++] = m;
+                r->maps[k++] = m;
             else if (m)
                 vmh_map_unref(m); /* another holder keeps it mapped: no driver call */
         }
-        if (rs[i])
-            vmh_backup_release(&rs[i]->kept);
-        free(rs[i]);
+        if (r) {
+            r->nmaps = k;
+            r->size = 0;
+            for (size_t j = 0; j < k; j++)
+                r->size += r->maps[j]->size;
+        }
     }
-    qsort(alone, k, sizeof *alone, map_order);
-    return k;
 }
 
 size_t vmh_range_headroom(const vmh_range_t *r)

@@ -99,12 +99,11 @@ void vmh_range_destroy_then(vmh_range_t *r,
 /* Destroys rs[0..n) (any order; NULL entries allowed) together: mappings adjacent across
  * ranges in one reservation are unmapped with one call. */
 void vmh_ranges_destroy(vmh_range_t *const *rs, size_t n);
-/* Frees the records rs[0..n) with no driver call: each reference to a mapping that something
- * else also holds is dropped, and the mappings whose last reference they held go, in address
- * order, into alone[] (room for every mapping of rs) with that reference, for the caller to
- * drop with vmh_maps_unref_run (one cuMemUnmap per stretch) once it holds no lock that forbids
- * driver calls. The other holders must outlive the call. Returns how many went into alone. */
-size_t vmh_ranges_drop_shared(vmh_range_t *const *rs, size_t n, vmh_map_t **alone);
+/* Drops, with no driver call, each reference of rs[0..n) (NULL entries allowed) to a mapping
+ * that something else also holds: each range keeps only the mappings whose last reference it
+ * holds, so that vmh_ranges_destroy later unmaps exactly those, once the caller holds no lock
+ * that forbids driver calls. The other holders must outlive the call. */
+void vmh_ranges_drop_shared(vmh_range_t *const *rs, size_t n);
 
 /* Bytes of address space reserved past the range's end in its last reservation. */
 size_t vmh_range_headroom(const vmh_range_t *r);

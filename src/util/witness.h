@@ -46,8 +46,7 @@
     X(OWNER_VISIT, true,                                                                           \
       "the same lock taken for pause.c's visit of its records: held across "                       \
       "the pause's driver calls, so that no other thread sees a record "                           \
-      "half-changed (docs/SLEEP.md); also across a shared extent's holes "                         \
-      "made or mapped again (carved.h)")                                                           \
+      "half-changed (docs/SLEEP.md)")                                                              \
     X(SPILL, true, "overflow.c spill_lock: the host-memory budget, across the spill's creation")   \
     X(KEPT, false,                                                                                 \
       "staging.c kept_lock: the kept pinned backups (pause.c's visit gives one "                   \

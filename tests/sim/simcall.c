@@ -174,6 +174,12 @@ void sim_reset_counters(void)
     memset(S.calls, 0, sizeof S.calls);
     S.nfaults = 0; /* their counts were relative to the old counters */
     S.fired = 0;
+    __atomic_store_n(&S.rejected, 0, __ATOMIC_RELAXED);
+}
+
+unsigned long sim_rejections(void)
+{
+    return __atomic_load_n(&S.rejected, __ATOMIC_RELAXED);
 }
 
 static void add_fault(int fn, unsigned long nth, unsigned long times, CUresult code)

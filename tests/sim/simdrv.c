@@ -37,6 +37,7 @@ CUresult reject(CUresult code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(last_reason, sizeof last_reason, fmt, ap);
     va_end(ap);
+    __atomic_add_fetch(&S.rejected, 1, __ATOMIC_RELAXED);
     if (S.verbose)
         fprintf(stderr, "simdrv: rejected (%d): %s\n", (int)code, last_reason);
     return code;

@@ -289,6 +289,9 @@ void sim_fail_function_repeat(const char *name, unsigned long nth, unsigned long
                               CUresult code);
 void sim_clear_faults(void);
 unsigned long sim_faults_fired(void);
+/* Calls the simulated driver refused on its own (not injected faults) since the last
+ * sim_reset_counters: a mapping over a mapped address, an unmap of part of a mapping, ... */
+unsigned long sim_rejections(void);
 
 /* Trace: names of the entry points called since sim_trace_begin (up to 1M are kept).
  * sim_trace_get copies up to max name pointers (static strings) into names and returns how many

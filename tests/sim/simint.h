@@ -424,6 +424,7 @@ typedef struct sim_state {
     sim_fault_t faults[64];
     size_t nfaults;
     unsigned long fired;
+    unsigned long rejected; /* calls reject() refused (atomic: reject may run unlocked) */
     bool tracing;
     const char **trace;
     size_t ntrace;

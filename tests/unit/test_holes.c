@@ -127,6 +127,75 @@ static void idle_chunks_inside_extents_are_unmapped(void **state)
     assert_false(vmh_heap_find(bufs[N - keep_every] - 200 * MiB, &info));
 }
 
+/* The tidy's punch unmaps with the shard's lock let go (frees and allocations never wait
+ * behind those driver calls). In that window (carved.h's test hook): the shard's lock is free;
+ * a free and an allocation in the shard go on; an allocation that only a hole fits maps none of
+ * the holes still being unmapped, and the trim gives back none of their addresses (the
+ * simulated driver refuses a mapping over a mapping and an address freed while mapped:
+ * sim_rejections stays 0). After it, the survivors are intact and nothing queued touched
+ * unmapped memory. */
+static unsigned window_calls, window_failures; /* the lock found held, or a call failed */
+static unsigned long window_rejections;
+
+static void in_the_unmapping_window(vmh_shard_t *s)
+{
+    window_calls++;
+    if (pthread_mutex_trylock(&s->lock) != 0) {
+        window_failures++;
+        return;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (window_calls > 1)
+        return; /* the first window is enough */
+    unsigned long before = sim_rejections();
+    /* The survivors freed (but the first), the GPU passed: their extents are empty, and the
+     * trim may not give back the addresses of those whose holes are still being unmapped. */
+    for (int i = keep_every; i < N; i += keep_every) {
+        if (vmh_heap_free(bufs[i], NULL, false) != CUDA_SUCCESS)
+            window_failures++;
+        bufs[i] = 0;
+    }
+    hdev_t *h = hdev_at(0);
+    vmh_reclaim_wait(&h->reclaim, VMH_WAIT_APP);
+    size_t trimmed = 0;
+    FOR_EACH_PART(h, part)
+    trimmed += vmh_carved_trim(&part->carved);
+    print_message("  window: trimmed %zu MiB\n", trimmed / MiB);
+    /* Allocations go on; one that only a hole fits maps none being unmapped. */
+    CUdeviceptr small = 0, big[12] = {0};
+    if (vmh_heap_alloc(2 * MiB, &small) != CUDA_SUCCESS)
+        window_failures++;
+    assert_int_equal(vmm_tag_push("holes"), VMM_OK);
+    /* each larger than free mapped runs, a chunk's hole fits it; together they reach the
+     * addresses of the extents trimmed above */
+    for (int i = 0; i < 12; i++)
+        if (vmh_heap_alloc(330 * MiB, &big[i]) != CUDA_SUCCESS)
+            window_failures++;
+    assert_int_equal(vmm_tag_pop(), VMM_OK);
+    window_rejections += sim_rejections() - before;
+    vmh_heap_free(small, NULL, false);
+    for (int i = 0; i < 12; i++)
+        vmh_heap_free(big[i], NULL, false);
+}
+
+static void punch_unmaps_with_the_lock_let_go(void **state)
+{
+    (void)state;
+    window_calls = window_failures = 0;
+    window_rejections = 0;
+    vmh_carved_test_unmapping = in_the_unmapping_window;
+    sim_reset_counters();
+    punch_around_survivors();
+    vmh_carved_test_unmapping = NULL;
+    print_message("  %u punches met the window; %u failures, %lu calls refused in it\n",
+                  window_calls, window_failures, window_rejections);
+    assert_true(window_calls > 0);
+    assert_int_equal(window_failures, 0);
+    assert_int_equal(window_rejections, 0);
+    survivors_intact();
+    assert_int_equal(sim_hazards(), 0);
+}
+
 /* An allocation that fits only in a hole maps it again (one chunk: create, map, access; no new
  * extent) and is usable; the survivors beside it keep their contents. Smaller ones are served
  * from the free space still mapped first. */
@@ -376,6 +445,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(idle_chunks_inside_extents_are_unmapped, setup, teardown),
+        cmocka_unit_test_setup_teardown(punch_unmaps_with_the_lock_let_go, setup, teardown),
         cmocka_unit_test_setup_teardown(a_block_in_a_hole_is_mapped_again, setup, teardown),
         cmocka_unit_test_setup_teardown(out_of_memory_in_a_hole_goes_the_new_extent_way, setup,
                                         teardown),
