@@ -370,6 +370,33 @@ static void holes_while_others_allocate(void **state)
     survivors_intact();
 }
 
+/* tt_setup_carved's, on a 24 GiB device, with VMMHOOK_CHUNK_MAX=chunk_max (0: none). */
+static void on_a_24_gib_device(size_t chunk_max)
+{
+    sim_config_t cfg = {.memory = 24 * GiB};
+    tu_reset(&cfg);
+    assert_true(vmh_lifetime_ready());
+    tu_opt.pack_below = (size_t)1 << 40;
+    tu_opt.pin_limit = 0;
+    tu_opt.chunk_max = chunk_max;
+    tu_configure();
+    vmh_tags_reset();
+    vmh_pause_reset();
+}
+
+/* A request of `want` bytes is served and usable, the survivors keep their contents, and no
+ * queued work touched memory that went. */
+static void served_and_survivors_intact(size_t want)
+{
+    CUdeviceptr big = 0;
+    assert_int_equal(vmh_heap_alloc(want, &big), CUDA_SUCCESS);
+    tu_fill(big + want - MARK, MARK, 7);
+    assert_true(tu_check(big + want - MARK, MARK, 7));
+    survivors_intact();
+    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
+    assert_int_equal(sim_hazards(), 0);
+}
+
 /* Out of memory while idle memory is mapped (issue 38's scenario 3, at the chunk size this heap
  * has): 10240 x 2 MiB on a 24 GiB device, freed but 1 in KEEP_EVERY, before any tidy. The
  * extents' whole free chunks count as free in cuMemGetInfo, and a request larger than the
@@ -380,14 +407,7 @@ static void holes_while_others_allocate(void **state)
 static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
 {
     (void)state;
-    sim_config_t cfg = {.memory = 24 * GiB};
-    tu_reset(&cfg); /* tt_setup_carved's, on a 24 GiB device */
-    assert_true(vmh_lifetime_ready());
-    tu_opt.pack_below = (size_t)1 << 40;
-    tu_opt.pin_limit = 0;
-    tu_configure();
-    vmh_tags_reset();
-    vmh_pause_reset();
+    on_a_24_gib_device(0);
     survivors_among_freed();
     size_t mapped = sim_device_used(0);
     size_t reclaimable = vmh_heap_reclaimable_bytes(0), idle = vmh_heap_idle_bytes(0);
@@ -397,13 +417,7 @@ static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
     /* More than the driver's free memory and the empty extents together. */
     size_t want = 24 * GiB - mapped + idle + 2 * GiB;
     assert_true(reclaimable >= idle + 2 * GiB);
-    CUdeviceptr big = 0;
-    assert_int_equal(vmh_heap_alloc(want, &big), CUDA_SUCCESS);
-    tu_fill(big + want - MARK, MARK, 7);
-    assert_true(tu_check(big + want - MARK, MARK, 7));
-    survivors_intact();
-    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
-    assert_int_equal(sim_hazards(), 0);
+    served_and_survivors_intact(want);
 }
 
 /* Scenario 3 at 1 in 64 (one live 2 MiB buffer in every 128 MiB): no chunk of the default
@@ -413,15 +427,7 @@ static void out_of_memory_gives_back_free_chunks_inside_extents(void **state)
 static void one_buffer_in_64_pins_nothing_with_64m_chunks(void **state)
 {
     (void)state;
-    sim_config_t cfg = {.memory = 24 * GiB};
-    tu_reset(&cfg);
-    assert_true(vmh_lifetime_ready());
-    tu_opt.pack_below = (size_t)1 << 40;
-    tu_opt.pin_limit = 0;
-    tu_opt.chunk_max = 64 * MiB;
-    tu_configure();
-    vmh_tags_reset();
-    vmh_pause_reset();
+    on_a_24_gib_device(64 * MiB);
     keep_every = 64;
     survivors_among_freed();
     size_t mapped = sim_device_used(0);
@@ -431,13 +437,7 @@ static void one_buffer_in_64_pins_nothing_with_64m_chunks(void **state)
                   mapped / MiB, 2 * (N / keep_every), reclaimable / MiB);
     assert_true(reclaimable >= 9 * GiB);
     size_t want = 24 * GiB - mapped + 8 * GiB;
-    CUdeviceptr big = 0;
-    assert_int_equal(vmh_heap_alloc(want, &big), CUDA_SUCCESS);
-    tu_fill(big + want - MARK, MARK, 7);
-    assert_true(tu_check(big + want - MARK, MARK, 7));
-    survivors_intact();
-    assert_int_equal(vmh_heap_free(big, NULL, false), CUDA_SUCCESS);
-    assert_int_equal(sim_hazards(), 0);
+    served_and_survivors_intact(want);
     keep_every = KEEP_EVERY;
 }
 
