@@ -24,29 +24,29 @@
  * Holes: an extent is backed by chunks of max(128 MiB, extent / 3) (one chunk up to
  * 128 MiB: carved_place.c's extent_chunk; larger chunks than holes would want, smaller ones break
  * the pause bound of 256 calls for 20480 x 2 MiB: 593 calls to allocate, 246 to pause), at most
- * VMMHOOK_CHUNK_MAX (docs/DESIGN.md, "Chunk size"). Once a
- * window the tidy (heap_upkeep.c) unmaps the chunks that lie wholly in free space inside extents
- * that hold live blocks, beyond what the recent peak keeps (vmh_carved_punch_upto); the space stays
- * the arena's hole (arena.h), never served, its addresses kept. An extent's backing is then a
+ * VMMHOOK_CHUNK_MAX (docs/DESIGN.md, "Chunk size"). Once a window the tidy (heap_upkeep.c)
+ * unmaps the chunks that lie wholly in free space inside extents that hold live blocks, beyond
+ * what the recent peak keeps (vmh_carved_punch_upto); the space stays the arena's hole
+ * (arena.h), never served, its addresses kept. An extent's backing is then a
  * list of pieces (vmh_ext_piece_t), the ranges between its holes, each a record of the heap's
  * visit (pause, resume and backups per piece; an export hands over its block's piece). An
  * allocation that no mapped free space fits maps a hole again before a new extent is made
  * (one chunk of the hole's size, or chunks of VMMHOOK_CHUNK_MAX, on the allocating thread with
- * the shard's lock let go; out of memory there goes the new-extent way). Bench (d)'s churn keeps its free space mapped (its live bytes stay near their peak, and
- * chunks are large): 1.24x on the simulated driver, as before (BENCHMARKS.md, "Holes inside
- * extents, built").
- * A thread allocates in the shard it picked at its first allocation, in the request's size class,
- * and looks at other shards' free space (of that class) only when its own has none (and, for a
- * request of its own size, at every shard's free ends in the class to grow); a free goes to the
- * shard that owns the extent. An extent given back is registered dead (device.h) from its unlinking
- * until its chunks are unmapped, then unknown. An exported block is listed with its export serial
- * until it is freed; then its export is dead and its memory is never served again: another process
- * may map the chunk (natively, memory freed by its exporter stays the importer's), so its extent is
- * retired (arena.h: it serves no new block) and given back once its other blocks are freed and the
- * GPU is past them; the driver keeps the chunk for as long as an importer holds it. A freed block
- * is parked in its arena with the reclaim generation; each shard parks one item in reclaim.h whose
- * release unparks the shard's blocks up to the generation passed and gives back the retired extents
- * that this empties.
+ * the shard's lock let go; out of memory there goes the new-extent way). Bench (d)'s churn keeps
+ * its free space mapped (its live bytes stay near their peak, and chunks are large): 1.24x on the
+ * simulated driver, as before (BENCHMARKS.md, "Holes inside extents, built"). A thread allocates in
+ * the shard it picked at its first allocation, in the request's size class, and looks at other
+ * shards' free space (of that class) only when its own has none (and, for a request of its own
+ * size, at every shard's free ends in the class to grow); a free goes to the shard that owns the
+ * extent. An extent given back is registered dead (device.h) from its unlinking until its chunks
+ * are unmapped, then unknown. An exported block is listed with its export serial until it is freed;
+ * then its export is dead and its memory is never served again: another process may map the chunk
+ * (natively, memory freed by its exporter stays the importer's), so its extent is retired (arena.h:
+ * it serves no new block) and given back once its other blocks are freed and the GPU is past them;
+ * the driver keeps the chunk for as long as an importer holds it. A freed block is parked in its
+ * arena with the reclaim generation; each shard parks one item in reclaim.h whose release unparks
+ * the shard's blocks up to the generation passed and gives back the retired extents that this
+ * empties.
  *
  * Lock order (witness.h, OWNER): the reclaim wait lock, then one shard lock, then the reclaim
  * queue lock; never two shard locks at once; no driver call under a shard lock but pause.c's

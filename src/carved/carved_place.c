@@ -176,8 +176,8 @@ static bool ext_joinable(const vmh_ext_t *e)
 {
     /* (a fill mapping a hole of e holds e's record, which a join of e as the higher one would
      * recycle; a punch's unmapping holds no record, and a join leaves holes as they are) */
-    if (!e->extent || !e->npieces || vmh_extent_retired(e->extent) ||
-        vmh_carved_paused_locked(e) || e->filling)
+    if (!e->extent || !e->npieces || vmh_extent_retired(e->extent) || vmh_carved_paused_locked(e) ||
+        e->filling)
         return false;
     for (size_t i = 0; i < e->npieces; i++)
         if (e->pieces[i].range->kept.host)

@@ -351,7 +351,8 @@ const void *vmh_ownchunk_backup_locked(vmh_ownbuf_t *b, CUdeviceptr p, size_t n)
                        : b->state == OWN_LIVE ? b->range->kept.host
                                               : NULL;
     /* A kept backup answers for the bytes it holds: a buffer grown since holds more. */
-    size_t len = b->state == OWN_LIVE && b->range->kept.size < b->req ? b->range->kept.size : b->req;
+    size_t len =
+        b->state == OWN_LIVE && b->range->kept.size < b->req ? b->range->kept.size : b->req;
     if (!host || p < base || p >= base + len || n > base + len - p)
         return NULL;
     return host + (p - base);

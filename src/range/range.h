@@ -188,8 +188,7 @@ bool vmh_range_owned_alone(const vmh_range_t *r);
  * adjacent mappings up to seg_max bytes (0: no limit; VMMHOOK_CHUNK_MAX, so that the resumed
  * chunks are no larger than that either). On failure (INVALID_VALUE; NOT_PERMITTED when a
  * range is not owned alone; OUT_OF_MEMORY) nothing changed and every range is still mapped. */
-CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, size_t seg_max,
-                             vmh_paused_t **out);
+CUresult vmh_range_pause_run(vmh_range_t *const *rs, size_t n, size_t seg_max, vmh_paused_t **out);
 
 /* Resumes ps[0..n) (ascending addresses) as one run: maps new memory at exactly each ps[i]'s
  * addresses into out[i], one chunk of prop (its location.id set to each segment's device) per
