@@ -111,8 +111,8 @@ struct vmh_carved {
     vmh_dev_t *dev;
     vmh_reclaim_t *reclaim;
     atomic_bool frozen; /* set by pause.c: nothing is served from these shards meanwhile */
-    /* Punches of any shard still unmapping outside the lock: a relieve waits for them (the
-     * memory they free is what its caller's retry needs). */
+    /* Punches of any shard still unmapping outside the lock: a relieve waits for them
+     * (vmh_carved_settle: the memory they free is what its caller's retry needs). */
     _Atomic unsigned unmaps_in_flight;
     vmh_shard_t shards[VMH_SHARDS];
 };
@@ -220,9 +220,12 @@ void vmh_carved_trim_paused(vmh_carved_t *pk);
  * empty ones are the trim's), until at least `bytes` (or all there are); the space stays
  * the arena's hole, never served until an allocation maps it again. One cuMemUnmap per stretch,
  * one cuMemRelease per chunk, after the shard's lock is let go (the shard marked unmapping
- * meanwhile; see the lock order above); returns once no punch of pk is still unmapping (a
- * relieve's retry counts on that memory). Returns the bytes unmapped. */
+ * meanwhile; see the lock order above). Returns the bytes unmapped. */
 size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes);
+/* Waits until no punch of pk (another thread's) is still unmapping: while one is, its shard's
+ * empty extents are not trimmed and its memory is not free yet, and a relieve counts on both.
+ * Call with no heap lock held. */
+void vmh_carved_settle(vmh_carved_t *pk);
 /* Bytes of the mapped chunks inside extents that lie wholly in free space (not parked) and
  * that a punch could unmap once the GPU has passed what was freed in them: what a relieve
  * gives back beside empty extents (cuMemGetInfo counts them free). Walks the extents under each

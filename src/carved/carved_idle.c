@@ -302,11 +302,13 @@ size_t vmh_carved_punch_upto(vmh_carved_t *pk, size_t bytes)
         punched += here;
     }
     free(runs.run);
-    /* Another thread's punch may still be unmapping what this caller (a relieve before its
-     * retry) counts on: it is done in a few driver calls. */
-    while (atomic_load(&pk->unmaps_in_flight))
-        sched_yield();
     return punched;
+}
+
+void vmh_carved_settle(vmh_carved_t *pk)
+{
+    while (atomic_load(&pk->unmaps_in_flight)) /* a few driver calls away */
+        sched_yield();
 }
 
 size_t vmh_carved_hole_bytes(vmh_carved_t *pk)

@@ -36,10 +36,16 @@ void vmh_heap_on_pressure(vmh_pressure_fn fn)
 static size_t idle_give_back(hdev_t *h)
 {
     size_t bytes = vmh_cache_trim(&h->cache);
+    /* (another thread's punch still unmapping keeps its shard's empty extents from the trim,
+     * and its memory from the driver, until it is done: settled before and after) */
+    FOR_EACH_PART(h, p)
+    vmh_carved_settle(&p->carved);
     FOR_EACH_PART(h, p)
     bytes += vmh_carved_trim(&p->carved);
     FOR_EACH_PART(h, p)
     bytes += vmh_carved_punch_upto(&p->carved, SIZE_MAX);
+    FOR_EACH_PART(h, p)
+    vmh_carved_settle(&p->carved);
     return bytes;
 }
 
